@@ -1,0 +1,257 @@
+"""Selection of the kernel that runs a problem, with the record of why.
+
+Ranking of the eligible kernels (those whose ``reasons`` are empty), first key first:
+
+1. explicit choice: ``backend=`` on the call, else :func:`use` scopes, else ``KSB_PREFER``;
+   an explicit choice that cannot run raises :class:`KernelUnavailableError`, never falls back;
+2. the persistent autotune cache entry for this problem (``tuning``);
+3. kernels that need no first-call compile before those that do;
+4. the kernels' cost estimates (lower first), then their static priority (higher first).
+
+Selections are cached by ``(op, problem, preferences, registry generation, tuning generation)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import tuning
+from .errors import KernelUnavailableError, NoEligibleKernelError
+from .registry import Kernel, registry
+
+_scoped: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("ksb_use", default=())
+_CACHE_MAX = 4096
+_cache: dict[tuple[Any, ...], Selection] = {}
+
+
+@dataclass(eq=False)
+class Candidate:
+    """One kernel considered for a problem: its reasons (if ineligible) or its rank data."""
+
+    kernel: Kernel
+    reasons: list[str]
+    cost: float | None = None
+    needs_build: bool = False
+    tuned: bool = False
+    preferred: int | None = None  # position in the explicit preference list
+
+    @property
+    def eligible(self) -> bool:
+        return not self.reasons
+
+
+@dataclass(eq=False)
+class Selection:
+    """The outcome of ranking: the chosen kernel and every candidate with its reasons or score."""
+
+    op: str
+    problem: Any
+    kernel: Kernel
+    candidates: list[Candidate]
+    source: str  # "explicit", "tuned", "cost", "priority", "only"
+    preferences: tuple[str, ...] = ()
+    notes: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"op {self.op}", f"problem {_fmt_problem(self.problem)}"]
+        if self.preferences:
+            lines.append(f"preferences {', '.join(self.preferences)}")
+        lines.append(f"chosen {self.kernel.id} ({_SOURCE_TEXT[self.source]})")
+        lines.extend(f"note: {n}" for n in self.notes)
+        rank = 0
+        for c in self.candidates:
+            if c.eligible:
+                rank += 1
+                bits = []
+                if c.preferred is not None:
+                    bits.append(f"preferred #{c.preferred + 1}")
+                if c.tuned:
+                    bits.append("autotune cache winner")
+                if c.needs_build:
+                    bits.append("not compiled yet: ranked after compiled kernels (run `switchboard build`)")
+                bits.append(f"est. {c.cost * 1e6:.1f} us" if c.cost is not None else "no cost estimate")
+                bits.append(f"priority {c.kernel.priority}")
+                lines.append(f"  {rank:>2}. {c.kernel.id:<40} eligible: {'; '.join(bits)}")
+            else:
+                lines.append(f"   -  {c.kernel.id:<40} rejected: {'; '.join(c.reasons)}")
+        return "\n".join(lines)
+
+
+_SOURCE_TEXT = {
+    "explicit": "explicit choice",
+    "tuned": "autotune cache",
+    "cost": "lowest cost estimate",
+    "priority": "highest priority",
+    "only": "the only eligible kernel",
+}
+
+
+def _fmt_problem(problem: Any) -> str:
+    if hasattr(problem, "_asdict"):
+        items = []
+        for k, v in problem._asdict().items():
+            if isinstance(v, frozenset):
+                v = "{" + ",".join(sorted(v)) + "}"
+            items.append(f"{k}={str(v).replace('torch.', '')}")
+        return " ".join(items)
+    return repr(problem)
+
+
+@contextlib.contextmanager
+def use(*backends: str) -> Iterator[None]:
+    """Prefer these backends (or ``backend:kernel`` ids), in order, inside the ``with`` block.
+
+    Ops that none of them implements keep automatic selection. For an op that one of them
+    implements, a problem none of them can run raises instead of falling back.
+    """
+    token = _scoped.set(tuple(backends) + _scoped.get())
+    try:
+        yield
+    finally:
+        _scoped.reset(token)
+
+
+def _env_prefer() -> tuple[str, ...]:
+    return tuple(s.strip() for s in os.environ.get("KSB_PREFER", "").split(",") if s.strip())
+
+
+def current_preferences(backend: str | Sequence[str] | None = None) -> tuple[tuple[str, ...], bool]:
+    """The preference list in force and whether it is strict (a per-call ``backend=``)."""
+    if backend is not None:
+        return ((backend,) if isinstance(backend, str) else tuple(backend)), True
+    return _scoped.get() or _ENV_PREFER, False
+
+
+_ENV_PREFER = _env_prefer()
+
+
+def _matches(kernel: Kernel, pref: str) -> bool:
+    return kernel.backend == pref or kernel.id == pref or kernel.name == pref
+
+
+def select(op: str, problem: Any, backend: str | Sequence[str] | None = None) -> Selection:
+    """Rank every kernel of ``op`` for ``problem``; cached. Raises when nothing can run it."""
+    prefs, strict = current_preferences(backend)
+    key = (op, problem, prefs, strict, registry.generation, tuning.generation())
+    sel = _cache.get(key)
+    if sel is None:
+        sel = _select_cold(op, problem, prefs, strict)
+        if len(_cache) >= _CACHE_MAX:
+            _cache.clear()
+        _cache[key] = sel
+    if _explain_depth:
+        raise _Explained(sel)
+    return sel
+
+
+def select_kernel(op: str, problem: Any, backend: str | Sequence[str] | None = None) -> Kernel:
+    """The chosen kernel for ``problem`` (the hot path of every public op)."""
+    return select(op, problem, backend).kernel
+
+
+def clear_cache() -> None:
+    """Forget every cached selection (the registry and tuning generations also invalidate it)."""
+    global _ENV_PREFER
+    _cache.clear()
+    _ENV_PREFER = _env_prefer()
+
+
+def _select_cold(op: str, problem: Any, prefs: tuple[str, ...], strict: bool) -> Selection:
+    kernels = registry.kernels(op)
+    if not kernels:
+        raise NoEligibleKernelError(f"no kernel is registered for op {op!r}; known ops: {', '.join(registry.ops())}")
+    tuned_id = tuning.lookup(op, problem)
+    cands: list[Candidate] = []
+    for k in kernels:
+        reasons = k.reasons(problem)
+        cand = Candidate(k, reasons)
+        if not reasons:
+            cand.cost = _safe_cost(k, problem)
+            cand.needs_build = bool(k.needs_build and k.needs_build(problem))
+            cand.tuned = tuned_id == k.id
+        cand.preferred = next((i for i, p in enumerate(prefs) if _matches(k, p)), None)
+        cands.append(cand)
+
+    applies = any(c.preferred is not None for c in cands)
+    if prefs and (strict or applies):
+        chosen = [c for c in cands if c.preferred is not None]
+        if strict and not chosen:
+            raise KernelUnavailableError(
+                f"{op}: backend={','.join(prefs)!s} matches no registered kernel; registered: "
+                + ", ".join(c.kernel.id for c in cands)
+            )
+        if not any(c.eligible for c in chosen):
+            lines = "\n".join(f"  {c.kernel.id}: {'; '.join(c.reasons)}" for c in chosen)
+            raise KernelUnavailableError(
+                f"{op}: the explicitly chosen backend ({', '.join(prefs)}) cannot run this problem "
+                f"and is never silently replaced:\n{lines}\nproblem: {_fmt_problem(problem)}"
+            )
+    eligible = [c for c in cands if c.eligible]
+    if not eligible:
+        lines = "\n".join(f"  {c.kernel.id}: {'; '.join(c.reasons)}" for c in cands)
+        raise NoEligibleKernelError(f"{op}: no kernel can run this problem:\n{lines}\nproblem: {_fmt_problem(problem)}")
+
+    def rank(c: Candidate) -> tuple[Any, ...]:
+        pref = c.preferred if c.preferred is not None else math.inf
+        return (pref, not c.tuned, c.needs_build, c.cost if c.cost is not None else math.inf, -c.kernel.priority)
+
+    eligible.sort(key=rank)
+    ineligible = [c for c in cands if not c.eligible]
+    best = eligible[0]
+    if best.preferred is not None:
+        source = "explicit"
+    elif best.tuned:
+        source = "tuned"
+    elif len(eligible) == 1:
+        source = "only"
+    elif best.cost is not None:
+        source = "cost"
+    else:
+        source = "priority"
+    return Selection(op, problem, best.kernel, eligible + ineligible, source, prefs)
+
+
+def _safe_cost(kernel: Kernel, problem: Any) -> float | None:
+    if kernel.cost is None:
+        return None
+    try:
+        return float(kernel.cost(problem))
+    except Exception:  # noqa: BLE001 - a broken estimate only loses its rank information
+        return None
+
+
+class _Explained(Exception):
+    def __init__(self, selection: Selection) -> None:
+        self.selection = selection
+
+
+_explain_depth = 0
+
+
+def explain(op: str, *args: Any, **kwargs: Any) -> Selection:
+    """The :class:`Selection` the public function of ``op`` makes for these arguments; runs nothing.
+
+    ``ksb.explain("attention.decode", q, cache, table)`` takes exactly the op's public arguments.
+    """
+    import importlib
+
+    family, _, name = op.partition(".")
+    try:
+        fn = getattr(importlib.import_module(f"kernel_switchboard.ops.{family}"), name)
+    except (ImportError, AttributeError):
+        raise NoEligibleKernelError(f"unknown op {op!r}; known ops: {', '.join(registry.ops())}") from None
+    global _explain_depth
+    _explain_depth += 1
+    try:
+        fn(*args, **kwargs)
+    except _Explained as done:
+        return done.selection
+    finally:
+        _explain_depth -= 1
+    raise RuntimeError(f"{op}: the public function returned without selecting a kernel")

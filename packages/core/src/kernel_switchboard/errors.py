@@ -1,0 +1,32 @@
+"""Exceptions raised by the switchboard, and the argument checks that raise them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class SwitchboardError(Exception):
+    """Base class of every error the switchboard raises on purpose."""
+
+
+class InvalidArgumentError(SwitchboardError, ValueError):
+    """An argument has a bad value, shape, dtype or device. The message names the argument."""
+
+
+class NoEligibleKernelError(SwitchboardError, RuntimeError):
+    """No registered kernel can run this problem; the message lists every kernel's reasons."""
+
+
+class KernelUnavailableError(SwitchboardError, RuntimeError):
+    """An explicitly requested backend or kernel cannot run this problem."""
+
+
+def fail(name: str, value: Any, allowed: str) -> InvalidArgumentError:
+    """Build the standard error for argument ``name``: its value and what is allowed."""
+    return InvalidArgumentError(f"{name}={value!r} is invalid: expected {allowed}")
+
+
+def check(cond: bool, name: str, value: Any, allowed: str) -> None:
+    """Raise :class:`InvalidArgumentError` naming ``name`` unless ``cond`` holds."""
+    if not cond:
+        raise fail(name, value, allowed)

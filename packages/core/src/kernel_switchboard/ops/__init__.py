@@ -1,0 +1,1 @@
+"""Public op functions, one module per op family."""

@@ -1,0 +1,84 @@
+"""Shared plumbing of the public op functions: device keys, custom-op registration, checks."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ..device import compute_capability, is_capturing
+from ..errors import fail
+
+#: ``backend=`` argument type of every public op: a backend name, a ``backend:kernel`` id,
+#: or a preference list of those
+BackendArg = str | Sequence[str] | None
+
+#: torch.library namespace of every switchboard custom op
+NAMESPACE = "ksb"
+
+
+@functools.lru_cache(maxsize=64)
+def _device_key(device: torch.device) -> tuple[str, tuple[int, int] | None]:
+    return device.type, compute_capability(device)
+
+
+def device_key(t: torch.Tensor) -> tuple[str, tuple[int, int] | None]:
+    """(device type, compute capability or None) of a tensor, cached per device."""
+    return _device_key(t.device)
+
+
+def graph_features(device_type: str) -> frozenset[str]:
+    """``{"cuda_graph"}`` while a CUDA graph is being captured, else empty."""
+    if device_type == "cuda" and is_capturing():
+        return frozenset({"cuda_graph"})
+    return frozenset()
+
+
+def compiling() -> bool:
+    """True while torch.compile / dynamo traces: public ops then call their custom op."""
+    return torch.compiler.is_compiling()
+
+
+def custom_op(name: str, impl: Callable[..., Any], fake: Callable[..., Any], mutates_args: Sequence[str] = ()) -> Any:
+    """Register ``impl`` as ``torch.ops.ksb.<name>`` with a fake (meta) implementation.
+
+    ``impl`` takes only tensors and primitives (annotated), so torch.compile can trace it.
+    Returns the op's default overload.
+    """
+    op = torch.library.custom_op(f"{NAMESPACE}::{name}", impl, mutates_args=tuple(mutates_args))
+    op.register_fake(fake)
+    return getattr(torch.ops, NAMESPACE).__getattr__(name).default
+
+
+def check_tensor(t: Any, name: str, dims: int | None = None, dtypes: Any = None) -> None:
+    """Raise an error naming ``name`` unless ``t`` is a tensor of ``dims`` dims and an allowed dtype."""
+    if not isinstance(t, torch.Tensor):
+        raise fail(name, type(t).__name__, "a torch.Tensor")
+    if dims is not None and t.dim() != dims:
+        raise fail(f"{name}.shape", tuple(t.shape), f"a {dims}-d tensor")
+    if dtypes is not None and t.dtype not in dtypes:
+        raise fail(f"{name}.dtype", t.dtype, f"one of {sorted(str(d) for d in dtypes)}")
+
+
+def check_same_device(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
+    if t.device != ref.device:
+        raise fail(f"{name}.device", t.device, f"the device of {ref_name} ({ref.device})")
+
+
+FLOAT_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
+
+
+def backend_to_str(backend: BackendArg) -> str | None:
+    """Custom ops take ``backend`` as one string: a comma-separated preference list."""
+    if backend is None or isinstance(backend, str):
+        return backend
+    return ",".join(backend)
+
+
+def backend_from_str(backend: str | None) -> BackendArg:
+    """Inverse of :func:`backend_to_str`."""
+    if backend is None or "," not in backend:
+        return backend
+    return tuple(backend.split(","))

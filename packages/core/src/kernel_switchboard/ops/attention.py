@@ -1,0 +1,1 @@
+"""attention ops (being written)."""

@@ -1,0 +1,1 @@
+"""comm ops (being written)."""

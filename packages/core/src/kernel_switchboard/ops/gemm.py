@@ -1,0 +1,1 @@
+"""gemm ops (being written)."""

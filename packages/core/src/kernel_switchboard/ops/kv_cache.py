@@ -1,0 +1,1 @@
+"""kv_cache ops (being written)."""

@@ -1,0 +1,1 @@
+"""moe ops (being written)."""

@@ -1,0 +1,1 @@
+"""rope ops (being written)."""

@@ -1,0 +1,1 @@
+"""sampling ops (being written)."""

@@ -1,0 +1,193 @@
+"""The canonical paged KV-cache description, with converters to FlashInfer's CSR form and
+vLLM's block-table form.
+
+- :class:`PagedKVCache`: K and V page tensors. Layout ``"NHD"``: ``(num_pages, page_size,
+  kv_heads, head_dim)``; ``"HND"``: ``(num_pages, kv_heads, page_size, head_dim)``. V may have a
+  different head dim (``head_dim_v``). fp8 (e4m3/e5m2) pages carry float ``k_scale`` / ``v_scale``
+  (dequantised value = stored value × scale).
+- :class:`PageTable`: ``block_table`` ``(batch, max_pages)`` int32 (vLLM's form: row ``b`` lists the
+  pages of request ``b`` in order; entries past the request's last page are ignored) and
+  ``seq_lens`` ``(batch,)`` int32 (tokens in the cache for each request).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .device import is_capturing
+from .errors import check, fail
+
+LAYOUTS = ("NHD", "HND")
+FP8_DTYPES = frozenset({torch.float8_e4m3fn, torch.float8_e5m2})
+KV_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32}) | FP8_DTYPES
+
+
+class PagedKVCache:
+    """K/V page tensors of one attention layer. See the module docstring for shapes."""
+
+    __slots__ = ("k_pages", "v_pages", "layout", "k_scale", "v_scale", "_dims")
+
+    def __init__(
+        self,
+        k_pages: torch.Tensor,
+        v_pages: torch.Tensor,
+        layout: str = "NHD",
+        k_scale: float | None = None,
+        v_scale: float | None = None,
+    ) -> None:
+        check(layout in LAYOUTS, "layout", layout, f"one of {LAYOUTS}")
+        for name, t in (("k_pages", k_pages), ("v_pages", v_pages)):
+            check(isinstance(t, torch.Tensor) and t.dim() == 4, name, _shape(t), f"a 4-d tensor in {layout} layout")
+            check(t.dtype in KV_DTYPES, f"{name}.dtype", t.dtype, f"one of {sorted(map(str, KV_DTYPES))}")
+            check(t.is_contiguous() or t.stride(-1) == 1, f"{name}.stride", t.stride(), "unit stride in head_dim")
+        check(v_pages.dtype == k_pages.dtype, "v_pages.dtype", v_pages.dtype, f"the same as k_pages ({k_pages.dtype})")
+        check(v_pages.device == k_pages.device, "v_pages.device", v_pages.device, f"k_pages.device ({k_pages.device})")
+        check(k_pages.shape[:3] == v_pages.shape[:3], "v_pages.shape", tuple(v_pages.shape),
+              f"the same first three dims as k_pages {tuple(k_pages.shape)}")
+        fp8 = k_pages.dtype in FP8_DTYPES
+        if not fp8:
+            check(k_scale is None and v_scale is None, "k_scale/v_scale", (k_scale, v_scale), "None unless pages are fp8")
+        for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+            check(s is None or (isinstance(s, (int, float)) and s > 0), name, s, "a positive float or None")
+        self.k_pages, self.v_pages, self.layout = k_pages, v_pages, layout
+        self.k_scale = float(k_scale) if k_scale is not None else (1.0 if fp8 else None)
+        self.v_scale = float(v_scale) if v_scale is not None else (1.0 if fp8 else None)
+        if layout == "NHD":
+            num_pages, page_size, kv_heads, head_dim = k_pages.shape
+        else:
+            num_pages, kv_heads, page_size, head_dim = k_pages.shape
+        self._dims = (num_pages, page_size, kv_heads, head_dim, v_pages.shape[-1])
+
+    num_pages = property(lambda self: self._dims[0])
+    page_size = property(lambda self: self._dims[1])
+    num_kv_heads = property(lambda self: self._dims[2])
+    head_dim = property(lambda self: self._dims[3])
+    head_dim_v = property(lambda self: self._dims[4])
+    dtype = property(lambda self: self.k_pages.dtype)
+    device = property(lambda self: self.k_pages.device)
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.k_pages.dtype in FP8_DTYPES
+
+    def to_layout(self, layout: str) -> PagedKVCache:
+        """The same cache in another layout (a copy unless it already is in that layout)."""
+        check(layout in LAYOUTS, "layout", layout, f"one of {LAYOUTS}")
+        if layout == self.layout:
+            return self
+        k = self.k_pages.transpose(1, 2).contiguous()
+        v = self.v_pages.transpose(1, 2).contiguous()
+        return PagedKVCache(k, v, layout, self.k_scale if self.is_fp8 else None, self.v_scale if self.is_fp8 else None)
+
+    def nhd(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V pages viewed as NHD ``(num_pages, page_size, kv_heads, dim)`` (a view, no copy)."""
+        if self.layout == "NHD":
+            return self.k_pages, self.v_pages
+        return self.k_pages.transpose(1, 2), self.v_pages.transpose(1, 2)
+
+    def __repr__(self) -> str:
+        return (f"PagedKVCache(layout={self.layout}, num_pages={self.num_pages}, page_size={self.page_size}, "
+                f"kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, head_dim_v={self.head_dim_v}, "
+                f"dtype={self.dtype}, device={self.device})")
+
+
+class PageTable:
+    """Which pages hold each request's tokens: ``block_table`` (batch, max_pages) int32 and
+    ``seq_lens`` (batch,) int32 on the cache's device.
+
+    Construction reads the largest sequence length back to the host once (a device sync on a
+    GPU) unless ``max_seq_len`` is given or a CUDA graph is being captured; plans do this once.
+    """
+
+    __slots__ = ("block_table", "seq_lens", "max_seq_len", "_checked")
+
+    def __init__(self, block_table: torch.Tensor, seq_lens: torch.Tensor, max_seq_len: int | None = None) -> None:
+        check(isinstance(block_table, torch.Tensor) and block_table.dim() == 2, "block_table",
+              _shape(block_table), "a 2-d (batch, max_pages) tensor")
+        check(block_table.dtype == torch.int32, "block_table.dtype", block_table.dtype, "torch.int32")
+        check(isinstance(seq_lens, torch.Tensor) and seq_lens.dim() == 1, "seq_lens", _shape(seq_lens),
+              "a 1-d (batch,) tensor")
+        check(seq_lens.dtype == torch.int32, "seq_lens.dtype", seq_lens.dtype, "torch.int32")
+        check(seq_lens.shape[0] == block_table.shape[0], "seq_lens.shape", tuple(seq_lens.shape),
+              f"({block_table.shape[0]},) to match block_table's batch")
+        check(seq_lens.device == block_table.device, "seq_lens.device", seq_lens.device,
+              f"block_table.device ({block_table.device})")
+        check(block_table.stride(-1) == 1, "block_table.stride", block_table.stride(), "unit stride in the last dim")
+        check(seq_lens.is_contiguous(), "seq_lens", "non-contiguous", "a contiguous tensor")
+        self.block_table, self.seq_lens = block_table, seq_lens
+        if max_seq_len is None and not is_capturing():
+            max_seq_len = int(seq_lens.max()) if seq_lens.numel() else 0
+            check(seq_lens.numel() == 0 or int(seq_lens.min()) >= 0, "seq_lens", "negative entries", "lengths >= 0")
+        self.max_seq_len = max_seq_len
+        self._checked: set[tuple[int, int]] = set()
+
+    @property
+    def batch_size(self) -> int:
+        return self.block_table.shape[0]
+
+    @property
+    def max_pages(self) -> int:
+        return self.block_table.shape[1]
+
+    def check_against(self, page_size: int, num_pages: int) -> None:
+        """Raise unless every request fits its pages and every used page index is in range.
+
+        Reads values back from the device once per (page_size, num_pages); skipped in capture.
+        """
+        key = (page_size, num_pages)
+        if key in self._checked or is_capturing():
+            return
+        if self.max_seq_len is not None and self.max_seq_len > self.max_pages * page_size:
+            raise fail("seq_lens", f"max {self.max_seq_len}",
+                       f"at most max_pages * page_size = {self.max_pages} * {page_size} = {self.max_pages * page_size}")
+        if self.batch_size and self.max_pages:
+            used = torch.arange(self.max_pages, device=self.block_table.device)[None, :] * page_size < self.seq_lens[:, None]
+            if bool(used.any()):
+                ids = self.block_table[used]
+                lo, hi = int(ids.min()), int(ids.max())
+                if lo < 0 or hi >= num_pages:
+                    raise fail("block_table", f"page index {hi if hi >= num_pages else lo}",
+                               f"page indices in [0, {num_pages}) for the pages a request uses")
+        self._checked.add(key)
+
+    def pages_per_request(self, page_size: int) -> torch.Tensor:
+        """(batch,) int32: how many pages each request uses."""
+        return ((self.seq_lens + page_size - 1) // page_size).to(torch.int32)
+
+    # -- converters ------------------------------------------------------------------------------
+    @classmethod
+    def from_csr(cls, indptr: torch.Tensor, indices: torch.Tensor, last_page_len: torch.Tensor,
+                 page_size: int) -> PageTable:
+        """From FlashInfer's form: ``indptr`` (batch+1,), ``indices`` (nnz,), ``last_page_len`` (batch,)."""
+        check(indptr.dim() == 1 and indptr.numel() >= 1, "indptr", _shape(indptr), "a 1-d (batch+1,) tensor")
+        batch = indptr.numel() - 1
+        check(last_page_len.shape == (batch,), "last_page_len", tuple(last_page_len.shape), f"({batch},)")
+        check(page_size >= 1, "page_size", page_size, "a positive int")
+        indptr = indptr.to(torch.int64)
+        counts = indptr[1:] - indptr[:-1]
+        max_pages = int(counts.max()) if batch else 0
+        col = torch.arange(max_pages, device=indices.device)[None, :]
+        mask = col < counts[:, None]
+        table = torch.zeros(batch, max_pages, dtype=torch.int32, device=indices.device)
+        table[mask] = indices.to(torch.int32)[indptr[0]:indptr[-1]] if indices.numel() else indices.to(torch.int32)
+        lens = torch.where(counts > 0, (counts - 1) * page_size + last_page_len.to(torch.int64), 0)
+        return cls(table, lens.to(torch.int32))
+
+    def to_csr(self, page_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """To FlashInfer's form: (indptr (batch+1,), indices (nnz,), last_page_len (batch,)), int32."""
+        counts = self.pages_per_request(page_size).to(torch.int64)
+        indptr = torch.zeros(self.batch_size + 1, dtype=torch.int32, device=self.block_table.device)
+        indptr[1:] = torch.cumsum(counts, 0).to(torch.int32)
+        mask = torch.arange(self.max_pages, device=self.block_table.device)[None, :] < counts[:, None]
+        indices = self.block_table[mask].to(torch.int32)
+        last = torch.where(counts > 0, self.seq_lens - (counts.to(torch.int32) - 1) * page_size, 0).to(torch.int32)
+        return indptr, indices, last
+
+    def __repr__(self) -> str:
+        return f"PageTable(batch={self.batch_size}, max_pages={self.max_pages}, max_seq_len={self.max_seq_len})"
+
+
+def _shape(t: Any) -> Any:
+    return tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
