@@ -1,0 +1,21 @@
+"""Conformance testing: every kernel against the reference kernel, across its declared capability.
+
+A backend's test suite needs two lines::
+
+    # tests/test_conformance.py
+    from kernel_switchboard.testing import conformance_test
+    test_conformance = conformance_test("mybackend")
+
+Cases come from :mod:`kernel_switchboard.testing.cases` (one module per op family). Each case is a
+call of the op's *public* function; it runs once with ``backend=<kernel id>`` and once with
+``backend="reference"`` on cloned inputs, and the outputs are compared with dtype-aware
+tolerances. A kernel with no case inside its declared capability fails (its declaration is then
+untested); an unavailable kernel (no GPU, no vendor library) is skipped with its reason.
+"""
+
+from __future__ import annotations
+
+from .case import Case, assert_close, clone_args, tolerance
+from .conformance import conformance_test, kernel_cases
+
+__all__ = ["Case", "assert_close", "clone_args", "conformance_test", "kernel_cases", "tolerance"]

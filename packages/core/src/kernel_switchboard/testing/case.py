@@ -1,0 +1,120 @@
+"""The conformance case record and the comparison rules."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+#: (atol, rtol) by the dtype the kernel computes in; elementwise after float64 upcast
+TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float64: (1e-10, 1e-10),
+    torch.float32: (1e-4, 1e-4),
+    torch.float16: (2e-3, 2e-3),
+    torch.bfloat16: (2e-2, 2e-2),
+    torch.float8_e4m3fn: (6e-2, 6e-2),
+    torch.float8_e5m2: (1.2e-1, 1.2e-1),
+}
+
+
+def tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    """Default (atol, rtol) for outputs computed from inputs of ``dtype``."""
+    return TOLERANCES.get(dtype, (1e-4, 1e-4))
+
+
+@dataclass
+class Case:
+    """One call of an op's public function, with how to compare two runs of it.
+
+    ``outputs(args, result)`` returns the tensors to compare (default: the result itself, or its
+    tensors when it is a tuple); in-place ops return the mutated arguments. ``check``, when set,
+    replaces the comparison: it gets a function ``run(backend) -> result`` and asserts itself
+    (statistical tests of samplers). ``tol`` overrides the dtype default.
+    """
+
+    op: str
+    id: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    dtype: torch.dtype = torch.float32
+    tol: tuple[float, float] | None = None
+    outputs: Callable[[tuple[Any, ...], Any], list[torch.Tensor]] | None = None
+    check: Callable[[Callable[[str], Any]], None] | None = None
+
+    @property
+    def function(self) -> Callable[..., Any]:
+        import importlib
+
+        family, _, name = self.op.partition(".")
+        return getattr(importlib.import_module(f"kernel_switchboard.ops.{family}"), name)  # type: ignore[no-any-return]
+
+    def run(self, backend: str) -> tuple[tuple[Any, ...], Any]:
+        """Call the public function on cloned inputs with ``backend=``; returns (args, result)."""
+        args, kwargs = clone_args(self.args), clone_args(self.kwargs)
+        return args, self.function(*args, backend=backend, **kwargs)
+
+    def compare(self, kernel_id: str) -> None:
+        """Run ``kernel_id`` and the reference and assert that their outputs agree."""
+        if self.check is not None:
+            self.check(lambda backend: self.run(backend)[1])
+            return
+        got = self._outputs(*self.run(kernel_id))
+        want = self._outputs(*self.run("reference"))
+        assert len(got) == len(want), f"{kernel_id} returned {len(got)} outputs, the reference {len(want)}"
+        atol, rtol = self.tol or tolerance(self.dtype)
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert_close(g, w, atol=atol, rtol=rtol, what=f"{self.op}[{self.id}] output {i} of {kernel_id}")
+
+    def _outputs(self, args: tuple[Any, ...], result: Any) -> list[torch.Tensor]:
+        if self.outputs is not None:
+            return self.outputs(args, result)
+        if isinstance(result, torch.Tensor):
+            return [result]
+        return [r for r in result if isinstance(r, torch.Tensor)]
+
+
+def assert_close(got: torch.Tensor, want: torch.Tensor, *, atol: float, rtol: float, what: str = "output") -> None:
+    """Elementwise |got - want| <= atol + rtol * |want| in float64; NaN never passes unless both NaN."""
+    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != reference {tuple(want.shape)}"
+    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != reference {want.dtype}"
+    g, w = got.detach().cpu(), want.detach().cpu()
+    if not g.is_floating_point():
+        mism = (g != w).sum().item()
+        assert mism == 0, f"{what}: {mism} of {g.numel()} entries differ from the reference"
+        return
+    g, w = g.double(), w.double()
+    both_nan = torch.isnan(g) & torch.isnan(w)
+    both_inf = torch.isinf(g) & torch.isinf(w) & (torch.sign(g) == torch.sign(w))
+    err = (g - w).abs()
+    bad = ~(err <= atol + rtol * w.abs()) & ~both_nan & ~both_inf
+    if bad.any():
+        idx = tuple(int(i) for i in bad.nonzero()[0])
+        rel = (err[~both_nan & ~both_inf].norm() / w[~both_nan & ~both_inf].norm().clamp_min(1e-30)).item()
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} of {g.numel()} entries outside atol={atol} rtol={rtol}; "
+            f"first at {idx}: got {g[idx].item():.6g}, reference {w[idx].item():.6g}; "
+            f"max abs err {err.nan_to_num(float('inf')).max().item():.3g}, relative norm err {rel:.3g}"
+        )
+
+
+def clone_args(obj: Any) -> Any:
+    """Deep-copy the tensors in args (tuples, lists, dicts, PagedKVCache, PageTable), keeping the rest."""
+    from ..paged import PagedKVCache, PageTable
+
+    if isinstance(obj, torch.Tensor):
+        return obj.clone()
+    if isinstance(obj, tuple):
+        return tuple(clone_args(o) for o in obj)
+    if isinstance(obj, list):
+        return [clone_args(o) for o in obj]
+    if isinstance(obj, dict):
+        return {k: clone_args(v) for k, v in obj.items()}
+    if isinstance(obj, PagedKVCache):
+        fp8 = obj.is_fp8
+        return PagedKVCache(obj.k_pages.clone(), obj.v_pages.clone(), obj.layout,
+                            obj.k_scale if fp8 else None, obj.v_scale if fp8 else None)
+    if isinstance(obj, PageTable):
+        return PageTable(obj.block_table.clone(), obj.seq_lens.clone(), obj.max_seq_len)
+    return obj

@@ -1,0 +1,1 @@
+"""Conformance case families: ``cases(op, device, size) -> list[Case]`` in each module."""
