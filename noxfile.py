@@ -1,0 +1,89 @@
+"""The test matrix: one session per package in its own environment, plus lint, types and bench.
+
+    nox                  # the default matrix (what CI runs)
+    nox -s tests-triton  # one session
+    nox -s bench         # benchmarks (GPU recommended; on a CPU it measures dispatch overhead)
+
+``KSB_TORCH_SPEC`` chooses the torch install (default ``torch==2.13.0``, the CPU build this
+project's machines carry on disk; an unpinned ``torch`` would pull a multi-GB CUDA build).
+"""
+
+from __future__ import annotations
+
+import os
+
+import nox
+
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_existing_virtualenvs = False
+nox.options.sessions = [
+    "lint",
+    "typecheck",
+    "tests-core",
+    "tests-triton",
+    "tests-cudnn",
+    "tests-fa",
+    "tests-cutlass",
+    "tests-trtllm",
+]
+
+TORCH = os.environ.get("KSB_TORCH_SPEC", "torch==2.13.0")
+CORE = "packages/core"
+BACKENDS = ("triton", "cudnn", "fa", "cutlass", "trtllm")
+PYTEST = ("pytest", "-q", "-ra", "--durations=10")
+
+
+def _install(session: nox.Session, *packages: str) -> None:
+    session.install(TORCH)
+    session.install("pytest>=8", "numpy")
+    session.install(*[arg for p in packages for arg in ("-e", p)])
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff over the whole repository."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy over the core package."""
+    _install(session, CORE)
+    session.install("mypy>=1.10")
+    session.run("mypy", "packages/core/src/kernel_switchboard")
+
+
+@nox.session(name="tests-core")
+def tests_core(session: nox.Session) -> None:
+    """The core alone: ops, reference kernels, dispatch, registry, CLI, engine, conformance of the reference."""
+    _install(session, CORE)
+    session.install("transformers>=4.45")
+    session.run(*PYTEST, "tests", *session.posargs)
+
+
+@nox.session(name="tests-triton")
+def tests_triton(session: nox.Session) -> None:
+    """Core + the Triton backend, kernels run by Triton's CPU interpreter."""
+    _install(session, CORE, "packages/backend-triton")
+    session.run(*PYTEST, "packages/backend-triton/tests", *session.posargs, env={"TRITON_INTERPRET": "1"})
+
+
+def _backend_session(name: str) -> None:
+    @nox.session(name=f"tests-{name}")
+    def _session(session: nox.Session) -> None:
+        _install(session, CORE, f"packages/backend-{name}")
+        session.run(*PYTEST, f"packages/backend-{name}/tests", *session.posargs)
+
+    _session.__doc__ = f"Core + the {name} backend (on a CPU: gating, capabilities, conversions, errors)."
+
+
+for _name in ("cudnn", "fa", "cutlass", "trtllm"):
+    _backend_session(_name)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """``switchboard bench`` with every backend installed (pass options after --)."""
+    _install(session, CORE, *[f"packages/backend-{b}" for b in BACKENDS])
+    session.run("switchboard", "bench", *(session.posargs or ["--preset", "dispatch"]))

@@ -1,0 +1,3 @@
+"""Kernel Switchboard backend cutlass."""
+
+__version__ = "0.1.0"

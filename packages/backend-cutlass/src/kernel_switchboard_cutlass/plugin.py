@@ -1,0 +1,14 @@
+"""Registration of the cutlass backend (kernels being written)."""
+
+from __future__ import annotations
+
+from kernel_switchboard import Backend, hookimpl
+
+from . import __version__
+
+INSTALL = 'pip install "kernel-switchboard[cutlass]"'
+
+
+@hookimpl
+def ksb_backend() -> Backend:
+    return Backend("cutlass", __version__, [], unavailable="no kernels yet", install=INSTALL)

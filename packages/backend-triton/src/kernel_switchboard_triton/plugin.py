@@ -1,0 +1,38 @@
+"""Registration of the Triton backend. Each family module exposes ``kernels() -> list[Kernel]``.
+
+On a GPU the kernels run compiled. With ``TRITON_INTERPRET=1`` they also declare the CPU (the
+interpreter runs them in numpy): that is how CI tests them, and they then rank below the reference
+kernels so only an explicit ``backend="triton"`` picks them there.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from kernel_switchboard import Backend, Kernel, hookimpl
+from kernel_switchboard.availability import missing_cuda, missing_module, triton_interpreting
+
+from . import __version__
+
+INSTALL = 'pip install "kernel-switchboard[triton]"'
+FAMILIES = ("attention", "kv_cache", "sampling", "norm", "rope", "activation", "gemm", "moe")
+
+
+@hookimpl
+def ksb_backend() -> Backend:
+    reason = missing_module("triton", "triton", minimum="3.2")
+    if reason is None and not triton_interpreting():
+        reason = missing_cuda(min_cc=(8, 0))
+    providers = {"triton": _triton_version()}
+    if reason is not None:
+        return Backend("triton", __version__, [], unavailable=reason, install=INSTALL, providers=providers)
+    kernels: list[Kernel] = []
+    for family in FAMILIES:
+        kernels.extend(importlib.import_module(f"{__package__}.{family}").kernels())
+    return Backend("triton", __version__, kernels, providers=providers)
+
+
+def _triton_version() -> str | None:
+    from kernel_switchboard.device import package_version
+
+    return package_version("triton")

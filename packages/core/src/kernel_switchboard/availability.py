@@ -1,0 +1,74 @@
+"""Availability checks a backend runs inside its ``ksb_backend`` hook (never at import time).
+
+Each returns ``None`` when the requirement holds, else the reason as one sentence.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+import torch
+
+from .device import package_version
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    out: list[int] = []
+    for part in v.replace("+", ".").replace("-", ".").split("."):
+        digits = "".join(ch for ch in part if ch.isdigit())
+        if not digits:
+            break
+        out.append(int(digits))
+        if not part.isdigit():
+            break
+    return tuple(out)
+
+
+def version_in_window(version: str, minimum: str | None = None, below: str | None = None) -> bool:
+    """``minimum <= version < below`` by numeric release parts (pre-release tags ignored)."""
+    v = _version_tuple(version)
+    if minimum is not None and v < _version_tuple(minimum):
+        return False
+    return not (below is not None and v >= _version_tuple(below))
+
+
+def missing_module(module: str, distribution: str | None = None, minimum: str | None = None,
+                   below: str | None = None) -> str | None:
+    """Reason ``module`` cannot be used: not importable, or its distribution outside [minimum, below)."""
+    if importlib.util.find_spec(module.split(".")[0]) is None:
+        return f"python module {module!r} is not installed"
+    try:
+        importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - any import failure makes the provider unavailable
+        return f"import of {module!r} failed: {type(exc).__name__}: {str(exc)[:200]}"
+    if distribution is not None:
+        version = package_version(distribution)
+        if version is None:
+            return None if minimum is None and below is None else f"distribution {distribution!r} not found"
+        if not version_in_window(version, minimum, below):
+            window = f">={minimum}" if minimum else ""
+            window += ("," if window and below else "") + (f"<{below}" if below else "")
+            return f"{distribution} {version} is outside the supported window {window}"
+    return None
+
+
+def missing_cuda(min_cc: tuple[int, int] | None = None, max_cc: tuple[int, int] | None = None) -> str | None:
+    """Reason no suitable CUDA GPU is here (torch without CUDA, no device, or compute capability out of range)."""
+    if torch.version.cuda is None:
+        return f"this torch build ({torch.__version__}) has no CUDA support"
+    if not torch.cuda.is_available():
+        return "no CUDA GPU is visible (torch.cuda.is_available() is False)"
+    cc = torch.cuda.get_device_capability()
+    if min_cc is not None and cc < min_cc:
+        return f"GPU compute capability {cc[0]}.{cc[1]} is below the required {min_cc[0]}.{min_cc[1]}"
+    if max_cc is not None and cc > max_cc:
+        return f"GPU compute capability {cc[0]}.{cc[1]} is above the supported {max_cc[0]}.{max_cc[1]}"
+    return None
+
+
+def triton_interpreting() -> bool:
+    """True when ``TRITON_INTERPRET=1``: Triton kernels then run on the CPU in numpy (tests only)."""
+    import os
+
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
