@@ -40,7 +40,7 @@ def missing_module(module: str, distribution: str | None = None, minimum: str | 
         return f"python module {module!r} is not installed"
     try:
         importlib.import_module(module)
-    except Exception as exc:  # noqa: BLE001 - any import failure makes the provider unavailable
+    except Exception as exc:
         return f"import of {module!r} failed: {type(exc).__name__}: {str(exc)[:200]}"
     if distribution is not None:
         version = package_version(distribution)

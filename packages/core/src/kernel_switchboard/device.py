@@ -57,7 +57,7 @@ def fingerprint() -> dict[str, Any]:
         info["cudnn"] = torch.backends.cudnn.version()
         try:
             info["driver"] = torch.cuda.driver_version() if hasattr(torch.cuda, "driver_version") else None
-        except Exception:  # noqa: BLE001 - best effort only
+        except Exception:
             info["driver"] = None
     else:
         info["gpu"] = None

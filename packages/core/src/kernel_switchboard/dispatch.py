@@ -222,7 +222,7 @@ def _safe_cost(kernel: Kernel, problem: Any) -> float | None:
         return None
     try:
         return float(kernel.cost(problem))
-    except Exception:  # noqa: BLE001 - a broken estimate only loses its rank information
+    except Exception:
         return None
 
 

@@ -27,7 +27,7 @@ KV_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32}) | FP8_DTYP
 class PagedKVCache:
     """K/V page tensors of one attention layer. See the module docstring for shapes."""
 
-    __slots__ = ("k_pages", "v_pages", "layout", "k_scale", "v_scale", "_dims")
+    __slots__ = ("_dims", "k_pages", "k_scale", "layout", "v_pages", "v_scale")
 
     def __init__(
         self,
@@ -101,7 +101,7 @@ class PageTable:
     GPU) unless ``max_seq_len`` is given or a CUDA graph is being captured; plans do this once.
     """
 
-    __slots__ = ("block_table", "seq_lens", "max_seq_len", "_checked")
+    __slots__ = ("_checked", "block_table", "max_seq_len", "seq_lens")
 
     def __init__(self, block_table: torch.Tensor, seq_lens: torch.Tensor, max_seq_len: int | None = None) -> None:
         check(isinstance(block_table, torch.Tensor) and block_table.dim() == 2, "block_table",

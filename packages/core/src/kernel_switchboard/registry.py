@@ -126,7 +126,7 @@ class Registry:
         for ep in metadata.entry_points(group=hookspecs.ENTRY_POINT_GROUP):
             try:
                 yield ep.name, ep.load()
-            except Exception as exc:  # noqa: BLE001 - one broken plugin must not stop the others
+            except Exception as exc:
                 yield ep.name, _BrokenPlugin(ep.name, f"import of {ep.value} failed: {type(exc).__name__}: {exc}")
         for plugin in self._extra:
             yield getattr(plugin, "__name__", type(plugin).__name__), plugin
@@ -194,7 +194,7 @@ def _call_plugin(source: str, plugin: Any) -> Backend:
         if not results or not isinstance(results[0], Backend):
             raise TypeError(f"ksb_backend() returned {results!r}, expected a Backend")
         backend: Backend = results[0]
-    except Exception as exc:  # noqa: BLE001 - one broken plugin must not stop the others
+    except Exception as exc:
         tb = traceback.format_exception_only(type(exc), exc)[-1].strip()
         return Backend(name=source, unavailable=f"plugin {source} failed: {tb}", source=source)
     backend.source = source

@@ -55,7 +55,10 @@ def conformance_test(backend: str, device: str | None = None, size: str | None =
     size = size or os.environ.get("KSB_TEST_SIZE") or ("small" if dev.type == "cpu" else "large")
     params: list[Any] = []
     marks = [pytest.mark.gpu] if dev.type == "cuda" else []
-    for kernel in registry.all_backends().get(backend, _missing(backend)).kernels:
+    backends = registry.all_backends()
+    if backend not in backends:
+        raise LookupError(f"backend {backend!r} is not registered; registered: {sorted(backends)}")
+    for kernel in backends[backend].kernels:
         if ops is not None and kernel.op not in ops:
             continue
         if kernel.unavailable is not None:
@@ -77,11 +80,3 @@ def conformance_test(backend: str, device: str | None = None, size: str | None =
 
     return test_conformance
 
-
-def _missing(backend: str) -> Any:
-    class _Missing:
-        kernels: list[Kernel] = []
-
-    if backend not in registry.all_backends():
-        raise LookupError(f"backend {backend!r} is not registered; registered: {sorted(registry.all_backends())}")
-    return _Missing
