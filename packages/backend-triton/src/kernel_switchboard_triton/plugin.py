@@ -15,17 +15,18 @@ from kernel_switchboard.availability import missing_cuda, missing_module, triton
 from . import __version__
 
 INSTALL = 'pip install "kernel-switchboard[triton]"'
+NEEDS_GPU = "a CUDA build of torch on an NVIDIA GPU (sm_80+); TRITON_INTERPRET=1 runs the kernels on the CPU for testing"
 FAMILIES = ("attention", "kv_cache", "sampling", "norm", "rope", "activation", "gemm", "moe")
 
 
 @hookimpl
 def ksb_backend() -> Backend:
-    reason = missing_module("triton", "triton", minimum="3.2")
+    reason, install = missing_module("triton", "triton", minimum="3.2"), INSTALL
     if reason is None and not triton_interpreting():
-        reason = missing_cuda(min_cc=(8, 0))
+        reason, install = missing_cuda(min_cc=(8, 0)), NEEDS_GPU
     providers = {"triton": _triton_version()}
     if reason is not None:
-        return Backend("triton", __version__, [], unavailable=reason, install=INSTALL, providers=providers)
+        return Backend("triton", __version__, [], unavailable=reason, install=install, providers=providers)
     kernels: list[Kernel] = []
     for family in FAMILIES:
         kernels.extend(importlib.import_module(f"{__package__}.{family}").kernels())

@@ -149,7 +149,6 @@ class Registry:
                 by_op.setdefault(kernel.op, []).append(kernel)
         self.backends, self._by_op = backends, by_op
         self._loaded = True
-        self.generation += 1
 
     def ensure_loaded(self) -> None:
         if not self._loaded:

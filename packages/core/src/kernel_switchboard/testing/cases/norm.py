@@ -29,3 +29,20 @@ def cases(op: str, device: torch.device, size: str) -> list[Case]:
                 out.append(Case(op, tag, (x, w, b), {"eps": 1e-5}, dtype))
                 out.append(Case(op, tag + "-nobias", (x, w), {"eps": 1e-5}, dtype))
     return out
+
+
+def example(op: str, device: torch.device, rows: int = 8192, hidden: int = 8192, dtype: str = "bfloat16",
+            gemma: bool = False) -> Case:
+    """One case of ``op`` at a chosen size (``switchboard explain`` / ``bench``)."""
+    dt = getattr(torch, dtype)
+    x = torch.randn(rows, hidden, device=device, dtype=dt)
+    w = torch.rand(hidden, device=device, dtype=dt) + 0.5
+    tag = f"{rows}x{hidden}"
+    if op == "norm.rms_norm":
+        return Case(op, tag, (x, w), {"eps": 1e-6, "gemma": gemma}, dt)
+    if op == "norm.fused_add_rms_norm":
+        return Case(op, tag, (x, torch.randn_like(x), w), {"eps": 1e-6, "gemma": gemma}, dt,
+                    outputs=lambda a, _: [a[0], a[1]])
+    if op == "norm.layer_norm":
+        return Case(op, tag, (x, w, torch.randn_like(w)), {"eps": 1e-5}, dt)
+    raise ValueError(f"unknown norm op {op!r}")

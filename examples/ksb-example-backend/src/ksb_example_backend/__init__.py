@@ -1,0 +1,1 @@
+"""Example third-party backend for Kernel Switchboard."""

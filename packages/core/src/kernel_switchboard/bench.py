@@ -1,0 +1,444 @@
+"""``switchboard bench | tune | build``: measured ranking.
+
+For each point of a workload preset: every eligible kernel, the automatic choice and external
+baselines (torch SDPA, cuBLAS, FlashInfer when installed) are timed with CUDA events (median,
+L2 flushed between repetitions by ``triton.testing.do_bench``); results are reported as TB/s or
+TFLOP/s, as a percentage of the ceilings measured at start (device copy bandwidth, bf16 matmul
+rate), and as the regret of the automatic choice (its time over the best kernel's). Output: a
+terminal table, ``bench.json`` / ``bench.csv`` with the environment, and PNG plots per op.
+
+On a CPU, ``--preset dispatch`` measures the switchboard's overhead per call with a warm cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .device import fingerprint
+
+
+@dataclass
+class Point:
+    """One workload point: an op and the params of its example builder."""
+
+    op: str
+    params: dict[str, Any]
+    label: str
+
+
+@dataclass
+class Row:
+    preset: str
+    op: str
+    label: str
+    kernel: str
+    ms: float | None
+    metric: float | None = None
+    unit: str = ""
+    auto: bool = False
+    regret: float | None = None
+    error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _decode_points(batches: tuple[int, ...], lens: tuple[int, ...], pages: tuple[int, ...], q: int = 32,
+                   kv: int = 8, d: int = 128) -> list[Point]:
+    return [Point("attention.decode", {"batch": b, "kv_len": n, "page_size": p, "num_q_heads": q, "num_kv_heads": kv,
+                                       "head_dim": d, "dtype": "bfloat16", "layout": "NHD"},
+                  f"B={b} L={n} p{p}") for p in pages for b in batches for n in lens]
+
+
+def _prefill_points(shapes: tuple[tuple[int, int], ...], q: int = 32, kv: int = 8, d: int = 128) -> list[Point]:
+    return [Point("attention.prefill_ragged", {"batch": b, "q_len": n, "kv_len": n, "num_q_heads": q,
+                                               "num_kv_heads": kv, "head_dim": d, "dtype": "bfloat16", "causal": True},
+                  f"{b}x{n} causal") for b, n in shapes]
+
+
+PRESETS: dict[str, Callable[[], list[Point]]] = {
+    "attention": lambda: _decode_points((1, 16, 64, 128, 256), (1024, 4096, 8192), (16, 128))
+    + _prefill_points(((1, 8192), (8, 2048), (4, 4096))),
+    "llama3-8b": lambda: _decode_points((16, 128), (2048, 8192), (16,)) + _prefill_points(((1, 8192), (8, 2048))),
+    "llama3-70b": lambda: _decode_points((16, 128), (2048, 8192), (16,), q=64, kv=8)
+    + _prefill_points(((1, 8192),), q=64, kv=8),
+    "deepseek-v3-mla": lambda: [Point("attention.mla_decode", {"batch": b, "kv_len": n, "num_heads": 128,
+                                                                "page_size": 64, "dtype": "bfloat16"},
+                                      f"B={b} L={n} p64") for b, n in ((16, 4096), (128, 8192))],
+    "moe": lambda: [
+        Point("moe.fused_moe", {"tokens": 4096, "experts": 8, "top_k": 2, "hidden": 4096, "inter": 14336,
+                                "dtype": "bfloat16"}, "mixtral 4096 tok"),
+        Point("moe.fused_moe", {"tokens": 4096, "experts": 256, "top_k": 8, "hidden": 7168, "inter": 2048,
+                                "dtype": "bfloat16"}, "deepseek-v3 4096 tok"),
+    ],
+    "sampling": lambda: [Point("sampling.top_k_top_p", {"batch": 128, "vocab": v, "top_p": 0.9, **extra},
+                               f"vocab {v} {tag}") for v in (128256, 152064)
+                         for tag, extra in (("top-p", {}), ("top-k+top-p", {"top_k": 50}))],
+    "norm": lambda: [Point("norm.rms_norm", {"rows": 8192, "hidden": 8192, "dtype": "bfloat16"}, "8192x8192"),
+                     Point("norm.fused_add_rms_norm", {"rows": 8192, "hidden": 8192, "dtype": "bfloat16"}, "8192x8192")],
+    "gemm": lambda: [Point("gemm.mm", {"m": 8192, "n": 8192, "k": 8192, "dtype": "bfloat16"}, "8192^3 bf16"),
+                     Point("gemm.mm_fp8", {"m": 8192, "n": 8192, "k": 8192, "scale_mode": "block"}, "8192^3 fp8 block")],
+}
+
+
+# -- timing ---------------------------------------------------------------------------------------
+def time_ms(fn: Callable[[], Any], device: torch.device, reps_ms: float = 200.0) -> float:
+    """Median milliseconds of ``fn``: CUDA events with L2 flush on a GPU, wall clock on a CPU."""
+    if device.type == "cuda":
+        import triton.testing
+
+        return float(triton.testing.do_bench(fn, warmup=25, rep=reps_ms, return_mode="median"))
+    fn()
+    times = []
+    deadline = time.perf_counter() + reps_ms / 1e3
+    while time.perf_counter() < deadline or len(times) < 5:
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def ceilings(device: torch.device) -> dict[str, float]:
+    """Device copy bandwidth (TB/s, read + write) and bf16 matmul rate (TFLOP/s) measured here."""
+    if device.type != "cuda":
+        return {}
+    copy_tbs = _copy_bandwidth(device)
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    ms = time_ms(lambda: torch.mm(a, b), device)
+    return {"copy_tbs": copy_tbs, "mm_tflops": 2 * 8192**3 / (ms * 1e-3) / 1e12}
+
+
+def _copy_bandwidth(device: torch.device, nbytes: int = 2 * 1024**3) -> float:
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).uniform_()
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src), device)
+    return 2 * nbytes / (ms * 1e-3) / 1e12
+
+
+# -- work counts ------------------------------------------------------------------------------------
+def work(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[float, str]:
+    """(units of work, unit): bytes for memory-bound ops (TB/s), flops for compute-bound ones (TFLOP/s)."""
+    if op in ("attention.decode", "attention.mla_decode"):
+        table = next(a for a in args if type(a).__name__ == "PageTable")
+        tokens = float(table.seq_lens.sum())
+        if op == "attention.decode":
+            cache = args[1]
+            per_token = cache.num_kv_heads * (cache.head_dim + cache.head_dim_v) * cache.k_pages.element_size()
+        else:
+            per_token = (args[2].shape[-1] + args[3].shape[-1]) * args[2].element_size()
+        return tokens * per_token, "TB/s"
+    if op in ("attention.prefill_ragged", "attention.prefill"):
+        q = args[0]
+        qo = args[3] if op == "attention.prefill_ragged" else args[1]
+        kvp = args[4] if op == "attention.prefill_ragged" else None
+        qlens = (qo[1:] - qo[:-1]).tolist()
+        klens = (kvp[1:] - kvp[:-1]).tolist() if kvp is not None else qlens
+        causal = kwargs.get("causal", True)
+        d, dv = q.shape[-1], (args[2].shape[-1] if op == "attention.prefill_ragged" else q.shape[-1])
+        pairs = sum((ql * kl - (ql * (ql - 1)) / 2) if causal else ql * kl for ql, kl in zip(qlens, klens))
+        return 2.0 * pairs * q.shape[1] * (d + dv), "TFLOP/s"
+    if op in ("gemm.mm", "gemm.mm_fp8"):
+        a, b = args[0], args[1]
+        return 2.0 * a.shape[0] * a.shape[1] * b.shape[1], "TFLOP/s"
+    if op == "moe.fused_moe":
+        x, w13, w2, top_k = args[0], args[2], args[3], args[4]
+        return 2.0 * x.shape[0] * top_k * (w13.shape[1] * w13.shape[2] + w2.shape[1] * w2.shape[2]), "TFLOP/s"
+    if op.startswith("norm."):
+        x = args[0]
+        factor = 4 if op == "norm.fused_add_rms_norm" else 2
+        return float(factor * x.numel() * x.element_size()), "TB/s"
+    if op.startswith("activation."):
+        x = args[0]
+        return float(1.5 * x.numel() * x.element_size()), "TB/s"
+    return 0.0, ""
+
+
+# -- externals --------------------------------------------------------------------------------------
+def externals(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Callable[[], Any]]:
+    """Baselines outside the switchboard, when installed: torch / cuBLAS, torch SDPA, FlashInfer."""
+    out: dict[str, Callable[[], Any]] = {}
+    if op == "gemm.mm":
+        a, b = args[0], args[1]
+        out["torch.mm (cuBLAS)"] = lambda: torch.mm(a, b)
+    elif op == "norm.rms_norm" and hasattr(torch.nn.functional, "rms_norm"):
+        x, w = args[0], args[1]
+        out["torch F.rms_norm"] = lambda: torch.nn.functional.rms_norm(x, (x.shape[-1],), w, 1e-6)
+    elif op == "attention.prefill_ragged" and args[0].is_cuda:
+        q, k, v, qo = args[0], args[1], args[2], args[3]
+        batch = qo.numel() - 1
+        n = q.shape[0] // batch
+        if bool((qo[1:] - qo[:-1] == n).all()):
+            qd = q.view(batch, n, q.shape[1], -1).transpose(1, 2)
+            kd = k.view(batch, n, k.shape[1], -1).transpose(1, 2)
+            vd = v.view(batch, n, v.shape[1], -1).transpose(1, 2)
+            causal = kwargs.get("causal", True)
+            out["torch SDPA"] = lambda: torch.nn.functional.scaled_dot_product_attention(
+                qd, kd, vd, is_causal=causal, enable_gqa=True)
+    out.update(_flashinfer_externals(op, args, kwargs))
+    return out
+
+
+def _flashinfer_externals(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Callable[[], Any]]:
+    try:
+        flashinfer = importlib.import_module("flashinfer")
+    except Exception:
+        return {}
+    out: dict[str, Callable[[], Any]] = {}
+    if op == "attention.decode" and args[0].is_cuda:
+        q, cache, table = args[0], args[1], args[2]
+        indptr, indices, last = table.to_csr(cache.page_size)
+        ws = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=q.device)
+        for name, tc in (("flashinfer decode", False), ("flashinfer decode (tensor cores)", True)):
+            try:
+                w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, cache.layout, use_tensor_cores=tc)
+                w.plan(indptr, indices, last, q.shape[1], cache.num_kv_heads, cache.head_dim, cache.page_size,
+                       q_data_type=q.dtype, kv_data_type=cache.dtype)
+                kv = (cache.k_pages, cache.v_pages)
+                out[name] = lambda w=w, kv=kv: w.run(q, kv)
+            except Exception:
+                pass
+    return out
+
+
+# -- running ----------------------------------------------------------------------------------------
+def _example(op: str, device: torch.device, params: dict[str, Any]) -> Any:
+    family = op.partition(".")[0]
+    return importlib.import_module(f"kernel_switchboard.testing.cases.{family}").example(op, device, **params)
+
+
+def run_point(preset: str, point: Point, device: torch.device, reps_ms: float) -> list[Row]:
+    from .dispatch import explain
+
+    rows: list[Row] = []
+    try:
+        case = _example(point.op, device, point.params)
+        sel = explain(point.op, *case.args, **case.kwargs)
+    except Exception as exc:
+        return [Row(preset, point.op, point.label, "-", None, error=f"{type(exc).__name__}: {exc}"[:300])]
+    units, unit = work(point.op, case.args, case.kwargs)
+    fn = case.function
+
+    def timed(name: str, call: Callable[[], Any], auto: bool = False) -> None:
+        try:
+            ms = time_ms(call, device, reps_ms)
+            metric = units / (ms * 1e-3) / 1e12 if units else None
+            rows.append(Row(preset, point.op, point.label, name, ms, metric, unit, auto))
+        except Exception as exc:
+            rows.append(Row(preset, point.op, point.label, name, None, error=f"{type(exc).__name__}: {exc}"[:300]))
+
+    for cand in sel.candidates:
+        if cand.eligible:
+            timed(cand.kernel.id, lambda k=cand.kernel.id: fn(*case.args, backend=k, **case.kwargs))
+    timed(f"auto -> {sel.kernel.id}", lambda: fn(*case.args, **case.kwargs), auto=True)
+    for name, call in externals(point.op, case.args, case.kwargs).items():
+        timed(f"[ext] {name}", call)
+    best = min((r.ms for r in rows if r.ms is not None and not r.auto and not r.kernel.startswith("[ext]")),
+               default=None)
+    for r in rows:
+        if r.auto and r.ms is not None and best:
+            r.regret = r.ms / best
+    return rows
+
+
+def _print_table(rows: list[Row], ceil: dict[str, float]) -> None:
+    header = f"{'op':<26} {'point':<22} {'kernel':<52} {'ms':>9} {'rate':>14} {'%ceil':>6} {'regret':>7}"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        if r.error:
+            print(f"{r.op:<26} {r.label:<22} {r.kernel:<52} {'error':>9}  {r.error[:80]}")
+            continue
+        rate = f"{r.metric:.3g} {r.unit}" if r.metric is not None else ""
+        ref = ceil.get("copy_tbs" if r.unit == "TB/s" else "mm_tflops")
+        pct = f"{100 * r.metric / ref:.0f}%" if ref and r.metric else ""
+        regret = f"{r.regret:.3f}" if r.regret is not None else ""
+        print(f"{r.op:<26} {r.label:<22} {r.kernel:<52} {r.ms:>9.4f} {rate:>14} {pct:>6} {regret:>7}")
+
+
+def _plots(rows: list[Row], out: Path) -> list[Path]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("bench: matplotlib is not installed: no plots (pip install matplotlib)", file=sys.stderr)
+        return []
+    made = []
+    for op in sorted({r.op for r in rows}):
+        ok = [r for r in rows if r.op == op and r.metric is not None and not r.auto]
+        if not ok:
+            continue
+        labels = list(dict.fromkeys(r.label for r in ok))
+        kernels = list(dict.fromkeys(r.kernel for r in ok))
+        fig, ax = plt.subplots(figsize=(max(6, len(labels) * 0.6), 4))
+        for k in kernels:
+            ys = [next((r.metric for r in ok if r.kernel == k and r.label == lab), math.nan) for lab in labels]
+            ax.plot(range(len(labels)), ys, marker="o", label=k)
+        ax.set_xticks(range(len(labels)), labels, rotation=60, ha="right", fontsize=7)
+        ax.set_ylabel(ok[0].unit)
+        ax.set_title(op)
+        ax.legend(fontsize=6)
+        fig.tight_layout()
+        path = out / f"{op.replace('.', '_')}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        made.append(path)
+    return made
+
+
+def dispatch_overhead(n: int = 20000) -> list[Row]:
+    """Per-call cost of the public op over calling the selected kernel directly (CPU, warm cache)."""
+    from . import norm
+    from .dispatch import select_kernel
+    from .ops.norm import _problem
+
+    x, w = torch.randn(4, 64), torch.randn(64)
+    kernel = select_kernel("norm.rms_norm", _problem(x, False))
+    rows = []
+    for _ in range(3):  # report the best of three runs of n calls each
+        t0 = time.perf_counter()
+        for _ in range(n):
+            norm.rms_norm(x, w, 1e-6)
+        public = (time.perf_counter() - t0) / n
+        t0 = time.perf_counter()
+        for _ in range(n):
+            kernel.run(x, w, 1e-6, False)
+        direct = (time.perf_counter() - t0) / n
+        rows.append((public - direct) * 1e6)
+    best = min(rows)
+    return [Row("dispatch", "norm.rms_norm", "4x64 fp32 cpu", "dispatch overhead", best * 1e-3, best, "us/call")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="switchboard bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", action="append", help=f"one of {[*sorted(PRESETS), 'dispatch']} (repeatable)")
+    p.add_argument("--op", help="ad-hoc point: op name")
+    p.add_argument("--param", action="append", default=[], help="ad-hoc point: key=value (repeatable)")
+    p.add_argument("--out", default="bench-out", help="folder for bench.json, bench.csv and plots")
+    p.add_argument("--reps-ms", type=float, default=200.0, help="timing budget per measurement (ms)")
+    p.add_argument("--device", help="cpu or cuda")
+    args = p.parse_args(argv)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    presets = args.preset or (["dispatch"] if device.type == "cpu" and not args.op else ["attention"])
+    points: list[tuple[str, Point]] = []
+    rows: list[Row] = []
+    if "dispatch" in presets:
+        rows.extend(dispatch_overhead())
+    for name in presets:
+        if name == "dispatch":
+            continue
+        if name not in PRESETS:
+            print(f"bench: unknown preset {name!r}; known: {[*sorted(PRESETS), 'dispatch']}", file=sys.stderr)
+            return 2
+        points.extend((name, pt) for pt in PRESETS[name]())
+    if args.op:
+        from .cli import _parse_params
+
+        params = _parse_params(args.param)
+        points.append(("adhoc", Point(args.op, params, " ".join(args.param) or args.op)))
+    ceil = ceilings(device)
+    for i, (preset, point) in enumerate(points):
+        print(f"\rbench [{i + 1}/{len(points)}] {point.op} {point.label}".ljust(80), end="", file=sys.stderr, flush=True)
+        rows.extend(run_point(preset, point, device, args.reps_ms))
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if points:
+        print(file=sys.stderr)
+    if ceil:
+        print(f"ceilings: device copy {ceil['copy_tbs']:.2f} TB/s, bf16 matmul {ceil['mm_tflops']:.0f} TFLOP/s")
+    _print_table(rows, ceil)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    payload = {"environment": fingerprint(), "ceilings": ceil, "rows": [asdict(r) for r in rows]}
+    (out / "bench.json").write_text(json.dumps(payload, indent=1, default=str))
+    with open(out / "bench.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[k for k in asdict(rows[0]) if k != "extra"] if rows else ["op"])
+        writer.writeheader()
+        for r in rows:
+            d = asdict(r)
+            d.pop("extra")
+            writer.writerow(d)
+    plots = _plots(rows, out) if device.type == "cuda" else []
+    print(f"bench: wrote {out / 'bench.json'}, {out / 'bench.csv'}" + (f" and {len(plots)} plots" if plots else ""))
+    return 0
+
+
+def tune_main(argv: list[str] | None = None) -> int:
+    """Measure the eligible kernels of each preset point and store the winners in the autotune cache."""
+    from . import tuning
+    from .dispatch import explain
+
+    p = argparse.ArgumentParser(prog="switchboard tune")
+    p.add_argument("--preset", action="append", help=f"one of {sorted(PRESETS)}")
+    p.add_argument("--shortlist", type=int, default=4, help="measure at most this many top-ranked kernels")
+    p.add_argument("--reps-ms", type=float, default=100.0)
+    p.add_argument("--device")
+    args = p.parse_args(argv)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    for name in args.preset or ["attention"]:
+        for point in PRESETS[name]():
+            try:
+                case = _example(point.op, device, point.params)
+                sel = explain(point.op, *case.args, **case.kwargs)
+            except Exception as exc:
+                print(f"tune: {point.op} {point.label}: {exc}", file=sys.stderr)
+                continue
+            times: dict[str, float] = {}
+            for cand in [c for c in sel.candidates if c.eligible][: args.shortlist]:
+                try:
+                    times[cand.kernel.id] = time_ms(lambda k=cand.kernel.id, c=case: c.function(*c.args, backend=k, **c.kwargs),
+                                                    device, args.reps_ms) * 1e-3
+                except Exception as exc:
+                    print(f"tune: {cand.kernel.id} failed on {point.label}: {exc}", file=sys.stderr)
+            if times:
+                winner = tuning.store(point.op, sel.problem, times)
+                print(f"tune: {point.op} {point.label}: {winner} "
+                      + " ".join(f"{k}={v * 1e3:.4f}ms" for k, v in sorted(times.items(), key=lambda kv: kv[1])))
+    print(f"tune: cache at {tuning.cache_path()}")
+    return 0
+
+
+def build_main(argv: list[str] | None = None) -> int:
+    """Compile ahead of time every kernel with a ``build`` step for each preset point."""
+    from .dispatch import explain
+
+    p = argparse.ArgumentParser(prog="switchboard build")
+    p.add_argument("--preset", action="append", help=f"one of {sorted(PRESETS)}")
+    p.add_argument("--device")
+    args = p.parse_args(argv)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    built = 0
+    for name in args.preset or ["attention"]:
+        for point in PRESETS[name]():
+            try:
+                case = _example(point.op, device, point.params)
+                sel = explain(point.op, *case.args, **case.kwargs)
+            except Exception as exc:
+                print(f"build: {point.op} {point.label}: {exc}", file=sys.stderr)
+                continue
+            for cand in sel.candidates:
+                k = cand.kernel
+                if cand.eligible and k.build is not None and k.needs_build and k.needs_build(sel.problem):
+                    t0 = time.perf_counter()
+                    k.build(sel.problem)
+                    built += 1
+                    print(f"build: {k.id} for {point.label} in {time.perf_counter() - t0:.1f} s")
+    from .dispatch import clear_cache
+
+    clear_cache()
+    print(f"build: {built} kernels compiled")
+    return 0

@@ -1,0 +1,45 @@
+"""The switchboard command line."""
+
+from __future__ import annotations
+
+import json
+
+from kernel_switchboard.cli import main
+
+BACKENDS = {"reference", "triton", "cudnn", "fa", "cutlass", "trtllm"}
+
+
+def test_doctor_json_lists_every_backend_with_availability(capsys) -> None:
+    assert main(["doctor", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    names = set(report["backends"])
+    assert names >= {"reference"}
+    for name, b in report["backends"].items():
+        assert isinstance(b["available"], bool)
+        if not b["available"]:
+            assert b["reason"], name
+    assert "torch" in report["environment"]
+
+
+def test_doctor_human(capsys) -> None:
+    assert main(["doctor", "-v"]) == 0
+    out = capsys.readouterr().out
+    assert "reference" in out and "reference:rms_norm" in out
+
+
+def test_explain_prints_ranked_candidates(capsys) -> None:
+    assert main(["explain", "norm.rms_norm", "rows=4", "hidden=64", "dtype=float32", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "chosen reference:rms_norm" in out and "problem device=cpu" in out
+
+
+def test_explain_bad_backend_reports_error(capsys) -> None:
+    assert main(["explain", "norm.rms_norm", "rows=4", "hidden=64", "--device", "cpu", "--backend", "nope"]) == 1
+    assert "matches no registered kernel" in capsys.readouterr().err
+
+
+def test_bench_dispatch_overhead_on_cpu(tmp_path, capsys) -> None:
+    assert main(["bench", "--preset", "dispatch", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "bench.json").read_text())
+    row = data["rows"][0]
+    assert row["kernel"] == "dispatch overhead" and row["metric"] > 0

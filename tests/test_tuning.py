@@ -1,0 +1,84 @@
+"""The persistent autotune cache: storage, hysteresis, foreign/corrupt files, ranking."""
+
+from __future__ import annotations
+
+import json
+import types
+import warnings
+
+import pytest
+import torch
+
+import kernel_switchboard as ksb
+from kernel_switchboard import Backend, Capability, Kernel, hookimpl, tuning
+
+
+@pytest.fixture
+def cache_file(tmp_path, monkeypatch):
+    path = tmp_path / "tune.json"
+    monkeypatch.setenv("KSB_TUNE_CACHE", str(path))
+    tuning._state["entries"] = None
+    yield path
+    tuning._state["entries"] = None
+    tuning._state["generation"] += 1
+
+
+@pytest.fixture
+def two_kernels():
+    cap = Capability(devices=frozenset({"cpu"}))
+    from kernel_switchboard.reference.norm import rms_norm as run
+
+    @hookimpl
+    def ksb_backend() -> Backend:
+        return Backend("tt", "1", [Kernel("norm.rms_norm", "a", "tt", cap, run, cost=lambda p: 1e-6),
+                                   Kernel("norm.rms_norm", "b", "tt", cap, run, cost=lambda p: 1e-3)])
+
+    plugin = types.SimpleNamespace(__name__="tt", ksb_backend=ksb_backend)
+    ksb.registry.register(plugin)
+    yield
+    ksb.registry.unregister(plugin)
+
+
+def test_store_and_lookup_round_trip_with_environment(cache_file) -> None:
+    problem = ("p", 1)
+    assert tuning.lookup("op.x", problem) is None
+    assert tuning.store("op.x", problem, {"k:a": 2e-3, "k:b": 1e-3}) == "k:b"
+    data = json.loads(cache_file.read_text())
+    assert data["environment"]["torch"] == torch.__version__
+    tuning._state["entries"] = None  # force a re-read from disk
+    assert tuning.lookup("op.x", problem) == "k:b"
+
+
+def test_near_ties_do_not_flap(cache_file) -> None:
+    tuning.store("op.x", "p", {"k:a": 1.00e-3, "k:b": 1.10e-3})
+    assert tuning.store("op.x", "p", {"k:a": 1.01e-3, "k:b": 1.00e-3}) == "k:a"  # 1% better: keep the winner
+    assert tuning.store("op.x", "p", {"k:a": 1.00e-3, "k:b": 0.90e-3}) == "k:b"  # 10% better: replace
+
+
+def test_corrupt_cache_is_ignored_with_one_warning_and_rewritten(cache_file) -> None:
+    cache_file.write_text("{not json")
+    with pytest.warns(UserWarning, match="unreadable autotune cache"):
+        assert tuning.lookup("op.x", "p") is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert tuning.lookup("op.x", "p") is None  # warned once only
+    tuning.store("op.x", "p", {"k:a": 1.0})
+    assert json.loads(cache_file.read_text())["entries"]["op.x"]
+
+
+def test_foreign_environment_is_ignored(cache_file) -> None:
+    cache_file.write_text(json.dumps({"format": 1, "environment": {"gpu": "other"}, "entries": {"op.x": {}}}))
+    with pytest.warns(UserWarning, match="another environment"):
+        assert tuning.lookup("op.x", "p") is None
+
+
+def test_tuned_winner_outranks_cost_and_explain_says_so(cache_file, two_kernels) -> None:
+    x, w = torch.randn(4, 64), torch.randn(64)
+    sel = ksb.explain("norm.rms_norm", x, w)
+    assert sel.kernel.id == "tt:a"
+    tuning.store("norm.rms_norm", sel.problem, {"tt:a": 2e-3, "tt:b": 1e-3})
+    sel = ksb.explain("norm.rms_norm", x, w)
+    assert sel.kernel.id == "tt:b" and sel.source == "tuned"
+    assert "autotune cache" in str(sel)
+    # an explicit choice is never overridden by the cache
+    assert ksb.explain("norm.rms_norm", x, w, backend="tt:a").kernel.id == "tt:a"
