@@ -1,1 +1,98 @@
-"""activation ops (being written)."""
+"""Gated activations: ``activation.silu_and_mul``, ``activation.gelu_and_mul``, ``activation.gelu_tanh_and_mul``.
+
+Kernel ``run`` signature, the same for all three: ``run(x) -> y`` with x (N, 2d) fp16/bf16/fp32, unit stride
+in the last dim (any row stride), and y (N, d) contiguous in x's dtype: ``y = act(x[:, :d]) * x[:, d:]``,
+computed in float32. ``act``: silu(a) = a * sigmoid(a); gelu (erf) = a/2 * (1 + erf(a / sqrt 2));
+gelu_tanh = a/2 * (1 + tanh(sqrt(2/pi) * (a + 0.044715 a^3))).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+
+from ..capability import bucket
+from ..dispatch import select_kernel
+from ..errors import fail
+from ._common import (
+    FLOAT_DTYPES,
+    BackendArg,
+    backend_from_str,
+    backend_to_str,
+    check_tensor,
+    compiling,
+    custom_op,
+    device_key,
+    graph_features,
+)
+
+
+class ActivationProblem(NamedTuple):
+    """Signature of a gated-activation call."""
+
+    device: str
+    cc: tuple[int, int] | None
+    dtype: torch.dtype
+    hidden: int  # d, the output width
+    rows: int  # bucketed
+    features: frozenset[str]
+
+
+def _validate(x: torch.Tensor) -> torch.Tensor:
+    """x (..., 2d) -> its 2-d view (N, 2d) (a copy only when the leading dims cannot be flattened)."""
+    check_tensor(x, "x", dtypes=FLOAT_DTYPES)
+    if x.dim() < 1 or x.shape[-1] % 2 != 0 or x.shape[-1] == 0:
+        raise fail("x.shape", tuple(x.shape), "(..., 2d) with an even, non-zero last dim")
+    if x.stride(-1) != 1:
+        raise fail("x.stride", x.stride(), "unit stride in the last dim")
+    return x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+
+
+def _eager(op: str, x: torch.Tensor, backend: BackendArg) -> torch.Tensor:
+    x2 = _validate(x)
+    dev, cc = device_key(x2)
+    problem = ActivationProblem(dev, cc, x2.dtype, x2.shape[1] // 2, bucket(x2.shape[0]), graph_features(dev))
+    y = select_kernel(op, problem, backend).run(x2)
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], x.shape[-1] // 2)
+
+
+def _fake(x: torch.Tensor, backend: str | None) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+
+
+def _register(name: str) -> Any:
+    op = f"activation.{name}"
+
+    def impl(x: torch.Tensor, backend: str | None) -> torch.Tensor:
+        return _eager(op, x, backend_from_str(backend))
+
+    impl.__name__ = f"_{name}_impl"
+    return custom_op(name, impl, _fake)
+
+
+def _call(op: str, custom: Callable[..., torch.Tensor], x: torch.Tensor, backend: BackendArg) -> torch.Tensor:
+    if compiling():
+        return custom(x, backend_to_str(backend))
+    return _eager(op, x, backend)
+
+
+_silu_op = _register("silu_and_mul")
+_gelu_op = _register("gelu_and_mul")
+_gelu_tanh_op = _register("gelu_tanh_and_mul")
+
+
+def silu_and_mul(x: torch.Tensor, *, backend: BackendArg = None) -> torch.Tensor:
+    """SwiGLU gate: x (..., 2d) -> silu(x[..., :d]) * x[..., d:], shape (..., d), x's dtype."""
+    return _call("activation.silu_and_mul", _silu_op, x, backend)
+
+
+def gelu_and_mul(x: torch.Tensor, *, backend: BackendArg = None) -> torch.Tensor:
+    """GeGLU gate with exact (erf) gelu: x (..., 2d) -> gelu(x[..., :d]) * x[..., d:], shape (..., d)."""
+    return _call("activation.gelu_and_mul", _gelu_op, x, backend)
+
+
+def gelu_tanh_and_mul(x: torch.Tensor, *, backend: BackendArg = None) -> torch.Tensor:
+    """GeGLU gate with tanh-approximated gelu: x (..., 2d) -> gelu_tanh(x[..., :d]) * x[..., d:], shape (..., d)."""
+    return _call("activation.gelu_tanh_and_mul", _gelu_tanh_op, x, backend)

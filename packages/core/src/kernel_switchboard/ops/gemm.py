@@ -1,1 +1,235 @@
-"""gemm ops (being written)."""
+"""Matrix multiplication ops: ``gemm.mm``, ``gemm.mm_fp8``, ``gemm.grouped_mm``.
+
+Kernel ``run`` signatures (operands are passed as given: any strides; the problem's ``layout`` and
+``align_bytes`` say which):
+
+- ``gemm.mm``: ``run(a, b) -> c``; a (M, K), b (K, N) fp16/bf16/fp32; c (M, N) contiguous, a's dtype,
+  float32 accumulation.
+- ``gemm.mm_fp8``: ``run(a, b, scale_a, scale_b, scale_mode, out_dtype) -> c``; a (M, K), b (K, N)
+  float8_e4m3fn; float32 scales by ``scale_mode``: "tensor": both 0-d; "row_col": scale_a (M, 1),
+  scale_b (1, N); "block": scale_a (M, ceil(K/128)) (1x128 groups along K), scale_b
+  (ceil(K/128), ceil(N/128)) (128x128 blocks). c = (a * scale_a) @ (b * scale_b), (M, N) contiguous in
+  out_dtype (bf16 default; fp16, fp32).
+- ``gemm.grouped_mm``: ``run(a, b, offsets) -> c``; a (T, K), b (G, K, N), offsets (G+1,) int32 on the
+  device, offsets[0] = 0, non-decreasing, offsets[G] = T; rows offsets[g]:offsets[g+1] of c are
+  a[rows] @ b[g]; c (T, N) contiguous, a's dtype.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import NamedTuple
+
+import torch
+
+from ..capability import bucket
+from ..dispatch import select_kernel
+from ..errors import fail
+from ._common import (
+    FLOAT_DTYPES,
+    BackendArg,
+    backend_from_str,
+    backend_to_str,
+    check_same_device,
+    check_tensor,
+    compiling,
+    custom_op,
+    device_key,
+    graph_features,
+)
+
+FP8_DTYPES = frozenset({torch.float8_e4m3fn})
+FP8_OUT_DTYPES = frozenset({torch.bfloat16, torch.float16, torch.float32})
+#: K and N extent of one scale in "block" mode
+BLOCK = 128
+
+
+class GemmProblem(NamedTuple):
+    """Signature of a gemm call (all three ops)."""
+
+    device: str
+    cc: tuple[int, int] | None
+    dtype: torch.dtype  # a's (and b's) dtype
+    out_dtype: torch.dtype
+    m: int  # bucketed (T for grouped_mm)
+    n: int  # bucketed
+    k: int  # bucketed
+    #: memory order of a then b (b's last two dims): "R" row-major, "C" column-major, "S" other; e.g. "RC"
+    layout: str
+    #: largest power of two <= 16 dividing the base addresses and the non-unit strides (bytes) of a and b
+    align_bytes: int
+    scale_mode: str | None  # mm_fp8: "tensor" | "row_col" | "block"
+    groups: int | None  # grouped_mm: G, bucketed
+    features: frozenset[str]
+
+
+def _order(t: torch.Tensor) -> str:
+    rows, cols = t.shape[-2], t.shape[-1]
+    rs, cs = t.stride(-2), t.stride(-1)
+    if (cs == 1 or cols <= 1) and (rs >= cols or rows <= 1):
+        return "R"
+    if (rs == 1 or rows <= 1) and (cs >= rows or cols <= 1):
+        return "C"
+    return "S"
+
+
+def _align(*tensors: torch.Tensor) -> int:
+    g = 0
+    for t in tensors:
+        g = math.gcd(g, t.data_ptr())
+        for s in t.stride():
+            if s != 1:
+                g = math.gcd(g, s * t.element_size())
+    return 16 if g == 0 else min(16, g & -g)
+
+
+def _problem(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, scale_mode: str | None = None,
+             groups: int | None = None) -> GemmProblem:
+    dev, cc = device_key(a)
+    return GemmProblem(dev, cc, a.dtype, out_dtype, bucket(a.shape[0]), bucket(b.shape[-1]), bucket(a.shape[1]),
+                       _order(a) + _order(b), _align(a, b), scale_mode, None if groups is None else bucket(groups),
+                       graph_features(dev))
+
+
+def _check_operands(a: torch.Tensor, b: torch.Tensor, dtypes: frozenset[torch.dtype], b_dims: int = 2) -> None:
+    check_tensor(a, "a", dims=2, dtypes=dtypes)
+    check_tensor(b, "b", dims=b_dims)
+    if b.dtype != a.dtype:
+        raise fail("b.dtype", b.dtype, f"a's dtype ({a.dtype})")
+    check_same_device("b", b, "a", a)
+    if b.shape[-2] != a.shape[1]:
+        want = f"({a.shape[1]}, N)" if b_dims == 2 else f"(G, {a.shape[1]}, N)"
+        raise fail("b.shape", tuple(b.shape), f"{want}: b's K must equal a's columns ({a.shape[1]})")
+
+
+# -- mm ------------------------------------------------------------------------------------------------
+def mm(a: torch.Tensor, b: torch.Tensor, *, backend: BackendArg = None) -> torch.Tensor:
+    """torch.mm: a (M, K) @ b (K, N) -> (M, N); fp16/bf16/fp32, same dtype and device, any strides.
+
+    Accumulates in float32 (no TF32 for fp32 inputs in the reference); returns a's dtype.
+    """
+    if compiling():
+        out: torch.Tensor = _mm_op(a, b, backend_to_str(backend))
+        return out
+    return _mm_eager(a, b, backend)
+
+
+def _mm_eager(a: torch.Tensor, b: torch.Tensor, backend: BackendArg) -> torch.Tensor:
+    _check_operands(a, b, FLOAT_DTYPES)
+    kernel = select_kernel("gemm.mm", _problem(a, b, a.dtype), backend)
+    out: torch.Tensor = kernel.run(a, b)
+    return out
+
+
+def _mm_impl(a: torch.Tensor, b: torch.Tensor, backend: str | None) -> torch.Tensor:
+    return _mm_eager(a, b, backend_from_str(backend))
+
+
+_mm_op = custom_op("mm", _mm_impl, lambda a, b, backend: a.new_empty((a.shape[0], b.shape[1])))
+
+
+# -- mm_fp8 --------------------------------------------------------------------------------------------
+def scale_mode_of(scale_a: torch.Tensor, scale_b: torch.Tensor, m: int, n: int, k: int) -> str:
+    """The mode the scale shapes select for an (M, K) @ (K, N) product; raises naming the scale that fits none."""
+    if scale_a.numel() == 1 and scale_b.numel() == 1 and scale_a.dim() <= 2 and scale_b.dim() <= 2:
+        return "tensor"
+    sa, sb = tuple(scale_a.shape), tuple(scale_b.shape)
+    kb, nb = -(-k // BLOCK), -(-n // BLOCK)
+    if sa == (m, 1) and sb == (1, n):
+        return "row_col"
+    if sa == (m, kb) and sb == (kb, nb):
+        return "block"
+    if sa == (m, 1) and kb != 1:
+        raise fail("scale_b.shape", sb, f"(1, {n}) for per-column scales, as scale_a {sa} is per-row")
+    if sa == (m, 1):
+        raise fail("scale_b.shape", sb, f"(1, {n}) (row_col) or (1, {nb}) (block)")
+    if sa == (m, kb):
+        raise fail("scale_b.shape", sb, f"({kb}, {nb}): 128x128 block scales, as scale_a {sa} has 1x128 groups")
+    if scale_a.numel() == 1:
+        raise fail("scale_b.shape", sb, "a 1-element tensor (per-tensor), as scale_a is one")
+    raise fail("scale_a.shape", sa, f"() or (1,) (tensor), ({m}, 1) (row_col) or ({m}, {kb}) (block)")
+
+
+def mm_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, *,
+           out_dtype: torch.dtype = torch.bfloat16, backend: BackendArg = None) -> torch.Tensor:
+    """Scaled fp8 matmul: (a * scale_a) @ (b * scale_b) -> (M, N) in ``out_dtype``.
+
+    a (M, K), b (K, N) float8_e4m3fn; float32 scales whose shapes choose the mode: both 1-element
+    ("tensor"), scale_a (M, 1) with scale_b (1, N) ("row_col"), or scale_a (M, ceil(K/128)) with scale_b
+    (ceil(K/128), ceil(N/128)) ("block", DeepSeek-V3 style). out_dtype: bfloat16, float16 or float32.
+    """
+    if compiling():
+        out: torch.Tensor = _mm_fp8_op(a, b, scale_a, scale_b, out_dtype, backend_to_str(backend))
+        return out
+    return _mm_fp8_eager(a, b, scale_a, scale_b, out_dtype, backend)
+
+
+def _mm_fp8_eager(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                  out_dtype: torch.dtype, backend: BackendArg) -> torch.Tensor:
+    _check_operands(a, b, FP8_DTYPES)
+    check_tensor(scale_a, "scale_a", dtypes=frozenset({torch.float32}))
+    check_tensor(scale_b, "scale_b", dtypes=frozenset({torch.float32}))
+    check_same_device("scale_a", scale_a, "a", a)
+    check_same_device("scale_b", scale_b, "a", a)
+    if out_dtype not in FP8_OUT_DTYPES:
+        raise fail("out_dtype", out_dtype, f"one of {sorted(str(d) for d in FP8_OUT_DTYPES)}")
+    mode = scale_mode_of(scale_a, scale_b, a.shape[0], b.shape[1], a.shape[1])
+    if mode == "tensor":
+        scale_a, scale_b = scale_a.reshape(()), scale_b.reshape(())
+    kernel = select_kernel("gemm.mm_fp8", _problem(a, b, out_dtype, mode), backend)
+    out: torch.Tensor = kernel.run(a, b, scale_a, scale_b, mode, out_dtype)
+    return out
+
+
+def _mm_fp8_impl(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                 out_dtype: torch.dtype, backend: str | None) -> torch.Tensor:
+    return _mm_fp8_eager(a, b, scale_a, scale_b, out_dtype, backend_from_str(backend))
+
+
+_mm_fp8_op = custom_op("mm_fp8", _mm_fp8_impl,
+                       lambda a, b, sa, sb, out_dtype, backend: a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype))
+
+
+# -- grouped_mm ----------------------------------------------------------------------------------------
+def grouped_mm(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, *, backend: BackendArg = None) -> torch.Tensor:
+    """Row-grouped matmul: rows offsets[g]:offsets[g+1] of a (T, K) times b[g] (K, N) -> c (T, N).
+
+    b (G, K, N) in a's dtype (fp16/bf16/fp32); offsets (G+1,) int32 on a's device. offsets[0] = 0,
+    non-decreasing, offsets[G] = T is checked with one device-to-host copy of offsets (a sync on a
+    GPU), skipped while a CUDA graph is being captured.
+    """
+    if compiling():
+        out: torch.Tensor = _grouped_op(a, b, offsets, backend_to_str(backend))
+        return out
+    return _grouped_eager(a, b, offsets, backend)
+
+
+def _check_offsets(offsets: torch.Tensor, rows: int) -> None:
+    """offsets[0] = 0, non-decreasing, offsets[-1] = rows; one device-to-host copy."""
+    values = offsets.tolist()
+    if values[0] != 0 or values[-1] != rows or any(x > y for x, y in itertools.pairwise(values)):
+        shown = values if len(values) <= 9 else [*values[:4], "...", *values[-4:]]
+        raise fail("offsets", shown, f"non-decreasing row offsets from 0 to {rows} (a's rows)")
+
+
+def _grouped_eager(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, backend: BackendArg) -> torch.Tensor:
+    _check_operands(a, b, FLOAT_DTYPES, b_dims=3)
+    groups = b.shape[0]
+    check_tensor(offsets, "offsets", dims=1, dtypes=frozenset({torch.int32}))
+    if offsets.shape[0] != groups + 1:
+        raise fail("offsets.shape", tuple(offsets.shape), f"({groups + 1},): G+1 with G = b.shape[0]")
+    check_same_device("offsets", offsets, "a", a)
+    problem = _problem(a, b, a.dtype, groups=groups)
+    if "cuda_graph" not in problem.features:
+        _check_offsets(offsets, a.shape[0])
+    out: torch.Tensor = select_kernel("gemm.grouped_mm", problem, backend).run(a, b, offsets)
+    return out
+
+
+def _grouped_impl(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, backend: str | None) -> torch.Tensor:
+    return _grouped_eager(a, b, offsets, backend_from_str(backend))
+
+
+_grouped_op = custom_op("grouped_mm", _grouped_impl,
+                        lambda a, b, offsets, backend: a.new_empty((a.shape[0], b.shape[2])))

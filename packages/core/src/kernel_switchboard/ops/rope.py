@@ -1,1 +1,311 @@
-"""rope ops (being written)."""
+"""Rotary position embedding ops: ``rope.apply`` and ``rope.apply_cos_sin_cache``.
+
+Kernel ``run`` signatures (q (T, Hq, D), k (T, Hk, D), unit stride in the last dim, other strides free;
+positions (T,) int32 or int64 on q's device):
+
+- ``rope.apply``: ``run(q, k, positions, inv_freq, interleaved, inplace) -> (q_out, k_out)``;
+  inv_freq (rotary_dim/2,) float32 on the device, Llama-3.1 scaling already folded in.
+- ``rope.apply_cos_sin_cache``: ``run(q, k, positions, cos_sin_cache, interleaved, inplace) -> (q_out, k_out)``;
+  cos_sin_cache (max_position, rotary_dim) float32, each row ``[cos(rotary_dim/2) | sin(rotary_dim/2)]`` (vLLM's form).
+
+The angle of pair i at position p is ``p * inv_freq[i]`` in float32. ``interleaved=False`` is NeoX's layout
+(pair i = (x[i], x[i + rotary_dim/2])), ``interleaved=True`` GPT-J's (pair i = (x[2i], x[2i+1])). Each pair turns
+as ``(x1 cos - x2 sin, x2 cos + x1 sin)``, computed in float32 and stored in q's dtype. Dims ``rotary_dim:D`` pass
+through unchanged. ``inplace=False``: outputs are new contiguous tensors; ``inplace=True``: q and k are written
+and returned.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from ..capability import bucket
+from ..dispatch import select_kernel
+from ..errors import fail
+from ._common import (
+    FLOAT_DTYPES,
+    BackendArg,
+    backend_from_str,
+    backend_to_str,
+    check_same_device,
+    check_tensor,
+    compiling,
+    custom_op,
+    device_key,
+    graph_features,
+)
+
+POSITION_DTYPES = frozenset({torch.int32, torch.int64})
+
+
+@dataclass(frozen=True)
+class Llama3Scaling:
+    """Llama-3.1 rope scaling (HF ``rope_type="llama3"``): long wavelengths are slowed by ``factor``,
+    short ones kept, the band between them interpolated smoothly."""
+
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position: int = 8192
+
+    def __post_init__(self) -> None:
+        if not self.factor > 0:
+            raise fail("scaling.factor", self.factor, "a positive float")
+        if not self.low_freq_factor > 0:
+            raise fail("scaling.low_freq_factor", self.low_freq_factor, "a positive float")
+        if not self.high_freq_factor > self.low_freq_factor:
+            raise fail("scaling.high_freq_factor", self.high_freq_factor,
+                       f"a float above low_freq_factor ({self.low_freq_factor})")
+        if not self.original_max_position > 0:
+            raise fail("scaling.original_max_position", self.original_max_position, "a positive int")
+
+
+class RopeProblem(NamedTuple):
+    """Signature of a rope call (both ops)."""
+
+    device: str
+    cc: tuple[int, int] | None
+    dtype: torch.dtype
+    head_dim: int
+    rotary_dim: int
+    layout: str  # "neox" | "interleaved"
+    q_heads: int
+    kv_heads: int
+    tokens: int  # bucketed
+    positions_dtype: torch.dtype
+    features: frozenset[str]
+
+
+# -- inv_freq and cos/sin tables ---------------------------------------------------------------------
+def _inv_freq_host(theta: float, rotary_dim: int, scaling: Llama3Scaling | None) -> torch.Tensor:
+    """(rotary_dim/2,) float32 on the CPU, computed as HF transformers does (float32 throughout)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim))
+    if scaling is None:
+        return inv_freq
+    low_wavelen = scaling.original_max_position / scaling.low_freq_factor
+    high_wavelen = scaling.original_max_position / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+    smooth = (scaling.original_max_position / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+_BUILT: set[tuple[object, ...]] = set()
+
+
+@functools.cache
+def inv_freq(theta: float, rotary_dim: int, scaling: Llama3Scaling | None, device: torch.device) -> torch.Tensor:
+    """(rotary_dim/2,) float32 inverse frequencies on ``device``, cached per argument set.
+
+    The first call for a key copies the table to the device: make it before capturing a CUDA graph
+    (a warm-up call of :func:`apply` does).
+    """
+    table = _inv_freq_host(float(theta), int(rotary_dim), scaling).to(device)
+    _BUILT.add((theta, rotary_dim, scaling, device))
+    return table
+
+
+def _cached_inv_freq(theta: float, rotary_dim: int, scaling: Llama3Scaling | None, device: torch.device,
+                     capturing: bool) -> torch.Tensor:
+    if capturing and (theta, rotary_dim, scaling, device) not in _BUILT:
+        raise fail("theta/rotary_dim/scaling", (theta, rotary_dim, scaling),
+                   "parameters used once before CUDA-graph capture (the first call builds the inv_freq table "
+                   "with a host-to-device copy, which capture forbids): run one warm-up call first")
+    return inv_freq(theta, rotary_dim, scaling, device)
+
+
+def cos_sin_cache(max_position: int, rotary_dim: int, theta: float = 1e4, scaling: Llama3Scaling | None = None,
+                  device: torch.device | str = "cpu") -> torch.Tensor:
+    """vLLM's table for :func:`apply_cos_sin_cache`: (max_position, rotary_dim) float32 on ``device``,
+    row p = ``[cos(p * inv_freq) | sin(p * inv_freq)]`` with the angles taken in float32."""
+    if not (isinstance(max_position, int) and max_position > 0):
+        raise fail("max_position", max_position, "a positive int")
+    if not (isinstance(rotary_dim, int) and rotary_dim > 0 and rotary_dim % 2 == 0):
+        raise fail("rotary_dim", rotary_dim, "a positive even int")
+    _check_theta_scaling(theta, scaling)
+    freqs = torch.arange(max_position, dtype=torch.float32)[:, None] * _inv_freq_host(float(theta), rotary_dim, scaling)
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(device)
+
+
+# -- validation ----------------------------------------------------------------------------------------
+def _check_theta_scaling(theta: float, scaling: Llama3Scaling | None) -> None:
+    if not (isinstance(theta, (int, float)) and theta > 0):
+        raise fail("theta", theta, "a positive float")
+    if scaling is not None and not isinstance(scaling, Llama3Scaling):
+        raise fail("scaling", type(scaling).__name__, "None or a kernel_switchboard.ops.rope.Llama3Scaling")
+
+
+def _check_qk(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor) -> None:
+    check_tensor(q, "q", dims=3, dtypes=FLOAT_DTYPES)
+    check_tensor(k, "k", dims=3)
+    if k.dtype != q.dtype:
+        raise fail("k.dtype", k.dtype, f"q's dtype ({q.dtype})")
+    tokens, _, head_dim = q.shape
+    if k.shape[0] != tokens or k.shape[2] != head_dim:
+        raise fail("k.shape", tuple(k.shape), f"({tokens}, kv_heads, {head_dim}): q's tokens and head_dim")
+    check_same_device("k", k, "q", q)
+    if q.stride(-1) != 1:
+        raise fail("q.stride", q.stride(), "unit stride in the last (head_dim) dim")
+    if k.stride(-1) != 1:
+        raise fail("k.stride", k.stride(), "unit stride in the last (head_dim) dim")
+    check_tensor(positions, "positions", dims=1, dtypes=POSITION_DTYPES)
+    if positions.shape[0] != tokens:
+        raise fail("positions.shape", tuple(positions.shape), f"({tokens},): one position per token of q")
+    check_same_device("positions", positions, "q", q)
+
+
+def _check_rotary_dim(rotary_dim: int, head_dim: int, name: str = "rotary_dim") -> None:
+    if not (0 < rotary_dim <= head_dim and rotary_dim % 2 == 0):
+        raise fail(name, rotary_dim, f"an even int in [2, head_dim={head_dim}]")
+
+
+def _problem(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, rotary_dim: int, interleaved: bool,
+             inplace: bool) -> RopeProblem:
+    dev, cc = device_key(q)
+    features = graph_features(dev)
+    if inplace:
+        features = features | {"in_place"}
+    return RopeProblem(dev, cc, q.dtype, q.shape[2], rotary_dim, "interleaved" if interleaved else "neox",
+                       q.shape[1], k.shape[1], bucket(q.shape[0]), positions.dtype, features)
+
+
+def _scaling_to_list(scaling: Llama3Scaling | None) -> list[float] | None:
+    if scaling is None:
+        return None
+    return [scaling.factor, scaling.low_freq_factor, scaling.high_freq_factor, float(scaling.original_max_position)]
+
+
+def _scaling_from_list(values: list[float] | None) -> Llama3Scaling | None:
+    if values is None:
+        return None
+    return Llama3Scaling(values[0], values[1], values[2], int(values[3]))
+
+
+# -- apply ---------------------------------------------------------------------------------------------
+def apply(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, *, theta: float = 1e4,
+          rotary_dim: int | None = None, interleaved: bool = False, scaling: Llama3Scaling | None = None,
+          inplace: bool = False, backend: BackendArg = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate q (T, Hq, D) and k (T, Hk, D) by their token's position (T,) int32/int64.
+
+    ``rotary_dim`` (default D) even, <= D: only the first ``rotary_dim`` dims rotate. ``interleaved``: GPT-J
+    pairs (2i, 2i+1), else NeoX halves. ``scaling``: :class:`Llama3Scaling` or None. ``inplace``: write q and
+    k and return them; else return new contiguous tensors. fp16/bf16/fp32, computed in float32.
+    The inv_freq table is cached per (theta, rotary_dim, scaling, device); its first build is a host-to-device
+    copy, so call once before CUDA-graph capture.
+    """
+    _check_theta_scaling(theta, scaling)
+    if compiling():
+        args = (q, k, positions, float(theta), rotary_dim, bool(interleaved), _scaling_to_list(scaling),
+                backend_to_str(backend))
+        if inplace:
+            _apply_inplace_op(*args)
+            return q, k
+        out: tuple[torch.Tensor, torch.Tensor] = _apply_op(*args)
+        return out
+    return _apply_eager(q, k, positions, float(theta), rotary_dim, bool(interleaved), scaling, bool(inplace), backend)
+
+
+def _apply_eager(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, theta: float, rotary_dim: int | None,
+                 interleaved: bool, scaling: Llama3Scaling | None, inplace: bool,
+                 backend: BackendArg) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_qk(q, k, positions)
+    rot = q.shape[2] if rotary_dim is None else rotary_dim
+    _check_rotary_dim(rot, q.shape[2])
+    problem = _problem(q, k, positions, rot, interleaved, inplace)
+    freq = _cached_inv_freq(theta, rot, scaling, q.device, "cuda_graph" in problem.features)
+    kernel = select_kernel("rope.apply", problem, backend)
+    out = kernel.run(q, k, positions, freq, interleaved, inplace)
+    return (q, k) if inplace else out
+
+
+def _apply_impl(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, theta: float, rotary_dim: int | None,
+                interleaved: bool, scaling: list[float] | None,
+                backend: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+    q_out, k_out = _apply_eager(q, k, positions, theta, rotary_dim, interleaved, _scaling_from_list(scaling), False,
+                                backend_from_str(backend))
+    return q_out, k_out
+
+
+def _apply_inplace_impl(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, theta: float,
+                        rotary_dim: int | None, interleaved: bool, scaling: list[float] | None,
+                        backend: str | None) -> None:
+    _apply_eager(q, k, positions, theta, rotary_dim, interleaved, _scaling_from_list(scaling), True,
+                 backend_from_str(backend))
+
+
+def _fake_pair(q: torch.Tensor, k: torch.Tensor, *_: object) -> tuple[torch.Tensor, torch.Tensor]:
+    return q.new_empty(q.shape), k.new_empty(k.shape)
+
+
+_apply_op = custom_op("rope_apply", _apply_impl, _fake_pair)
+_apply_inplace_op = custom_op("rope_apply_inplace", _apply_inplace_impl, lambda *_: None, mutates_args=("q", "k"))
+
+
+# -- apply_cos_sin_cache -----------------------------------------------------------------------------------
+def apply_cos_sin_cache(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, *,
+                        interleaved: bool = False, inplace: bool = False,
+                        backend: BackendArg = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rope from a precomputed table (vLLM's form; build one with :func:`cos_sin_cache`).
+
+    cos_sin_cache: (max_position, rotary_dim) float32, rows ``[cos | sin]``; rotary_dim even, <= D.
+    Positions must lie in [0, max_position): this is checked with one device-to-host copy of their min and
+    max (a sync on a GPU), skipped while a CUDA graph is being captured.
+    """
+    if compiling():
+        args = (q, k, positions, cos_sin_cache, bool(interleaved), backend_to_str(backend))
+        if inplace:
+            _cache_inplace_op(*args)
+            return q, k
+        out: tuple[torch.Tensor, torch.Tensor] = _cache_op(*args)
+        return out
+    return _cache_eager(q, k, positions, cos_sin_cache, bool(interleaved), bool(inplace), backend)
+
+
+def _check_positions_in_range(positions: torch.Tensor, limit: int) -> None:
+    """positions in [0, limit); one device-to-host copy (a sync on a GPU)."""
+    if positions.numel() == 0:
+        return
+    lo, hi = torch.stack(torch.aminmax(positions)).tolist()
+    if lo < 0 or hi >= limit:
+        raise fail("positions", f"values in [{lo}, {hi}]", f"values in [0, {limit}): rows of cos_sin_cache")
+
+
+def _cache_eager(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cache: torch.Tensor, interleaved: bool,
+                 inplace: bool, backend: BackendArg) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_qk(q, k, positions)
+    check_tensor(cache, "cos_sin_cache", dims=2, dtypes=frozenset({torch.float32}))
+    check_same_device("cos_sin_cache", cache, "q", q)
+    if cache.stride(-1) != 1:
+        raise fail("cos_sin_cache.stride", cache.stride(), "unit stride in the last dim")
+    rot = cache.shape[1]
+    _check_rotary_dim(rot, q.shape[2], "cos_sin_cache.shape[1]")
+    problem = _problem(q, k, positions, rot, interleaved, inplace)
+    if "cuda_graph" not in problem.features:
+        _check_positions_in_range(positions, cache.shape[0])
+    kernel = select_kernel("rope.apply_cos_sin_cache", problem, backend)
+    out = kernel.run(q, k, positions, cache, interleaved, inplace)
+    return (q, k) if inplace else out
+
+
+def _cache_impl(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+                interleaved: bool, backend: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+    q_out, k_out = _cache_eager(q, k, positions, cos_sin_cache, interleaved, False, backend_from_str(backend))
+    return q_out, k_out
+
+
+def _cache_inplace_impl(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+                        interleaved: bool, backend: str | None) -> None:
+    _cache_eager(q, k, positions, cos_sin_cache, interleaved, True, backend_from_str(backend))
+
+
+_cache_op = custom_op("rope_apply_cos_sin_cache", _cache_impl, _fake_pair)
+_cache_inplace_op = custom_op("rope_apply_cos_sin_cache_inplace", _cache_inplace_impl, lambda *_: None,
+                              mutates_args=("q", "k"))

@@ -1,7 +1,45 @@
-"""Reference activation kernels (see :mod:`kernel_switchboard.ops.activation` for signatures)."""
+"""Reference gated-activation kernels (see :mod:`kernel_switchboard.ops.activation` for signatures).
+
+Written from the formulas (not torch.nn.functional), so that the tests can compare against torch.
+"""
 
 from __future__ import annotations
 
-from ..registry import Kernel
+import math
 
-KERNELS: list[Kernel] = []
+import torch
+
+from ..registry import Kernel
+from ._cap import PRIORITY, REFERENCE_CAPTURABLE
+
+
+def _halves(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    d = x.shape[-1] // 2
+    x32 = x.float()
+    return x32[..., :d], x32[..., d:]
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    a, b = _halves(x)
+    return (a * torch.sigmoid(a) * b).to(x.dtype)
+
+
+def gelu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    a, b = _halves(x)
+    return (0.5 * a * (1.0 + torch.erf(a * (1.0 / math.sqrt(2.0)))) * b).to(x.dtype)
+
+
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    a, b = _halves(x)
+    inner = math.sqrt(2.0 / math.pi) * (a + 0.044715 * a * a * a)
+    return (0.5 * a * (1.0 + torch.tanh(inner)) * b).to(x.dtype)
+
+
+KERNELS = [
+    Kernel("activation.silu_and_mul", "silu_and_mul", "reference", REFERENCE_CAPTURABLE, silu_and_mul,
+           priority=PRIORITY),
+    Kernel("activation.gelu_and_mul", "gelu_and_mul", "reference", REFERENCE_CAPTURABLE, gelu_and_mul,
+           priority=PRIORITY),
+    Kernel("activation.gelu_tanh_and_mul", "gelu_tanh_and_mul", "reference", REFERENCE_CAPTURABLE, gelu_tanh_and_mul,
+           priority=PRIORITY),
+]
