@@ -42,4 +42,5 @@ def test_bench_dispatch_overhead_on_cpu(tmp_path, capsys) -> None:
     assert main(["bench", "--preset", "dispatch", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "bench.json").read_text())
     row = data["rows"][0]
-    assert row["kernel"] == "dispatch overhead" and row["metric"] > 0
+    assert row["kernel"] == "dispatch overhead" and row["unit"] == "us/call"
+    assert row["extra"]["public_us"] > 0 and row["extra"]["direct_us"] > 0

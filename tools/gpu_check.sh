@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One-call GPU check on a lent H200 (see ../shared/DEVICE.md): install the project offline, run every
+# GPU test, run the benchmarks, write logs and tables under $OUT. Usage, from the project root:
+#   source .gpu/core/setup.sh && bash tools/gpu_check.sh [stage ...]
+# Stages (default: all): install tests bench. Each stage has its own time limit so one hang
+# cannot eat the whole call.
+set -u
+OUT=${OUT:-/tmp/ksb-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 KSB_TUNE_CACHE="$OUT/tune.json"
+stages=${*:-install tests bench}
+log() { echo "[gpu_check $(date +%T)] $*"; }
+
+if [[ " $stages " == *" install "* ]]; then
+  log "install"
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation \
+    -e packages/core -e packages/backend-triton -e packages/backend-cudnn -e packages/backend-fa \
+    -e packages/backend-cutlass -e packages/backend-trtllm > "$OUT/install.log" 2>&1 || { tail -20 "$OUT/install.log"; }
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+  timeout 120 switchboard doctor > "$OUT/doctor.txt" 2>&1; cat "$OUT/doctor.txt" | head -60
+fi
+
+if [[ " $stages " == *" tests "* ]]; then
+  log "gpu tests"
+  export KSB_TEST_DEVICE=cuda
+  timeout ${KSB_TEST_TIMEOUT:-300} python3 -m pytest -q -m gpu -x --no-header -rfE -p no:cacheprovider \
+    tests packages/backend-triton/tests packages/backend-cudnn/tests packages/backend-fa/tests \
+    packages/backend-cutlass/tests packages/backend-trtllm/tests ${KSB_PYTEST_ARGS:-} > "$OUT/pytest-gpu.log" 2>&1
+  log "pytest exit $?"; tail -40 "$OUT/pytest-gpu.log"
+fi
+
+if [[ " $stages " == *" bench "* ]]; then
+  log "bench"
+  timeout ${KSB_BENCH_TIMEOUT:-300} switchboard bench --preset ${KSB_BENCH_PRESETS:-llama3-8b} --out "$OUT/bench" \
+    --reps-ms 100 > "$OUT/bench.txt" 2>&1
+  log "bench exit $?"; tail -60 "$OUT/bench.txt"
+fi
+
+# The device tool returns at most 8 files: pack everything into one archive, keep the main logs.
+tar czf /tmp/results.tgz -C "$OUT" . 2>/dev/null && find "$OUT" -mindepth 1 -delete && mv /tmp/results.tgz "$OUT/results.tgz"
+log "done: $OUT/results.tgz"
