@@ -1,9 +1,97 @@
-"""Triton activation kernels (being written)."""
+"""Triton gated activations: ``silu_and_mul``, ``gelu_and_mul`` (erf) and ``gelu_tanh_and_mul``.
+
+x (N, 2d) with unit stride in the last dim -> y (N, d) = act(x[:, :d]) * x[:, d:], computed in float32,
+stored in x's dtype. Grid: (rows, column blocks); each program moves ``BLOCK`` contiguous elements
+of each half with vector loads.
+"""
 
 from __future__ import annotations
 
-from kernel_switchboard import Kernel
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from kernel_switchboard import Capability, Kernel
+
+from ._common import BACKEND, DEVICES, PRIORITY
+from ._perf import memory_bound
+
+SILU, GELU, GELU_TANH = 0, 1, 2
+DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
+#: grid dim 1 (column blocks) is limited to 65535 programs
+_MAX_COL_BLOCKS = 65535
+
+
+@triton.jit
+def _act_and_mul_kernel(
+    x_ptr,  # (N, 2d) input: gate half then up half, unit stride in the last dim
+    y_ptr,  # (N, d) output, contiguous
+    d,  # width of one half
+    stride_x,  # row stride of x, elements
+    ACT: tl.constexpr,  # 0 silu, 1 gelu (erf), 2 gelu (tanh approximation)
+    BLOCK: tl.constexpr,  # columns per program
+):
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = c < d
+    x_row = x_ptr + row * stride_x
+    gate = tl.load(x_row + c, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_row + d + c, mask=mask, other=0.0).to(tl.float32)
+    if ACT == 0:
+        act = gate / (1.0 + tl.exp(-gate))
+    elif ACT == 1:
+        act = 0.5 * gate * (1.0 + tl.math.erf(gate * 0.7071067811865476))
+    else:
+        u = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
+        act = 0.5 * gate * (1.0 + (2.0 / (1.0 + tl.exp(-2.0 * u)) - 1.0))  # tanh(u) = 2 sigmoid(2u) - 1
+    tl.store(y_ptr + row * d + c, (act * up).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _block(d: int) -> tuple[int, int]:
+    block = min(triton.next_power_of_2(max(d, 1)), 2048)
+    while triton.cdiv(d, block) > _MAX_COL_BLOCKS:
+        block *= 2
+    return block, 4 if block <= 1024 else 8
+
+
+def _launch(x: torch.Tensor, act: int) -> torch.Tensor:
+    n, two_d = x.shape
+    d = two_d // 2
+    y = torch.empty((n, d), dtype=x.dtype, device=x.device)
+    if n == 0 or d == 0:
+        return y
+    block, warps = _block(d)
+    _act_and_mul_kernel[(n, triton.cdiv(d, block))](x, y, d, x.stride(0), ACT=act, BLOCK=block, num_warps=warps)
+    return y
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    return _launch(x, SILU)
+
+
+def gelu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    return _launch(x, GELU)
+
+
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    return _launch(x, GELU_TANH)
+
+
+def _cost(problem: Any) -> float:
+    rows = getattr(problem, "rows", 0)
+    d = getattr(problem, "d", None) or getattr(problem, "hidden", 0)
+    return memory_bound(problem, 3 * rows * d * problem.dtype.itemsize)
+
+
+_CAP = Capability(devices=DEVICES, dtypes=DTYPES, features=frozenset({"cuda_graph", "deterministic"}))
 
 
 def kernels() -> list[Kernel]:
-    return []
+    return [
+        Kernel(f"activation.{name}", name, BACKEND, _CAP, fn, priority=PRIORITY, cost=_cost,
+               doc="fused gate activation and multiply; float32 math, one read and one write")
+        for name, fn in (("silu_and_mul", silu_and_mul), ("gelu_and_mul", gelu_and_mul),
+                         ("gelu_tanh_and_mul", gelu_tanh_and_mul))
+    ]

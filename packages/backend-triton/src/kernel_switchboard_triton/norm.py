@@ -1,9 +1,111 @@
-"""Triton norm kernels (being written)."""
+"""Triton normalisation kernels: rms_norm (and Gemma's 1 + w), fused_add_rms_norm in place, layer_norm.
+
+One pass over memory: each program holds whole rows in registers (``BLOCK_N = next_pow2(hidden)``,
+several narrow rows per program); rows wider than :data:`MAX_BLOCK` use a looped kernel.
+Signatures: see :mod:`kernel_switchboard.ops.norm`.
+"""
 
 from __future__ import annotations
 
-from kernel_switchboard import Kernel
+import functools
+from typing import Any
+
+import torch
+import triton
+
+from kernel_switchboard import Capability, Kernel
+
+from . import _norm_kernels as K
+from ._common import BACKEND, DEVICES, PRIORITY
+from ._perf import memory_bound
+
+#: widest row (elements, power of two) a block kernel holds in registers
+MAX_BLOCK = 16384
+#: chunk width of the looped kernels
+LOOP_BLOCK = 4096
+DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
+
+
+@functools.lru_cache(maxsize=256)
+def _config(rows: int, n: int) -> tuple[int, int, int] | None:
+    """(BLOCK_M, BLOCK_N, num_warps) of the block kernel, or None when the row needs the looped one."""
+    block_n = triton.next_power_of_2(n)
+    if block_n > MAX_BLOCK:
+        return None
+    block_m = min(max(1, 2048 // block_n), 16, triton.next_power_of_2(max(rows, 1)))
+    elems = block_m * block_n
+    num_warps = 4 if elems <= 2048 else 8 if elems <= 8192 else 16
+    return block_m, block_n, num_warps
+
+
+def _looped_warps() -> int:
+    return 8
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) -> torch.Tensor:
+    rows, n = x.shape
+    y = torch.empty((rows, n), dtype=x.dtype, device=x.device)
+    if rows == 0:
+        return y
+    cfg = _config(min(rows, 16), n)
+    if cfg is None:
+        K._rms_norm_looped[(rows,)](x, y, weight, n, x.stride(0), y.stride(0), eps, GEMMA=gemma, BLOCK_N=LOOP_BLOCK,
+                                    num_warps=_looped_warps())
+    else:
+        bm, bn, nw = cfg
+        K._rms_norm_block[(triton.cdiv(rows, bm),)](x, y, weight, rows, n, x.stride(0), y.stride(0), eps, GEMMA=gemma,
+                                                    BLOCK_M=bm, BLOCK_N=bn, num_warps=nw)
+    return y
+
+
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) -> None:
+    rows, n = x.shape
+    if rows == 0:
+        return
+    cfg = _config(min(rows, 16), n)
+    if cfg is None:
+        K._fused_add_rms_norm_looped[(rows,)](x, residual, weight, n, x.stride(0), residual.stride(0), eps, GEMMA=gemma,
+                                              BLOCK_N=LOOP_BLOCK, num_warps=_looped_warps())
+    else:
+        bm, bn, nw = cfg
+        K._fused_add_rms_norm_block[(triton.cdiv(rows, bm),)](x, residual, weight, rows, n, x.stride(0), residual.stride(0),
+                                                              eps, GEMMA=gemma, BLOCK_M=bm, BLOCK_N=bn, num_warps=nw)
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+    rows, n = x.shape
+    y = torch.empty((rows, n), dtype=x.dtype, device=x.device)
+    if rows == 0:
+        return y
+    has_bias = bias is not None
+    b = bias if has_bias else weight
+    cfg = _config(min(rows, 16), n)
+    if cfg is None:
+        K._layer_norm_looped[(rows,)](x, y, weight, b, n, x.stride(0), y.stride(0), eps, HAS_BIAS=has_bias,
+                                      BLOCK_N=LOOP_BLOCK, num_warps=_looped_warps())
+    else:
+        bm, bn, nw = cfg
+        K._layer_norm_block[(triton.cdiv(rows, bm),)](x, y, weight, b, rows, n, x.stride(0), y.stride(0), eps,
+                                                      HAS_BIAS=has_bias, BLOCK_M=bm, BLOCK_N=bn, num_warps=nw)
+    return y
+
+
+def _bytes(problem: Any, tensors: int) -> float:
+    return tensors * problem.rows * problem.hidden * problem.dtype.itemsize
+
+
+_FEATURES = frozenset({"cuda_graph", "deterministic"})
+_CAP = Capability(devices=DEVICES, dtypes=DTYPES, features=_FEATURES)
+_CAP_IN_PLACE = Capability(devices=DEVICES, dtypes=DTYPES, features=_FEATURES | {"in_place"})
 
 
 def kernels() -> list[Kernel]:
-    return []
+    return [
+        Kernel("norm.rms_norm", "rms_norm", BACKEND, _CAP, rms_norm, priority=PRIORITY,
+               cost=lambda p: memory_bound(p, _bytes(p, 2)), doc="one pass, rows in registers; Gemma (1 + w) variant"),
+        Kernel("norm.fused_add_rms_norm", "fused_add_rms_norm", BACKEND, _CAP_IN_PLACE, fused_add_rms_norm,
+               priority=PRIORITY, cost=lambda p: memory_bound(p, _bytes(p, 4)),
+               doc="in place: residual <- x + residual, x <- rms_norm(residual); one pass"),
+        Kernel("norm.layer_norm", "layer_norm", BACKEND, _CAP, layer_norm, priority=PRIORITY,
+               cost=lambda p: memory_bound(p, _bytes(p, 2)), doc="one pass, rows in registers, optional bias"),
+    ]
