@@ -1,1 +1,113 @@
-"""comm ops (being written)."""
+"""Communication ops: ``comm.all_reduce_fused_rms_norm``.
+
+Kernel ``run`` signature: ``run(x, residual, weight, eps, group) -> (y, residual_out)`` with x, residual
+(rows, hidden) contiguous, same dtype; weight (hidden,); group a ``torch.distributed`` process group
+or None (the default group). ``residual_out = all_reduce(x) + residual`` (sum over the group's ranks,
+taken in float32) and ``y = rms_norm(residual_out) * weight`` computed from the float32 sum; both
+outputs have x's dtype. With no initialised process group (one process) the all-reduce is the identity.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+
+from ..capability import bucket
+from ..dispatch import select_kernel
+from ..errors import fail
+from ._common import (
+    FLOAT_DTYPES,
+    BackendArg,
+    backend_from_str,
+    backend_to_str,
+    check_same_device,
+    check_tensor,
+    compiling,
+    custom_op,
+    device_key,
+    graph_features,
+)
+
+
+class CommProblem(NamedTuple):
+    """Signature of an all-reduce + residual + RMSNorm call."""
+
+    device: str
+    cc: tuple[int, int] | None
+    dtype: torch.dtype
+    hidden: int
+    rows: int  # bucketed
+    world_size: int
+    features: frozenset[str]
+
+
+def _initialized() -> bool:
+    return bool(torch.distributed.is_available() and torch.distributed.is_initialized())
+
+
+def world_size(group: Any = None) -> int:
+    """Ranks in ``group`` (the default group when None); 1 without an initialised process group."""
+    return torch.distributed.get_world_size(group) if _initialized() else 1
+
+
+def all_reduce_fused_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
+                              group: Any = None, backend: BackendArg = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """All-reduce x over ``group``, add ``residual``, RMSNorm the sum: returns (y, residual_out).
+
+    x, residual: (..., hidden), same shape, dtype and device; weight: (hidden,). Every rank of the group
+    calls it with the same shapes. Under torch.compile only ``group=None`` (the default group) is
+    supported: a process group cannot cross a custom op.
+    """
+    if compiling():
+        if group is not None:
+            raise fail("group", group, "None (the default process group) under torch.compile")
+        return _ar_norm_op(x, residual, weight, float(eps), backend_to_str(backend))
+    return _ar_norm_eager(x, residual, weight, float(eps), group, backend)
+
+
+def _validate(x: Any, residual: Any, weight: Any, eps: float, group: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    check_tensor(x, "x", dtypes=FLOAT_DTYPES)
+    if x.dim() < 1 or x.shape[-1] < 1:
+        raise fail("x.shape", tuple(x.shape), "(..., hidden) with hidden >= 1")
+    check_tensor(residual, "residual")
+    if residual.shape != x.shape:
+        raise fail("residual.shape", tuple(residual.shape), f"x's shape {tuple(x.shape)}")
+    if residual.dtype != x.dtype:
+        raise fail("residual.dtype", residual.dtype, f"x's dtype ({x.dtype})")
+    check_same_device("residual", residual, "x", x)
+    check_tensor(weight, "weight", dims=1, dtypes=FLOAT_DTYPES)
+    if weight.shape[0] != x.shape[-1]:
+        raise fail("weight.shape", tuple(weight.shape), f"({x.shape[-1]},) = x's hidden size")
+    check_same_device("weight", weight, "x", x)
+    if not eps > 0:
+        raise fail("eps", eps, "a positive float")
+    if group is not None:
+        if not _initialized():
+            raise fail("group", group, "None when torch.distributed is not initialised")
+        if not isinstance(group, torch.distributed.ProcessGroup):
+            raise fail("group", type(group).__name__, "a torch.distributed.ProcessGroup or None")
+    hidden = x.shape[-1]
+    return x.reshape(-1, hidden).contiguous(), residual.reshape(-1, hidden).contiguous()
+
+
+def _ar_norm_eager(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, group: Any,
+                   backend: BackendArg) -> tuple[torch.Tensor, torch.Tensor]:
+    x2, r2 = _validate(x, residual, weight, eps, group)
+    dev, cc = device_key(x2)
+    problem = CommProblem(dev, cc, x2.dtype, x2.shape[1], bucket(x2.shape[0]), world_size(group), graph_features(dev))
+    kernel = select_kernel("comm.all_reduce_fused_rms_norm", problem, backend)
+    y, r = kernel.run(x2, r2, weight, eps, group)
+    if y.shape == x.shape:
+        return y, r
+    return y.view(x.shape), r.view(x.shape)
+
+
+def _ar_norm_impl(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                  backend: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+    y, r = _ar_norm_eager(x, residual, weight, eps, None, backend_from_str(backend))
+    return y.clone() if y._base is not None else y, r.clone() if r._base is not None else r
+
+
+_ar_norm_op = custom_op("all_reduce_fused_rms_norm", _ar_norm_impl,
+                        lambda x, residual, weight, eps, backend: (torch.empty_like(x), torch.empty_like(x)))

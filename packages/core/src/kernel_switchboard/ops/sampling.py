@@ -1,1 +1,414 @@
-"""sampling ops (being written)."""
+"""Sampling ops: ``sampling.top_k_top_p``, ``sampling.renorm``, ``sampling.chain_speculative``.
+
+Kernel ``run`` signatures (arguments validated and canonical, see docs/ops.md):
+
+- ``sampling.top_k_top_p``: ``run(x, top_k, top_p, min_p, is_logits, temperature, generator, deterministic)``
+  -> tokens (B,) int64. x (B, V); top_k: int >= 1 | (B,) int32 tensor | None; top_p, min_p, temperature:
+  float | (B,) float32 tensor | None; tensors live on x's device.
+- ``sampling.renorm``: ``run(probs, top_k, top_p, min_p) -> (B, V) float32``, the filtered distribution.
+- ``sampling.chain_speculative``: ``run(draft_probs, draft_token_ids, target_probs, generator, deterministic)``
+  -> (tokens (B, n+1) int64 padded with -1, accepted (B,) int32, emitted (B,) int32).
+
+Filter semantics, applied in this order (ties at a threshold are kept together, so the filtered
+distribution is well defined):
+
+1. temperature (logits only): ``x / t``; then softmax in float32 (logits may hold ``-inf`` = masked);
+2. top-k: keep token i iff fewer than k tokens are strictly more probable (k >= V keeps all);
+3. top-p, on the renormalised top-k survivors: keep i iff the mass of the survivors strictly more
+   probable than i is below ``top_p``;
+4. min-p, on the renormalised survivors: keep i iff ``p_i >= min_p * max p``.
+
+Zero-probability tokens are never sampled. Probabilities need not sum to exactly one (rows are
+weights with a positive sum). Neutral values mean "filter off" and are canonicalised to ``None``:
+top_k 0, top_p 1.0, min_p 0.0, temperature 1.0; a per-row ``top_k`` of 0 disables top-k for that row.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import torch
+
+from ..capability import bucket
+from ..dispatch import select_kernel
+from ..errors import fail
+from ._common import (
+    FLOAT_DTYPES,
+    BackendArg,
+    backend_from_str,
+    backend_to_str,
+    check_same_device,
+    check_tensor,
+    compiling,
+    custom_op,
+    device_key,
+    graph_features,
+)
+
+INT_DTYPES = frozenset({torch.int32, torch.int64})
+PARAM_FLOAT_DTYPES = FLOAT_DTYPES | {torch.float64}
+#: a scalar-or-per-row parameter
+Param = float | int | torch.Tensor | None
+
+
+class SamplingProblem(NamedTuple):
+    """Signature of a top-k / top-p / min-p sampling or renorm call."""
+
+    device: str
+    cc: tuple[int, int] | None
+    dtype: torch.dtype
+    vocab: int
+    batch: int  # bucketed
+    is_logits: bool
+    uses_temperature: bool
+    uses_top_k: bool
+    uses_top_p: bool
+    uses_min_p: bool
+    features: frozenset[str]
+
+
+class SpeculativeProblem(NamedTuple):
+    """Signature of a chain speculative sampling call."""
+
+    device: str
+    cc: tuple[int, int] | None
+    dtype: torch.dtype
+    vocab: int
+    num_draft: int
+    batch: int  # bucketed
+    features: frozenset[str]
+
+
+# -- parameter canonicalisation ------------------------------------------------------------------
+def _int_param(v: Any, name: str, x: torch.Tensor) -> int | torch.Tensor | None:
+    """top_k: None / 0 -> None; int >= 1; (B,) int tensor -> int32 (entries >= 0, 0 = off for that row)."""
+    if v is None:
+        return None
+    if isinstance(v, torch.Tensor):
+        _check_row_tensor(v, name, x, INT_DTYPES)
+        return v if v.dtype == torch.int32 else v.to(torch.int32)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise fail(name, v, "an int >= 1 (0 or None = off) or a (B,) int32/int64 tensor")
+    return v or None
+
+
+def _float_param(v: Any, name: str, x: torch.Tensor, lo: float, hi: float, lo_open: bool,
+                 neutral: float, allowed: str) -> float | torch.Tensor | None:
+    """A float in its range (``neutral`` -> None) or a (B,) float tensor -> float32."""
+    if v is None:
+        return None
+    if isinstance(v, torch.Tensor):
+        _check_row_tensor(v, name, x, PARAM_FLOAT_DTYPES)
+        return v if v.dtype == torch.float32 else v.to(torch.float32)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise fail(name, v, allowed)
+    f = float(v)
+    ok = (lo < f if lo_open else lo <= f) and f <= hi
+    if not ok:
+        raise fail(name, v, allowed)
+    return None if f == neutral else f
+
+
+def _check_row_tensor(t: torch.Tensor, name: str, x: torch.Tensor, dtypes: frozenset[torch.dtype]) -> None:
+    check_tensor(t, name, dims=1, dtypes=dtypes)
+    if t.shape[0] != x.shape[0]:
+        raise fail(f"{name}.shape", tuple(t.shape), f"({x.shape[0]},): one value per row of x")
+    check_same_device(name, t, "x", x)
+
+
+_TOP_P = "a float in (0, 1] (1 or None = off) or a (B,) float tensor"
+_MIN_P = "a float in [0, 1] (0 or None = off) or a (B,) float tensor"
+_TEMP = "a float > 0 (1 or None = off) or a (B,) float tensor; logits only"
+
+
+class _Params(NamedTuple):
+    top_k: int | torch.Tensor | None
+    top_p: float | torch.Tensor | None
+    min_p: float | torch.Tensor | None
+    temperature: float | torch.Tensor | None
+
+
+def _params(x: torch.Tensor, top_k: Any, top_p: Any, min_p: Any, temperature: Any, is_logits: bool) -> _Params:
+    if temperature is not None and not is_logits:
+        raise fail("temperature", temperature, "None when x holds probabilities (is_logits=False)")
+    return _Params(
+        _int_param(top_k, "top_k", x),
+        _float_param(top_p, "top_p", x, 0.0, 1.0, True, 1.0, _TOP_P),
+        _float_param(min_p, "min_p", x, 0.0, 1.0, False, 0.0, _MIN_P),
+        _float_param(temperature, "temperature", x, 0.0, math.inf, True, 1.0, _TEMP),
+    )
+
+
+def _check_x(x: Any, name: str, dims: int = 2) -> None:
+    check_tensor(x, name, dims=dims, dtypes=FLOAT_DTYPES)
+    if x.shape[-1] < 1:
+        raise fail(f"{name}.shape", tuple(x.shape), "a non-empty vocabulary (last dim >= 1)")
+
+
+def _check_generator(generator: Any, x: torch.Tensor) -> None:
+    if generator is None:
+        return
+    if not isinstance(generator, torch.Generator):
+        raise fail("generator", type(generator).__name__, "a torch.Generator or None")
+    if generator.device.type != x.device.type:
+        raise fail("generator.device", generator.device, f"the device of x ({x.device})")
+
+
+# -- data checks (one host sync) -----------------------------------------------------------------
+def _bad_probs(p: torch.Tensor) -> torch.Tensor:
+    """0-d bool: some entry is negative / NaN / inf, or some row has no positive mass."""
+    ok = ((p >= 0) & (p < math.inf)).all() & (p.sum(-1, dtype=torch.float32) > 0).all()
+    return ~ok
+
+
+def _bad_logits(x: torch.Tensor) -> torch.Tensor:
+    """0-d bool: some row holds NaN or +inf, or has no finite logit (``-inf`` alone is allowed)."""
+    return ~torch.isfinite(x.amax(-1)).all()
+
+
+def _bad_params(p: _Params) -> list[tuple[str, torch.Tensor, str]]:
+    out: list[tuple[str, torch.Tensor, str]] = []
+    if isinstance(p.top_k, torch.Tensor):
+        out.append(("top_k", (p.top_k < 0).any(), "entries >= 0 (0 = off for that row)"))
+    if isinstance(p.top_p, torch.Tensor):
+        out.append(("top_p", ~((p.top_p > 0) & (p.top_p <= 1)).all(), "entries in (0, 1]"))
+    if isinstance(p.min_p, torch.Tensor):
+        out.append(("min_p", ~((p.min_p >= 0) & (p.min_p <= 1)).all(), "entries in [0, 1]"))
+    if isinstance(p.temperature, torch.Tensor):
+        t = p.temperature
+        out.append(("temperature", ~((t > 0) & (t < math.inf)).all(), "finite entries > 0"))
+    return out
+
+
+def _raise_first_bad(checks: list[tuple[str, torch.Tensor, str]]) -> None:
+    """Evaluate every 0-d flag with one host sync; raise for the first bad one."""
+    if not checks:
+        return
+    flags = torch.stack([c[1] for c in checks]).tolist()
+    for (name, _, allowed), bad in zip(checks, flags):
+        if bad:
+            raise fail(name, "data that breaks the rule", allowed)
+
+
+def _data_check(x: torch.Tensor, is_logits: bool, p: _Params | None, name: str = "x") -> None:
+    if is_logits:
+        checks = [(name, _bad_logits(x), "logits without NaN or +inf and with a finite value in every row "
+                   "(-inf = masked token)")]
+    else:
+        checks = [(name, _bad_probs(x), "probabilities: finite, >= 0, a positive sum in every row")]
+    _raise_first_bad(checks + (_bad_params(p) if p is not None else []))
+
+
+def _problem(x: torch.Tensor, is_logits: bool, p: _Params, extra: frozenset[str]) -> SamplingProblem:
+    dev, cc = device_key(x)
+    per_row = any(isinstance(v, torch.Tensor) for v in p)
+    features = graph_features(dev) | extra | (frozenset({"per_row_params"}) if per_row else frozenset())
+    return SamplingProblem(dev, cc, x.dtype, x.shape[1], bucket(x.shape[0]), is_logits, p.temperature is not None,
+                           p.top_k is not None, p.top_p is not None, p.min_p is not None, features)
+
+
+def _run_features(generator: Any, deterministic: bool) -> frozenset[str]:
+    feats = set()
+    if generator is not None:
+        feats.add("generator")
+    if deterministic:
+        feats.add("deterministic")
+    return frozenset(feats)
+
+
+# -- top_k_top_p ---------------------------------------------------------------------------------
+def top_k_top_p(x: torch.Tensor, top_k: Param = None, top_p: Param = None, *, min_p: Param = None,
+                is_logits: bool = False, temperature: Param = None, generator: torch.Generator | None = None,
+                deterministic: bool = False, check_nan: bool = True, backend: BackendArg = None) -> torch.Tensor:
+    """Sample one token per row after temperature / top-k / top-p / min-p filtering.
+
+    x: (B, V) probabilities (``is_logits=False``) or logits, fp32/fp16/bf16. top_k: int or (B,) int
+    tensor; top_p, min_p: float or (B,) float tensor; temperature (logits only): float or (B,) tensor.
+    Returns (B,) int64 token ids, always in range and never a filtered-out token.
+
+    ``generator`` makes the draw reproducible (eager only: it cannot enter a torch.compile graph);
+    ``deterministic`` asks for bitwise reproducible results with the same generator state.
+    ``check_nan=True`` validates the data of x and of per-row parameter tensors (NaN / inf / negative
+    probabilities, out-of-range parameters) with one host sync; it is skipped while a CUDA graph is
+    captured. ``check_nan=False`` skips it: a bad row then gives an unspecified but in-range token.
+    """
+    if compiling():
+        if generator is not None:
+            raise fail("generator", "a torch.Generator", "None under torch.compile (use eager mode for seeded draws)")
+        return _sample_op(x, *_encode(top_k, top_p, min_p, temperature), bool(is_logits), bool(deterministic),
+                          bool(check_nan), backend_to_str(backend))
+    return _sample_eager(x, top_k, top_p, min_p, is_logits, temperature, generator, deterministic, check_nan, backend)
+
+
+def _sample_eager(x: torch.Tensor, top_k: Any, top_p: Any, min_p: Any, is_logits: bool, temperature: Any,
+                  generator: torch.Generator | None, deterministic: bool, check_nan: bool,
+                  backend: BackendArg) -> torch.Tensor:
+    _check_x(x, "x")
+    p = _params(x, top_k, top_p, min_p, temperature, bool(is_logits))
+    _check_generator(generator, x)
+    problem = _problem(x, bool(is_logits), p, _run_features(generator, deterministic))
+    if check_nan and x.shape[0] and "cuda_graph" not in problem.features:
+        _data_check(x, bool(is_logits), p)
+    kernel = select_kernel("sampling.top_k_top_p", problem, backend)
+    return kernel.run(x, p.top_k, p.top_p, p.min_p, bool(is_logits), p.temperature, generator, bool(deterministic))
+
+
+def top_k(x: torch.Tensor, k: int | torch.Tensor, **kwargs: Any) -> torch.Tensor:
+    """Top-k sampling: :func:`top_k_top_p` with only ``top_k`` (same keyword arguments)."""
+    return top_k_top_p(x, k, None, **kwargs)
+
+
+def top_p(x: torch.Tensor, p: float | torch.Tensor, **kwargs: Any) -> torch.Tensor:
+    """Top-p (nucleus) sampling: :func:`top_k_top_p` with only ``top_p`` (same keyword arguments)."""
+    return top_k_top_p(x, None, p, **kwargs)
+
+
+def min_p(x: torch.Tensor, p: float | torch.Tensor, **kwargs: Any) -> torch.Tensor:
+    """Min-p sampling: :func:`top_k_top_p` with only ``min_p`` (same keyword arguments)."""
+    return top_k_top_p(x, None, None, min_p=p, **kwargs)
+
+
+def sample(x: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+    """Plain categorical sampling from probabilities or logits (``is_logits=True``, optional ``temperature``)."""
+    return top_k_top_p(x, None, None, **kwargs)
+
+
+# custom-op encoding: scalars use their neutral value for None, per-row tensors travel separately
+def _encode(top_k: Any, top_p: Any, min_p: Any, temperature: Any) -> tuple[Any, ...]:
+    def split(v: Any, neutral: Any) -> tuple[Any, torch.Tensor | None]:
+        if isinstance(v, torch.Tensor):
+            return neutral, v
+        return (neutral if v is None else v), None
+
+    return (*split(top_k, 0), *split(top_p, 1.0), *split(min_p, 0.0), *split(temperature, 1.0))
+
+
+def _decode(scalar: Any, rows: torch.Tensor | None) -> Any:
+    return rows if rows is not None else scalar
+
+
+def _sample_impl(x: torch.Tensor, top_k: int, top_k_rows: torch.Tensor | None, top_p: float,
+                 top_p_rows: torch.Tensor | None, min_p: float, min_p_rows: torch.Tensor | None, temperature: float,
+                 temperature_rows: torch.Tensor | None, is_logits: bool, deterministic: bool, check_nan: bool,
+                 backend: str | None) -> torch.Tensor:
+    temp = _decode(temperature, temperature_rows)
+    if not is_logits and not isinstance(temp, torch.Tensor) and temp == 1.0:
+        temp = None
+    return _sample_eager(x, _decode(top_k, top_k_rows), _decode(top_p, top_p_rows), _decode(min_p, min_p_rows),
+                         is_logits, temp, None, deterministic, check_nan, backend_from_str(backend))
+
+
+_sample_op = custom_op("top_k_top_p", _sample_impl,
+                       lambda x, *rest: torch.empty(x.shape[0], dtype=torch.int64, device=x.device))
+
+
+# -- renorm --------------------------------------------------------------------------------------
+def renorm(probs: torch.Tensor, top_k: Param = None, top_p: Param = None, min_p: Param = None, *,
+           check_nan: bool = True, backend: BackendArg = None) -> torch.Tensor:
+    """The filtered, renormalised distribution: (B, V) probabilities -> (B, V) float32 (rows sum to 1).
+
+    Same filters and parameter forms as :func:`top_k_top_p` (no temperature: probabilities only).
+    ``check_nan`` as there (one host sync).
+    """
+    if compiling():
+        enc = _encode(top_k, top_p, min_p, None)
+        return _renorm_op(probs, *enc[:6], bool(check_nan), backend_to_str(backend))
+    return _renorm_eager(probs, top_k, top_p, min_p, check_nan, backend)
+
+
+def _renorm_eager(probs: torch.Tensor, top_k: Any, top_p: Any, min_p: Any, check_nan: bool,
+                  backend: BackendArg) -> torch.Tensor:
+    _check_x(probs, "probs")
+    p = _params(probs, top_k, top_p, min_p, None, False)
+    problem = _problem(probs, False, p, frozenset())
+    if check_nan and probs.shape[0] and "cuda_graph" not in problem.features:
+        _data_check(probs, False, p, "probs")
+    kernel = select_kernel("sampling.renorm", problem, backend)
+    return kernel.run(probs, p.top_k, p.top_p, p.min_p)
+
+
+def _renorm_impl(probs: torch.Tensor, top_k: int, top_k_rows: torch.Tensor | None, top_p: float,
+                 top_p_rows: torch.Tensor | None, min_p: float, min_p_rows: torch.Tensor | None, check_nan: bool,
+                 backend: str | None) -> torch.Tensor:
+    return _renorm_eager(probs, _decode(top_k, top_k_rows), _decode(top_p, top_p_rows), _decode(min_p, min_p_rows),
+                         check_nan, backend_from_str(backend))
+
+
+_renorm_op = custom_op("renorm", _renorm_impl,
+                       lambda probs, *rest: torch.empty(probs.shape, dtype=torch.float32, device=probs.device))
+
+
+# -- chain_speculative ---------------------------------------------------------------------------
+def chain_speculative(draft_probs: torch.Tensor, draft_token_ids: torch.Tensor, target_probs: torch.Tensor, *,
+                      generator: torch.Generator | None = None, deterministic: bool = False, check_nan: bool = True,
+                      backend: BackendArg = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Chain speculative sampling (Leviathan et al. / Chen et al.; FlashInfer's and vLLM's rule).
+
+    draft_probs (B, n, V), draft_token_ids (B, n) int64 (int32 accepted), target_probs (B, n+1, V), same
+    float dtype. Draft token d_i is accepted with probability min(1, p_target(d_i) / p_draft(d_i)); at
+    the first rejection a token is drawn from the normalised residual max(0, p_target - p_draft) (from
+    p_target when that residual is all zero); when all n pass, a bonus token is drawn from target_probs[:, n].
+
+    Returns ``(tokens, accepted, emitted)``: tokens (B, n+1) int64 = the accepted drafts then the drawn
+    token, padded with -1; accepted (B,) int32 = positions whose test passes, each considered on its own
+    (an acceptance-rate metric, FlashInfer's ``accepted_token_num``); emitted (B,) int32 = accepted
+    drafts actually emitted (the tokens written minus one). ``check_nan`` validates probabilities and
+    token ids with one host sync.
+    """
+    if compiling():
+        if generator is not None:
+            raise fail("generator", "a torch.Generator", "None under torch.compile (use eager mode for seeded draws)")
+        return _chain_op(draft_probs, draft_token_ids, target_probs, bool(deterministic), bool(check_nan),
+                         backend_to_str(backend))
+    return _chain_eager(draft_probs, draft_token_ids, target_probs, generator, deterministic, check_nan, backend)
+
+
+def _chain_eager(draft_probs: torch.Tensor, draft_token_ids: torch.Tensor, target_probs: torch.Tensor,
+                 generator: torch.Generator | None, deterministic: bool, check_nan: bool,
+                 backend: BackendArg) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    _check_x(draft_probs, "draft_probs", dims=3)
+    b, n, v = draft_probs.shape
+    if n < 1:
+        raise fail("draft_probs.shape", tuple(draft_probs.shape), "(B, n, V) with n >= 1 draft tokens")
+    check_tensor(target_probs, "target_probs", dims=3)
+    if tuple(target_probs.shape) != (b, n + 1, v):
+        raise fail("target_probs.shape", tuple(target_probs.shape), f"(B, n+1, V) = {(b, n + 1, v)}")
+    if target_probs.dtype != draft_probs.dtype:
+        raise fail("target_probs.dtype", target_probs.dtype, f"draft_probs' dtype ({draft_probs.dtype})")
+    check_tensor(draft_token_ids, "draft_token_ids", dims=2, dtypes=INT_DTYPES)
+    if tuple(draft_token_ids.shape) != (b, n):
+        raise fail("draft_token_ids.shape", tuple(draft_token_ids.shape), f"(B, n) = {(b, n)}")
+    check_same_device("target_probs", target_probs, "draft_probs", draft_probs)
+    check_same_device("draft_token_ids", draft_token_ids, "draft_probs", draft_probs)
+    _check_generator(generator, draft_probs)
+    dev, cc = device_key(draft_probs)
+    features = graph_features(dev) | _run_features(generator, deterministic)
+    if check_nan and b and "cuda_graph" not in features:
+        ids = draft_token_ids
+        _raise_first_bad([
+            ("draft_probs", _bad_probs(draft_probs), "probabilities: finite, >= 0, a positive sum in every row"),
+            ("target_probs", _bad_probs(target_probs), "probabilities: finite, >= 0, a positive sum in every row"),
+            ("draft_token_ids", ((ids < 0) | (ids >= v)).any(), f"token ids in [0, {v})"),
+        ])
+    ids64 = draft_token_ids if draft_token_ids.dtype == torch.int64 else draft_token_ids.to(torch.int64)
+    problem = SpeculativeProblem(dev, cc, draft_probs.dtype, v, n, bucket(b), features)
+    kernel = select_kernel("sampling.chain_speculative", problem, backend)
+    return kernel.run(draft_probs, ids64, target_probs, generator, bool(deterministic))  # type: ignore[no-any-return]
+
+
+def _chain_impl(draft_probs: torch.Tensor, draft_token_ids: torch.Tensor, target_probs: torch.Tensor,
+                deterministic: bool, check_nan: bool, backend: str | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _chain_eager(draft_probs, draft_token_ids, target_probs, None, deterministic, check_nan,
+                        backend_from_str(backend))
+
+
+def _chain_fake(draft_probs: torch.Tensor, draft_token_ids: torch.Tensor, target_probs: torch.Tensor, *rest: Any
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    b, n = draft_token_ids.shape
+    dev = draft_probs.device
+    return (torch.empty(b, n + 1, dtype=torch.int64, device=dev), torch.empty(b, dtype=torch.int32, device=dev),
+            torch.empty(b, dtype=torch.int32, device=dev))
+
+
+_chain_op = custom_op("chain_speculative", _chain_impl, _chain_fake)

@@ -1,7 +1,134 @@
-"""Reference sampling kernels (see :mod:`kernel_switchboard.ops.sampling` for signatures)."""
+"""Reference sampling kernels (see :mod:`kernel_switchboard.ops.sampling` for signatures and semantics).
+
+Sort-based filtering in float32 and inverse-CDF sampling with one uniform per row drawn from
+``generator`` (or the default generator): reproducible for a seeded generator, deterministic on
+every device, no host sync (CUDA-graph capturable). Out-of-range parameters (possible only with
+``check_nan=False``) are clamped, so the result is always an in-range token with positive filtered probability.
+"""
 
 from __future__ import annotations
 
-from ..registry import Kernel
+import torch
 
-KERNELS: list[Kernel] = []
+from ..registry import Kernel
+from ._cap import PRIORITY, REFERENCE_CAPTURABLE
+
+ParamArg = float | int | torch.Tensor | None
+
+
+def _column(v: ParamArg, like: torch.Tensor) -> torch.Tensor | float | None:
+    """A per-row tensor as a (B, 1) float32 column; scalars pass through."""
+    if isinstance(v, torch.Tensor):
+        return v.to(device=like.device, dtype=torch.float32).unsqueeze(-1)
+    return v
+
+
+def probabilities(x: torch.Tensor, is_logits: bool, temperature: ParamArg) -> torch.Tensor:
+    """(B, V) float32 probabilities: softmax(x / temperature) for logits, else x itself (as float32)."""
+    x32 = x.float()
+    if not is_logits:
+        return x32.clamp_min(0).nan_to_num(0.0)
+    t = _column(temperature, x32)
+    if isinstance(t, torch.Tensor):
+        x32 = x32 / t.clamp_min(1e-30)
+    elif t is not None:
+        x32 = x32 / t
+    return torch.softmax(x32, dim=-1).nan_to_num(0.0)
+
+
+def keep_mask(p: torch.Tensor, top_k: ParamArg, top_p: ParamArg, min_p: ParamArg) -> torch.Tensor:
+    """(B, V) bool: the tokens that survive top-k, then top-p, then min-p (ties kept together)."""
+    vocab = p.shape[-1]
+    s = torch.sort(p, dim=-1, descending=True, stable=True).values  # (B, V)
+    keep = p > 0
+    if top_k is not None:
+        k = top_k if isinstance(top_k, torch.Tensor) else torch.full((p.shape[0],), int(top_k), device=p.device)
+        k = k.to(device=p.device, dtype=torch.int64)
+        k = torch.where(k <= 0, vocab, k).clamp(1, vocab)
+        thr = s.gather(-1, (k - 1).unsqueeze(-1))
+        keep &= p >= thr
+        s = torch.where(s >= thr, s, 0.0)  # the survivors, still sorted
+    if top_p is not None:
+        cum = torch.cumsum(s, dim=-1)
+        total = cum[:, -1:]
+        before = cum - s  # mass strictly ahead in sorted order
+        tp = _column(top_p, p)
+        tp = tp.clamp(1e-30, 1.0) if isinstance(tp, torch.Tensor) else min(max(float(tp), 1e-30), 1.0)  # type: ignore[arg-type]
+        n_keep = (before < tp * total).sum(-1, keepdim=True).clamp_min(1)
+        thr = s.gather(-1, n_keep - 1)
+        keep &= p >= thr
+    if min_p is not None:
+        mp = _column(min_p, p)
+        mp = mp.clamp(0.0, 1.0) if isinstance(mp, torch.Tensor) else min(max(float(mp), 0.0), 1.0)  # type: ignore[arg-type]
+        keep &= p >= mp * s[:, :1]
+    return keep
+
+
+def filtered(x: torch.Tensor, top_k: ParamArg, top_p: ParamArg, min_p: ParamArg, is_logits: bool = False,
+             temperature: ParamArg = None) -> torch.Tensor:
+    """(B, V) float32 unnormalised filtered weights (zero where filtered out)."""
+    p = probabilities(x, is_logits, temperature)
+    return torch.where(keep_mask(p, top_k, top_p, min_p), p, 0.0)
+
+
+def sample_rows(w: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draw from non-negative weights w (B, V) with uniforms u (B,) in [0, 1): (B,) int64.
+
+    Never returns a zero-weight token (when a row has any positive weight).
+    """
+    cdf = torch.cumsum(w, dim=-1)
+    target = (u.to(cdf.dtype) * cdf[:, -1]).unsqueeze(-1)
+    tok = torch.searchsorted(cdf, target, right=True).squeeze(-1)
+    positive = w > 0
+    last = w.shape[-1] - 1 - positive.flip(-1).to(torch.int8).argmax(-1)  # last positive token (0 if none)
+    return torch.minimum(tok, last)
+
+
+def _uniform(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    return torch.rand(shape, generator=generator, device=device, dtype=torch.float64)
+
+
+def top_k_top_p(x: torch.Tensor, top_k: ParamArg, top_p: ParamArg, min_p: ParamArg, is_logits: bool,
+                temperature: ParamArg, generator: torch.Generator | None, deterministic: bool) -> torch.Tensor:
+    w = filtered(x, top_k, top_p, min_p, is_logits, temperature)
+    return sample_rows(w, _uniform((x.shape[0],), generator, x.device))
+
+
+def renorm(probs: torch.Tensor, top_k: ParamArg, top_p: ParamArg, min_p: ParamArg) -> torch.Tensor:
+    w = filtered(probs, top_k, top_p, min_p)
+    return w / w.sum(-1, keepdim=True).clamp_min(1e-30)
+
+
+def chain_speculative(draft_probs: torch.Tensor, draft_token_ids: torch.Tensor, target_probs: torch.Tensor,
+                      generator: torch.Generator | None, deterministic: bool
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    b, n, _ = draft_probs.shape
+    pd = draft_probs.float().clamp_min(0)
+    pt = target_probs.float().clamp_min(0)
+    ids = draft_token_ids.clamp(0, pd.shape[-1] - 1).unsqueeze(-1)
+    u = _uniform((b, n + 1), generator, pd.device)
+    pd_d = pd.gather(-1, ids).squeeze(-1).double()
+    pt_d = pt[:, :n].gather(-1, ids).squeeze(-1).double()
+    passed = u[:, :n] * pd_d < pt_d  # accept with probability min(1, pt / pd)
+    accepted = passed.sum(-1, dtype=torch.int32)
+    emitted = passed.to(torch.int64).cumprod(-1).sum(-1)  # accepted prefix length, (B,)
+    rows = torch.arange(b, device=pd.device)
+    pd_pad = torch.cat([pd, torch.zeros_like(pd[:, :1])], dim=1)  # position n: residual = target itself
+    pt_e, pd_e = pt[rows, emitted], pd_pad[rows, emitted]
+    residual = (pt_e - pd_e).clamp_min(0)
+    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, pt_e)
+    last = sample_rows(residual, u[:, n])
+    pos = torch.arange(n + 1, device=pd.device)
+    padded_ids = torch.cat([draft_token_ids, draft_token_ids.new_full((b, 1), -1)], dim=1)
+    tokens = torch.where(pos < emitted.unsqueeze(-1), padded_ids, -1)
+    tokens = torch.where(pos == emitted.unsqueeze(-1), last.unsqueeze(-1), tokens)
+    return tokens, accepted, emitted.to(torch.int32)
+
+
+KERNELS = [
+    Kernel("sampling.top_k_top_p", "top_k_top_p", "reference", REFERENCE_CAPTURABLE, top_k_top_p, priority=PRIORITY,
+           doc="sort-based filter, inverse-CDF draw (float32)"),
+    Kernel("sampling.renorm", "renorm", "reference", REFERENCE_CAPTURABLE, renorm, priority=PRIORITY),
+    Kernel("sampling.chain_speculative", "chain_speculative", "reference", REFERENCE_CAPTURABLE, chain_speculative,
+           priority=PRIORITY),
+]

@@ -31,7 +31,7 @@ class Case:
     ``outputs(args, result)`` returns the tensors to compare (default: the result itself, or its
     tensors when it is a tuple); in-place ops return the mutated arguments. ``check``, when set,
     replaces the comparison: it gets a function ``run(backend) -> result`` and asserts itself
-    (statistical tests of samplers). ``tol`` overrides the dtype default.
+    (statistical tests of samplers); ``run()`` without an argument runs the kernel under test. ``tol`` overrides the dtype default.
     """
 
     op: str
@@ -58,7 +58,7 @@ class Case:
     def compare(self, kernel_id: str) -> None:
         """Run ``kernel_id`` and the reference and assert that their outputs agree."""
         if self.check is not None:
-            self.check(lambda backend: self.run(backend)[1])
+            self.check(lambda backend=kernel_id: self.run(backend)[1])  # run() = the kernel under test
             return
         got = self._outputs(*self.run(kernel_id))
         want = self._outputs(*self.run("reference"))
