@@ -11,7 +11,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from .capability import Capability
-from .dispatch import Selection, clear_cache, explain, select, use
+from .dispatch import Selection, autotune, clear_cache, explain, select, use
 from .errors import InvalidArgumentError, KernelUnavailableError, NoEligibleKernelError, SwitchboardError
 from .hookspecs import hookimpl
 from .ops import activation, attention, comm, gemm, kv_cache, moe, norm, rope, sampling
@@ -32,6 +32,7 @@ __all__ = [
     "__version__",
     "activation",
     "attention",
+    "autotune",
     "clear_cache",
     "comm",
     "explain",

@@ -8,6 +8,11 @@ Ranking of the eligible kernels (those whose ``reasons`` are empty), first key f
 3. kernels that need no first-call compile before those that do;
 4. the kernels' cost estimates (lower first), then their static priority (higher first).
 
+Automatic tuning (opt-in: ``KSB_AUTOTUNE=1`` or ``with ksb.autotune():``): the first call of an untuned
+GPU problem with several eligible kernels times the shortlisted kernels on the call's own arguments,
+stores the winner in the persistent cache and returns the winner's result. It never happens for an
+explicit choice, for in-place ops, or inside CUDA-graph capture.
+
 Selections are cached by ``(op, problem, preferences, registry generation, tuning generation)``.
 """
 
@@ -26,6 +31,8 @@ from .errors import KernelUnavailableError, NoEligibleKernelError
 from .registry import Kernel, registry
 
 _scoped: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("ksb_use", default=())
+_autotune: contextvars.ContextVar[bool] = contextvars.ContextVar("ksb_autotune", default=False)
+AUTOTUNE_SHORTLIST = 4
 _CACHE_MAX = 4096
 _cache: dict[tuple[Any, ...], Selection] = {}
 
@@ -117,6 +124,22 @@ def use(*backends: str) -> Iterator[None]:
         _scoped.reset(token)
 
 
+@contextlib.contextmanager
+def autotune(enabled: bool = True) -> Iterator[None]:
+    """Tune untuned GPU problems on first use inside the ``with`` block (see the module docstring)."""
+    token = _autotune.set(enabled)
+    clear_cache()
+    try:
+        yield
+    finally:
+        _autotune.reset(token)
+        clear_cache()
+
+
+def _autotune_on() -> bool:
+    return _autotune.get() or os.environ.get("KSB_AUTOTUNE", "0") == "1"
+
+
 def _env_prefer() -> tuple[str, ...]:
     return tuple(s.strip() for s in os.environ.get("KSB_PREFER", "").split(",") if s.strip())
 
@@ -137,8 +160,11 @@ def _matches(kernel: Kernel, pref: str) -> bool:
 
 def select(op: str, problem: Any, backend: str | Sequence[str] | None = None) -> Selection:
     """Rank every kernel of ``op`` for ``problem``; cached. Raises when nothing can run it."""
-    prefs, strict = current_preferences(backend)
-    key = (op, problem, prefs, strict, registry.generation, tuning.generation())
+    if backend is None:
+        prefs, strict = _scoped.get() or _ENV_PREFER, False
+    else:
+        prefs, strict = ((backend,) if isinstance(backend, str) else tuple(backend)), True
+    key = (op, problem, prefs, strict, registry.generation, tuning._state["generation"])
     sel = _cache.get(key)
     if sel is None:
         sel = _select_cold(op, problem, prefs, strict)
@@ -214,7 +240,50 @@ def _select_cold(op: str, problem: Any, prefs: tuple[str, ...], strict: bool) ->
         source = "cost"
     else:
         source = "priority"
-    return Selection(op, problem, best.kernel, eligible + ineligible, source, prefs)
+    sel = Selection(op, problem, best.kernel, eligible + ineligible, source, prefs)
+    features = getattr(problem, "features", frozenset())
+    if (source in ("cost", "priority") and len(eligible) > 1 and getattr(problem, "device", None) == "cuda"
+            and not features & {"cuda_graph", "in_place"} and _autotune_on()):
+        shortlist = [c.kernel for c in eligible if not c.needs_build][:AUTOTUNE_SHORTLIST]
+        if len(shortlist) > 1:
+            sel.kernel = _AutotuneKernel(op, problem, shortlist)  # type: ignore[assignment]
+            sel.notes.append(f"autotuning on first call among {', '.join(k.id for k in shortlist)}")
+    return sel
+
+
+class _AutotuneKernel:
+    """Stands in for the chosen kernel once: times the shortlist on real arguments, stores the winner."""
+
+    def __init__(self, op: str, problem: Any, shortlist: list[Kernel]) -> None:
+        self.op, self.problem, self.shortlist = op, problem, shortlist
+        self.id = f"autotune({', '.join(k.id for k in shortlist)})"
+        self.plan = None
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        from .device import is_capturing
+
+        if is_capturing():
+            return self.shortlist[0].run(*args, **kwargs)  # type: ignore[misc]
+        times: dict[str, float] = {}
+        results: dict[str, Any] = {}
+        for k in self.shortlist:
+            try:
+                results[k.id] = k.run(*args, **kwargs)  # type: ignore[misc]  # warm-up (and first compile)
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(5):
+                    k.run(*args, **kwargs)  # type: ignore[misc]
+                end.record()
+                end.synchronize()
+                times[k.id] = start.elapsed_time(end) / 5 * 1e-3
+            except Exception:  # noqa: BLE001 - a failing candidate simply does not win
+                continue
+        if not times:
+            return self.shortlist[0].run(*args, **kwargs)  # type: ignore[misc]
+        winner = tuning.store(self.op, self.problem, times)
+        return results[winner]
 
 
 def _safe_cost(kernel: Kernel, problem: Any) -> float | None:
