@@ -6,12 +6,15 @@ import pytest
 import torch
 
 from kernel_switchboard.availability import triton_interpreting
-from kernel_switchboard.testing import assert_close, tolerance
+from kernel_switchboard.testing import assert_close, conformance_test, tolerance
 from kernel_switchboard_triton import activation
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(DEVICE == "cpu" and not triton_interpreting(),
                                 reason="Triton kernels need a CUDA GPU or TRITON_INTERPRET=1")
+
+test_conformance = conformance_test(
+    "triton", ops=("activation.silu_and_mul", "activation.gelu_and_mul", "activation.gelu_tanh_and_mul"))
 
 TORCH_ACT = {
     "silu_and_mul": torch.nn.functional.silu,

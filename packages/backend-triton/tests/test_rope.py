@@ -6,12 +6,14 @@ import pytest
 import torch
 
 from kernel_switchboard.availability import triton_interpreting
-from kernel_switchboard.testing import assert_close, tolerance
+from kernel_switchboard.testing import assert_close, conformance_test, tolerance
 from kernel_switchboard_triton import rope
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(DEVICE == "cpu" and not triton_interpreting(),
                                 reason="Triton kernels need a CUDA GPU or TRITON_INTERPRET=1")
+
+test_conformance = conformance_test("triton", ops=("rope.apply", "rope.apply_cos_sin_cache"))
 
 
 def _inv_freq(rotary_dim: int, theta: float = 1e4) -> torch.Tensor:

@@ -80,9 +80,8 @@ def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 def _cost(problem: Any) -> float:
-    rows = getattr(problem, "rows", 0)
-    d = getattr(problem, "d", None) or getattr(problem, "hidden", 0)
-    return memory_bound(problem, 3 * rows * d * problem.dtype.itemsize)
+    # reads (rows, 2d), writes (rows, d); ActivationProblem.hidden is d
+    return memory_bound(problem, 3 * problem.rows * problem.hidden * problem.dtype.itemsize)
 
 
 _CAP = Capability(devices=DEVICES, dtypes=DTYPES, features=frozenset({"cuda_graph", "deterministic"}))

@@ -144,7 +144,7 @@ def apply_cos_sin_cache(q: torch.Tensor, k: torch.Tensor | None, positions: torc
 
 def _cost(problem: Any) -> float:
     tokens = getattr(problem, "tokens", 0) or 0
-    heads = (getattr(problem, "q_heads", 0) or 0) + (getattr(problem, "k_heads", 0) or 0)
+    heads = (getattr(problem, "q_heads", 0) or 0) + (getattr(problem, "kv_heads", 0) or 0)
     head_dim = getattr(problem, "head_dim", 0) or 0
     return memory_bound(problem, 2 * tokens * heads * head_dim * problem.dtype.itemsize)
 
