@@ -1,1 +1,279 @@
-"""kv_cache ops (being written)."""
+"""KV-cache ops: ``kv_cache.append`` (paged K/V) and ``kv_cache.append_mla`` (MLA latent pages).
+
+Kernel ``run`` signatures (canonical, validated arguments), writing the pages in place:
+
+- ``kv_cache.append``: ``run(k, v, cache, table, batch_indices, positions) -> None``; k (T, Hkv, D),
+  v (T, Hkv, Dv); batch_indices, positions (T,) int32: token t goes to request
+  ``batch_indices[t]`` at position ``positions[t]``, i.e. page ``table.block_table[b, pos // S]``,
+  slot ``pos % S``. fp8 caches store ``value / scale`` (saturated to the fp8 range).
+- ``kv_cache.append_mla``: ``run(ckv, kpe, ckv_pages, kpe_pages, table, batch_indices, positions) -> None``;
+  ckv (T, Dc), kpe (T, Dr); ckv_pages (P, S, Dc), kpe_pages (P, S, Dr).
+
+Every position must lie inside its request's pages; the public functions check that with one
+read back from the device (skipped during CUDA-graph capture, or with ``check_indices=False``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+
+from ..capability import bucket
+from ..device import is_capturing
+from ..dispatch import select_kernel
+from ..errors import fail
+from ..paged import FP8_DTYPES, PagedKVCache, PageTable
+from ._common import (
+    FLOAT_DTYPES,
+    BackendArg,
+    backend_from_str,
+    backend_to_str,
+    check_same_device,
+    check_tensor,
+    compiling,
+    custom_op,
+    device_key,
+    graph_features,
+)
+
+_INT32 = frozenset({torch.int32})
+_Tensor = torch.Tensor
+_IN_PLACE = frozenset({"paged", "in_place"})
+
+
+class AppendProblem(NamedTuple):
+    """Signature of a paged K/V append."""
+
+    device: str
+    cc: tuple[int, int] | None
+    dtype: torch.dtype  # k / v dtype
+    kv_dtype: torch.dtype  # page dtype
+    head_dim: int
+    head_dim_v: int
+    page_size: int
+    layout: str
+    num_kv_heads: int
+    tokens: int  # bucketed
+    features: frozenset[str]
+
+
+class MLAAppendProblem(NamedTuple):
+    """Signature of an MLA latent-cache append."""
+
+    device: str
+    cc: tuple[int, int] | None
+    dtype: torch.dtype
+    kv_dtype: torch.dtype
+    head_dim: int  # latent (ckv) dim
+    head_dim_pe: int  # rope dim
+    page_size: int
+    layout: None
+    tokens: int  # bucketed
+    features: frozenset[str]
+
+
+def batch_indices_positions(qo_indptr: _Tensor, seq_lens: _Tensor, total: int) -> tuple[_Tensor, _Tensor]:
+    """(batch_indices, positions) (total,) int32 of packed new tokens, on the device, no host sync.
+
+    qo_indptr (B+1,) int32 packs ``total`` new tokens per request; seq_lens (B,) int32 are the
+    lengths *after* the append, so token i of request b goes to ``seq_len_b - qo_len_b + i``.
+    """
+    t = torch.arange(total, device=qo_indptr.device, dtype=torch.int64)
+    ind = qo_indptr.long()
+    rows = torch.searchsorted(ind[1:], t, right=True)
+    qo_len = ind[1:] - ind[:-1]
+    positions = seq_lens.long()[rows] - qo_len[rows] + (t - ind[rows])
+    return rows.to(torch.int32), positions.to(torch.int32)
+
+
+# -- validation ---------------------------------------------------------------------------------------
+def _check_index_tensors(positions: Any, batch_indices: Any, tokens: int, table: PageTable, like: _Tensor
+                         ) -> _Tensor:
+    """Check positions / batch_indices; returns batch_indices (arange(B) when None and T == B)."""
+    check_tensor(positions, "positions", dims=1, dtypes=_INT32)
+    if positions.shape[0] != tokens:
+        raise fail("positions.shape", tuple(positions.shape), f"({tokens},) = the number of tokens")
+    check_same_device("positions", positions, "the pages", like)
+    if not positions.is_contiguous():
+        raise fail("positions", "non-contiguous", "a contiguous tensor")
+    if batch_indices is None:
+        if tokens != table.batch_size:
+            raise fail("batch_indices", None, f"a (T,) int32 tensor: T = {tokens} tokens != batch {table.batch_size}, "
+                                              "so which request each token belongs to must be given")
+        return torch.arange(tokens, dtype=torch.int32, device=positions.device)
+    check_tensor(batch_indices, "batch_indices", dims=1, dtypes=_INT32)
+    if batch_indices.shape[0] != tokens:
+        raise fail("batch_indices.shape", tuple(batch_indices.shape), f"({tokens},) = the number of tokens")
+    check_same_device("batch_indices", batch_indices, "the pages", like)
+    if not batch_indices.is_contiguous():
+        raise fail("batch_indices", "non-contiguous", "a contiguous tensor")
+    return batch_indices
+
+
+def _check_table(table: Any, like: _Tensor) -> None:
+    if not isinstance(table, PageTable):
+        raise fail("table", type(table).__name__, "a PageTable")
+    if table.block_table.device != like.device:
+        raise fail("table.device", table.block_table.device, f"the device of the pages ({like.device})")
+
+
+def _check_targets(table: PageTable, batch_indices: _Tensor, positions: _Tensor, page_size: int, num_pages: int) -> None:
+    """One device read: every token's request, position and page must be in range."""
+    if positions.numel() == 0 or is_capturing():
+        return
+    b, max_pages = table.batch_size, table.max_pages
+    bi, pos = batch_indices.long(), positions.long()
+    bad_b = (bi < 0) | (bi >= b)
+    bad_pos = (pos < 0) | (pos >= max_pages * page_size)
+    if b and max_pages:
+        pages = table.block_table[bi.clamp(0, b - 1), (pos // page_size).clamp(0, max_pages - 1)]
+        bad_page = (pages < 0) | (pages >= num_pages)
+    else:
+        bad_page = torch.ones_like(bad_b)
+    flags = torch.stack((bad_b.any(), bad_pos.any(), (bad_page & ~bad_b & ~bad_pos).any())).tolist()
+    if flags[0]:
+        t = int(bad_b.nonzero()[0, 0])
+        raise fail("batch_indices", f"{int(bi[t])} at token {t}", f"request indices in [0, {b})")
+    if flags[1]:
+        t = int(bad_pos.nonzero()[0, 0])
+        raise fail("positions", f"{int(pos[t])} at token {t}",
+                   f"positions in [0, max_pages * page_size = {max_pages} * {page_size})")
+    if flags[2]:
+        t = int((bad_page & ~bad_b & ~bad_pos).nonzero()[0, 0])
+        raise fail("table.block_table", f"page index {int(pages[t])} for token {t}",
+                   f"page indices in [0, {num_pages}) for the pages written")
+
+
+# -- append -------------------------------------------------------------------------------------------
+def append(k: _Tensor, v: _Tensor, cache: PagedKVCache, table: PageTable, positions: _Tensor,
+           batch_indices: _Tensor | None = None, *, check_indices: bool = True, backend: BackendArg = None) -> None:
+    """Write new K/V tokens into the paged cache, in place.
+
+    k (T, Hkv, D), v (T, Hkv, Dv) in the cache's dtype (any float dtype for an fp8 cache, which
+    stores value / scale); positions (T,) int32; batch_indices (T,) int32, or None when each
+    request gets exactly one token (T == batch, token t -> request t). See
+    :func:`batch_indices_positions` for packed prefill tokens.
+    """
+    if compiling():
+        _append_op(k, v, cache.k_pages, cache.v_pages, cache.layout, cache.k_scale, cache.v_scale, table.block_table,
+                   table.seq_lens, table.max_seq_len, positions, batch_indices, check_indices, backend_to_str(backend))
+        return
+    _append_eager(k, v, cache, table, positions, batch_indices, check_indices, backend)
+
+
+def _append_eager(k: _Tensor, v: _Tensor, cache: PagedKVCache, table: PageTable, positions: _Tensor,
+                  batch_indices: _Tensor | None, check_indices: bool, backend: BackendArg) -> None:
+    if not isinstance(cache, PagedKVCache):
+        raise fail("cache", type(cache).__name__, "a PagedKVCache")
+    pages = cache.k_pages
+    for name, t, dim in (("k", k, cache.head_dim), ("v", v, cache.head_dim_v)):
+        check_tensor(t, name, dims=3, dtypes=FLOAT_DTYPES)
+        if t.shape[1] != cache.num_kv_heads or t.shape[2] != dim:
+            raise fail(f"{name}.shape", tuple(t.shape), f"(T, {cache.num_kv_heads}, {dim}) to match the cache")
+        if t.stride(-1) != 1:
+            raise fail(f"{name}.stride", t.stride(), "unit stride in the last (head_dim) dim")
+        check_same_device(name, t, "cache", pages)
+    if v.shape[0] != k.shape[0] or v.dtype != k.dtype:
+        raise fail("v", f"{tuple(v.shape)} {v.dtype}", f"k's token count and dtype ({k.shape[0]}, {k.dtype})")
+    if k.dtype != cache.dtype and not cache.is_fp8:
+        raise fail("k.dtype", k.dtype, f"the cache's dtype ({cache.dtype})")
+    _check_table(table, pages)
+    batch_indices = _check_index_tensors(positions, batch_indices, k.shape[0], table, pages)
+    if check_indices:
+        _check_targets(table, batch_indices, positions, cache.page_size, cache.num_pages)
+    dev, cc = device_key(pages)
+    feats = _IN_PLACE | graph_features(dev)
+    if cache.is_fp8:
+        feats = feats | {"fp8_kv"}
+    if cache.head_dim != cache.head_dim_v:
+        feats = feats | {"qk_v_dims_differ"}
+    problem = AppendProblem(dev, cc, k.dtype, cache.dtype, cache.head_dim, cache.head_dim_v, cache.page_size,
+                            cache.layout, cache.num_kv_heads, bucket(k.shape[0]), feats)
+    select_kernel("kv_cache.append", problem, backend).run(k, v, cache, table, batch_indices, positions)
+
+
+def _append_impl(k: _Tensor, v: _Tensor, k_pages: _Tensor, v_pages: _Tensor, layout: str, k_scale: float | None,
+                 v_scale: float | None, block_table: _Tensor, seq_lens: _Tensor, max_seq_len: int | None,
+                 positions: _Tensor, batch_indices: _Tensor | None, check_indices: bool, backend: str | None) -> None:
+    fp8 = k_pages.dtype in FP8_DTYPES
+    cache = PagedKVCache(k_pages, v_pages, layout, k_scale if fp8 else None, v_scale if fp8 else None)
+    table = PageTable(block_table, seq_lens, max_seq_len)
+    _append_eager(k, v, cache, table, positions, batch_indices, check_indices, backend_from_str(backend))
+
+
+def _append_fake(k: _Tensor, v: _Tensor, k_pages: _Tensor, v_pages: _Tensor, layout: str, k_scale: float | None,
+                 v_scale: float | None, block_table: _Tensor, seq_lens: _Tensor, max_seq_len: int | None,
+                 positions: _Tensor, batch_indices: _Tensor | None, check_indices: bool, backend: str | None) -> None:
+    return None
+
+
+_append_op = custom_op("kv_cache_append", _append_impl, _append_fake, mutates_args=("k_pages", "v_pages"))
+
+
+# -- append_mla ----------------------------------------------------------------------------------------
+def append_mla(ckv: _Tensor, kpe: _Tensor, ckv_pages: _Tensor, kpe_pages: _Tensor, table: PageTable,
+               positions: _Tensor, batch_indices: _Tensor | None = None, *, check_indices: bool = True,
+               backend: BackendArg = None) -> None:
+    """Write new MLA latent tokens into the pages, in place.
+
+    ckv (T, Dc), kpe (T, Dr) in the pages' dtype; ckv_pages (P, S, Dc), kpe_pages (P, S, Dr);
+    positions / batch_indices as in :func:`append`.
+    """
+    if compiling():
+        _append_mla_op(ckv, kpe, ckv_pages, kpe_pages, table.block_table, table.seq_lens, table.max_seq_len, positions,
+                       batch_indices, check_indices, backend_to_str(backend))
+        return
+    _append_mla_eager(ckv, kpe, ckv_pages, kpe_pages, table, positions, batch_indices, check_indices, backend)
+
+
+def _append_mla_eager(ckv: _Tensor, kpe: _Tensor, ckv_pages: _Tensor, kpe_pages: _Tensor, table: PageTable,
+                      positions: _Tensor, batch_indices: _Tensor | None, check_indices: bool,
+                      backend: BackendArg) -> None:
+    check_tensor(ckv_pages, "ckv_pages", dims=3, dtypes=FLOAT_DTYPES)
+    check_tensor(kpe_pages, "kpe_pages", dims=3, dtypes=FLOAT_DTYPES)
+    if kpe_pages.shape[:2] != ckv_pages.shape[:2] or kpe_pages.dtype != ckv_pages.dtype:
+        raise fail("kpe_pages", f"{tuple(kpe_pages.shape)} {kpe_pages.dtype}",
+                   f"(P, S, Dr) with (P, S) = {tuple(ckv_pages.shape[:2])} and dtype {ckv_pages.dtype} as ckv_pages")
+    check_same_device("kpe_pages", kpe_pages, "ckv_pages", ckv_pages)
+    for name, t, pages in (("ckv", ckv, ckv_pages), ("kpe", kpe, kpe_pages)):
+        check_tensor(t, name, dims=2)
+        if t.dtype != pages.dtype:
+            raise fail(f"{name}.dtype", t.dtype, f"the pages' dtype ({pages.dtype})")
+        if t.shape[1] != pages.shape[2]:
+            raise fail(f"{name}.shape", tuple(t.shape), f"(T, {pages.shape[2]}) to match the pages")
+        if t.stride(-1) != 1:
+            raise fail(f"{name}.stride", t.stride(), "unit stride in the last dim")
+        check_same_device(name, t, "ckv_pages", ckv_pages)
+        if pages.stride(-1) != 1:
+            raise fail(f"{name}_pages.stride", pages.stride(), "unit stride in the last dim")
+    if kpe.shape[0] != ckv.shape[0]:
+        raise fail("kpe.shape", tuple(kpe.shape), f"({ckv.shape[0]}, Dr): as many tokens as ckv")
+    _check_table(table, ckv_pages)
+    batch_indices = _check_index_tensors(positions, batch_indices, ckv.shape[0], table, ckv_pages)
+    page_size = ckv_pages.shape[1]
+    if check_indices:
+        _check_targets(table, batch_indices, positions, page_size, ckv_pages.shape[0])
+    dev, cc = device_key(ckv_pages)
+    problem = MLAAppendProblem(dev, cc, ckv.dtype, ckv_pages.dtype, ckv.shape[1], kpe.shape[1], page_size, None,
+                               bucket(ckv.shape[0]), _IN_PLACE | graph_features(dev))
+    select_kernel("kv_cache.append_mla", problem, backend).run(ckv, kpe, ckv_pages, kpe_pages, table, batch_indices,
+                                                               positions)
+
+
+def _append_mla_impl(ckv: _Tensor, kpe: _Tensor, ckv_pages: _Tensor, kpe_pages: _Tensor, block_table: _Tensor,
+                     seq_lens: _Tensor, max_seq_len: int | None, positions: _Tensor, batch_indices: _Tensor | None,
+                     check_indices: bool, backend: str | None) -> None:
+    table = PageTable(block_table, seq_lens, max_seq_len)
+    _append_mla_eager(ckv, kpe, ckv_pages, kpe_pages, table, positions, batch_indices, check_indices,
+                      backend_from_str(backend))
+
+
+def _append_mla_fake(ckv: _Tensor, kpe: _Tensor, ckv_pages: _Tensor, kpe_pages: _Tensor, block_table: _Tensor,
+                     seq_lens: _Tensor, max_seq_len: int | None, positions: _Tensor, batch_indices: _Tensor | None,
+                     check_indices: bool, backend: str | None) -> None:
+    return None
+
+
+_append_mla_op = custom_op("kv_cache_append_mla", _append_mla_impl, _append_mla_fake,
+                           mutates_args=("ckv_pages", "kpe_pages"))

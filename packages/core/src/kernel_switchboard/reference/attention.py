@@ -1,7 +1,270 @@
-"""Reference attention kernels (see :mod:`kernel_switchboard.ops.attention` for signatures)."""
+"""Reference attention kernels (see :mod:`kernel_switchboard.ops.attention` for signatures).
+
+Pure torch, float32 accumulation, CPU and GPU. Every kernel is written as padded, batched torch
+ops whose sizes come only from host ints (shapes and ``AttnParams.max_q_len / max_kv_len``), so
+no kernel reads a value back from the device: all of them are CUDA-graph capturable.
+
+Scheme: gather each request's K/V into ``(B, L, Hkv, D)`` (L = max_kv_len), scatter its queries
+into ``(B, M, Hq, D)`` (M = max_q_len), compute masked logits ``(B, Hkv, G, M, L)`` in float32 in
+batch chunks that bound memory, then scatter the rows back to the caller's layout.
+"""
 
 from __future__ import annotations
 
-from ..registry import Kernel
+from typing import Any
 
-KERNELS: list[Kernel] = []
+import torch
+
+from ..paged import PagedKVCache, PageTable
+from ..registry import Kernel
+from ._cap import PRIORITY, REFERENCE_CAPTURABLE
+
+#: logits elements per chunk (float32): bounds the reference's temporary memory to ~0.5 GB
+_CHUNK_ELEMS = 1 << 27
+
+
+# -- the math -----------------------------------------------------------------------------------
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, kv_len: torch.Tensor,
+           p: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masked softmax attention of padded batches, float32.
+
+    q (B, M, Hq, D), k (B, L, Hkv, D), v (B, L, Hkv, Dv) float32; q_pos (B, M) int64: each query's KV
+    position; kv_len (B,) int64. Returns out (B, M, Hq, Dv) float32 and lse (B, M, Hq) float32
+    (natural log; rows with nothing to attend get out 0 and lse -inf).
+    """
+    b, m, hq, d = q.shape
+    hkv = k.shape[2]
+    qg = q.view(b, m, hkv, hq // hkv, d)
+    s = torch.einsum("bmhgd,blhd->bhgml", qg, k) * p.sm_scale
+    if p.logits_soft_cap is not None:
+        s = torch.tanh(s / p.logits_soft_cap) * p.logits_soft_cap
+    pos = torch.arange(k.shape[1], device=k.device)
+    keep = pos[None, None, :] < kv_len[:, None, None]  # (B, 1, L)
+    if p.causal:
+        keep = keep & (pos[None, None, :] <= q_pos[:, :, None])
+    if p.window_left >= 0:
+        keep = keep & (pos[None, None, :] >= q_pos[:, :, None] - p.window_left)
+    s = s.masked_fill(~keep[:, None, None], float("-inf"))
+    mx = s.amax(dim=-1, keepdim=True)
+    mx = torch.where(torch.isfinite(mx), mx, torch.zeros_like(mx))
+    e = torch.exp(s - mx)
+    total = e.sum(dim=-1, keepdim=True)
+    out = torch.einsum("bhgml,blhd->bmhgd", e / torch.where(total > 0, total, torch.ones_like(total)), v)
+    lse = (torch.log(total) + mx).squeeze(-1)  # (B, Hkv, G, M); log(0) = -inf
+    return out.reshape(b, m, hq, v.shape[-1]), lse.permute(0, 3, 1, 2).reshape(b, m, hq)
+
+
+def _empty(like: torch.Tensor, rows: tuple[int, ...], dv: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Outputs of attention over nothing: out 0 (rows..., Dv), lse -inf (rows...), float32."""
+    return like.new_zeros((*rows, dv), dtype=torch.float32), like.new_full(rows, float("-inf"), dtype=torch.float32)
+
+
+def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _chunk(batch: int, per_request: int) -> int:
+    return max(1, min(batch, _CHUNK_ELEMS // max(per_request, 1)))
+
+
+# -- paged K/V gathering ------------------------------------------------------------------------------
+def paged_slots(block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, length: int
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(page ids (B, L), in-page slots (L,)) int64 of KV positions 0..L-1; unused positions read page 0."""
+    pos = torch.arange(length, device=block_table.device)
+    col = torch.clamp(pos // page_size, max=max(block_table.shape[1] - 1, 0))
+    if block_table.shape[1] == 0:
+        pages = torch.zeros(block_table.shape[0], length, dtype=torch.int64, device=block_table.device)
+    else:
+        pages = block_table[:, col].long()
+    pages = torch.where(pos[None, :] < seq_lens[:, None], pages, torch.zeros_like(pages))
+    return pages, pos % page_size
+
+
+def gather_pages(cache: PagedKVCache, pages: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """K (B, L, Hkv, D) and V (B, L, Hkv, Dv) float32, dequantised, of the given page ids / slots."""
+    k_nhd, v_nhd = cache.nhd()
+    k, v = k_nhd[pages, slots[None, :]].float(), v_nhd[pages, slots[None, :]].float()
+    if cache.is_fp8:
+        k, v = k * cache.k_scale, v * cache.v_scale
+    return k, v
+
+
+def _paged_attend(q_pad: torch.Tensor, q_pos: torch.Tensor, cache: PagedKVCache, table: PageTable, p: Any
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Padded queries (B, M, Hq, D) against the paged cache, in batch chunks."""
+    b, m, hq, _ = q_pad.shape
+    length = p.max_kv_len
+    if b == 0 or length == 0 or cache.num_pages == 0:
+        return _empty(q_pad, (b, m, hq), cache.head_dim_v)
+    seq_lens = table.seq_lens.long()
+    outs, lses = [], []
+    step = _chunk(b, hq * m * max(length, 1))
+    for lo in range(0, b, step):
+        hi = min(b, lo + step)
+        pages, slots = paged_slots(table.block_table[lo:hi], table.seq_lens[lo:hi], cache.page_size, length)
+        k, v = gather_pages(cache, pages, slots)
+        o, s = attend(q_pad[lo:hi], k, v, q_pos[lo:hi], seq_lens[lo:hi], p)
+        outs.append(o)
+        lses.append(s)
+    return _cat(outs), _cat(lses)
+
+
+# -- query packing (prefill) ----------------------------------------------------------------------
+def token_rows(qo_indptr: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(request index, index within the request) int64 of each of ``total`` packed tokens."""
+    t = torch.arange(total, device=qo_indptr.device, dtype=torch.int64)
+    ind = qo_indptr.long()
+    row = torch.searchsorted(ind[1:], t, right=True)
+    return row, t - ind[row]
+
+
+def pad_queries(q: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, batch: int, max_q: int) -> torch.Tensor:
+    """Packed (T, H, D) -> zero-padded float32 (B, max_q, H, D)."""
+    q_pad = q.new_zeros((batch, max(max_q, 1), *q.shape[1:]), dtype=torch.float32)
+    q_pad[rows, cols] = q.float()
+    return q_pad
+
+
+def query_positions(qo_indptr: torch.Tensor, kv_len: torch.Tensor, max_q: int) -> torch.Tensor:
+    """(B, max_q) int64: the KV position ``kv_len - qo_len + i`` of query i of each request."""
+    ind = qo_indptr.long()
+    qo_len = ind[1:] - ind[:-1]
+    i = torch.arange(max(max_q, 1), device=qo_indptr.device)
+    return (kv_len.long() - qo_len)[:, None] + i[None, :]
+
+
+# -- kernels ---------------------------------------------------------------------------------------
+def decode(q: torch.Tensor, cache: PagedKVCache, table: PageTable, p: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """q (B, Hq, D) -> out (B, Hq, Dv) q.dtype, lse (B, Hq) float32 or None."""
+    q_pos = (table.seq_lens.long() - 1)[:, None]
+    out, lse = _paged_attend(q.float()[:, None], q_pos, cache, table, p)
+    return out[:, 0].to(q.dtype), (lse[:, 0] if p.return_lse else None)
+
+
+def prefill(q: torch.Tensor, qo_indptr: torch.Tensor, cache: PagedKVCache, table: PageTable, p: Any
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """q (Tq, Hq, D) packed by qo_indptr (B+1,) -> out (Tq, Hq, Dv), lse (Tq, Hq) float32 or None."""
+    rows, cols = token_rows(qo_indptr, q.shape[0])
+    return _prefill_rows(q, qo_indptr, rows, cols, cache, table, p)
+
+
+def _prefill_rows(q: torch.Tensor, qo_indptr: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
+                  cache: PagedKVCache, table: PageTable, p: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    b = table.batch_size
+    q_pad = pad_queries(q, rows, cols, b, p.max_q_len)
+    q_pos = query_positions(qo_indptr, table.seq_lens, p.max_q_len)
+    out, lse = _paged_attend(q_pad, q_pos, cache, table, p)
+    return out[rows, cols].to(q.dtype), (lse[rows, cols] if p.return_lse else None)
+
+
+def prefill_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
+                   p: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """q (Tq, Hq, D), k (Tk, Hkv, D), v (Tk, Hkv, Dv) packed by the indptrs -> out (Tq, Hq, Dv), lse (Tq, Hq)."""
+    b = qo_indptr.shape[0] - 1
+    rows, cols = token_rows(qo_indptr, q.shape[0])
+    q_pad = pad_queries(q, rows, cols, b, p.max_q_len)
+    kv_ind = kv_indptr.long()
+    kv_len = kv_ind[1:] - kv_ind[:-1]
+    q_pos = query_positions(qo_indptr, kv_len, p.max_q_len)
+    length = p.max_kv_len
+    pos = torch.arange(length, device=q.device)
+    m, hq = q_pad.shape[1], q.shape[1]
+    if b == 0 or length == 0 or k.shape[0] == 0:
+        out, lse = _empty(q, (q.shape[0], hq), v.shape[-1])
+        return out.to(q.dtype), (lse if p.return_lse else None)
+    outs, lses = [], []
+    step = _chunk(b, hq * m * max(length, 1))
+    for lo in range(0, b, step):
+        hi = min(b, lo + step)
+        valid = pos[None, :] < kv_len[lo:hi, None]
+        tok = torch.where(valid, kv_ind[lo:hi, None] + pos[None, :], torch.zeros_like(valid, dtype=torch.int64))
+        o, s = attend(q_pad[lo:hi], k[tok].float(), v[tok].float(), q_pos[lo:hi], kv_len[lo:hi], p)
+        outs.append(o)
+        lses.append(s)
+    out, lse = _cat(outs), _cat(lses)
+    return out[rows, cols].to(q.dtype), (lse[rows, cols] if p.return_lse else None)
+
+
+def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_pages: torch.Tensor, kpe_pages: torch.Tensor,
+               table: PageTable, p: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Absorbed MLA decode: q_nope (B, H, Dc), q_pe (B, H, Dr), ckv_pages (P, S, Dc), kpe_pages (P, S, Dr).
+
+    logits = (q_nope·ckv + q_pe·kpe) * sm_scale; out = softmax · ckv (B, H, Dc); lse (B, H).
+    """
+    b, h, dc = q_nope.shape
+    page_size = ckv_pages.shape[1]
+    q = torch.cat((q_nope, q_pe), dim=-1).float()[:, None]  # (B, 1, H, Dc+Dr)
+    q_pos = (table.seq_lens.long() - 1)[:, None]
+    seq_lens = table.seq_lens.long()
+    length = p.max_kv_len
+    if b == 0 or length == 0 or ckv_pages.shape[0] == 0:
+        out, lse = _empty(q_nope, (b, h), dc)
+        return out.to(q_nope.dtype), (lse if p.return_lse else None)
+    outs, lses = [], []
+    step = _chunk(b, h * max(length, 1))
+    for lo in range(0, b, step):
+        hi = min(b, lo + step)
+        pages, slots = paged_slots(table.block_table[lo:hi], table.seq_lens[lo:hi], page_size, length)
+        ckv = ckv_pages[pages, slots[None, :]].float()[:, :, None]  # (b, L, 1, Dc)
+        kpe = kpe_pages[pages, slots[None, :]].float()[:, :, None]
+        o, s = attend(q[lo:hi], torch.cat((ckv, kpe), dim=-1), ckv, q_pos[lo:hi], seq_lens[lo:hi], p)
+        outs.append(o)
+        lses.append(s)
+    out, lse = _cat(outs)[:, 0], _cat(lses)[:, 0]
+    return out.to(q_nope.dtype), (lse if p.return_lse else None)
+
+
+def merge_states(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge two partial attentions over disjoint KV sets: out (T, H, D) out_a.dtype, lse (T, H) float32."""
+    mx = torch.maximum(lse_a, lse_b)
+    mx = torch.where(torch.isfinite(mx), mx, torch.zeros_like(mx))
+    wa, wb = torch.exp(lse_a - mx), torch.exp(lse_b - mx)
+    total = wa + wb
+    safe = torch.where(total > 0, total, torch.ones_like(total))
+    out = (out_a.float() * (wa / safe)[..., None] + out_b.float() * (wb / safe)[..., None]).to(out_a.dtype)
+    return out, torch.log(total) + mx
+
+
+# -- plans ---------------------------------------------------------------------------------------------
+class DecodePlanRunner:
+    """Reference decode plan: the KV slot offsets are fixed at plan time; run is batched torch ops
+    that read the table's tensors on the device (so in-place updates between replays are seen)."""
+
+    def __init__(self, problem: Any, table: PageTable, p: Any, **_: Any) -> None:
+        self.table, self.p = table, p
+
+    def run(self, q: torch.Tensor, cache: PagedKVCache, out: torch.Tensor, lse: torch.Tensor | None) -> None:
+        o, s = decode(q, cache, self.table, self.p)
+        out.copy_(o)
+        if lse is not None and s is not None:
+            lse.copy_(s)
+
+
+class PrefillPlanRunner:
+    """Reference prefill plan: the packed-token -> (request, row) maps are built at plan time."""
+
+    def __init__(self, problem: Any, table: PageTable, p: Any, *, qo_indptr: torch.Tensor, **_: Any) -> None:
+        self.table, self.p, self.qo_indptr = table, p, qo_indptr
+        self.total = int(qo_indptr[-1]) if qo_indptr.numel() else 0
+        self.rows, self.cols = token_rows(qo_indptr, self.total)
+
+    def run(self, q: torch.Tensor, cache: PagedKVCache, out: torch.Tensor, lse: torch.Tensor | None) -> None:
+        o, s = _prefill_rows(q, self.qo_indptr, self.rows, self.cols, cache, self.table, self.p)
+        out.copy_(o)
+        if lse is not None and s is not None:
+            lse.copy_(s)
+
+
+KERNELS = [
+    Kernel("attention.decode", "decode", "reference", REFERENCE_CAPTURABLE, decode, priority=PRIORITY,
+           plan=DecodePlanRunner, doc="padded batched torch, float32"),
+    Kernel("attention.prefill", "prefill", "reference", REFERENCE_CAPTURABLE, prefill, priority=PRIORITY,
+           plan=PrefillPlanRunner, doc="padded batched torch, float32"),
+    Kernel("attention.prefill_ragged", "prefill_ragged", "reference", REFERENCE_CAPTURABLE, prefill_ragged,
+           priority=PRIORITY),
+    Kernel("attention.mla_decode", "mla_decode", "reference", REFERENCE_CAPTURABLE, mla_decode, priority=PRIORITY),
+    Kernel("attention.merge_states", "merge_states", "reference", REFERENCE_CAPTURABLE, merge_states,
+           priority=PRIORITY),
+]

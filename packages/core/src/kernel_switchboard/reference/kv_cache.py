@@ -1,7 +1,51 @@
-"""Reference kv_cache kernels (see :mod:`kernel_switchboard.ops.kv_cache` for signatures)."""
+"""Reference kv_cache kernels (see :mod:`kernel_switchboard.ops.kv_cache` for signatures).
+
+Batched index writes with no host synchronisation (CUDA-graph capturable).
+"""
 
 from __future__ import annotations
 
-from ..registry import Kernel
+import torch
 
-KERNELS: list[Kernel] = []
+from ..paged import PagedKVCache, PageTable
+from ..registry import Kernel
+from ._cap import PRIORITY, REFERENCE_CAPTURABLE
+
+
+def _targets(table: PageTable, batch_indices: torch.Tensor, positions: torch.Tensor, page_size: int
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(page id, slot) int64 of each token."""
+    pos = positions.long()
+    pages = table.block_table[batch_indices.long(), pos // page_size].long()
+    return pages, pos % page_size
+
+
+def quantize(x: torch.Tensor, dtype: torch.dtype, scale: float | None) -> torch.Tensor:
+    """``x`` as stored in pages of ``dtype``: fp8 stores x / scale saturated to the fp8 range."""
+    if scale is None:
+        return x.to(dtype)
+    limit = torch.finfo(dtype).max
+    return (x.float() / scale).clamp(-limit, limit).to(dtype)
+
+
+def append(k: torch.Tensor, v: torch.Tensor, cache: PagedKVCache, table: PageTable, batch_indices: torch.Tensor,
+           positions: torch.Tensor) -> None:
+    """Write k (T, Hkv, D), v (T, Hkv, Dv) at (batch_indices[t], positions[t]) of the paged cache."""
+    pages, slots = _targets(table, batch_indices, positions, cache.page_size)
+    k_nhd, v_nhd = cache.nhd()  # views: writes land in the cache's own layout
+    k_nhd[pages, slots] = quantize(k, cache.dtype, cache.k_scale)
+    v_nhd[pages, slots] = quantize(v, cache.dtype, cache.v_scale)
+
+
+def append_mla(ckv: torch.Tensor, kpe: torch.Tensor, ckv_pages: torch.Tensor, kpe_pages: torch.Tensor,
+               table: PageTable, batch_indices: torch.Tensor, positions: torch.Tensor) -> None:
+    """Write ckv (T, Dc), kpe (T, Dr) at (batch_indices[t], positions[t]) of the MLA pages (P, S, D)."""
+    pages, slots = _targets(table, batch_indices, positions, ckv_pages.shape[1])
+    ckv_pages[pages, slots] = ckv.to(ckv_pages.dtype)
+    kpe_pages[pages, slots] = kpe.to(kpe_pages.dtype)
+
+
+KERNELS = [
+    Kernel("kv_cache.append", "append", "reference", REFERENCE_CAPTURABLE, append, priority=PRIORITY),
+    Kernel("kv_cache.append_mla", "append_mla", "reference", REFERENCE_CAPTURABLE, append_mla, priority=PRIORITY),
+]
