@@ -100,7 +100,7 @@ def time_ms(fn: Callable[[], Any], device: torch.device, reps_ms: float = 200.0)
 
         return float(triton.testing.do_bench(fn, warmup=25, rep=reps_ms, return_mode="median"))
     fn()
-    times = []
+    times: list[float] = []
     deadline = time.perf_counter() + reps_ms / 1e3
     while time.perf_counter() < deadline or len(times) < 5:
         t0 = time.perf_counter()

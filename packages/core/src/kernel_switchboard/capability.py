@@ -96,7 +96,7 @@ class Capability:
                 out.append(f"compute capability {cc[0]}.{cc[1]} below minimum {self.min_cc[0]}.{self.min_cc[1]}")
             if self.max_cc is not None and cc > self.max_cc:
                 out.append(f"compute capability {cc[0]}.{cc[1]} above maximum {self.max_cc[0]}.{self.max_cc[1]}")
-        used = getattr(problem, "features", frozenset())
+        used: frozenset[str] = getattr(problem, "features", frozenset())
         missing = used - self.features
         if missing:
             out.append(f"features {_fmt(missing)} not supported (supported: {_fmt(self.features) if self.features else 'none'})")

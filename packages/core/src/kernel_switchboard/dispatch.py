@@ -241,7 +241,7 @@ def _select_cold(op: str, problem: Any, prefs: tuple[str, ...], strict: bool) ->
     else:
         source = "priority"
     sel = Selection(op, problem, best.kernel, eligible + ineligible, source, prefs)
-    features = getattr(problem, "features", frozenset())
+    features: frozenset[str] = getattr(problem, "features", frozenset())
     if (source in ("cost", "priority") and len(eligible) > 1 and getattr(problem, "device", None) == "cuda"
             and not features & {"cuda_graph", "in_place"} and _autotune_on()):
         shortlist = [c.kernel for c in eligible if not c.needs_build][:AUTOTUNE_SHORTLIST]

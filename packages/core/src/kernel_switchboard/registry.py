@@ -37,7 +37,8 @@ class Kernel:
     name: str
     backend: str
     capability: Capability
-    run: Callable[..., Any] | None
+    #: the kernel; for an unavailable kernel anything (it is never called)
+    run: Callable[..., Any]
     version: str = ""
     plan: Callable[..., Any] | None = None
     cost: Callable[[Any], float] | None = None
