@@ -1,0 +1,166 @@
+"""Every switchboard op the engine calls, in one place, with an optional tracer.
+
+The model code calls the functions below instead of ``ksb.<family>.<op>`` directly, so that
+``switchboard demo`` can record, per op, which kernel served it and why (the dispatch
+:class:`~kernel_switchboard.dispatch.Selection`), how often it ran and how long it took.
+Without an active tracer each wrapper is one global read plus the op call, and it traces
+cleanly under ``torch.compile(fullgraph=True)``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+import kernel_switchboard as ksb
+from kernel_switchboard.dispatch import Selection
+
+
+@dataclass
+class OpRecord:
+    """What the tracer saw of one op: calls, host seconds, and the selections made (by kernel id)."""
+
+    op: str
+    calls: int = 0
+    seconds: float = 0.0
+    selections: dict[str, Selection] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+
+class OpTracer:
+    """Records every op call made while it is active (``with tracer.active(): ...``)."""
+
+    def __init__(self, sync: bool = False) -> None:
+        #: synchronise the GPU around each call so the seconds are device time (slower)
+        self.sync = sync
+        self.records: dict[str, OpRecord] = {}
+
+    @contextmanager
+    def active(self) -> Iterator[OpTracer]:
+        global _tracer
+        previous, _tracer = _tracer, self
+        try:
+            yield self
+        finally:
+            _tracer = previous
+
+    def call(self, op: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        rec = self.records.setdefault(op, OpRecord(op))
+        try:
+            sel = ksb.explain(op, *args, **kwargs)
+            rec.selections.setdefault(sel.kernel.id, sel)
+        except Exception as exc:  # explain failing must never stop the engine; the call itself will raise
+            rec.errors.append(f"{type(exc).__name__}: {exc}")
+        if self.sync and torch.cuda.is_available():
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        out = fn(*args, **kwargs)
+        if self.sync and torch.cuda.is_available():
+            torch.cuda.synchronize()
+        rec.calls += 1
+        rec.seconds += time.perf_counter() - start
+        return out
+
+
+_tracer: OpTracer | None = None
+
+
+def _call(op: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    tracer = _tracer
+    if tracer is None or torch.compiler.is_compiling():
+        return fn(*args, **kwargs)
+    return tracer.call(op, fn, args, kwargs)
+
+
+# -- the ops -------------------------------------------------------------------------------------------
+def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a (M, K) @ b (K, N) -> (M, N)."""
+    return _call("gemm.mm", ksb.gemm.mm, a, b)
+
+
+def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per-group matmul a (G, M, K) @ b (G, K, N) -> (G, M, N) through ``gemm.grouped_mm``."""
+    g, m, k = a.shape
+    offsets = torch.arange(0, (g + 1) * m, m, dtype=torch.int32, device=a.device)
+    c = _call("gemm.grouped_mm", ksb.gemm.grouped_mm, a.reshape(g * m, k), b, offsets)
+    return c.view(g, m, b.shape[-1])
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return _call("norm.rms_norm", ksb.norm.rms_norm, x, weight, eps)
+
+
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    """In place: residual <- x + residual; x <- rms_norm(residual)."""
+    _call("norm.fused_add_rms_norm", ksb.norm.fused_add_rms_norm, x, residual, weight, eps)
+
+
+def rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, theta: float, scaling: Any,
+         interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return _call("rope.apply", ksb.rope.apply, q, k, positions, theta=theta, scaling=scaling, interleaved=interleaved)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    return _call("activation.silu_and_mul", ksb.activation.silu_and_mul, x)
+
+
+def append_kv(k: torch.Tensor, v: torch.Tensor, cache: ksb.PagedKVCache, table: ksb.PageTable,
+              positions: torch.Tensor, batch_indices: torch.Tensor | None, check: bool) -> None:
+    _call("kv_cache.append", ksb.kv_cache.append, k, v, cache, table, positions, batch_indices, check_indices=check)
+
+
+def append_mla(ckv: torch.Tensor, kpe: torch.Tensor, ckv_pages: torch.Tensor, kpe_pages: torch.Tensor,
+               table: ksb.PageTable, positions: torch.Tensor, batch_indices: torch.Tensor | None, check: bool) -> None:
+    _call("kv_cache.append_mla", ksb.kv_cache.append_mla, ckv, kpe, ckv_pages, kpe_pages, table, positions,
+          batch_indices, check_indices=check)
+
+
+def prefill(q: torch.Tensor, qo_indptr: torch.Tensor, cache: ksb.PagedKVCache, table: ksb.PageTable,
+            sm_scale: float) -> torch.Tensor:
+    return _call("attention.prefill", ksb.attention.prefill, q, qo_indptr, cache, table, causal=True, sm_scale=sm_scale)
+
+
+def prefill_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr: torch.Tensor,
+                   kv_indptr: torch.Tensor, sm_scale: float) -> torch.Tensor:
+    return _call("attention.prefill_ragged", ksb.attention.prefill_ragged, q, k, v, qo_indptr, kv_indptr, causal=True,
+                 sm_scale=sm_scale)
+
+
+def decode(q: torch.Tensor, cache: ksb.PagedKVCache, table: ksb.PageTable, sm_scale: float) -> torch.Tensor:
+    return _call("attention.decode", ksb.attention.decode, q, cache, table, sm_scale=sm_scale)
+
+
+def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_pages: torch.Tensor, kpe_pages: torch.Tensor,
+               table: ksb.PageTable, sm_scale: float) -> torch.Tensor:
+    return _call("attention.mla_decode", ksb.attention.mla_decode, q_nope, q_pe, ckv_pages, kpe_pages, table,
+                 sm_scale=sm_scale)
+
+
+def route(logits: torch.Tensor, top_k: int, scoring: str, renormalize: bool, num_expert_group: int | None,
+          topk_group: int | None, correction_bias: torch.Tensor | None,
+          routed_scaling_factor: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return _call("moe.route", ksb.moe.route, logits, top_k, scoring=scoring, renormalize=renormalize,
+                 num_expert_group=num_expert_group, topk_group=topk_group, correction_bias=correction_bias,
+                 routed_scaling_factor=routed_scaling_factor)
+
+
+def experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor,
+            w2: torch.Tensor) -> torch.Tensor:
+    return _call("moe.experts", ksb.moe.experts, x, topk_weights, topk_ids, w13, w2)
+
+
+def top_k_top_p(logits: torch.Tensor, top_k: Any, top_p: Any, temperature: Any,
+                generator: torch.Generator | None) -> torch.Tensor:
+    return _call("sampling.top_k_top_p", ksb.sampling.top_k_top_p, logits, top_k, top_p, is_logits=True,
+                 temperature=temperature, generator=generator)
+
+
+def chain_speculative(draft_probs: torch.Tensor, draft_ids: torch.Tensor, target_probs: torch.Tensor,
+                      generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _call("sampling.chain_speculative", ksb.sampling.chain_speculative, draft_probs, draft_ids, target_probs,
+                 generator=generator)

@@ -1,0 +1,99 @@
+"""Tiny random-initialised ``transformers`` models for tests and the demo (no downloads).
+
+The weights are redrawn with unit-scale statistics (std 1/sqrt(fan_in) for projections, norms near
+1, a spread-out router) so that logits are far from ties and greedy generation does not collapse
+onto one repeated token, which keeps token-level comparisons meaningful.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ..errors import fail
+
+
+def _transformers() -> Any:
+    try:
+        import transformers
+    except ImportError:
+        raise ImportError("the engine's Hugging Face path needs transformers: "
+                          'pip install "kernel-switchboard[engine]" (or pip install "transformers>=4.45")') from None
+    return transformers
+
+
+def llama_config(**overrides: Any) -> Any:
+    """A small ``LlamaConfig`` (hidden 64, 2 layers, 4 heads, 2 KV heads, vocab 128, Llama-3.1 rope scaling)."""
+    tf = _transformers()
+    kw: dict[str, Any] = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                              rms_norm_eps=1e-5, tie_word_embeddings=False)
+    rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    kw.update(overrides)
+    cfg = tf.LlamaConfig(**kw, **_rope_kwargs(tf, rope, kw))
+    cfg._attn_implementation = "eager"
+    return cfg
+
+
+def deepseek_config(**overrides: Any) -> Any:
+    """A small ``DeepseekV3Config``: MLA (q_lora 32, kv_lora 32, nope 16, rope 8, v 16), 1 dense + 1 MoE layer
+    with 8 routed experts in 4 groups (top-2 groups, top-2 experts) and 1 shared expert."""
+    tf = _transformers()
+    kw: dict[str, Any] = dict(vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1,
+                              n_routed_experts=8, routed_scaling_factor=2.5, kv_lora_rank=32, q_lora_rank=32,
+                              qk_rope_head_dim=8, v_head_dim=16, qk_nope_head_dim=16, n_group=4, topk_group=2,
+                              num_experts_per_tok=2, first_k_dense_replace=1, norm_topk_prob=True,
+                              max_position_embeddings=512, rms_norm_eps=1e-6, rope_interleave=True,
+                              tie_word_embeddings=False)
+    kw.update(overrides)
+    cfg = tf.DeepseekV3Config(**kw, **_rope_kwargs(tf, {"rope_type": "default", "rope_theta": 10000.0}, kw))
+    cfg._attn_implementation = "eager"
+    return cfg
+
+
+def _rope_kwargs(tf: Any, rope: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """The rope arguments in the form this transformers version takes (``rope_parameters`` from 5.0)."""
+    if "rope_parameters" in given or "rope_scaling" in given:
+        return {}
+    major = int(tf.__version__.split(".")[0])
+    if major >= 5:
+        return {"rope_parameters": dict(rope)}
+    scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
+    return {"rope_theta": rope["rope_theta"], "rope_scaling": None if rope["rope_type"] == "default" else scaling}
+
+
+@torch.no_grad()
+def randomize(model: Any, seed: int = 0) -> Any:
+    """Redraw every parameter and buffer of ``model`` with unit-scale statistics (seeded); returns it."""
+    gen = torch.Generator().manual_seed(seed)
+    for name, p in model.named_parameters():
+        if p.dim() == 1:  # norm weights
+            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
+        elif "embed" in name:
+            p.copy_(torch.randn(p.shape, generator=gen))
+        else:
+            fan_in = p.shape[-1]
+            scale = 4.0 if name.endswith("gate.weight") else 1.0  # a decisive router
+            p.copy_(torch.randn(p.shape, generator=gen) * scale / math.sqrt(fan_in))
+    for name, b in model.named_buffers():
+        if name.endswith("e_score_correction_bias"):
+            b.copy_(0.1 * torch.randn(b.shape, generator=gen))
+    return model.eval()
+
+
+def tiny_model(family: str, seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: Any) -> Any:
+    """A random ``LlamaForCausalLM`` (``family="llama"``) or ``DeepseekV3ForCausalLM`` (``"deepseek"``)."""
+    tf = _transformers()
+    if family == "llama":
+        cfg, cls = llama_config(**overrides), tf.LlamaForCausalLM
+    elif family == "deepseek":
+        cfg, cls = deepseek_config(**overrides), tf.DeepseekV3ForCausalLM
+    else:
+        raise fail("family", family, "'llama' or 'deepseek'")
+    torch.manual_seed(seed)
+    model = randomize(cls(cfg), seed)
+    return model.to(dtype)
