@@ -1,9 +1,98 @@
-"""Triton attention kernels (being written)."""
+"""Triton attention kernels: their records, capabilities and cost estimates.
+
+The kernels and their launchers live in ``_decode.py`` (paged decode, split-KV + merge),
+``_prefill.py`` (paged / ragged prefill, append, mixed batches), ``_mla.py`` (absorbed MLA decode)
+and ``_merge.py`` (merge_states). Capabilities state exactly what the kernels do:
+
+- q/out dtypes fp16 and bf16 (dots on tensor cores, float32 accumulation and softmax);
+- KV dtypes: q's dtype, or fp8 e4m3 with scales (dequantised in registers);
+- head dims 64, 128, 192, 256 (192 = a 128 + 64 split of the qk dot); any page size; NHD and HND;
+- soft cap, sliding window, LSE, and CUDA-graph capturable runs; deterministic (no atomics).
+"""
 
 from __future__ import annotations
 
-from kernel_switchboard import Kernel
+from typing import Any
+
+import torch
+
+from kernel_switchboard import Capability, Kernel
+
+from . import __version__
+from ._attn_common import cost_seconds, nbytes
+from ._common import BACKEND, DEVICES, PRIORITY
+from ._decode import decode, plan_decode
+from ._merge import merge_states
+from ._mla import mla_decode
+from ._prefill import PrefillPlan, prefill, prefill_ragged
+
+_HALF = frozenset({torch.float16, torch.bfloat16})
+_DIMS = frozenset({64, 128, 192, 256})
+_COMMON = frozenset({"sliding_window", "soft_cap", "return_lse", "qk_v_dims_differ", "cuda_graph", "deterministic"})
+
+DECODE = Capability(
+    devices=DEVICES, min_cc=(8, 0), dtypes=_HALF, kv_dtypes=_HALF | {torch.float8_e4m3fn}, head_dims=_DIMS,
+    head_dims_v=_DIMS, page_sizes=None, layouts=frozenset({"NHD", "HND"}),
+    features=_COMMON | {"paged", "fp8_kv"}, limits={"group_size": 64},
+)
+PREFILL = Capability(
+    devices=DEVICES, min_cc=(8, 0), dtypes=_HALF, kv_dtypes=_HALF | {torch.float8_e4m3fn}, head_dims=_DIMS,
+    head_dims_v=_DIMS, page_sizes=None, layouts=frozenset({"NHD", "HND"}),
+    features=_COMMON | {"paged", "causal", "fp8_kv", "mixed_batch"}, limits={"group_size": 64},
+)
+RAGGED = Capability(
+    devices=DEVICES, min_cc=(8, 0), dtypes=_HALF, kv_dtypes=_HALF, head_dims=_DIMS, head_dims_v=_DIMS,
+    features=_COMMON | {"ragged", "causal", "mixed_batch"}, limits={"group_size": 64},
+)
+MLA = Capability(
+    devices=DEVICES, min_cc=(8, 0), dtypes=_HALF, kv_dtypes=_HALF, head_dims=frozenset({512}),
+    head_dims_v=frozenset({512}), page_sizes=None,
+    features=frozenset({"paged", "return_lse", "cuda_graph", "deterministic"}),
+    allowed={"head_dim_pe": frozenset({64})},
+)
+MERGE = Capability(
+    devices=DEVICES, min_cc=(8, 0), dtypes=_HALF | {torch.float32},
+    features=frozenset({"cuda_graph", "deterministic"}),
+)
+
+
+def _decode_cost(pr: Any) -> float:
+    kv = pr.batch * pr.max_kv_len * pr.num_kv_heads * (pr.head_dim + pr.head_dim_v) * nbytes(pr.kv_dtype)
+    return cost_seconds(kv, 0.0, pr)
+
+
+def _prefill_cost(pr: Any) -> float:
+    rows = pr.batch * pr.max_q_len * pr.num_q_heads
+    flops = 2.0 * rows * pr.max_kv_len * (pr.head_dim + pr.head_dim_v)
+    if "causal" in pr.features and pr.max_q_len >= pr.max_kv_len:
+        flops *= 0.5
+    kv = pr.batch * pr.max_kv_len * pr.num_kv_heads * (pr.head_dim + pr.head_dim_v) * nbytes(pr.kv_dtype)
+    return cost_seconds(kv, flops, pr)
+
+
+def _mla_cost(pr: Any) -> float:
+    kv = pr.batch * pr.max_kv_len * (pr.head_dim + pr.head_dim_pe) * nbytes(pr.kv_dtype)
+    return cost_seconds(kv, 0.0, pr)
+
+
+def _merge_cost(pr: Any) -> float:
+    return cost_seconds(3.0 * pr.tokens * pr.num_heads * pr.head_dim * nbytes(pr.dtype), 0.0, pr)
 
 
 def kernels() -> list[Kernel]:
-    return []
+    """The attention kernels of the Triton backend."""
+    return [
+        Kernel("attention.decode", "decode_splitkv", BACKEND, DECODE, decode, version=__version__, plan=plan_decode,
+               cost=_decode_cost, priority=PRIORITY,
+               doc="split-KV paged decode, GQA heads packed per KV head, second-pass merge"),
+        Kernel("attention.prefill", "prefill_paged", BACKEND, PREFILL, prefill, version=__version__, plan=PrefillPlan,
+               cost=_prefill_cost, priority=PRIORITY,
+               doc="FlashAttention-2 style over paged KV; GQA-packed (token, head) rows; mixed batches in one launch"),
+        Kernel("attention.prefill_ragged", "prefill_ragged", BACKEND, RAGGED, prefill_ragged, version=__version__,
+               cost=_prefill_cost, priority=PRIORITY, doc="FlashAttention-2 style over ragged KV"),
+        Kernel("attention.mla_decode", "mla_decode_splitkv", BACKEND, MLA, mla_decode, version=__version__,
+               cost=_mla_cost, priority=PRIORITY,
+               doc="absorbed MLA decode (512 + 64), split-KV, head tiles share each latent KV tile"),
+        Kernel("attention.merge_states", "merge_states", BACKEND, MERGE, merge_states, version=__version__,
+               cost=_merge_cost, priority=PRIORITY, doc="elementwise LSE merge"),
+    ]

@@ -1,0 +1,87 @@
+"""Helpers shared by the attention and KV-cache launchers: launch configuration, SM counts, costs.
+
+Nothing here touches the GPU at import time; SM counts are read once per device on first use.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from kernel_switchboard.availability import triton_interpreting
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+#: H200-class rough rates for cost estimates (bytes/s, flop/s); only the ranking uses them
+HBM_BYTES_PER_S = 4.0e12
+TENSOR_FLOPS = 4.5e14
+#: fixed cost of one launch, seconds
+LAUNCH_S = 6e-6
+
+#: Triton dtypes the fp8 KV paths read
+FP8_KV = frozenset({torch.float8_e4m3fn})
+
+
+def interpreting() -> bool:
+    """True under TRITON_INTERPRET=1: tiles are kept tiny and dots run in float32 (the
+    interpreter's bf16 ``tl.dot`` is wrong)."""
+    return triton_interpreting()
+
+
+@functools.lru_cache(maxsize=16)
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device`` (2 on the CPU, where the interpreter runs)."""
+    if device.type != "cuda":
+        return 2
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return int(torch.cuda.get_device_properties(index).multi_processor_count)
+
+
+@functools.lru_cache(maxsize=16)
+def cc_major(device: torch.device) -> int:
+    """Compute-capability major of ``device`` (0 on the CPU)."""
+    if device.type != "cuda":
+        return 0
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return int(torch.cuda.get_device_capability(index)[0])
+
+
+def split_dim(d: int) -> tuple[int, int]:
+    """A head dim as a power-of-two main part plus a power-of-two tail (0 if none): 192 -> (128, 64)."""
+    main = 1 << (d.bit_length() - 1)
+    return main, d - main
+
+
+def soft_cap_args(sm_scale: float, soft_cap: float | None, k_scale: float) -> tuple[float, float]:
+    """(qk_scale, cap_log2) for the kernels. Without a cap the kernel computes ``s * qk_scale`` in log2
+    units; with a cap ``cap_log2 * tanh(s * qk_scale)``."""
+    if soft_cap is None:
+        return sm_scale * k_scale * LOG2E, 0.0
+    return sm_scale * k_scale / soft_cap, soft_cap * LOG2E
+
+
+def is_inf_cost(problem: Any) -> bool:
+    """The CPU (interpreter) never wins on cost: it ranks by priority below the reference."""
+    return getattr(problem, "device", "cuda") != "cuda"
+
+
+def nbytes(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def cost_seconds(bytes_moved: float, flops: float, problem: Any) -> float:
+    """Roofline estimate: the larger of memory and tensor-core time, plus a launch."""
+    if is_inf_cost(problem):
+        return math.inf
+    return LAUNCH_S + max(bytes_moved / HBM_BYTES_PER_S, flops / TENSOR_FLOPS)
+
+
+@triton.jit
+def _tanh(x):
+    """tanh through exp2, valid for every float32 x (saturates to +-1)."""
+    return 1.0 - 2.0 / (tl.exp2(x * 2.8853900817779268) + 1.0)

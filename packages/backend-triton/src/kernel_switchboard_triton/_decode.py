@@ -1,0 +1,291 @@
+"""Paged decode attention: split-KV (flash-decoding) with GQA packing, plus the split merge.
+
+One program handles all query heads of one KV head (``BLOCK_H >= group`` rows, at least 16 for
+``tl.dot``) for one split of one request, so each KV page is read once. K/V tiles of ``BLOCK_N``
+tokens are gathered through the block table (token j -> page ``block_table[b, j // page_size]``,
+slot ``j % page_size``), which works for any page size and, through strides, for NHD and HND.
+Scores are kept in log2 units (``exp2``); LSE outputs are natural log, float32.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ._attn_common import _tanh, cc_major, interpreting, sm_count, soft_cap_args
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr,  # (B, Hq, D) queries
+    k_ptr,  # K pages; addressed by (page, slot, head) strides, so NHD or HND
+    v_ptr,  # V pages; same addressing as K
+    block_table_ptr,  # (B, max_pages) int32 page ids
+    seq_lens_ptr,  # (B,) int32 tokens in the cache per request
+    o_ptr,  # out: (B, Hq, Dv) final when NUM_SPLITS == 1, else float32 partials (B, Hq, NUM_SPLITS, Dv)
+    lse_ptr,  # float32 natural-log LSE: (B, Hq) final or (B, Hq, NUM_SPLITS) partials
+    stride_qb,  # q stride over batch
+    stride_qh,  # q stride over heads
+    stride_kp,  # K stride over pages
+    stride_ks,  # K stride over slots in a page
+    stride_kh,  # K stride over kv heads
+    stride_vp,  # V stride over pages
+    stride_vs,  # V stride over slots in a page
+    stride_vh,  # V stride over kv heads
+    stride_bt,  # block_table row stride
+    stride_ob,  # out stride over batch
+    stride_oh,  # out stride over heads
+    stride_os,  # out stride over splits (unused when NUM_SPLITS == 1)
+    stride_lb,  # lse stride over batch
+    stride_lh,  # lse stride over heads (the split stride is 1)
+    qk_scale,  # log2-unit scale of q.k (sm_scale * k_scale * log2 e), or sm_scale * k_scale / cap with SOFT_CAP
+    cap_log2,  # soft cap * log2 e (SOFT_CAP only)
+    v_scale,  # output multiplier (fp8 V scale, else 1.0)
+    window_left,  # keep KV positions >= seq_len - 1 - window_left; negative = no window
+    GROUP: tl.constexpr,  # query heads per KV head
+    BLOCK_H: tl.constexpr,  # query-head rows per program (>= GROUP, >= 16)
+    HEAD_DIM: tl.constexpr,  # q/k head dim
+    HEAD_DIM_V: tl.constexpr,  # v head dim
+    BLOCK_D: tl.constexpr,  # next power of two of HEAD_DIM
+    BLOCK_DV: tl.constexpr,  # next power of two of HEAD_DIM_V
+    PAGE_SIZE: tl.constexpr,  # tokens per page
+    BLOCK_N: tl.constexpr,  # KV tokens per tile
+    NUM_SPLITS: tl.constexpr,  # KV splits per request (grid dim 2)
+    SOFT_CAP: tl.constexpr,  # apply the logits soft cap
+    DOT_FP32: tl.constexpr,  # upcast dot operands to float32 (interpreter)
+):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+
+    seq_len = tl.load(seq_lens_ptr + b)
+    lo = tl.where(window_left >= 0, tl.maximum(seq_len - 1 - window_left, 0), 0)
+    span = seq_len - lo
+    chunk = tl.cdiv(tl.cdiv(span, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = lo + split * chunk
+    end = tl.minimum(start + chunk, seq_len)
+
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_h = offs_h < GROUP
+    mask_d = offs_d < HEAD_DIM
+    mask_dv = offs_dv < HEAD_DIM_V
+    heads = kvh * GROUP + offs_h
+
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=mask_h[:, None] & mask_d[None, :], other=0.0)
+    if DOT_FP32:
+        q = q.to(tl.float32)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
+
+    bt_row = block_table_ptr + b.to(tl.int64) * stride_bt
+    k_base = k_ptr + kvh.to(tl.int64) * stride_kh
+    v_base = v_ptr + kvh.to(tl.int64) * stride_vh
+    for n0 in range(start, end, BLOCK_N):
+        tok = n0 + offs_n
+        mask_n = tok < end
+        page = tl.load(bt_row + tok // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
+        slot = tok % PAGE_SIZE
+        k = tl.load(k_base + (page * stride_kp + slot * stride_ks)[:, None] + offs_d[None, :],
+                    mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+        v = tl.load(v_base + (page * stride_vp + slot * stride_vs)[:, None] + offs_dv[None, :],
+                    mask=mask_n[:, None] & mask_dv[None, :], other=0.0)
+        k = k.to(q.dtype)
+        s = tl.dot(q, tl.trans(k)) * qk_scale
+        if SOFT_CAP:
+            s = cap_log2 * _tanh(s)
+        s = tl.where(mask_n[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if DOT_FP32:
+            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32))
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
+        m_i = m_new
+
+    empty = l_i == 0.0
+    out = acc * (v_scale / tl.where(empty, 1.0, l_i))[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+    o_ptrs = o_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + split * stride_os + offs_dv[None, :]
+    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=mask_h[:, None] & mask_dv[None, :])
+    tl.store(lse_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh + split, lse, mask=mask_h)
+
+
+@triton.jit
+def _merge_splits_kernel(
+    po_ptr,  # float32 partial outputs (B, H, NUM_SPLITS, Dv)
+    plse_ptr,  # float32 partial LSE (B, H, NUM_SPLITS), natural log; -inf for empty splits
+    o_ptr,  # out (B, H, Dv), the query dtype
+    lse_ptr,  # float32 out LSE (B, H), natural log
+    stride_pb,  # partial out stride over batch
+    stride_ph,  # partial out stride over heads
+    stride_ps,  # partial out stride over splits
+    stride_plb,  # partial LSE stride over batch
+    stride_plh,  # partial LSE stride over heads (split stride 1)
+    stride_ob,  # out stride over batch
+    stride_oh,  # out stride over heads
+    stride_lb,  # out LSE stride over batch
+    stride_lh,  # out LSE stride over heads
+    HEAD_DIM_V: tl.constexpr,  # v head dim
+    BLOCK_DV: tl.constexpr,  # next power of two of HEAD_DIM_V
+    NUM_SPLITS: tl.constexpr,  # partials per (batch, head)
+    BLOCK_S: tl.constexpr,  # next power of two of NUM_SPLITS
+):
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    mask_s = offs_s < NUM_SPLITS
+    mask_dv = offs_dv < HEAD_DIM_V
+    lse = tl.load(plse_ptr + b * stride_plb + h * stride_plh + offs_s, mask=mask_s, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp2((lse - m_safe) * 1.4426950408889634)
+    denom = tl.sum(w, 0)
+    po = tl.load(po_ptr + b * stride_pb + h * stride_ph + offs_s[:, None] * stride_ps + offs_dv[None, :],
+                 mask=mask_s[:, None] & mask_dv[None, :], other=0.0)
+    out = tl.sum(po * w[:, None], 0) / tl.where(denom == 0.0, 1.0, denom)
+    tl.store(o_ptr + b * stride_ob + h * stride_oh + offs_dv, out.to(o_ptr.dtype.element_ty), mask=mask_dv)
+    lse_out = tl.where(denom > 0.0, m_safe + tl.log(tl.where(denom > 0.0, denom, 1.0)), float("-inf"))
+    tl.store(lse_ptr + b * stride_lb + h * stride_lh, lse_out)
+
+
+# -- launchers -----------------------------------------------------------------------------------
+class DecodeConfig(NamedTuple):
+    """Static launch choices of one decode shape."""
+
+    block_h: int
+    block_n: int
+    num_splits: int
+    num_warps: int
+    num_stages: int
+    dot_fp32: bool
+
+
+@functools.lru_cache(maxsize=1024)
+def decode_config(device: torch.device, batch: int, kv_heads: int, group: int, head_dim: int, kv_len_bucket: int,
+                  num_splits: int | None = None) -> DecodeConfig:
+    """Tiles, warps and the split count for a decode shape (``kv_len_bucket``: max KV length, bucketed)."""
+    block_h = max(16, triton.next_power_of_2(group))
+    if interpreting():
+        block_n = 16
+        splits = num_splits or (2 if kv_len_bucket > 2 * block_n else 1)
+        return DecodeConfig(block_h, block_n, splits, 1, 1, True)
+    block_n = 64 if head_dim <= 128 else 32
+    if num_splits is None:
+        programs = batch * kv_heads
+        target = 4 * sm_count(device)
+        by_len = max(1, kv_len_bucket // 256)  # keep each split >= 256 tokens
+        num_splits = 1 if programs >= target else max(1, min(triton.cdiv(target, programs), by_len, 64))
+    hopper = cc_major(device) >= 9
+    return DecodeConfig(block_h, block_n, num_splits, 4, 3 if hopper else 2, False)
+
+
+class DecodePlan:
+    """A decode launch prepared once: launch config and split workspace allocated here.
+
+    ``run(q, cache, out, lse)`` only passes arguments and launches (no host sync, no allocation),
+    so it can be captured in a CUDA graph; it writes ``out`` (B, Hq, Dv) and ``lse`` (B, Hq) when given.
+    """
+
+    def __init__(self, table: Any, *, num_q_heads: int, num_kv_heads: int, head_dim: int, head_dim_v: int,
+                 sm_scale: float, logits_soft_cap: float | None, window_left: int, max_kv_len: int,
+                 num_splits: int | None = None) -> None:
+        device = table.block_table.device
+        batch = table.block_table.shape[0]
+        self.table = table
+        self.group = num_q_heads // num_kv_heads
+        self.cfg = decode_config(device, batch, num_kv_heads, self.group, head_dim, bucket_len(max_kv_len), num_splits)
+        self.sm_scale, self.soft_cap, self.window_left = sm_scale, logits_soft_cap, window_left
+        s = self.cfg.num_splits
+        #: LSE scratch for runs that do not ask for it (the kernels always write one)
+        self.lse_scratch = torch.empty(batch, num_q_heads, device=device, dtype=torch.float32)
+        self.part_out = torch.empty(batch, num_q_heads, s, head_dim_v, device=device, dtype=torch.float32) if s > 1 else None
+        self.part_lse = torch.empty(batch, num_q_heads, s, device=device, dtype=torch.float32) if s > 1 else None
+
+    def run(self, q: torch.Tensor, cache: Any, out: torch.Tensor, lse: torch.Tensor | None = None) -> None:
+        launch_decode(q, cache, self.table, out, self.lse_scratch if lse is None else lse, self.part_out, self.part_lse,
+                      self.cfg, self.group, self.sm_scale, self.soft_cap, self.window_left)
+
+
+def bucket_len(n: int) -> int:
+    """Round a KV length up to a power of two (the split heuristic only needs its order)."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def launch_decode(q: torch.Tensor, cache: Any, table: Any, out: torch.Tensor, lse: torch.Tensor,
+                  part_out: torch.Tensor | None, part_lse: torch.Tensor | None, cfg: DecodeConfig, group: int,
+                  sm_scale: float, soft_cap: float | None, window_left: int) -> None:
+    """Launch the split kernel (writing ``out``/``lse`` directly when there is one split) and the merge."""
+    if q.shape[0] == 0:
+        return
+    k, v = cache.k_pages, cache.v_pages
+    nhd = cache.layout == "NHD"
+    ks, kh = (k.stride(1), k.stride(2)) if nhd else (k.stride(2), k.stride(1))
+    vs, vh = (v.stride(1), v.stride(2)) if nhd else (v.stride(2), v.stride(1))
+    fp8 = cache.k_scale is not None
+    qk_scale, cap_log2 = soft_cap_args(sm_scale, soft_cap, cache.k_scale if fp8 else 1.0)
+    batch, kv_heads, splits = q.shape[0], cache.num_kv_heads, cfg.num_splits
+    head_dim, head_dim_v = q.shape[2], v.shape[-1]
+    bt = table.block_table
+    if splits == 1:
+        o, lp = out, lse
+        osb, osh, oss, lsb, lsh = out.stride(0), out.stride(1), 0, lse.stride(0), lse.stride(1)
+    else:
+        o, lp = part_out, part_lse
+        osb, osh, oss = part_out.stride(0), part_out.stride(1), part_out.stride(2)
+        lsb, lsh = part_lse.stride(0), part_lse.stride(1)
+    _decode_split_kernel[(batch, kv_heads, splits)](
+        q, k, v, bt, table.seq_lens, o, lp,
+        q.stride(0), q.stride(1), k.stride(0), ks, kh, v.stride(0), vs, vh, bt.stride(0),
+        osb, osh, oss, lsb, lsh,
+        qk_scale, cap_log2, cache.v_scale if fp8 else 1.0, window_left,
+        GROUP=group, BLOCK_H=cfg.block_h, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v,
+        BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_DV=triton.next_power_of_2(head_dim_v),
+        PAGE_SIZE=cache.page_size, BLOCK_N=cfg.block_n, NUM_SPLITS=splits, SOFT_CAP=soft_cap is not None,
+        DOT_FP32=cfg.dot_fp32, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if splits > 1:
+        launch_merge_splits(part_out, part_lse, out, lse)
+
+
+def launch_merge_splits(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
+    """Merge (B, H, S, Dv) float32 partials with their (B, H, S) LSE into ``out`` (B, H, Dv) and ``lse`` (B, H)."""
+    batch, heads, splits, dv = part_out.shape
+    _merge_splits_kernel[(batch, heads)](
+        part_out, part_lse, out, lse,
+        part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
+        out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
+        HEAD_DIM_V=dv, BLOCK_DV=triton.next_power_of_2(dv), NUM_SPLITS=splits,
+        BLOCK_S=max(2, triton.next_power_of_2(splits)), num_warps=4 if dv >= 256 else 2,
+    )
+
+
+def decode(q: torch.Tensor, cache: Any, table: Any, p: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The ``attention.decode`` kernel: q (B, Hq, D) -> (out (B, Hq, Dv), lse (B, Hq) float32 or None)."""
+    plan = DecodePlan(table, num_q_heads=q.shape[1], num_kv_heads=cache.num_kv_heads, head_dim=q.shape[2],
+                      head_dim_v=cache.head_dim_v, sm_scale=p.sm_scale, logits_soft_cap=p.logits_soft_cap,
+                      window_left=p.window_left, max_kv_len=p.max_kv_len)
+    out = q.new_empty(q.shape[0], q.shape[1], cache.head_dim_v)
+    lse = q.new_empty(q.shape[0], q.shape[1], dtype=torch.float32) if p.return_lse else None
+    plan.run(q, cache, out, lse)
+    return out, lse
+
+
+def plan_decode(problem: Any, table: Any, p: Any, num_splits: int | None = None, **_: Any) -> DecodePlan:
+    """``Kernel.plan`` of the decode kernel: the split schedule and workspace for this table."""
+    return DecodePlan(table, num_q_heads=problem.num_q_heads, num_kv_heads=problem.num_kv_heads,
+                      head_dim=problem.head_dim, head_dim_v=problem.head_dim_v, sm_scale=p.sm_scale,
+                      logits_soft_cap=p.logits_soft_cap, window_left=p.window_left, max_kv_len=p.max_kv_len,
+                      num_splits=num_splits)

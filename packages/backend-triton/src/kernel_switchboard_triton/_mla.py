@@ -1,0 +1,171 @@
+"""Absorbed multi-head latent attention (MLA) decode over paged latent KV, split-KV.
+
+Each program takes ``BLOCK_H`` query heads of one request and one KV split; every latent tile
+``ckv (BLOCK_N, Dc)`` serves as K (with ``kpe (BLOCK_N, Dr)``) and as V. Head tiles of the same
+request and split are adjacent in launch order (grid dim 0), so a latent tile read from HBM by
+one is found in L2 by the others. Partials are merged by the decode merge kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ._attn_common import LOG2E, cc_major, interpreting, sm_count
+from ._decode import bucket_len, launch_merge_splits
+
+
+@triton.jit
+def _mla_split_kernel(
+    qn_ptr,  # (B, H, Dc) q_nope
+    qp_ptr,  # (B, H, Dr) q_pe
+    ckv_ptr,  # (P, S, Dc) latent pages
+    kpe_ptr,  # (P, S, Dr) rope-key pages
+    block_table_ptr,  # (B, max_pages) int32
+    seq_lens_ptr,  # (B,) int32
+    o_ptr,  # out: (B, H, Dc) final when NUM_SPLITS == 1, else float32 partials (B, H, NUM_SPLITS, Dc)
+    lse_ptr,  # float32 natural-log LSE: (B, H) or partials (B, H, NUM_SPLITS)
+    heads,  # H
+    stride_qnb,  # q_nope stride over batch
+    stride_qnh,  # q_nope stride over heads
+    stride_qpb,  # q_pe stride over batch
+    stride_qph,  # q_pe stride over heads
+    stride_cp,  # ckv stride over pages
+    stride_cs,  # ckv stride over slots
+    stride_pp,  # kpe stride over pages
+    stride_ps,  # kpe stride over slots
+    stride_bt,  # block_table row stride
+    stride_ob,  # out stride over batch
+    stride_oh,  # out stride over heads
+    stride_os,  # out stride over splits
+    stride_lb,  # lse stride over batch
+    stride_lh,  # lse stride over heads (split stride 1)
+    qk_scale,  # sm_scale * log2 e
+    HEAD_DIM: tl.constexpr,  # Dc (latent dim, 512)
+    HEAD_DIM_PE: tl.constexpr,  # Dr (rope dim, 64)
+    BLOCK_H: tl.constexpr,  # heads per program (>= 16)
+    PAGE_SIZE: tl.constexpr,  # tokens per page
+    BLOCK_N: tl.constexpr,  # KV tokens per tile
+    NUM_SPLITS: tl.constexpr,  # KV splits per request (grid dim 2)
+    DOT_FP32: tl.constexpr,  # float32 dot operands (interpreter)
+):
+    offs_h = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)
+    b = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + b)
+    chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * chunk
+    end = tl.minimum(start + chunk, seq_len)
+
+    offs_c = tl.arange(0, HEAD_DIM)
+    offs_r = tl.arange(0, HEAD_DIM_PE)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_h = offs_h < heads
+    qn = tl.load(qn_ptr + b.to(tl.int64) * stride_qnb + offs_h[:, None] * stride_qnh + offs_c[None, :],
+                 mask=mask_h[:, None], other=0.0)
+    qp = tl.load(qp_ptr + b.to(tl.int64) * stride_qpb + offs_h[:, None] * stride_qph + offs_r[None, :],
+                 mask=mask_h[:, None], other=0.0)
+    if DOT_FP32:
+        qn = qn.to(tl.float32)
+        qp = qp.to(tl.float32)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, HEAD_DIM], dtype=tl.float32)
+    bt_row = block_table_ptr + b.to(tl.int64) * stride_bt
+    for n0 in range(start, end, BLOCK_N):
+        tok = n0 + offs_n
+        mask_n = tok < end
+        page = tl.load(bt_row + tok // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
+        slot = tok % PAGE_SIZE
+        ckv = tl.load(ckv_ptr + (page * stride_cp + slot * stride_cs)[:, None] + offs_c[None, :],
+                      mask=mask_n[:, None], other=0.0).to(qn.dtype)
+        kpe = tl.load(kpe_ptr + (page * stride_pp + slot * stride_ps)[:, None] + offs_r[None, :],
+                      mask=mask_n[:, None], other=0.0).to(qn.dtype)
+        s = tl.dot(qn, tl.trans(ckv))
+        s += tl.dot(qp, tl.trans(kpe))
+        s = tl.where(mask_n[None, :], s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(qn.dtype), ckv)
+        m_i = m_new
+
+    empty = l_i == 0.0
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+    tl.store(o_ptr + b.to(tl.int64) * stride_ob + offs_h[:, None] * stride_oh + split * stride_os + offs_c[None, :],
+             out.to(o_ptr.dtype.element_ty), mask=mask_h[:, None])
+    tl.store(lse_ptr + b.to(tl.int64) * stride_lb + offs_h * stride_lh + split, lse, mask=mask_h)
+
+
+class MLAConfig(NamedTuple):
+    """Static launch choices of one MLA decode shape."""
+
+    block_h: int
+    block_n: int
+    num_splits: int
+    num_warps: int
+    num_stages: int
+    dot_fp32: bool
+
+
+@functools.lru_cache(maxsize=512)
+def mla_config(device: torch.device, batch: int, heads: int, kv_len_bucket: int,
+               num_splits: int | None = None) -> MLAConfig:
+    """Tiles and split count for an MLA decode shape."""
+    if interpreting():
+        splits = num_splits or (2 if kv_len_bucket > 32 else 1)
+        return MLAConfig(16, 16, splits, 1, 1, True)
+    block_h = 32 if heads >= 32 else 16
+    if num_splits is None:
+        streams = batch * triton.cdiv(heads, block_h)
+        target = 2 * sm_count(device)
+        by_len = max(1, kv_len_bucket // 512)
+        num_splits = 1 if streams >= target else max(1, min(triton.cdiv(target, streams), by_len, 64))
+    stages = 2 if cc_major(device) >= 9 else 1
+    return MLAConfig(block_h, 32, num_splits, 8, stages, False)
+
+
+def launch_mla(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv: torch.Tensor, kpe: torch.Tensor, table: Any,
+               sm_scale: float, out: torch.Tensor, lse: torch.Tensor, part_out: torch.Tensor | None,
+               part_lse: torch.Tensor | None, cfg: MLAConfig) -> None:
+    """Launch the MLA split kernel (and the merge when there are several splits)."""
+    batch, heads, dc = q_nope.shape
+    splits = cfg.num_splits
+    if splits == 1:
+        o, lp, oss = out, lse, 0
+    else:
+        o, lp, oss = part_out, part_lse, part_out.stride(2)
+    bt = table.block_table
+    _mla_split_kernel[(triton.cdiv(heads, cfg.block_h), batch, splits)](
+        q_nope, q_pe, ckv, kpe, bt, table.seq_lens, o, lp, heads,
+        q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1),
+        ckv.stride(0), ckv.stride(1), kpe.stride(0), kpe.stride(1), bt.stride(0),
+        o.stride(0), o.stride(1), oss, lp.stride(0), lp.stride(1), sm_scale * LOG2E,
+        HEAD_DIM=dc, HEAD_DIM_PE=q_pe.shape[2], BLOCK_H=cfg.block_h, PAGE_SIZE=ckv.shape[1], BLOCK_N=cfg.block_n,
+        NUM_SPLITS=splits, DOT_FP32=cfg.dot_fp32, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if splits > 1:
+        launch_merge_splits(part_out, part_lse, out, lse)
+
+
+def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_pages: torch.Tensor, kpe_pages: torch.Tensor,
+               table: Any, p: Any, cfg: MLAConfig | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The ``attention.mla_decode`` kernel: q_nope (B, H, 512), q_pe (B, H, 64) -> out (B, H, 512), lse (B, H)."""
+    batch, heads, dc = q_nope.shape
+    if cfg is None:
+        cfg = mla_config(q_nope.device, batch, heads, bucket_len(p.max_kv_len))
+    out = q_nope.new_empty(batch, heads, dc)
+    lse = q_nope.new_empty(batch, heads, dtype=torch.float32)
+    s = cfg.num_splits
+    part_out = q_nope.new_empty(batch, heads, s, dc, dtype=torch.float32) if s > 1 else None
+    part_lse = q_nope.new_empty(batch, heads, s, dtype=torch.float32) if s > 1 else None
+    if batch:
+        launch_mla(q_nope, q_pe, ckv_pages, kpe_pages, table, p.sm_scale, out, lse, part_out, part_lse, cfg)
+    return out, (lse if p.return_lse else None)

@@ -1,0 +1,351 @@
+"""Prefill / append attention over paged or ragged KV (FlashAttention-2 style), one launch per batch.
+
+Rows of a q tile are (token, query head) pairs of one KV head, packed token-major: row r of
+request b is token ``r // group``, head ``kv_head * group + r % group``. Each program takes
+``BLOCK_M`` packed rows of one request and streams K/V tiles of ``BLOCK_N`` tokens with an online
+softmax. GQA packing reads every K/V tile once per KV head, and decode requests (qo_len 1) of a
+mixed batch cost one small tile each.
+
+Work items need no host work: request b owns the slots ``[start(b), start(b+1))`` with
+``start(b) = (qo_indptr[b] * group) // BLOCK_M + b`` (enough for its ``cdiv(qo_len * group,
+BLOCK_M)`` tiles; extra slots exit at once). A program finds its request by binary search over
+``qo_indptr``; the grid is ``(Tq * group // BLOCK_M + B, num_kv_heads)``, known on the host.
+
+The KV loop runs in three parts: masked tiles at the window's start, unmasked tiles, then
+masked tiles at the causal diagonal / the end of the sequence.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ._attn_common import _tanh, cc_major, interpreting, soft_cap_args, split_dim
+
+
+@triton.jit
+def _tile(
+    acc,  # (BLOCK_M, BLOCK_DV) float32 running output
+    m_i,  # (BLOCK_M,) float32 running max, log2 units
+    l_i,  # (BLOCK_M,) float32 running denominator
+    q,  # (BLOCK_M, HEAD_MAIN) query tile
+    q_tail,  # (BLOCK_M, HEAD_TAIL) query tail (ignored when HEAD_TAIL == 0)
+    k_base,  # K base pointer at this KV head
+    v_base,  # V base pointer at this KV head
+    bt_row,  # block-table row of this request (PAGED)
+    kv_start,  # first KV token of this request in k/v (ragged)
+    n0,  # first KV position of this tile
+    kv_len,  # KV tokens of this request
+    row_pos,  # (BLOCK_M,) KV position of each row's query
+    window_left,  # window size (WINDOW only)
+    stride_kp,  # K stride over pages (PAGED)
+    stride_ks,  # K stride over tokens (slots in a page when PAGED)
+    stride_vp,  # V stride over pages (PAGED)
+    stride_vs,  # V stride over tokens (slots in a page when PAGED)
+    qk_scale,  # log2-unit score scale, or sm_scale / cap with SOFT_CAP
+    cap_log2,  # soft cap * log2 e (SOFT_CAP only)
+    MASK: tl.constexpr,  # apply length / causal / window masks in this tile
+    CAUSAL: tl.constexpr,  # causal mask
+    WINDOW: tl.constexpr,  # sliding-window mask
+    SOFT_CAP: tl.constexpr,  # logits soft cap
+    PAGED: tl.constexpr,  # paged (else ragged) K/V
+    PAGE_SIZE: tl.constexpr,  # tokens per page (PAGED)
+    BLOCK_N: tl.constexpr,  # KV tokens per tile
+    HEAD_MAIN: tl.constexpr,  # power-of-two part of the qk head dim
+    HEAD_TAIL: tl.constexpr,  # rest of the qk head dim (0 or a power of two)
+    HEAD_DIM_V: tl.constexpr,  # v head dim
+    BLOCK_DV: tl.constexpr,  # next power of two of HEAD_DIM_V
+    DOT_FP32: tl.constexpr,  # float32 dot operands (interpreter)
+):
+    tok = n0 + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_MAIN)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    in_len = tok < kv_len
+    if PAGED:
+        if MASK:
+            page = tl.load(bt_row + tok // PAGE_SIZE, mask=in_len, other=0).to(tl.int64)
+        else:
+            page = tl.load(bt_row + tok // PAGE_SIZE).to(tl.int64)
+        slot = tok % PAGE_SIZE
+        k_rows = page * stride_kp + slot * stride_ks
+        v_rows = page * stride_vp + slot * stride_vs
+    else:
+        k_rows = (kv_start + tok).to(tl.int64) * stride_ks
+        v_rows = (kv_start + tok).to(tl.int64) * stride_vs
+    if MASK:
+        k = tl.load(k_base + k_rows[:, None] + offs_d[None, :], mask=in_len[:, None], other=0.0)
+        v = tl.load(v_base + v_rows[:, None] + offs_dv[None, :], mask=in_len[:, None] & (offs_dv < HEAD_DIM_V)[None, :],
+                    other=0.0)
+    else:
+        k = tl.load(k_base + k_rows[:, None] + offs_d[None, :])
+        v = tl.load(v_base + v_rows[:, None] + offs_dv[None, :], mask=(offs_dv < HEAD_DIM_V)[None, :], other=0.0)
+    s = tl.dot(q, tl.trans(k.to(q.dtype)))
+    if HEAD_TAIL > 0:
+        offs_t = HEAD_MAIN + tl.arange(0, HEAD_TAIL)
+        if MASK:
+            kt = tl.load(k_base + k_rows[:, None] + offs_t[None, :], mask=in_len[:, None], other=0.0)
+        else:
+            kt = tl.load(k_base + k_rows[:, None] + offs_t[None, :])
+        s += tl.dot(q_tail, tl.trans(kt.to(q.dtype)))
+    s = s * qk_scale
+    if SOFT_CAP:
+        s = cap_log2 * _tanh(s)
+    if MASK:
+        keep = in_len[None, :]
+        if CAUSAL:
+            keep = keep & (tok[None, :] <= row_pos[:, None])
+        if WINDOW:
+            keep = keep & (tok[None, :] >= row_pos[:, None] - window_left)
+        s = tl.where(keep, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr,  # (Tq, Hq, D) packed queries
+    k_ptr,  # K: pages (PAGED, any layout through strides) or (Tk, Hkv, D) ragged
+    v_ptr,  # V: like K with head dim Dv
+    qo_indptr_ptr,  # (B+1,) int32 query offsets
+    kv_indptr_ptr,  # (B+1,) int32 KV offsets (ragged only)
+    block_table_ptr,  # (B, max_pages) int32 (PAGED only)
+    seq_lens_ptr,  # (B,) int32 KV lengths (PAGED only)
+    o_ptr,  # (Tq, Hq, Dv) output, q's dtype
+    lse_ptr,  # (Tq, Hq) float32 natural-log LSE (RETURN_LSE only)
+    stride_qt,  # q stride over tokens
+    stride_qh,  # q stride over heads
+    stride_kp,  # K stride over pages (PAGED)
+    stride_ks,  # K stride over tokens (in-page slots when PAGED)
+    stride_kh,  # K stride over kv heads
+    stride_vp,  # V stride over pages (PAGED)
+    stride_vs,  # V stride over tokens (in-page slots when PAGED)
+    stride_vh,  # V stride over kv heads
+    stride_bt,  # block_table row stride
+    stride_ot,  # out stride over tokens
+    stride_oh,  # out stride over heads
+    stride_lt,  # lse stride over tokens
+    stride_lh,  # lse stride over heads
+    qk_scale,  # log2-unit score scale, or sm_scale / cap with SOFT_CAP
+    cap_log2,  # soft cap * log2 e (SOFT_CAP only)
+    v_scale,  # output multiplier (fp8 V scale, else 1.0)
+    window_left,  # window size (WINDOW only)
+    batch,  # requests B
+    GROUP: tl.constexpr,  # query heads per KV head
+    BLOCK_M: tl.constexpr,  # packed (token, head) rows per program
+    BLOCK_N: tl.constexpr,  # KV tokens per tile
+    HEAD_MAIN: tl.constexpr,  # power-of-two part of the qk head dim
+    HEAD_TAIL: tl.constexpr,  # rest of the qk head dim (0 or a power of two)
+    HEAD_DIM_V: tl.constexpr,  # v head dim
+    BLOCK_DV: tl.constexpr,  # next power of two of HEAD_DIM_V
+    PAGE_SIZE: tl.constexpr,  # tokens per page (PAGED)
+    PAGED: tl.constexpr,  # paged (else ragged) K/V
+    CAUSAL: tl.constexpr,  # causal mask
+    WINDOW: tl.constexpr,  # sliding-window mask
+    SOFT_CAP: tl.constexpr,  # logits soft cap
+    RETURN_LSE: tl.constexpr,  # write lse
+    LOG_B: tl.constexpr,  # binary-search steps, >= log2(B) + 1
+    DOT_FP32: tl.constexpr,  # float32 dot operands (interpreter)
+):
+    slot_id = tl.program_id(0)
+    kvh = tl.program_id(1)
+
+    # request of this slot: the last b with start(b) <= slot_id
+    lo = 0
+    hi = batch
+    for _ in tl.static_range(LOG_B):
+        mid = (lo + hi) // 2
+        start_mid = tl.load(qo_indptr_ptr + mid) * GROUP // BLOCK_M + mid
+        go = start_mid <= slot_id
+        lo = tl.where(go, mid, lo)
+        hi = tl.where(go, hi, mid)
+    b = lo
+    q_start = tl.load(qo_indptr_ptr + b)
+    qo_len = tl.load(qo_indptr_ptr + b + 1) - q_start
+    first_slot = q_start * GROUP // BLOCK_M + b
+    n_slots = (tl.load(qo_indptr_ptr + b + 1) * GROUP // BLOCK_M + b + 1) - first_slot
+    tile = n_slots - 1 - (slot_id - first_slot)  # heavy (late causal) tiles first
+    rows = qo_len * GROUP
+    if tile * BLOCK_M < rows:
+        if PAGED:
+            kv_len = tl.load(seq_lens_ptr + b)
+            kv_start = 0
+        else:
+            kv_start = tl.load(kv_indptr_ptr + b)
+            kv_len = tl.load(kv_indptr_ptr + b + 1) - kv_start
+        offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask_m = offs_m < rows
+        tok_q = offs_m // GROUP
+        head = kvh * GROUP + offs_m % GROUP
+        row_pos = kv_len - qo_len + tok_q
+        q_rows = (q_start + tok_q).to(tl.int64) * stride_qt + head * stride_qh
+        offs_d = tl.arange(0, HEAD_MAIN)
+        q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=mask_m[:, None], other=0.0)
+        if HEAD_TAIL > 0:
+            offs_t = HEAD_MAIN + tl.arange(0, HEAD_TAIL)
+            q_tail = tl.load(q_ptr + q_rows[:, None] + offs_t[None, :], mask=mask_m[:, None], other=0.0)
+        else:
+            q_tail = q
+        if DOT_FP32:
+            q = q.to(tl.float32)
+            q_tail = q_tail.to(tl.float32)
+
+        m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+
+        last_row = tl.minimum(tile * BLOCK_M + BLOCK_M, rows) - 1
+        pos_first = kv_len - qo_len + (tile * BLOCK_M) // GROUP
+        pos_last = kv_len - qo_len + last_row // GROUP
+        end = kv_len
+        if CAUSAL:
+            end = tl.minimum(kv_len, pos_last + 1)
+        begin = 0
+        full_lo = 0
+        if WINDOW:
+            begin = tl.maximum(pos_first - window_left, 0) // BLOCK_N * BLOCK_N
+            full_lo = tl.cdiv(tl.maximum(pos_last - window_left, 0), BLOCK_N) * BLOCK_N
+        full_lo = tl.minimum(full_lo, tl.maximum(end, 0))
+        full_hi = kv_len
+        if CAUSAL:
+            full_hi = tl.minimum(kv_len, pos_first + 1)
+        full_hi = tl.maximum(full_hi // BLOCK_N * BLOCK_N, full_lo)
+
+        bt_row = block_table_ptr + b.to(tl.int64) * stride_bt
+        k_base = k_ptr + kvh.to(tl.int64) * stride_kh
+        v_base = v_ptr + kvh.to(tl.int64) * stride_vh
+        for n0 in range(begin, full_lo, BLOCK_N):
+            acc, m_i, l_i = _tile(acc, m_i, l_i, q, q_tail, k_base, v_base, bt_row, kv_start, n0, kv_len, row_pos,
+                                  window_left, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, cap_log2,
+                                  True, CAUSAL, WINDOW, SOFT_CAP, PAGED, PAGE_SIZE, BLOCK_N, HEAD_MAIN, HEAD_TAIL,
+                                  HEAD_DIM_V, BLOCK_DV, DOT_FP32)
+        for n0 in range(full_lo, full_hi, BLOCK_N):
+            acc, m_i, l_i = _tile(acc, m_i, l_i, q, q_tail, k_base, v_base, bt_row, kv_start, n0, kv_len, row_pos,
+                                  window_left, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, cap_log2,
+                                  False, CAUSAL, WINDOW, SOFT_CAP, PAGED, PAGE_SIZE, BLOCK_N, HEAD_MAIN, HEAD_TAIL,
+                                  HEAD_DIM_V, BLOCK_DV, DOT_FP32)
+        for n0 in range(full_hi, end, BLOCK_N):
+            acc, m_i, l_i = _tile(acc, m_i, l_i, q, q_tail, k_base, v_base, bt_row, kv_start, n0, kv_len, row_pos,
+                                  window_left, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, cap_log2,
+                                  True, CAUSAL, WINDOW, SOFT_CAP, PAGED, PAGE_SIZE, BLOCK_N, HEAD_MAIN, HEAD_TAIL,
+                                  HEAD_DIM_V, BLOCK_DV, DOT_FP32)
+
+        empty = l_i == 0.0
+        out = acc * (v_scale / tl.where(empty, 1.0, l_i))[:, None]
+        offs_dv = tl.arange(0, BLOCK_DV)
+        o_rows = (q_start + tok_q).to(tl.int64) * stride_ot + head * stride_oh
+        tl.store(o_ptr + o_rows[:, None] + offs_dv[None, :], out.to(o_ptr.dtype.element_ty),
+                 mask=mask_m[:, None] & (offs_dv < HEAD_DIM_V)[None, :])
+        if RETURN_LSE:
+            lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+            tl.store(lse_ptr + (q_start + tok_q).to(tl.int64) * stride_lt + head * stride_lh, lse, mask=mask_m)
+
+
+# -- launchers -----------------------------------------------------------------------------------
+class PrefillConfig(NamedTuple):
+    """Static launch choices of one prefill shape."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    dot_fp32: bool
+
+
+@functools.lru_cache(maxsize=1024)
+def prefill_config(device: torch.device, head_dim: int, head_dim_v: int, rows_bucket: int) -> PrefillConfig:
+    """Tiles for a prefill shape; ``rows_bucket`` = max_q_len * group, bucketed (small for decode rows)."""
+    if interpreting():
+        return PrefillConfig(max(16, min(32, rows_bucket)), 16, 1, 1, True)
+    big = max(head_dim, head_dim_v) > 128
+    block_m = max(16, min(64 if big else 128, rows_bucket))
+    block_n = 32 if big else 64
+    hopper = cc_major(device) >= 9
+    warps = 8 if block_m >= 128 or big else 4
+    return PrefillConfig(block_m, block_n, warps, 3 if hopper and not big else 2, False)
+
+
+def launch_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr: torch.Tensor,
+                   kv_indptr: torch.Tensor | None, block_table: torch.Tensor | None, seq_lens: torch.Tensor | None,
+                   layout: str | None, page_size: int, out: torch.Tensor, lse: torch.Tensor | None, p: Any,
+                   cfg: PrefillConfig | None = None, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+    """Launch the prefill kernel. Paged when ``block_table`` is given (k/v are pages in ``layout``),
+    else ragged (k (Tk, Hkv, D), v (Tk, Hkv, Dv) packed by ``kv_indptr``)."""
+    tq, hq, d = q.shape
+    paged = block_table is not None
+    if paged:
+        nhd = layout == "NHD"
+        kv_heads = k.shape[2] if nhd else k.shape[1]
+        kp, vp = k.stride(0), v.stride(0)
+        ks, kh = (k.stride(1), k.stride(2)) if nhd else (k.stride(2), k.stride(1))
+        vs, vh = (v.stride(1), v.stride(2)) if nhd else (v.stride(2), v.stride(1))
+        bt, bt_stride, lens, kvi = block_table, block_table.stride(0), seq_lens, seq_lens
+    else:
+        kv_heads = k.shape[1]
+        kp, vp, ks, kh, vs, vh = 0, 0, k.stride(0), k.stride(1), v.stride(0), v.stride(1)
+        bt, bt_stride, lens, kvi = kv_indptr, 0, kv_indptr, kv_indptr
+    group = hq // kv_heads
+    batch = qo_indptr.shape[0] - 1
+    dv = v.shape[-1]
+    if cfg is None:
+        cfg = prefill_config(q.device, d, dv, triton.next_power_of_2(max(1, p.max_q_len) * group))
+    main, tail = split_dim(d)
+    qk_scale, cap_log2 = soft_cap_args(p.sm_scale, p.logits_soft_cap, k_scale)
+    slots = tq * group // cfg.block_m + batch
+    if tq == 0:
+        return
+    lse_t = lse if lse is not None else out
+    _prefill_kernel[(slots, kv_heads)](
+        q, k, v, qo_indptr, kvi, bt, lens, out, lse_t,
+        q.stride(0), q.stride(1), kp, ks, kh, vp, vs, vh, bt_stride,
+        out.stride(0), out.stride(1), lse_t.stride(0), lse_t.stride(1),
+        qk_scale, cap_log2, v_scale, p.window_left, batch,
+        GROUP=group, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_MAIN=main, HEAD_TAIL=tail, HEAD_DIM_V=dv,
+        BLOCK_DV=triton.next_power_of_2(dv), PAGE_SIZE=page_size, PAGED=paged, CAUSAL=bool(p.causal),
+        WINDOW=p.window_left >= 0, SOFT_CAP=p.logits_soft_cap is not None, RETURN_LSE=lse is not None,
+        LOG_B=max(1, batch.bit_length()), DOT_FP32=cfg.dot_fp32, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+
+
+def prefill(q: torch.Tensor, qo_indptr: torch.Tensor, cache: Any, table: Any, p: Any
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The ``attention.prefill`` kernel: q (Tq, Hq, D) -> out (Tq, Hq, Dv), lse (Tq, Hq) float32 or None."""
+    out = q.new_empty(q.shape[0], q.shape[1], cache.head_dim_v)
+    lse = q.new_empty(q.shape[0], q.shape[1], dtype=torch.float32) if p.return_lse else None
+    fp8 = cache.k_scale is not None
+    launch_prefill(q, cache.k_pages, cache.v_pages, qo_indptr, None, table.block_table, table.seq_lens, cache.layout,
+                   cache.page_size, out, lse, p, k_scale=cache.k_scale if fp8 else 1.0,
+                   v_scale=cache.v_scale if fp8 else 1.0)
+    return out, lse
+
+
+def prefill_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
+                   p: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The ``attention.prefill_ragged`` kernel: q (Tq, Hq, D), k (Tk, Hkv, D), v (Tk, Hkv, Dv) -> (out, lse)."""
+    out = q.new_empty(q.shape[0], q.shape[1], v.shape[-1])
+    lse = q.new_empty(q.shape[0], q.shape[1], dtype=torch.float32) if p.return_lse else None
+    launch_prefill(q, k, v, qo_indptr, kv_indptr, None, None, None, 1, out, lse, p)
+    return out, lse
+
+
+class PrefillPlan:
+    """A paged prefill launch prepared once for a table and ``qo_indptr``; ``run(q, cache, out, lse)``
+    only launches (no host sync, no allocation), so it can be captured in a CUDA graph."""
+
+    def __init__(self, problem: Any, table: Any, p: Any, *, qo_indptr: torch.Tensor, **_: Any) -> None:
+        self.table, self.p, self.qo_indptr = table, p, qo_indptr
+        rows = triton.next_power_of_2(max(1, p.max_q_len) * problem.group_size)
+        self.cfg = prefill_config(table.block_table.device, problem.head_dim, problem.head_dim_v, rows)
+
+    def run(self, q: torch.Tensor, cache: Any, out: torch.Tensor, lse: torch.Tensor | None = None) -> None:
+        fp8 = cache.k_scale is not None
+        launch_prefill(q, cache.k_pages, cache.v_pages, self.qo_indptr, None, self.table.block_table,
+                       self.table.seq_lens, cache.layout, cache.page_size, out, lse, self.p, self.cfg,
+                       k_scale=cache.k_scale if fp8 else 1.0, v_scale=cache.v_scale if fp8 else 1.0)

@@ -1,0 +1,219 @@
+"""Triton attention kernels against the reference kernels: decode, prefill, ragged, MLA, merge.
+
+CPU runs use Triton's interpreter (TRITON_INTERPRET=1; the kernels then upcast dot operands to
+float32, so bf16 inputs are checked with real numbers) on tiny shapes; ``gpu`` tests repeat the
+checks at real sizes and capture plans in CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import kernel_switchboard as ksb
+from kernel_switchboard.availability import triton_interpreting
+from kernel_switchboard.errors import KernelUnavailableError
+from kernel_switchboard.paged import PagedKVCache, PageTable
+from kernel_switchboard.testing import assert_close, tolerance
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.skipif(DEVICE == "cpu" and not triton_interpreting(),
+                                reason="Triton kernels need a CUDA GPU or TRITON_INTERPRET=1")
+FP8 = torch.float8_e4m3fn
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def make_cache(kv_lens: list[int], page_size: int, kv_heads: int, head_dim: int, head_dim_v: int | None = None, *,
+               dtype: torch.dtype = torch.float16, layout: str = "NHD", fp8: bool = False, seed: int = 0,
+               spare_pages: int = 3) -> tuple[PagedKVCache, PageTable]:
+    """A cache with shuffled pages (plus unused ones full of noise) and its table."""
+    g = _gen(seed)
+    dv = head_dim if head_dim_v is None else head_dim_v
+    max_pages = max(1, max(math.ceil(n / page_size) for n in kv_lens))
+    num_pages = len(kv_lens) * max_pages + spare_pages
+    block_table = torch.randperm(num_pages, generator=g)[: len(kv_lens) * max_pages].view(len(kv_lens), max_pages)
+
+    def pages(d: int) -> torch.Tensor:
+        shape = (num_pages, page_size, kv_heads, d) if layout == "NHD" else (num_pages, kv_heads, page_size, d)
+        return torch.randn(shape, generator=g)
+
+    k, v = pages(head_dim), pages(dv)
+    if fp8:
+        cache = PagedKVCache((k * 2).to(FP8).to(DEVICE), (v * 2).to(FP8).to(DEVICE), layout, k_scale=0.5, v_scale=0.75)
+    else:
+        cache = PagedKVCache(k.to(DEVICE, dtype), v.to(DEVICE, dtype), layout)
+    table = PageTable(block_table.to(DEVICE, torch.int32), torch.tensor(kv_lens, dtype=torch.int32, device=DEVICE))
+    return cache, table
+
+
+def _randn(*shape: int, dtype: torch.dtype = torch.float16, seed: int = 1) -> torch.Tensor:
+    return torch.randn(*shape, generator=_gen(seed)).to(DEVICE, dtype)
+
+
+def _indptr(lens: list[int]) -> torch.Tensor:
+    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
+
+
+def _close(got: object, want: object, dtype: torch.dtype) -> None:
+    atol, rtol = tolerance(dtype)
+    gots = got if isinstance(got, tuple) else (got,)
+    wants = want if isinstance(want, tuple) else (want,)
+    assert len(gots) == len(wants)
+    for g, w in zip(gots, wants):
+        assert isinstance(g, torch.Tensor) and isinstance(w, torch.Tensor)
+        assert_close(g, w, atol=atol, rtol=rtol)
+
+
+def _both(fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+    return fn(*args, backend="triton", **kwargs), fn(*args, backend="reference", **kwargs)
+
+
+# -- decode -------------------------------------------------------------------------------------------
+DECODE_CASES = [
+    # dtype, layout, page_size, kv_lens, heads (q, kv), head_dim (qk, v), kwargs, fp8
+    (torch.float16, "NHD", 16, [1, 37, 70], (8, 2), (64, 64), {}, False),
+    (torch.bfloat16, "HND", 16, [50, 3], (8, 2), (64, 64), {}, False),
+    (torch.bfloat16, "NHD", 1, [9, 21], (4, 4), (64, 64), {"logits_soft_cap": 5.0}, False),
+    (torch.float16, "HND", 1, [33, 2], (6, 2), (64, 64), {"window_left": 7}, False),
+    (torch.float16, "NHD", 5, [26, 14], (4, 1), (64, 64), {"window_left": 0}, False),
+    (torch.float16, "NHD", 16, [40, 17], (8, 2), (64, 64), {"sm_scale": 0.3}, True),
+    (torch.bfloat16, "HND", 4, [29, 11], (4, 2), (192, 128), {"logits_soft_cap": 20.0}, False),
+]
+
+
+@pytest.mark.parametrize("case", DECODE_CASES, ids=lambda c: f"{str(c[0])[6:]}-{c[1]}-p{c[2]}-{c[5]}-{c[6]}-fp8{c[7]}")
+def test_decode_matches_reference(case: tuple) -> None:  # type: ignore[type-arg]
+    dtype, layout, ps, lens, (hq, hkv), (d, dv), kwargs, fp8 = case
+    cache, table = make_cache(lens, ps, hkv, d, dv, dtype=dtype, layout=layout, fp8=fp8)
+    q = _randn(len(lens), hq, d, dtype=dtype)
+    got, want = _both(ksb.attention.decode, q, cache, table, return_lse=True, **kwargs)
+    _close(got, want, FP8 if fp8 else dtype)
+
+
+@pytest.mark.parametrize("splits", [1, 2, 3, 7])
+def test_decode_split_counts_agree(splits: int) -> None:
+    from kernel_switchboard_triton._decode import DecodePlan
+
+    lens = [1, 45, 80, 16]
+    cache, table = make_cache(lens, 8, 2, 64, dtype=torch.float16, layout="HND")
+    q = _randn(len(lens), 4, 64)
+    want = ksb.attention.decode(q, cache, table, return_lse=True, backend="reference")
+    plan = DecodePlan(table, num_q_heads=4, num_kv_heads=2, head_dim=64, head_dim_v=64, sm_scale=0.125,
+                      logits_soft_cap=None, window_left=-1, max_kv_len=80, num_splits=splits)
+    assert plan.cfg.num_splits == splits
+    out = torch.full((4, 4, 64), float("nan"), dtype=torch.float16, device=DEVICE)
+    lse = torch.full((4, 4), float("nan"), device=DEVICE)
+    plan.run(q, cache, out, lse)
+    _close((out, lse), want, torch.float16)
+
+
+def test_decode_empty_sequence_gives_zero_and_minus_inf() -> None:
+    cache, table = make_cache([0, 20], 16, 2, 64)
+    q = _randn(2, 4, 64)
+    got, want = _both(ksb.attention.decode, q, cache, table, return_lse=True)
+    _close(got, want, torch.float16)
+    assert torch.all(got[0][0] == 0) and torch.all(got[1][0] == -math.inf)
+
+
+def test_decode_plan_run_equals_run_and_sees_table_updates() -> None:
+    cache, table = make_cache([30, 12, 50], 16, 2, 64, dtype=torch.bfloat16)
+    q = _randn(3, 8, 64, dtype=torch.bfloat16)
+    plan = ksb.attention.plan_decode(table, num_q_heads=8, num_kv_heads=2, head_dim=64, dtype=torch.bfloat16,
+                                     page_size=16, return_lse=True, max_kv_len=64, backend="triton")
+    assert plan.kernel.id == "triton:decode_splitkv"
+    out, lse = plan.run(q, cache)
+    _close((out, lse), ksb.attention.decode(q, cache, table, return_lse=True, backend="triton"), torch.bfloat16)
+    table.seq_lens.copy_(torch.tensor([31, 13, 51], dtype=torch.int32))  # a decode step appended one token each
+    out, lse = plan.run(q, cache)
+    _close((out, lse), ksb.attention.decode(q, cache, PageTable(table.block_table, table.seq_lens), return_lse=True,
+                                            backend="reference"), torch.bfloat16)
+
+
+def test_capability_rejects_what_the_kernels_do_not_do() -> None:
+    cache, table = make_cache([10], 16, 1, 96)
+    with pytest.raises(KernelUnavailableError, match="head_dim=96"):
+        ksb.attention.decode(_randn(1, 2, 96), cache, table, backend="triton")
+    cache, table = make_cache([10], 16, 1, 64, fp8=True)
+    e5m2 = PagedKVCache(cache.k_pages.float().to(torch.float8_e5m2), cache.v_pages.float().to(torch.float8_e5m2), "NHD")
+    with pytest.raises(KernelUnavailableError, match="kv_dtype"):
+        ksb.attention.decode(_randn(1, 2, 64), e5m2, table, backend="triton")
+
+
+# -- prefill ------------------------------------------------------------------------------------------
+PREFILL_CASES = [
+    # dtype, layout, page_size, qo_lens, kv_lens, heads, dims, kwargs
+    (torch.float16, "NHD", 16, [5, 20, 1], [5, 40, 33], (4, 2), (64, 64), {}),  # prefill + append + decode row
+    (torch.bfloat16, "HND", 1, [7, 3], [7, 19], (4, 1), (64, 64), {"causal": False}),
+    (torch.float16, "NHD", 16, [18, 1, 1], [30, 9, 40], (6, 2), (64, 64), {"window_left": 6}),
+    (torch.bfloat16, "NHD", 8, [12, 4], [12, 25], (2, 2), (64, 64), {"logits_soft_cap": 8.0, "causal": False,
+                                                                     "window_left": 3}),
+    (torch.bfloat16, "HND", 4, [9, 2], [9, 14], (4, 2), (192, 128), {}),
+]
+
+
+@pytest.mark.parametrize("case", PREFILL_CASES, ids=lambda c: f"{str(c[0])[6:]}-{c[1]}-p{c[2]}-{c[6]}-{c[7]}")
+def test_prefill_paged_matches_reference(case: tuple) -> None:  # type: ignore[type-arg]
+    dtype, layout, ps, qo, kv, (hq, hkv), (d, dv), kwargs = case
+    cache, table = make_cache(kv, ps, hkv, d, dv, dtype=dtype, layout=layout)
+    q = _randn(sum(qo), hq, d, dtype=dtype)
+    got, want = _both(ksb.attention.prefill, q, _indptr(qo), cache, table, return_lse=True, **kwargs)
+    _close(got, want, dtype)
+
+
+def test_prefill_fp8_kv() -> None:
+    cache, table = make_cache([20, 9], 16, 2, 64, fp8=True)
+    q = _randn(11, 4, 64)
+    got, want = _both(ksb.attention.prefill, q, _indptr([8, 3]), cache, table, return_lse=True)
+    _close(got, want, FP8)
+
+
+@pytest.mark.parametrize("case", PREFILL_CASES, ids=lambda c: f"{str(c[0])[6:]}-{c[6]}-{c[7]}")
+def test_prefill_ragged_matches_reference(case: tuple) -> None:  # type: ignore[type-arg]
+    dtype, _, _, qo, kv, (hq, hkv), (d, dv), kwargs = case
+    q = _randn(sum(qo), hq, d, dtype=dtype)
+    k, v = _randn(sum(kv), hkv, d, dtype=dtype, seed=2), _randn(sum(kv), hkv, dv, dtype=dtype, seed=3)
+    got, want = _both(ksb.attention.prefill_ragged, q, k, v, _indptr(qo), _indptr(kv), return_lse=True, **kwargs)
+    _close(got, want, dtype)
+
+
+def test_prefill_plan_run_equals_run() -> None:
+    qo, kv = [6, 1, 1], [6, 20, 9]
+    cache, table = make_cache(kv, 16, 2, 64, dtype=torch.bfloat16)
+    q, qo_indptr = _randn(8, 4, 64, dtype=torch.bfloat16), _indptr(qo)
+    plan = ksb.attention.plan_prefill(table, qo_indptr, num_q_heads=4, num_kv_heads=2, head_dim=64,
+                                      dtype=torch.bfloat16, page_size=16, return_lse=True, backend="triton")
+    assert plan.kernel.id == "triton:prefill_paged"
+    _close(plan.run(q, cache), ksb.attention.prefill(q, qo_indptr, cache, table, return_lse=True, backend="triton"),
+           torch.bfloat16)
+
+
+# -- MLA ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("heads", "page_size", "lens"), [(16, 16, [40, 3]), (20, 1, [7, 33])])
+def test_mla_decode_matches_reference(heads: int, page_size: int, lens: list[int]) -> None:
+    g = _gen(5)
+    width = max(math.ceil(n / page_size) for n in lens)
+    pages = len(lens) * width + 8
+    ckv = (torch.randn(pages, page_size, 512, generator=g) * 0.3).to(DEVICE, torch.bfloat16)
+    kpe = torch.randn(pages, page_size, 64, generator=g).to(DEVICE, torch.bfloat16)
+    bt = torch.randperm(pages, generator=g)[: len(lens) * width].view(len(lens), width).to(DEVICE, torch.int32)
+    table = PageTable(bt, torch.tensor(lens, dtype=torch.int32, device=DEVICE))
+    qn, qp = _randn(len(lens), heads, 512, dtype=torch.bfloat16), _randn(len(lens), heads, 64, dtype=torch.bfloat16)
+    got, want = _both(ksb.attention.mla_decode, qn, qp, ckv, kpe, table, sm_scale=0.04, return_lse=True)
+    _close(got, want, torch.bfloat16)
+
+
+# -- merge_states -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_merge_states_matches_reference(dtype: torch.dtype) -> None:
+    oa, ob = _randn(5, 6, 64, dtype=dtype), _randn(5, 6, 64, dtype=dtype, seed=2)
+    la, lb = _randn(5, 6, dtype=torch.float32, seed=3), _randn(5, 6, dtype=torch.float32, seed=4)
+    la[0, 0] = -math.inf
+    la[1, 1] = lb[1, 1] = -math.inf  # both empty: out 0, lse -inf
+    got, want = _both(ksb.attention.merge_states, oa, la, ob, lb)
+    _close(got, want, dtype)
+    assert got[1][1, 1] == -math.inf and torch.all(got[0][1, 1] == 0)
