@@ -1,11 +1,170 @@
-"""Conformance cases for the moe family (being written)."""
+"""Conformance cases for the moe family: routing and experts against the reference.
+
+Router logits are distinct and exactly representable in every float dtype (a scaled permutation
+per token), so top-k choices have no ties. ``moe.fused_moe`` cases route with the reference
+(``route_backend="reference"``) so that they test the experts kernel alone. Route outputs are
+compared as sets: each row sorted by expert id. Inputs are scaled so outputs are O(1); bf16 and fp8
+get looser tolerances (intermediate rounding, activation quantization in fast kernels).
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
 from ..case import Case
 
+#: (atol, rtol) of the experts output by activation dtype; fp8 weights use FP8_TOL
+TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (5e-3, 5e-3), torch.bfloat16: (3e-2, 3e-2)}
+FP8_TOL = (1.5e-1, 1e-1)
+FP8_MAX = 448.0
+BLOCK = 128
+
+
+def _gen(device: torch.device, seed: int) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def distinct_logits(tokens: int, experts: int, g: torch.Generator, device: torch.device) -> torch.Tensor:
+    """(T, E) float32 router logits: per token a permutation of equally spaced values, exact in bf16."""
+    spacing = 2.0 ** (int(torch.tensor(8.0 / experts).log2().floor()))
+    ranks = torch.argsort(torch.rand(tokens, experts, generator=g, device=device), dim=-1)
+    return (ranks.float() - experts / 2) * spacing
+
+
+def quantize_fp8_block(w: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """(..., N, K) float -> (float8_e4m3fn weights, float32 (..., ceil(N/b), ceil(K/b)) scales), DeepSeek style."""
+    *lead, n, k = w.shape
+    nb, kb = -(-n // block), -(-k // block)
+    pad = torch.nn.functional.pad(w.float(), (0, kb * block - k, 0, nb * block - n))
+    tiles = pad.view(*lead, nb, block, kb, block)
+    scale = (tiles.abs().amax(dim=(-3, -1)) / FP8_MAX).clamp_min(1e-12)  # (..., nb, kb)
+    q = (tiles / scale[..., :, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q.view(*lead, nb * block, kb * block)[..., :n, :k].contiguous(), scale
+
+
+def expert_weights(experts: int, hidden: int, inter: int, dtype: torch.dtype, fp8: bool, g: torch.Generator,
+                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """w13 (E, 2I, H), w2 (E, H, I) with unit-variance outputs; fp8: quantized one expert at a time."""
+    if not fp8:
+        w13 = (torch.randn(experts, 2 * inter, hidden, generator=g, device=device) / hidden ** 0.5).to(dtype)
+        w2 = (torch.randn(experts, hidden, inter, generator=g, device=device) / inter ** 0.5).to(dtype)
+        return w13, w2, None, None
+    parts: list[list[torch.Tensor]] = [[], [], [], []]
+    for _ in range(experts):
+        a, sa = quantize_fp8_block(torch.randn(2 * inter, hidden, generator=g, device=device) / hidden ** 0.5)
+        b, sb = quantize_fp8_block(torch.randn(hidden, inter, generator=g, device=device) / inter ** 0.5)
+        for lst, t in zip(parts, (a, b, sa, sb)):
+            lst.append(t)
+    w13, w2, s13, s2 = (torch.stack(p) for p in parts)
+    return w13, w2, s13, s2
+
+
+def _sorted_route(_args: Any, result: Any) -> list[torch.Tensor]:
+    weights, ids = result
+    order = torch.argsort(ids.long(), dim=-1, stable=True)
+    return [weights.gather(1, order), ids.gather(1, order)]
+
+
+# name, tokens, experts, top_k, scoring, renormalize, groups, topk_group, bias, scaling
+ROUTES_SMALL = [
+    ("mixtral-like", 5, 8, 2, "softmax", True, None, None, False, 1.0),
+    ("softmax-norenorm", 7, 16, 4, "softmax", False, None, None, False, 1.0),
+    ("sigmoid-bias", 6, 16, 3, "sigmoid", True, None, None, True, 1.0),
+    ("deepseek-v3-grouped", 6, 32, 4, "sigmoid", True, 8, 4, True, 2.5),
+    ("deepseek-v2-grouped", 5, 16, 3, "softmax", False, 4, 2, False, 1.0),
+]
+ROUTES_LARGE = [
+    ("mixtral", 256, 8, 2, "softmax", True, None, None, False, 1.0),
+    ("qwen3-moe", 256, 128, 8, "softmax", True, None, None, False, 1.0),
+    ("deepseek-v3", 256, 256, 8, "sigmoid", True, 8, 4, True, 2.5),
+    ("deepseek-v2", 4096, 160, 6, "softmax", False, 8, 3, False, 16.0),
+]
+
+# name, tokens, hidden, inter, experts, top_k, dtype, fp8, routing kwargs
+EXPERTS_SMALL: list[tuple[Any, ...]] = [
+    ("fp32", 5, 64, 32, 4, 2, torch.float32, False, {}),
+    ("fp16", 5, 64, 32, 4, 2, torch.float16, False, {}),
+    ("bf16", 4, 64, 32, 4, 2, torch.bfloat16, False, {}),
+    ("fp32-topk1-norenorm", 3, 32, 16, 3, 1, torch.float32, False, {"renormalize": False}),
+    ("bf16-fp8-block", 5, 256, 192, 4, 2, torch.bfloat16, True, {}),
+    ("fp32-fp8-grouped", 4, 256, 128, 8, 3, torch.float32, True,
+     {"scoring": "sigmoid", "num_expert_group": 4, "topk_group": 2, "bias": True, "routed_scaling_factor": 2.5}),
+]
+EXPERTS_LARGE: list[tuple[Any, ...]] = [
+    ("mixtral-8x7b-bf16", 256, 4096, 14336, 8, 2, torch.bfloat16, False, {}),
+    ("mixtral-decode-fp16", 8, 4096, 14336, 8, 2, torch.float16, False, {}),
+    ("qwen3-30b-a3b-bf16", 512, 2048, 768, 128, 8, torch.bfloat16, False, {}),
+    ("deepseek-v3-fp8", 256, 7168, 2048, 256, 8, torch.bfloat16, True,
+     {"scoring": "sigmoid", "num_expert_group": 8, "topk_group": 4, "bias": True, "routed_scaling_factor": 2.5}),
+]
+
+
+def _route_kwargs(spec: dict[str, Any], experts: int, g: torch.Generator, device: torch.device) -> dict[str, Any]:
+    kw = {k: v for k, v in spec.items() if k != "bias"}
+    if spec.get("bias"):
+        kw["correction_bias"] = torch.rand(experts, generator=g, device=device) * 0.1
+    return kw
+
+
+def route_case(name: str, tokens: int, experts: int, top_k: int, scoring: str, renormalize: bool,
+               groups: int | None, topk_group: int | None, bias: bool, scaling: float, dtype: torch.dtype,
+               device: torch.device, seed: int = 0) -> Case:
+    g = _gen(device, seed)
+    logits = distinct_logits(tokens, experts, g, device).to(dtype)
+    spec = {"scoring": scoring, "renormalize": renormalize, "num_expert_group": groups, "topk_group": topk_group,
+            "bias": bias, "routed_scaling_factor": scaling}
+    kw = _route_kwargs(spec, experts, g, device)
+    return Case("moe.route", f"{name}-{str(dtype)[6:]}-T{tokens}-E{experts}-k{top_k}", (logits, top_k), kw,
+                torch.float32, outputs=_sorted_route)
+
+
+def experts_case(name: str, tokens: int, hidden: int, inter: int, experts: int, top_k: int, dtype: torch.dtype,
+                 fp8: bool, routing: dict[str, Any], device: torch.device, seed: int = 0) -> Case:
+    g = _gen(device, seed)
+    x = torch.randn(tokens, hidden, generator=g, device=device).to(dtype)
+    logits = distinct_logits(tokens, experts, g, device).to(dtype)
+    w13, w2, s13, s2 = expert_weights(experts, hidden, inter, dtype, fp8, g, device)
+    kw = _route_kwargs(routing, experts, g, device)
+    kw.update(route_backend="reference")
+    if fp8:
+        kw.update(w13_scale=s13, w2_scale=s2)
+    tol = FP8_TOL if fp8 else TOL[dtype]
+    tag = f"{name}-T{tokens}-H{hidden}-I{inter}-E{experts}-k{top_k}"
+    return Case("moe.fused_moe", tag, (x, logits, w13, w2, top_k), kw, dtype, tol=tol)
+
 
 def cases(op: str, device: torch.device, size: str) -> list[Case]:
-    return []
+    out: list[Case] = []
+    if op == "moe.route":
+        for i, spec in enumerate(ROUTES_SMALL if size == "small" else ROUTES_LARGE):
+            for dtype in (torch.float32, torch.bfloat16):
+                out.append(route_case(*spec, dtype=dtype, device=device, seed=i))
+    elif op == "moe.fused_moe":
+        for i, spec in enumerate(EXPERTS_SMALL if size == "small" else EXPERTS_LARGE):
+            out.append(experts_case(*spec, device=device, seed=100 + i))
+    return out
+
+
+def example(op: str, device: torch.device, **shape: Any) -> Case:
+    """One case from CLI-style parameters (strings accepted), for benchmarks and demos.
+
+    moe.fused_moe: tokens (256), hidden (4096), inter (14336), experts (8), top_k (2), dtype ("bfloat16"),
+    fp8 (0), grouped (0: DeepSeek-V3 routing with 8 groups, 4 kept, sigmoid, bias). moe.route: tokens,
+    experts, top_k, grouped, dtype.
+    """
+    from .sampling import _dtype
+
+    dtype = _dtype(str(shape.get("dtype", "bfloat16")))
+    tokens, experts, top_k = int(shape.get("tokens", 256)), int(shape.get("experts", 8)), int(shape.get("top_k", 2))
+    grouped = bool(int(shape.get("grouped", 0)))
+    routing: dict[str, Any] = ({"scoring": "sigmoid", "num_expert_group": 8, "topk_group": 4, "bias": True,
+                                "routed_scaling_factor": 2.5} if grouped else {})
+    if op == "moe.route":
+        return route_case("example", tokens, experts, top_k, routing.get("scoring", "softmax"), True,
+                          routing.get("num_expert_group"), routing.get("topk_group"), grouped,
+                          routing.get("routed_scaling_factor", 1.0), dtype, device)
+    hidden, inter = int(shape.get("hidden", 4096)), int(shape.get("inter", 14336))
+    fp8 = bool(int(shape.get("fp8", 0)))
+    return experts_case("example", tokens, hidden, inter, experts, top_k, dtype, fp8, routing, device)
