@@ -85,3 +85,11 @@ def cost_seconds(bytes_moved: float, flops: float, problem: Any) -> float:
 def _tanh(x):
     """tanh through exp2, valid for every float32 x (saturates to +-1)."""
     return 1.0 - 2.0 / (tl.exp2(x * 2.8853900817779268) + 1.0)
+
+
+def fp8_needs_sm89(problem: Any) -> list[str]:
+    """``Capability.check``: Triton converts fp8 (e4m3 ``float8e4nv``) only from compute capability 8.9."""
+    cc = getattr(problem, "cc", None)
+    if "fp8_kv" in getattr(problem, "features", ()) and cc is not None and cc < (8, 9):
+        return [f"fp8 KV needs compute capability >= 8.9 for Triton's fp8 conversions (have {cc[0]}.{cc[1]})"]
+    return []

@@ -19,7 +19,7 @@ import torch
 from kernel_switchboard import Capability, Kernel
 
 from . import __version__
-from ._attn_common import cost_seconds, nbytes
+from ._attn_common import cost_seconds, fp8_needs_sm89, nbytes
 from ._common import BACKEND, DEVICES, PRIORITY
 from ._decode import decode, plan_decode
 from ._merge import merge_states
@@ -33,12 +33,12 @@ _COMMON = frozenset({"sliding_window", "soft_cap", "return_lse", "qk_v_dims_diff
 DECODE = Capability(
     devices=DEVICES, min_cc=(8, 0), dtypes=_HALF, kv_dtypes=_HALF | {torch.float8_e4m3fn}, head_dims=_DIMS,
     head_dims_v=_DIMS, page_sizes=None, layouts=frozenset({"NHD", "HND"}),
-    features=_COMMON | {"paged", "fp8_kv"}, limits={"group_size": 64},
+    features=_COMMON | {"paged", "fp8_kv"}, limits={"group_size": 64}, check=fp8_needs_sm89,
 )
 PREFILL = Capability(
     devices=DEVICES, min_cc=(8, 0), dtypes=_HALF, kv_dtypes=_HALF | {torch.float8_e4m3fn}, head_dims=_DIMS,
     head_dims_v=_DIMS, page_sizes=None, layouts=frozenset({"NHD", "HND"}),
-    features=_COMMON | {"paged", "causal", "fp8_kv", "mixed_batch"}, limits={"group_size": 64},
+    features=_COMMON | {"paged", "causal", "fp8_kv", "mixed_batch"}, limits={"group_size": 64}, check=fp8_needs_sm89,
 )
 RAGGED = Capability(
     devices=DEVICES, min_cc=(8, 0), dtypes=_HALF, kv_dtypes=_HALF, head_dims=_DIMS, head_dims_v=_DIMS,

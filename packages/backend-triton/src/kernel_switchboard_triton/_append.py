@@ -1,0 +1,170 @@
+"""Paged KV-cache writes: ``kv_cache.append`` (K/V pages, NHD or HND, fp8 with scales) and
+``kv_cache.append_mla`` (latent + rope pages). One program per (token, block of heads)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from ._attn_common import interpreting
+
+#: fp8 page dtypes the append kernel writes: (finite range, smallest normal exponent, mantissa bits)
+FP8 = {torch.float8_e4m3fn: (448.0, -6, 3), torch.float8_e5m2: (57344.0, -14, 2)}
+
+
+@triton.jit
+def _store_rows(
+    src_ptr,  # this token's source rows, (heads, dim) with head stride stride_sh
+    dst_ptr,  # destination base at (page, slot)
+    offs_h,  # (BLOCK_HK,) head indices
+    mask_h,  # (BLOCK_HK,) valid heads
+    stride_sh,  # source stride over heads
+    stride_dh,  # destination stride over heads
+    inv_scale,  # 1 / scale (fp8 pages), else 1.0
+    DIM: tl.constexpr,  # head dim
+    BLOCK_D: tl.constexpr,  # next power of two of DIM
+    FP8_LIMIT: tl.constexpr,  # saturation bound (fp8 pages), 0.0 = plain cast
+    FP8_MIN_EXP: tl.constexpr,  # smallest normal exponent of the fp8 format
+    FP8_MANT: tl.constexpr,  # mantissa bits of the fp8 format
+    ROUND_FIRST: tl.constexpr,  # round to the fp8 grid before the cast (the interpreter's cast drops carries)
+):
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = mask_h[:, None] & (offs_d < DIM)[None, :]
+    x = tl.load(src_ptr + offs_h[:, None] * stride_sh + offs_d[None, :], mask=mask, other=0.0)
+    if FP8_LIMIT > 0.0:
+        y = tl.clamp(x.to(tl.float32) * inv_scale, -FP8_LIMIT, FP8_LIMIT)
+        if ROUND_FIRST:
+            a = tl.maximum(tl.abs(y), tl.exp2(FP8_MIN_EXP * 1.0))
+            e = tl.floor(tl.log2(a))
+            e = tl.where(tl.exp2(e) > a, e - 1.0, e)
+            quantum = tl.exp2(e - FP8_MANT)
+            y = ((y / quantum + 12582912.0) - 12582912.0) * quantum  # round half to even on the grid
+        x = y.to(dst_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
+    else:
+        x = x.to(dst_ptr.dtype.element_ty)
+    tl.store(dst_ptr + offs_h[:, None] * stride_dh + offs_d[None, :], x, mask=mask)
+
+
+@triton.jit
+def _append_kernel(
+    k_ptr,  # (T, Hkv, D) new keys
+    v_ptr,  # (T, Hkv, Dv) new values
+    kp_ptr,  # K pages (any layout through strides)
+    vp_ptr,  # V pages
+    block_table_ptr,  # (B, max_pages) int32
+    batch_idx_ptr,  # (T,) int32 request of each token
+    pos_ptr,  # (T,) int32 position of each token
+    kv_heads,  # Hkv
+    stride_kt,  # k stride over tokens
+    stride_kh,  # k stride over heads
+    stride_vt,  # v stride over tokens
+    stride_vh,  # v stride over heads
+    stride_kpp,  # K pages stride over pages
+    stride_kps,  # K pages stride over slots
+    stride_kph,  # K pages stride over heads
+    stride_vpp,  # V pages stride over pages
+    stride_vps,  # V pages stride over slots
+    stride_vph,  # V pages stride over heads
+    stride_bt,  # block_table row stride
+    inv_k_scale,  # 1 / k_scale (fp8), else 1.0
+    inv_v_scale,  # 1 / v_scale (fp8), else 1.0
+    HEAD_DIM: tl.constexpr,  # D
+    HEAD_DIM_V: tl.constexpr,  # Dv
+    BLOCK_D: tl.constexpr,  # next power of two of D
+    BLOCK_DV: tl.constexpr,  # next power of two of Dv
+    BLOCK_HK: tl.constexpr,  # heads per program
+    PAGE_SIZE: tl.constexpr,  # tokens per page
+    FP8_LIMIT: tl.constexpr,  # saturation bound of fp8 pages, 0.0 otherwise
+    FP8_MIN_EXP: tl.constexpr,  # smallest normal exponent of the fp8 format
+    FP8_MANT: tl.constexpr,  # mantissa bits of the fp8 format
+    ROUND_FIRST: tl.constexpr,  # round to the fp8 grid before the cast (interpreter)
+):
+    t = tl.program_id(0).to(tl.int64)
+    offs_h = tl.program_id(1) * BLOCK_HK + tl.arange(0, BLOCK_HK)
+    mask_h = offs_h < kv_heads
+    b = tl.load(batch_idx_ptr + t).to(tl.int64)
+    pos = tl.load(pos_ptr + t)
+    page = tl.load(block_table_ptr + b * stride_bt + pos // PAGE_SIZE).to(tl.int64)
+    slot = pos % PAGE_SIZE
+    _store_rows(k_ptr + t * stride_kt, kp_ptr + page * stride_kpp + slot * stride_kps, offs_h, mask_h, stride_kh,
+                stride_kph, inv_k_scale, HEAD_DIM, BLOCK_D, FP8_LIMIT, FP8_MIN_EXP, FP8_MANT, ROUND_FIRST)
+    _store_rows(v_ptr + t * stride_vt, vp_ptr + page * stride_vpp + slot * stride_vps, offs_h, mask_h, stride_vh,
+                stride_vph, inv_v_scale, HEAD_DIM_V, BLOCK_DV, FP8_LIMIT, FP8_MIN_EXP, FP8_MANT, ROUND_FIRST)
+
+
+def append(k: torch.Tensor, v: torch.Tensor, cache: Any, table: Any, batch_indices: torch.Tensor,
+           positions: torch.Tensor) -> None:
+    """The ``kv_cache.append`` kernel: write k (T, Hkv, D), v (T, Hkv, Dv) into the pages, in place."""
+    tokens, kv_heads, d = k.shape
+    if tokens == 0:
+        return
+    kp, vp = cache.k_pages, cache.v_pages
+    nhd = cache.layout == "NHD"
+    kps, kph = (kp.stride(1), kp.stride(2)) if nhd else (kp.stride(2), kp.stride(1))
+    vps, vph = (vp.stride(1), vp.stride(2)) if nhd else (vp.stride(2), vp.stride(1))
+    dv = v.shape[2]
+    block_d, block_dv = triton.next_power_of_2(d), triton.next_power_of_2(dv)
+    block_hk = max(1, min(triton.next_power_of_2(kv_heads), 4096 // max(block_d, block_dv)))
+    limit, min_exp, mant = FP8.get(kp.dtype, (0.0, 0, 0))
+    bt = table.block_table
+    _append_kernel[(tokens, triton.cdiv(kv_heads, block_hk))](
+        k, v, kp, vp, bt, batch_indices, positions, kv_heads,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        kp.stride(0), kps, kph, vp.stride(0), vps, vph, bt.stride(0),
+        1.0 / cache.k_scale if limit else 1.0, 1.0 / cache.v_scale if limit else 1.0,
+        HEAD_DIM=d, HEAD_DIM_V=dv, BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_HK=block_hk, PAGE_SIZE=cache.page_size,
+        FP8_LIMIT=limit, FP8_MIN_EXP=min_exp, FP8_MANT=mant, ROUND_FIRST=bool(limit) and interpreting(), num_warps=4,
+    )
+
+
+@triton.jit
+def _append_mla_kernel(
+    ckv_ptr,  # (T, Dc) new latents
+    kpe_ptr,  # (T, Dr) new rope keys
+    cp_ptr,  # (P, S, Dc) latent pages
+    pp_ptr,  # (P, S, Dr) rope-key pages
+    block_table_ptr,  # (B, max_pages) int32
+    batch_idx_ptr,  # (T,) int32 request of each token
+    pos_ptr,  # (T,) int32 position of each token
+    stride_ct,  # ckv stride over tokens
+    stride_pt,  # kpe stride over tokens
+    stride_cpp,  # latent pages stride over pages
+    stride_cps,  # latent pages stride over slots
+    stride_ppp,  # rope pages stride over pages
+    stride_pps,  # rope pages stride over slots
+    stride_bt,  # block_table row stride
+    DIM_C: tl.constexpr,  # Dc
+    DIM_R: tl.constexpr,  # Dr
+    BLOCK_C: tl.constexpr,  # next power of two of Dc
+    BLOCK_R: tl.constexpr,  # next power of two of Dr
+    PAGE_SIZE: tl.constexpr,  # tokens per page
+):
+    t = tl.program_id(0).to(tl.int64)
+    b = tl.load(batch_idx_ptr + t).to(tl.int64)
+    pos = tl.load(pos_ptr + t)
+    page = tl.load(block_table_ptr + b * stride_bt + pos // PAGE_SIZE).to(tl.int64)
+    slot = pos % PAGE_SIZE
+    one = tl.arange(0, 1)
+    _store_rows(ckv_ptr + t * stride_ct, cp_ptr + page * stride_cpp + slot * stride_cps, one, one < 1, 0, 0, 1.0,
+                DIM_C, BLOCK_C, 0.0, 0, 0, False)
+    _store_rows(kpe_ptr + t * stride_pt, pp_ptr + page * stride_ppp + slot * stride_pps, one, one < 1, 0, 0, 1.0,
+                DIM_R, BLOCK_R, 0.0, 0, 0, False)
+
+
+def append_mla(ckv: torch.Tensor, kpe: torch.Tensor, ckv_pages: torch.Tensor, kpe_pages: torch.Tensor, table: Any,
+               batch_indices: torch.Tensor, positions: torch.Tensor) -> None:
+    """The ``kv_cache.append_mla`` kernel: write ckv (T, Dc), kpe (T, Dr) into (P, S, Dc), (P, S, Dr) pages."""
+    tokens = ckv.shape[0]
+    if tokens == 0:
+        return
+    bt = table.block_table
+    _append_mla_kernel[(tokens,)](
+        ckv, kpe, ckv_pages, kpe_pages, bt, batch_indices, positions,
+        ckv.stride(0), kpe.stride(0), ckv_pages.stride(0), ckv_pages.stride(1), kpe_pages.stride(0),
+        kpe_pages.stride(1), bt.stride(0),
+        DIM_C=ckv.shape[1], DIM_R=kpe.shape[1], BLOCK_C=triton.next_power_of_2(ckv.shape[1]),
+        BLOCK_R=triton.next_power_of_2(kpe.shape[1]), PAGE_SIZE=ckv_pages.shape[1], num_warps=4,
+    )
