@@ -1,0 +1,284 @@
+"""cuDNN attention kernels: paged decode, paged prefill (packed queries) and ragged prefill.
+
+Each call is one cuDNN SDPA graph (``graphs.py``) built from the call's :class:`~.convert.SdpaSpec`
+and cached; ``run`` builds through that cache, and the plans below build at their first run and
+keep their graph, workspace and side tensors, so a planned run is one ``execute`` (capturable).
+Capabilities come from :class:`~.support.Support` (the installed cuDNN version and the GPU).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kernel_switchboard import Capability, Kernel
+from kernel_switchboard.paged import PagedKVCache, PageTable
+
+from . import graphs
+from .convert import (
+    check_offsets,
+    decode_spec,
+    indptr_lengths,
+    lengths_4d,
+    lse_gather_index,
+    pages_hnd,
+    prefill_spec,
+    q_bucket,
+    ragged_offsets,
+    ragged_spec,
+    table_4d,
+)
+from .cost import decode_cost, prefill_cost
+from .support import Support
+
+BACKEND = "cudnn"
+UPGRADE = "pip install -U nvidia-cudnn-cu12 (CUDA 12 torch) or nvidia-cudnn-cu13 (CUDA 13 torch)"
+HALF = frozenset({torch.float16, torch.bfloat16})
+#: cuDNN's paged containers take power-of-two block sizes
+PAGE_SIZES = frozenset(1 << i for i in range(11))
+_COMMON = frozenset({"return_lse", "cuda_graph", "deterministic", "qk_v_dims_differ"})
+
+
+# -- capabilities ----------------------------------------------------------------------------------------
+def _checker(version: int, decode: bool, needs_causal_window: bool) -> Any:
+    """The check for what the fields cannot say: head-dim pairs for the problem's GPU, window needs causal."""
+
+    def check(pr: Any) -> list[str]:
+        s = Support(version, pr.cc or (9, 0))
+        reasons = []
+        dims = (pr.head_dim, pr.head_dim_v)
+        if pr.head_dim != pr.head_dim_v:
+            if dims not in s.split_head_dims:
+                reasons.append(f"(head_dim, head_dim_v)={dims} not supported (supported: equal dims, or "
+                               f"{sorted(s.split_head_dims) or 'none'} on this cuDNN/GPU)")
+        elif pr.head_dim not in s.head_dims(decode):
+            reasons.append(f"head_dim={pr.head_dim} not supported on compute capability {s.cc[0]}.{s.cc[1]} "
+                           f"(supported: multiples of 8 up to {max(s.head_dims(decode))})")
+        if needs_causal_window and "sliding_window" in pr.features and "causal" not in pr.features:
+            reasons.append("sliding_window without causal not supported (cuDNN's left diagonal bound needs the "
+                           "causal right bound)")
+        return reasons
+
+    return check
+
+
+def capabilities(s: Support) -> dict[str, Capability]:
+    """The declared capability of each op for cuDNN version/GPU ``s``."""
+    window = frozenset({"sliding_window"}) if s.sliding_window else frozenset()
+    dims = s.head_dims(decode=False) | {d for pair in s.split_head_dims for d in pair}
+    common = dict(devices=frozenset({"cuda"}), min_cc=(8, 0), dtypes=HALF, kv_dtypes=HALF, head_dims=dims,
+                  head_dims_v=dims)
+    return {
+        "attention.decode": Capability(**common, page_sizes=PAGE_SIZES, layouts=s.layouts,  # type: ignore[arg-type]
+                                       features=_COMMON | window | {"paged"},
+                                       check=_checker(s.version, True, False)),
+        "attention.prefill": Capability(**common, page_sizes=PAGE_SIZES, layouts=s.layouts,  # type: ignore[arg-type]
+                                        features=_COMMON | window | {"paged", "causal", "mixed_batch"},
+                                        check=_checker(s.version, False, True)),
+        "attention.prefill_ragged": Capability(**common,  # type: ignore[arg-type]
+                                               features=_COMMON | window | {"ragged", "causal", "mixed_batch"},
+                                               check=_checker(s.version, False, True)),
+    }
+
+
+def _no_pages(cache: PagedKVCache, table: PageTable, out: torch.Tensor, lse: torch.Tensor | None) -> bool:
+    """No page to read at all (a zero-size graph would be refused): write the op's empty result."""
+    if table.max_pages and cache.num_pages:
+        return False
+    out.zero_()
+    if lse is not None:
+        lse.fill_(float("-inf"))
+    return True
+
+
+# -- decode ------------------------------------------------------------------------------------------------
+def _zero_empty_requests(seq_lens: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None) -> None:
+    """Requests with no cached token: out 0, lse -inf (the op's convention; cuDNN leaves such rows
+    undefined). Device ops, capturable."""
+    empty = seq_lens == 0
+    out.masked_fill_(empty[:, None, None], 0.0)
+    if lse is not None:
+        lse.masked_fill_(empty[:, None], float("-inf"))
+
+
+def _decode_feeds(built: graphs.Built, q: torch.Tensor, cache: PagedKVCache, table: PageTable, out: torch.Tensor,
+                  lse: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    k, v = pages_hnd(cache)
+    bt = table_4d(table.block_table)
+    feeds = {"q": q[:, :, None, :], "k": k, "v": v, "o": out[:, :, None, :], "seq_q": built.seq_ones(q.device),
+             "seq_kv": lengths_4d(table.seq_lens), "k_table": bt, "v_table": bt}
+    if lse is not None:
+        feeds["stats"] = lse[:, :, None, None]
+    return feeds
+
+
+def decode(q: torch.Tensor, cache: PagedKVCache, table: PageTable, p: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """q (B, Hq, D) -> out (B, Hq, Dv), lse (B, Hq) float32 natural log or None."""
+    b, hq, _ = q.shape
+    out = q.new_empty((b, hq, cache.head_dim_v))
+    lse = q.new_empty((b, hq), dtype=torch.float32) if p.return_lse else None
+    if b == 0 or _no_pages(cache, table, out, lse):
+        return out, lse
+    built = graphs.get(decode_spec(q, cache, table, p), q.device)
+    graphs.execute(built, _decode_feeds(built, q, cache, table, out, lse), graphs.workspace(built, q.device), q.device)
+    _zero_empty_requests(table.seq_lens, out, lse)
+    return out, lse
+
+
+class DecodePlan:
+    """A planned paged decode: the graph (built at the first run, for that cache's shape), its
+    workspace and side tensors are kept; ``run`` is one cuDNN execute."""
+
+    def __init__(self, problem: Any, table: PageTable, p: Any, **_: Any) -> None:
+        self.table, self.p = table, p
+        self._entries: dict[tuple[Any, ...], tuple[graphs.Built, torch.Tensor]] = {}
+
+    def _entry(self, q: torch.Tensor, cache: PagedKVCache) -> tuple[graphs.Built, torch.Tensor]:
+        key = (q.stride(), cache.k_pages.shape, cache.k_pages.stride(), cache.v_pages.stride(), cache.layout)
+        entry = self._entries.get(key)
+        if entry is None:
+            built = graphs.get(decode_spec(q, cache, self.table, self.p), q.device)
+            entry = self._entries[key] = (built, graphs.workspace(built, q.device))
+        return entry
+
+    def run(self, q: torch.Tensor, cache: PagedKVCache, out: torch.Tensor, lse: torch.Tensor | None) -> None:
+        if q.shape[0] == 0 or _no_pages(cache, self.table, out, lse):
+            return
+        built, ws = self._entry(q, cache)
+        o = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
+        s = lse if lse is None or lse.is_contiguous() else torch.empty_like(lse, memory_format=torch.contiguous_format)
+        graphs.execute(built, _decode_feeds(built, q, cache, self.table, o, s), ws, q.device)
+        _zero_empty_requests(self.table.seq_lens, o, s)
+        if o is not out:
+            out.copy_(o)
+        if s is not lse and lse is not None:
+            lse.copy_(s)
+
+
+# -- paged prefill -------------------------------------------------------------------------------------------
+class _PackedQueries:
+    """Device-side views of one qo_indptr: query lengths, ragged offsets, the LSE gather index."""
+
+    def __init__(self, qo_indptr: torch.Tensor, total: int, s_q: int, q_token_stride: int, o_token_stride: int) -> None:
+        self.seq_q = indptr_lengths(qo_indptr)
+        self.q_off = ragged_offsets(qo_indptr, q_token_stride)
+        self.o_off = ragged_offsets(qo_indptr, o_token_stride)
+        self.gather = lse_gather_index(qo_indptr, total, s_q)
+        self.q_token_stride = q_token_stride
+
+
+def _gather_lse(stats: torch.Tensor, gather: torch.Tensor, lse: torch.Tensor) -> None:
+    """Dense stats (B, s_q, Hq) -> packed lse (T, Hq) in place."""
+    torch.index_select(stats.view(-1, stats.shape[-1]), 0, gather, out=lse)
+
+
+def _prefill_execute(built: graphs.Built, ws: torch.Tensor, q: torch.Tensor, cache: PagedKVCache, table: PageTable,
+                     packed: _PackedQueries, out: torch.Tensor, lse: torch.Tensor | None, s_q: int) -> None:
+    k, v = pages_hnd(cache)
+    bt = table_4d(table.block_table)
+    feeds = {"q": q, "k": k, "v": v, "o": out, "seq_q": packed.seq_q, "seq_kv": lengths_4d(table.seq_lens),
+             "k_table": bt, "v_table": bt, "q_off": packed.q_off, "o_off": packed.o_off}
+    stats = None
+    if lse is not None:
+        stats = feeds["stats"] = torch.empty((table.batch_size, s_q, q.shape[1]), dtype=torch.float32, device=q.device)
+    graphs.execute(built, feeds, ws, q.device)
+    if lse is not None and stats is not None:
+        _gather_lse(stats, packed.gather, lse)
+
+
+def prefill(q: torch.Tensor, qo_indptr: torch.Tensor, cache: PagedKVCache, table: PageTable, p: Any
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """q (Tq, Hq, D) packed by qo_indptr -> out (Tq, Hq, Dv), lse (Tq, Hq) or None."""
+    total, hq = q.shape[0], q.shape[1]
+    dv = cache.head_dim_v
+    out = q.new_empty((total, hq, dv))
+    lse = q.new_empty((total, hq), dtype=torch.float32) if p.return_lse else None
+    if total == 0 or table.batch_size == 0 or _no_pages(cache, table, out, lse):
+        return out, lse
+    check_offsets(q, "q")
+    s_q = q_bucket(p.max_q_len)
+    built = graphs.get(prefill_spec(q, cache, table, p, s_q), q.device)
+    packed = _PackedQueries(qo_indptr, total, s_q, q.stride(0), hq * dv)
+    _prefill_execute(built, graphs.workspace(built, q.device), q, cache, table, packed, out, lse, s_q)
+    return out, lse
+
+
+class PrefillPlan:
+    """A planned paged prefill: query lengths, offsets and the LSE gather index are made at plan
+    time from ``qo_indptr``; the graph is built at the first run and kept with its workspace."""
+
+    def __init__(self, problem: Any, table: PageTable, p: Any, *, qo_indptr: torch.Tensor, **_: Any) -> None:
+        self.table, self.p, self.qo_indptr = table, p, qo_indptr
+        self.total = int(qo_indptr[-1]) if qo_indptr.numel() else 0
+        self.s_q = q_bucket(p.max_q_len)
+        self._packed: _PackedQueries | None = None
+        self._entries: dict[tuple[Any, ...], tuple[graphs.Built, torch.Tensor]] = {}
+
+    def run(self, q: torch.Tensor, cache: PagedKVCache, out: torch.Tensor, lse: torch.Tensor | None) -> None:
+        if self.total == 0 or self.table.batch_size == 0 or _no_pages(cache, self.table, out, lse):
+            return
+        hq, dv = q.shape[1], cache.head_dim_v
+        packed = self._packed
+        if packed is None or packed.q_token_stride != q.stride(0):
+            check_offsets(q, "q")
+            packed = self._packed = _PackedQueries(self.qo_indptr, self.total, self.s_q, q.stride(0), hq * dv)
+        key = (q.stride(), cache.k_pages.shape, cache.k_pages.stride(), cache.v_pages.stride(), cache.layout)
+        entry = self._entries.get(key)
+        if entry is None:
+            built = graphs.get(prefill_spec(q, cache, self.table, self.p, self.s_q), q.device)
+            entry = self._entries[key] = (built, graphs.workspace(built, q.device))
+        o = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
+        _prefill_execute(entry[0], entry[1], q, cache, self.table, packed, o, lse, self.s_q)
+        if o is not out:
+            out.copy_(o)
+
+
+# -- ragged prefill --------------------------------------------------------------------------------------------
+def prefill_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
+                   p: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """q (Tq, Hq, D), k (Tk, Hkv, D), v (Tk, Hkv, Dv) packed by the indptrs -> out (Tq, Hq, Dv), lse or None."""
+    total, hq, dv = q.shape[0], q.shape[1], v.shape[2]
+    batch = qo_indptr.shape[0] - 1
+    out = q.new_empty((total, hq, dv))
+    lse = q.new_empty((total, hq), dtype=torch.float32) if p.return_lse else None
+    if total == 0 or batch == 0:
+        return out, lse
+    if k.shape[0] == 0:  # nothing to attend anywhere: the op's convention, without a zero-size graph
+        out.zero_()
+        if lse is not None:
+            lse.fill_(float("-inf"))
+        return out, lse
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_offsets(t, name)
+    s_q, s_kv = q_bucket(p.max_q_len), q_bucket(p.max_kv_len)
+    built = graphs.get(ragged_spec(q, k, v, batch, p, s_q, s_kv), q.device)
+    feeds = {"q": q, "k": k, "v": v, "o": out, "seq_q": indptr_lengths(qo_indptr), "seq_kv": indptr_lengths(kv_indptr),
+             "q_off": ragged_offsets(qo_indptr, q.stride(0)), "o_off": ragged_offsets(qo_indptr, hq * dv),
+             "k_off": ragged_offsets(kv_indptr, k.stride(0)), "v_off": ragged_offsets(kv_indptr, v.stride(0))}
+    stats = None
+    if lse is not None:
+        stats = feeds["stats"] = torch.empty((batch, s_q, hq), dtype=torch.float32, device=q.device)
+    graphs.execute(built, feeds, graphs.workspace(built, q.device), q.device)
+    if lse is not None and stats is not None:
+        _gather_lse(stats, lse_gather_index(qo_indptr, total, s_q), lse)
+    return out, lse
+
+
+# -- records ---------------------------------------------------------------------------------------------------
+def kernels(s: Support, version: str) -> list[Kernel]:
+    """The cuDNN attention kernels for support row ``s``; ``version`` names cuDNN and the frontend."""
+    caps = capabilities(s)
+    prefill_reason = s.prefill_unavailable()
+    ragged_reason = s.ragged_unavailable()
+    return [
+        Kernel("attention.decode", "sdpa_paged_decode", BACKEND, caps["attention.decode"], decode, version=version,
+               plan=DecodePlan, cost=decode_cost, doc="cuDNN SDPA over paged HND K/V, padding mask, cached graphs"),
+        Kernel("attention.prefill", "sdpa_paged_prefill", BACKEND, caps["attention.prefill"], prefill, version=version,
+               plan=PrefillPlan, cost=prefill_cost, unavailable=prefill_reason, install=UPGRADE if prefill_reason else None,
+               doc="cuDNN SDPA, packed (ragged) queries over paged K/V, bottom-right causal"),
+        Kernel("attention.prefill_ragged", "sdpa_ragged_prefill", BACKEND, caps["attention.prefill_ragged"],
+               prefill_ragged, version=version, cost=prefill_cost, unavailable=ragged_reason,
+               install=UPGRADE if ragged_reason else None,
+               doc="cuDNN SDPA over packed (THD) Q/K/V with ragged offsets"),
+    ]
