@@ -197,34 +197,40 @@ def _params_cached(head_dim: int, sm_scale: Any, cap: Any, window: Any, causal: 
 
 def _features(base: tuple[str, ...], p: AttnParams, fp8: bool, dims_differ: bool, device: str,
               mixed: bool = False) -> frozenset[str]:
-    names = list(base)
-    if p.window_left >= 0:
-        names.append("sliding_window")
-    if p.logits_soft_cap is not None:
-        names.append("soft_cap")
-    if p.return_lse:
-        names.append("return_lse")
-    if fp8:
-        names.append("fp8_kv")
-    if dims_differ:
-        names.append("qk_v_dims_differ")
-    if mixed:
-        names.append("mixed_batch")
-    if p.variant is not None:
-        names.append("custom_variant")
-    return frozenset(names) | graph_features(device)
+    return _feature_set(base, p.window_left >= 0, p.logits_soft_cap is not None, p.return_lse, fp8, dims_differ, mixed,
+                        p.variant is not None, graph_features(device))
+
+
+@functools.lru_cache(maxsize=1024)
+def _feature_set(base: tuple[str, ...], window: bool, cap: bool, lse: bool, fp8: bool, dims_differ: bool, mixed: bool,
+                 variant: bool, graph: frozenset[str]) -> frozenset[str]:
+    flags = (("sliding_window", window), ("soft_cap", cap), ("return_lse", lse), ("fp8_kv", fp8),
+             ("qk_v_dims_differ", dims_differ), ("mixed_batch", mixed), ("custom_variant", variant))
+    return frozenset(base).union((name for name, on in flags if on), graph)
 
 
 # -- validation helpers -------------------------------------------------------------------------------
 def _check_q(q: Any, name: str, dims: int) -> None:
-    check_tensor(q, name, dims=dims, dtypes=FLOAT_DTYPES)
-    if q.stride(-1) != 1:
+    """A float tensor of ``dims`` dims with unit stride in the last dim (one test on the hot path)."""
+    if not (isinstance(q, torch.Tensor) and q.dim() == dims and q.dtype in FLOAT_DTYPES and q.stride(-1) == 1):
+        check_tensor(q, name, dims=dims, dtypes=FLOAT_DTYPES)
         raise fail(f"{name}.stride", q.stride(), "unit stride in the last (head_dim) dim")
 
 
-def _check_cache(cache: Any, q: _Tensor) -> None:
+def _check_cache(cache: Any, q: _Tensor) -> tuple[Any, ...]:
+    """Check the cache against q; returns its dims (kv_dtype, head_dim, head_dim_v, page_size, layout, kv_heads)."""
     if not isinstance(cache, PagedKVCache):
         raise fail("cache", type(cache).__name__, "a PagedKVCache")
+    dims = _cache_dims(cache)
+    kv_dtype, head_dim, _, _, _, kv_heads = dims
+    shape = q.shape
+    if head_dim != shape[-1] or shape[-2] % kv_heads or (kv_dtype != q.dtype and kv_dtype not in FP8_DTYPES) or \
+            cache.k_pages.device != q.device:
+        _raise_cache(cache, q)
+    return dims
+
+
+def _raise_cache(cache: PagedKVCache, q: _Tensor) -> None:
     if cache.device != q.device:
         raise fail("cache.device", cache.device, f"the device of q ({q.device})")
     if cache.head_dim != q.shape[-1]:
@@ -232,20 +238,21 @@ def _check_cache(cache: Any, q: _Tensor) -> None:
     if q.shape[-2] % cache.num_kv_heads:
         raise fail("q.shape", tuple(q.shape),
                    f"num_q_heads (dim -2) a multiple of cache.num_kv_heads ({cache.num_kv_heads})")
-    if cache.dtype != q.dtype and not cache.is_fp8:
-        raise fail("cache.dtype", cache.dtype, f"q.dtype ({q.dtype}) or an fp8 dtype (float8_e4m3fn, float8_e5m2)")
+    raise fail("cache.dtype", cache.dtype, f"q.dtype ({q.dtype}) or an fp8 dtype (float8_e4m3fn, float8_e5m2)")
 
 
-def _check_table(table: Any, cache: PagedKVCache, batch: int, q: _Tensor) -> int:
+def _check_table(table: Any, page_size: int, num_pages: int, batch: int, q: _Tensor) -> int:
     """Check the table against the cache; returns the host bound on sequence length."""
     if not isinstance(table, PageTable):
         raise fail("table", type(table).__name__, "a PageTable")
-    if table.batch_size != batch:
+    block_table = table.block_table
+    if block_table.shape[0] != batch:
         raise fail("table.batch_size", table.batch_size, f"{batch} = the batch of q")
-    if table.block_table.device != q.device:
-        raise fail("table.device", table.block_table.device, f"the device of q ({q.device})")
-    table.check_against(cache.page_size, cache.num_pages)
-    return table.max_seq_len if table.max_seq_len is not None else table.max_pages * cache.page_size
+    if block_table.device != q.device:
+        raise fail("table.device", block_table.device, f"the device of q ({q.device})")
+    table.check_against(page_size, num_pages)
+    max_seq_len = table.max_seq_len
+    return max_seq_len if max_seq_len is not None else block_table.shape[1] * page_size
 
 
 def _check_indptr(ind: Any, name: str, batch: int, q: _Tensor) -> None:
@@ -330,11 +337,12 @@ def _cache_dims(cache: PagedKVCache) -> tuple[Any, ...]:
 def _decode_eager(q: _Tensor, cache: PagedKVCache, table: PageTable, sm_scale: Any, cap: Any, window: Any,
                   return_lse: bool, backend: BackendArg) -> tuple[_Tensor, _Tensor | None]:
     _check_q(q, "q", 3)
-    _check_cache(cache, q)
-    max_kv = _check_table(table, cache, q.shape[0], q)
-    p = _params(q.shape[2], sm_scale, cap, window, True, bool(return_lse), 1, max_kv)
+    dims = _check_cache(cache, q)
+    b, hq, d = q.shape
+    max_kv = _check_table(table, dims[3], cache.num_pages, b, q)
+    p = _params(d, sm_scale, cap, window, True, return_lse, 1, max_kv)
     dev, cc = device_key(q)
-    problem = _decode_problem(dev, cc, q.dtype, _cache_dims(cache), q.shape[1], q.shape[0], p)
+    problem = _decode_problem(dev, cc, q.dtype, dims, hq, b, p)
     return select_kernel("attention.decode", problem, backend).run(q, cache, table, p)  # type: ignore[no-any-return]
 
 
@@ -397,11 +405,11 @@ def _check_prefill(q: _Tensor, qo_indptr: _Tensor, cache: PagedKVCache, table: P
                    ) -> tuple[int, int, bool]:
     """Validate a paged prefill; returns (max_q_len, max_kv_len, mixed)."""
     _check_q(q, "q", 3)
-    _check_cache(cache, q)
+    dims = _check_cache(cache, q)
     if not isinstance(table, PageTable):
         raise fail("table", type(table).__name__, "a PageTable")
     _check_indptr(qo_indptr, "qo_indptr", table.batch_size, q)
-    max_kv = _check_table(table, cache, table.batch_size, q)
+    max_kv = _check_table(table, dims[3], cache.num_pages, table.batch_size, q)
     if is_capturing():
         return q.shape[0], max_kv, False
     max_q, _, mixed = _prefill_host(qo_indptr, table.seq_lens, q.shape[0], causal, False, 0)

@@ -99,7 +99,7 @@ def _paged_attend(q_pad: torch.Tensor, q_pos: torch.Tensor, cache: PagedKVCache,
         return _empty(q_pad, (b, m, hq), cache.head_dim_v)
     seq_lens = table.seq_lens.long()
     outs, lses = [], []
-    step = _chunk(b, hq * m * max(length, 1))
+    step = _chunk(b, max(hq * m, cache.num_kv_heads * (cache.head_dim + cache.head_dim_v)) * length)
     for lo in range(0, b, step):
         hi = min(b, lo + step)
         pages, slots = paged_slots(table.block_table[lo:hi], table.seq_lens[lo:hi], cache.page_size, length)
@@ -174,7 +174,7 @@ def prefill_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr:
         out, lse = _empty(q, (q.shape[0], hq), v.shape[-1])
         return out.to(q.dtype), (lse if p.return_lse else None)
     outs, lses = [], []
-    step = _chunk(b, hq * m * max(length, 1))
+    step = _chunk(b, max(hq * m, k.shape[1] * (k.shape[2] + v.shape[2])) * length)
     for lo in range(0, b, step):
         hi = min(b, lo + step)
         valid = pos[None, :] < kv_len[lo:hi, None]
@@ -202,7 +202,7 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_pages: torch.Tensor
         out, lse = _empty(q_nope, (b, h), dc)
         return out.to(q_nope.dtype), (lse if p.return_lse else None)
     outs, lses = [], []
-    step = _chunk(b, h * max(length, 1))
+    step = _chunk(b, max(h, 2 * dc + q.shape[-1]) * length)
     for lo in range(0, b, step):
         hi = min(b, lo + step)
         pages, slots = paged_slots(table.block_table[lo:hi], table.seq_lens[lo:hi], page_size, length)

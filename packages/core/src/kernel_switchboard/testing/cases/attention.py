@@ -1,11 +1,346 @@
-"""Conformance cases for the attention family (being written)."""
+"""Conformance cases for the attention family.
+
+Each case calls the public function. The capability space (dtypes, NHD/HND, page sizes, head
+dims, GQA groups, causal, soft cap, window, LSE, fp8 KV, mixed batches, lengths 0 and 1) is
+covered by a fixed list plus draws from a seeded generator. ``size="small"`` is tiny (CPU and
+the Triton interpreter); ``size="large"`` has real GPU sizes. :func:`example` builds one case
+from CLI-style parameters (``switchboard explain``).
+"""
 
 from __future__ import annotations
 
+import math
+import random
+from dataclasses import dataclass, replace
+from typing import Any
+
 import torch
 
-from ..case import Case
+from ...paged import PagedKVCache, PageTable
+from ..case import Case, tolerance
+
+OPS = ("attention.decode", "attention.prefill", "attention.prefill_ragged", "attention.mla_decode",
+       "attention.merge_states")
+
+DTYPES: dict[str, torch.dtype] = {
+    "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
+    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+    "fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
+    "fp8": torch.float8_e4m3fn, "e4m3": torch.float8_e4m3fn, "float8_e4m3fn": torch.float8_e4m3fn,
+    "e5m2": torch.float8_e5m2, "float8_e5m2": torch.float8_e5m2,
+}
+_SHORT = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float8_e4m3fn: "e4m3",
+          torch.float8_e5m2: "e5m2"}
+
+
+@dataclass(frozen=True)
+class AttnSpec:
+    """One attention problem to build. ``q_lens`` None means decode (one query per request)."""
+
+    dtype: torch.dtype = torch.float16
+    layout: str = "NHD"
+    page_size: int = 16
+    q_heads: int = 4
+    kv_heads: int = 2
+    head_dim: int = 64
+    head_dim_v: int | None = None
+    kv_lens: tuple[int, ...] = (0, 1, 37)
+    q_lens: tuple[int, ...] | None = None
+    causal: bool = True
+    soft_cap: float | None = None
+    window: int | None = None
+    lse: bool = False
+    kv_dtype: torch.dtype | None = None  # fp8 dtype for a quantised cache
+
+    @property
+    def dv(self) -> int:
+        return self.head_dim if self.head_dim_v is None else self.head_dim_v
+
+    def tag(self, kind: str) -> str:
+        bits = [kind, _SHORT[self.dtype], self.layout, f"p{self.page_size}", f"h{self.q_heads}:{self.kv_heads}",
+                f"d{self.head_dim}" + (f":{self.dv}" if self.dv != self.head_dim else ""), f"b{len(self.kv_lens)}",
+                f"L{max(self.kv_lens, default=0)}"]
+        if self.q_lens is not None:
+            bits.append(f"q{max(self.q_lens, default=0)}" + ("" if self.causal else "-noncausal"))
+        if self.soft_cap is not None:
+            bits.append(f"cap{self.soft_cap:g}")
+        if self.window is not None:
+            bits.append(f"win{self.window}")
+        if self.lse:
+            bits.append("lse")
+        if self.kv_dtype is not None:
+            bits.append(_SHORT[self.kv_dtype])
+        return "-".join(bits)
+
+    def tol(self) -> tuple[float, float] | None:
+        if self.kv_dtype is None:
+            return None
+        a, r = tolerance(self.dtype)
+        return max(a, 2e-2), max(r, 2e-2)  # a kernel may compute with the fp8 values in 16-bit
+
+
+# -- builders (also used by the tests) --------------------------------------------------------------------
+def random_pages(g: torch.Generator, num_pages: int, page_size: int, heads: int, dim: int, dtype: torch.dtype,
+                 scale: float | None = None) -> torch.Tensor:
+    """NHD pages (num_pages, page_size, heads, dim) of N(0, 1) values; fp8 stores value / scale."""
+    x = torch.randn(num_pages, page_size, heads, dim, generator=g)
+    if scale is not None:
+        return (x / scale).clamp(-448, 448).to(dtype)
+    return x.to(dtype)
+
+
+def page_table(g: torch.Generator, kv_lens: tuple[int, ...] | list[int], page_size: int, extra_pages: int = 3,
+               pad_cols: int = 1) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """A shuffled block table for ``kv_lens``: (block_table (B, max_pages) int32, seq_lens (B,) int32,
+    num_pages). Entries past a request's last page hold other valid page ids (kernels must ignore them)."""
+    need = [(n + page_size - 1) // page_size for n in kv_lens]
+    num_pages = sum(need) + extra_pages
+    perm = torch.randperm(num_pages, generator=g)
+    width = max(need, default=0) + pad_cols
+    table = torch.randint(0, num_pages, (len(kv_lens), width), generator=g, dtype=torch.int64)
+    start = 0
+    for b, n in enumerate(need):
+        table[b, :n] = perm[start:start + n]
+        start += n
+    return table.to(torch.int32), torch.tensor(list(kv_lens), dtype=torch.int32), num_pages
+
+
+def paged_kv(g: torch.Generator, spec: AttnSpec, device: torch.device | str) -> tuple[PagedKVCache, PageTable]:
+    """A random cache and table for ``spec`` on ``device`` (generated on the CPU: same data on every device)."""
+    block_table, seq_lens, num_pages = page_table(g, spec.kv_lens, spec.page_size)
+    kv_dtype = spec.kv_dtype or spec.dtype
+    fp8 = spec.kv_dtype is not None
+    k_scale, v_scale = (0.5, 2.0) if fp8 else (None, None)  # powers of two: exact (de)quantisation
+    k = random_pages(g, num_pages, spec.page_size, spec.kv_heads, spec.head_dim, kv_dtype, k_scale)
+    v = random_pages(g, num_pages, spec.page_size, spec.kv_heads, spec.dv, kv_dtype, v_scale)
+    if spec.layout == "HND":
+        k, v = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+    cache = PagedKVCache(k.to(device), v.to(device), spec.layout, k_scale, v_scale)
+    return cache, PageTable(block_table.to(device), seq_lens.to(device))
+
+
+def indptr(lens: tuple[int, ...] | list[int], device: torch.device | str) -> torch.Tensor:
+    """(len(lens)+1,) int32 offsets of packed rows."""
+    out = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    out[1:] = torch.cumsum(torch.tensor(list(lens), dtype=torch.int64), 0).to(torch.int32)
+    return out.to(device)
+
+
+def _kwargs(spec: AttnSpec, prefill: bool) -> dict[str, Any]:
+    kw: dict[str, Any] = {}
+    if prefill:
+        kw["causal"] = spec.causal
+    if spec.soft_cap is not None:
+        kw["logits_soft_cap"] = spec.soft_cap
+    if spec.window is not None:
+        kw["window_left"] = spec.window
+    if spec.lse:
+        kw["return_lse"] = True
+    return kw
+
+
+def decode_case(spec: AttnSpec, device: torch.device | str, seed: int = 0) -> Case:
+    g = torch.Generator().manual_seed(seed)
+    cache, table = paged_kv(g, spec, device)
+    q = torch.randn(len(spec.kv_lens), spec.q_heads, spec.head_dim, generator=g).to(device, spec.dtype)
+    return Case("attention.decode", spec.tag("decode"), (q, cache, table), _kwargs(spec, False), spec.dtype,
+                spec.tol())
+
+
+def prefill_case(spec: AttnSpec, device: torch.device | str, seed: int = 0) -> Case:
+    assert spec.q_lens is not None
+    g = torch.Generator().manual_seed(seed)
+    cache, table = paged_kv(g, spec, device)
+    q = torch.randn(sum(spec.q_lens), spec.q_heads, spec.head_dim, generator=g).to(device, spec.dtype)
+    return Case("attention.prefill", spec.tag("prefill"), (q, indptr(spec.q_lens, device), cache, table),
+                _kwargs(spec, True), spec.dtype, spec.tol())
+
+
+def ragged_case(spec: AttnSpec, device: torch.device | str, seed: int = 0) -> Case:
+    assert spec.q_lens is not None
+    g = torch.Generator().manual_seed(seed)
+    tk = sum(spec.kv_lens)
+    k = torch.randn(tk, spec.kv_heads, spec.head_dim, generator=g).to(device, spec.dtype)
+    v = torch.randn(tk, spec.kv_heads, spec.dv, generator=g).to(device, spec.dtype)
+    q = torch.randn(sum(spec.q_lens), spec.q_heads, spec.head_dim, generator=g).to(device, spec.dtype)
+    args = (q, k, v, indptr(spec.q_lens, device), indptr(spec.kv_lens, device))
+    tag = spec.tag("ragged").replace(f"-{spec.layout}-p{spec.page_size}", "")
+    return Case("attention.prefill_ragged", tag, args, _kwargs(spec, True), spec.dtype)
+
+
+def mla_case(dtype: torch.dtype, kv_lens: tuple[int, ...], heads: int, page_size: int, device: torch.device | str,
+             lse: bool = False, seed: int = 0, dc: int = 512, dr: int = 64) -> Case:
+    g = torch.Generator().manual_seed(seed)
+    block_table, seq_lens, num_pages = page_table(g, kv_lens, page_size)
+    ckv = torch.randn(num_pages, page_size, dc, generator=g).to(device, dtype)
+    kpe = torch.randn(num_pages, page_size, dr, generator=g).to(device, dtype)
+    b = len(kv_lens)
+    q_nope = torch.randn(b, heads, dc, generator=g).to(device, dtype)
+    q_pe = torch.randn(b, heads, dr, generator=g).to(device, dtype)
+    table = PageTable(block_table.to(device), seq_lens.to(device))
+    kw: dict[str, Any] = {"sm_scale": 1.0 / math.sqrt(192)}
+    if lse:
+        kw["return_lse"] = True
+    tag = f"mla-{_SHORT[dtype]}-p{page_size}-h{heads}-b{b}-L{max(kv_lens, default=0)}" + ("-lse" if lse else "")
+    return Case("attention.mla_decode", tag, (q_nope, q_pe, ckv, kpe, table), kw, dtype)
+
+
+def merge_case(dtype: torch.dtype, tokens: int, heads: int, dim: int, device: torch.device | str, seed: int = 0) -> Case:
+    g = torch.Generator().manual_seed(seed)
+    out_a = torch.randn(tokens, heads, dim, generator=g).to(device, dtype)
+    out_b = torch.randn(tokens, heads, dim, generator=g).to(device, dtype)
+    lse_a = torch.randn(tokens, heads, generator=g) * 3 + 4
+    lse_b = torch.randn(tokens, heads, generator=g) * 3 + 4
+    if tokens:
+        lse_a[0, 0] = float("-inf")  # empty partial states
+        lse_b[-1, -1] = float("-inf")
+        lse_a[tokens // 2, 0] = lse_b[tokens // 2, 0] = float("-inf")
+    args = (out_a, lse_a.to(device), out_b, lse_b.to(device))
+    return Case("attention.merge_states", f"merge-{_SHORT[dtype]}-t{tokens}-h{heads}-d{dim}", args, {}, dtype)
+
+
+# -- the sampled space --------------------------------------------------------------------------------------
+def _small_specs() -> list[AttnSpec]:
+    f16, bf16, f32, e4m3 = torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn
+    return [
+        AttnSpec(f16, "NHD", 16, 4, 4, kv_lens=(0, 1, 37)),
+        AttnSpec(bf16, "HND", 1, 4, 2, kv_lens=(5, 1, 23), lse=True),
+        AttnSpec(f32, "NHD", 16, 4, 1, kv_lens=(17, 40), soft_cap=5.0),
+        AttnSpec(f16, "HND", 16, 4, 2, kv_lens=(33, 0, 9), window=6, lse=True),
+        AttnSpec(f16, "NHD", 1, 4, 1, kv_lens=(12, 31), kv_dtype=e4m3),
+        AttnSpec(bf16, "NHD", 16, 2, 2, kv_lens=(40, 3, 16), kv_dtype=e4m3, lse=True),
+        AttnSpec(f32, "HND", 16, 4, 2, kv_lens=(29, 1), soft_cap=3.0, window=10, lse=True),
+        AttnSpec(f16, "NHD", 16, 2, 1, head_dim=128, kv_lens=(21, 2)),
+    ]
+
+
+def _large_specs(rng: random.Random) -> list[AttnSpec]:
+    f16, bf16, e4m3 = torch.float16, torch.bfloat16, torch.float8_e4m3fn
+    base = [
+        AttnSpec(bf16, "NHD", 16, 32, 8, 128),
+        AttnSpec(bf16, "HND", 64, 32, 8, 128, lse=True),
+        AttnSpec(f16, "NHD", 128, 32, 32, 128),
+        AttnSpec(bf16, "HND", 16, 32, 4, 128, soft_cap=30.0),
+        AttnSpec(f16, "NHD", 64, 32, 1, 128, window=256, lse=True),
+        AttnSpec(bf16, "NHD", 16, 32, 8, 128, kv_dtype=e4m3),
+        AttnSpec(bf16, "HND", 128, 32, 8, 128, kv_dtype=e4m3, lse=True),
+        AttnSpec(f16, "NHD", 16, 32, 8, 64),
+        AttnSpec(torch.float32, "NHD", 16, 32, 8, 128),
+    ]
+    out = []
+    for spec in base:
+        batch = rng.choice((16, 32, 64))
+        max_len = rng.choice((512, 1024, 2048, 4096))
+        lens = [rng.randint(1, max_len) for _ in range(batch)]
+        lens[0], lens[1], lens[2] = max_len, 1, 0
+        out.append(replace(spec, kv_lens=tuple(lens)))
+    return out
+
+
+def _with_queries(spec: AttnSpec, rng: random.Random, max_q: int, mixed: bool, causal: bool = True) -> AttnSpec:
+    """Query counts for a prefill spec: full prefill, append (qo < kv), and (mixed) decode rows of 1."""
+    q_lens = []
+    for i, n in enumerate(spec.kv_lens):
+        choice = i % 3 if mixed else (i % 2) * 2
+        if n == 0:
+            q_lens.append(0)
+        elif choice == 0:
+            q_lens.append(min(n, max_q))  # prefill (the whole sequence when it fits)
+        elif choice == 1:
+            q_lens.append(1)  # a decode row
+        else:
+            q_lens.append(rng.randint(1, min(n, max_q)))  # append / chunked prefill
+    return replace(spec, q_lens=tuple(q_lens), causal=causal)
+
+
+def _prefill_specs(size: str, rng: random.Random) -> list[AttnSpec]:
+    if size == "small":
+        specs = _small_specs()
+        out = [_with_queries(s, rng, 40, mixed=i % 2 == 0, causal=i != 3) for i, s in enumerate(specs)]
+        out.append(AttnSpec(torch.float16, "NHD", 16, 2, 1, head_dim=192, head_dim_v=128, kv_lens=(9, 14),
+                            q_lens=(9, 4), lse=True))
+        out.append(AttnSpec(torch.float32, "HND", 16, 4, 2, kv_lens=(11, 7, 1), q_lens=(11, 3, 1), causal=False))
+        return out
+    out = []
+    for i, s in enumerate(_large_specs(rng)):
+        lens = tuple(min(n, 2048) for n in s.kv_lens[:16])
+        out.append(_with_queries(replace(s, kv_lens=lens), rng, 512, mixed=i % 2 == 0, causal=i != 3))
+    out.append(AttnSpec(torch.bfloat16, "NHD", 64, 16, 16, head_dim=192, head_dim_v=128,
+                        kv_lens=(1024, 700, 1, 333), q_lens=(1024, 100, 1, 333), lse=True))
+    return out
 
 
 def cases(op: str, device: torch.device, size: str) -> list[Case]:
+    rng = random.Random(0)
+    if op == "attention.decode":
+        specs = _small_specs() if size == "small" else _large_specs(rng)
+        return [decode_case(s, device, seed=i) for i, s in enumerate(specs)]
+    if op == "attention.prefill":
+        return [prefill_case(s, device, seed=i) for i, s in enumerate(_prefill_specs(size, rng))]
+    if op == "attention.prefill_ragged":
+        specs = [replace(s, layout="NHD", page_size=16) for s in _prefill_specs(size, rng) if s.kv_dtype is None]
+        return [ragged_case(s, device, seed=i) for i, s in enumerate(specs)]
+    if op == "attention.mla_decode":
+        if size == "small":
+            return [mla_case(torch.float16, (0, 1, 37), 4, 16, device),
+                    mla_case(torch.bfloat16, (23, 40), 2, 1, device, lse=True, seed=1),
+                    mla_case(torch.float32, (9, 17), 4, 16, device, lse=True, seed=2)]
+        return [mla_case(torch.bfloat16, tuple(rng.randint(1, 4096) for _ in range(64)), 128, 64, device),
+                mla_case(torch.bfloat16, tuple([0, 1] + [rng.randint(1, 2048) for _ in range(30)]), 16, 64, device,
+                         lse=True, seed=1),
+                mla_case(torch.float16, tuple(rng.randint(1, 1024) for _ in range(16)), 128, 16, device, seed=2)]
+    if op == "attention.merge_states":
+        shapes = [(5, 4, 64), (1, 2, 128)] if size == "small" else [(4096, 32, 128), (77, 128, 512)]
+        return [merge_case(dt, *shape, device, seed=i) for i, shape in enumerate(shapes)
+                for dt in (torch.float16, torch.bfloat16, torch.float32)]
     return []
+
+
+# -- one case from CLI-style parameters --------------------------------------------------------------------
+def _dtype(value: Any) -> torch.dtype:
+    if isinstance(value, torch.dtype):
+        return value
+    key = str(value).replace("torch.", "").lower()
+    if key not in DTYPES:
+        raise ValueError(f"dtype {value!r}: expected one of {sorted(DTYPES)}")
+    return DTYPES[key]
+
+
+def example(op: str, device: torch.device | str = "cpu", **shape: Any) -> Case:
+    """One case of ``op`` from CLI-style parameters, every request of equal length:
+
+    batch, kv_len, q_len (prefill), q_heads, kv_heads, head_dim, head_dim_v, page_size, dtype
+    ("bf16"...), kv_dtype ("fp8"/"e4m3" for a quantised cache), layout, causal, soft_cap, window,
+    lse, seed. MLA uses head_dim (latent, 512) and head_dim_pe (64); merge_states uses tokens.
+    """
+    batch = int(shape.get("batch", 4))
+    kv_len = int(shape.get("kv_len", 1024))
+    dtype = _dtype(shape.get("dtype", "bf16"))
+    seed = int(shape.get("seed", 0))
+    lse = bool(shape.get("lse", False))
+    if op == "attention.mla_decode":
+        return mla_case(dtype, (kv_len,) * batch, int(shape.get("q_heads", 128)), int(shape.get("page_size", 64)),
+                        device, lse, seed, int(shape.get("head_dim", 512)), int(shape.get("head_dim_pe", 64)))
+    if op == "attention.merge_states":
+        return merge_case(dtype, int(shape.get("tokens", batch)), int(shape.get("q_heads", 32)),
+                          int(shape.get("head_dim", 128)), device, seed)
+    kv_dtype = shape.get("kv_dtype")
+    spec = AttnSpec(
+        dtype=dtype, layout=str(shape.get("layout", "NHD")), page_size=int(shape.get("page_size", 16)),
+        q_heads=int(shape.get("q_heads", 32)), kv_heads=int(shape.get("kv_heads", 8)),
+        head_dim=int(shape.get("head_dim", 128)),
+        head_dim_v=int(shape["head_dim_v"]) if shape.get("head_dim_v") is not None else None,
+        kv_lens=(kv_len,) * batch, causal=bool(shape.get("causal", True)),
+        soft_cap=float(shape["soft_cap"]) if shape.get("soft_cap") is not None else None,
+        window=int(shape["window"]) if shape.get("window") is not None else None, lse=lse,
+        kv_dtype=_dtype(kv_dtype) if kv_dtype is not None and _dtype(kv_dtype) != dtype else None,
+    )
+    if op == "attention.decode":
+        return decode_case(spec, device, seed)
+    q_len = min(int(shape.get("q_len", kv_len)), kv_len)
+    spec = replace(spec, q_lens=(q_len,) * batch)
+    if op == "attention.prefill":
+        return prefill_case(spec, device, seed)
+    if op == "attention.prefill_ragged":
+        return ragged_case(replace(spec, kv_dtype=None), device, seed)
+    raise ValueError(f"no example builder for op {op!r}; known: {', '.join(OPS)}")

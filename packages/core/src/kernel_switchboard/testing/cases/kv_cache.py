@@ -1,11 +1,143 @@
-"""Conformance cases for the kv_cache family (being written)."""
+"""Conformance cases for the kv_cache family: the compared outputs are the written page tensors."""
 
 from __future__ import annotations
 
+import random
+from typing import Any
+
 import torch
 
+from ...paged import PagedKVCache, PageTable
 from ..case import Case
+from .attention import _SHORT, page_table, random_pages
+
+OPS = ("kv_cache.append", "kv_cache.append_mla")
+
+
+def _pages_of(args: tuple[Any, ...], _: Any) -> list[torch.Tensor]:
+    cache = args[2]
+    return [cache.k_pages, cache.v_pages]
+
+
+def _mla_pages_of(args: tuple[Any, ...], _: Any) -> list[torch.Tensor]:
+    return [args[2], args[3]]
+
+
+def _targets(rng: random.Random, kv_lens: tuple[int, ...], new: tuple[int, ...] | None
+             ) -> tuple[list[int], list[int] | None]:
+    """Positions (and batch indices) of appended tokens: ``new`` tokens at the end of each request
+    (None: one decode token per request, no batch_indices)."""
+    if new is None:
+        return [n - 1 for n in kv_lens], None
+    positions, rows = [], []
+    for b, (n, m) in enumerate(zip(kv_lens, new)):
+        positions.extend(range(n - m, n))
+        rows.extend([b] * m)
+    order = list(range(len(rows)))
+    rng.shuffle(order)  # tokens need not be grouped by request
+    return [positions[i] for i in order], [rows[i] for i in order]
+
+
+def append_case(dtype: torch.dtype, layout: str, page_size: int, kv_heads: int, head_dim: int,
+                kv_lens: tuple[int, ...], new: tuple[int, ...] | None, device: torch.device | str,
+                kv_dtype: torch.dtype | None = None, head_dim_v: int | None = None, seed: int = 0) -> Case:
+    """Append ``new[b]`` tokens ending at ``kv_lens[b]`` (lengths after the append) to a random cache."""
+    g = torch.Generator().manual_seed(seed)
+    rng = random.Random(seed)
+    dv = head_dim if head_dim_v is None else head_dim_v
+    block_table, seq_lens, num_pages = page_table(g, kv_lens, page_size)
+    scales = (0.5, 2.0) if kv_dtype is not None else (None, None)
+    page_dtype = kv_dtype or dtype
+    k_pages = random_pages(g, num_pages, page_size, kv_heads, head_dim, page_dtype, scales[0])
+    v_pages = random_pages(g, num_pages, page_size, kv_heads, dv, page_dtype, scales[1])
+    if layout == "HND":
+        k_pages, v_pages = k_pages.transpose(1, 2).contiguous(), v_pages.transpose(1, 2).contiguous()
+    cache = PagedKVCache(k_pages.to(device), v_pages.to(device), layout, *scales)
+    table = PageTable(block_table.to(device), seq_lens.to(device))
+    positions, rows = _targets(rng, kv_lens, new)
+    t = len(positions)
+    k = (torch.randn(t, kv_heads, head_dim, generator=g) * 4).to(device, dtype)
+    v = (torch.randn(t, kv_heads, dv, generator=g) * 4).to(device, dtype)
+    pos = torch.tensor(positions, dtype=torch.int32, device=device)
+    args: tuple[Any, ...] = (k, v, cache, table, pos)
+    if rows is not None:
+        args += (torch.tensor(rows, dtype=torch.int32, device=device),)
+    tag = "-".join([_SHORT[dtype], layout, f"p{page_size}", f"h{kv_heads}", f"d{head_dim}" + (f":{dv}" if dv != head_dim
+                    else ""), f"t{t}", "decode" if new is None else "prefill"] + ([_SHORT[kv_dtype]] if kv_dtype else []))
+    return Case("kv_cache.append", tag, args, {}, page_dtype, outputs=_pages_of)
+
+
+def append_mla_case(dtype: torch.dtype, page_size: int, kv_lens: tuple[int, ...], new: tuple[int, ...] | None,
+                    device: torch.device | str, dc: int = 512, dr: int = 64, seed: int = 0) -> Case:
+    g = torch.Generator().manual_seed(seed)
+    rng = random.Random(seed)
+    block_table, seq_lens, num_pages = page_table(g, kv_lens, page_size)
+    ckv_pages = torch.randn(num_pages, page_size, dc, generator=g).to(device, dtype)
+    kpe_pages = torch.randn(num_pages, page_size, dr, generator=g).to(device, dtype)
+    table = PageTable(block_table.to(device), seq_lens.to(device))
+    positions, rows = _targets(rng, kv_lens, new)
+    t = len(positions)
+    ckv = torch.randn(t, dc, generator=g).to(device, dtype)
+    kpe = torch.randn(t, dr, generator=g).to(device, dtype)
+    args: tuple[Any, ...] = (ckv, kpe, ckv_pages, kpe_pages, table, torch.tensor(positions, dtype=torch.int32,
+                                                                                 device=device))
+    if rows is not None:
+        args += (torch.tensor(rows, dtype=torch.int32, device=device),)
+    tag = f"mla-{_SHORT[dtype]}-p{page_size}-t{t}-{'decode' if new is None else 'prefill'}"
+    return Case("kv_cache.append_mla", tag, args, {}, dtype, outputs=_mla_pages_of)
 
 
 def cases(op: str, device: torch.device, size: str) -> list[Case]:
+    rng = random.Random(0)
+    f16, bf16, f32, e4m3 = torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn
+    if op == "kv_cache.append":
+        if size == "small":
+            specs: list[tuple[Any, ...]] = [
+                (f16, "NHD", 16, 2, 64, (1, 17, 40), None, None),
+                (bf16, "HND", 1, 2, 64, (5, 9), (5, 2), None),
+                (f32, "NHD", 16, 1, 64, (33, 16, 1), (3, 16, 1), None),
+                (f16, "HND", 16, 2, 64, (12, 30), None, e4m3),
+                (bf16, "NHD", 1, 4, 64, (7, 3, 20), (7, 1, 4), e4m3),
+            ]
+            out = [append_case(*s[:7], device, s[7], seed=i) for i, s in enumerate(specs)]
+            out.append(append_case(f16, "NHD", 16, 1, 192, (9, 20), (9, 1), device, head_dim_v=128, seed=9))
+            return out
+        out = []
+        for i, (dt, layout, ps, kvd) in enumerate([(bf16, "NHD", 16, None), (f16, "HND", 64, None),
+                                                  (bf16, "HND", 128, e4m3), (bf16, "NHD", 16, e4m3)]):
+            batch = rng.choice((16, 32, 64))
+            lens = tuple(rng.randint(1, 4096) for _ in range(batch))
+            new = None if i % 2 == 0 else tuple(min(n, rng.randint(1, 256)) for n in lens)
+            out.append(append_case(dt, layout, ps, 8, 128, lens, new, device, kvd, seed=i))
+        return out
+    if op == "kv_cache.append_mla":
+        if size == "small":
+            return [append_mla_case(f16, 16, (1, 17, 40), None, device),
+                    append_mla_case(bf16, 1, (5, 9), (5, 2), device, seed=1)]
+        lens = tuple(rng.randint(1, 4096) for _ in range(64))
+        return [append_mla_case(bf16, 64, lens, None, device),
+                append_mla_case(bf16, 64, lens[:16], tuple(min(n, 512) for n in lens[:16]), device, seed=1)]
     return []
+
+
+def example(op: str, device: torch.device | str = "cpu", **shape: Any) -> Case:
+    """One case from CLI-style parameters: batch, kv_len, q_len (tokens appended per request;
+    default 1 = decode), kv_heads, head_dim, page_size, dtype, kv_dtype, layout, seed."""
+    from .attention import _dtype
+
+    batch = int(shape.get("batch", 4))
+    kv_len = int(shape.get("kv_len", 1024))
+    q_len = min(int(shape.get("q_len", 1)), kv_len)
+    new = None if q_len == 1 else (q_len,) * batch
+    dtype = _dtype(shape.get("dtype", "bf16"))
+    seed = int(shape.get("seed", 0))
+    if op == "kv_cache.append_mla":
+        return append_mla_case(dtype, int(shape.get("page_size", 64)), (kv_len,) * batch, new, device,
+                               int(shape.get("head_dim", 512)), int(shape.get("head_dim_pe", 64)), seed)
+    if op == "kv_cache.append":
+        kv_dtype = shape.get("kv_dtype")
+        kvd = _dtype(kv_dtype) if kv_dtype is not None else None
+        return append_case(dtype, str(shape.get("layout", "NHD")), int(shape.get("page_size", 16)),
+                           int(shape.get("kv_heads", 8)), int(shape.get("head_dim", 128)), (kv_len,) * batch, new,
+                           device, kvd if kvd != dtype else None, shape.get("head_dim_v"), seed)
+    raise ValueError(f"no example builder for op {op!r}; known: {', '.join(OPS)}")
