@@ -217,3 +217,19 @@ def test_merge_states_matches_reference(dtype: torch.dtype) -> None:
     got, want = _both(ksb.attention.merge_states, oa, la, ob, lb)
     _close(got, want, dtype)
     assert got[1][1, 1] == -math.inf and torch.all(got[0][1, 1] == 0)
+
+
+def test_benchmark_script_runs_on_tiny_shapes() -> None:
+    """The H200 benchmark (benchmarks/attention.py) on tiny shapes: every row checked, none failing."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "attention.py"
+    spec = importlib.util.spec_from_file_location("ksb_bench_attention", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = module.bench_attention(DEVICE, sweep=False, sizes=module.SMOKE)
+    assert rows and all("error" not in r for r in rows), [r for r in rows if "error" in r]
+    assert {r["workload"].split()[0] for r in rows} == {"decode", "prefill", "mla"}
+    assert "decode" in module.summary(rows)

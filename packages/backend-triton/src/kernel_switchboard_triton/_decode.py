@@ -201,12 +201,14 @@ class DecodePlan:
 
     def __init__(self, table: Any, *, num_q_heads: int, num_kv_heads: int, head_dim: int, head_dim_v: int,
                  sm_scale: float, logits_soft_cap: float | None, window_left: int, max_kv_len: int,
-                 num_splits: int | None = None) -> None:
+                 num_splits: int | None = None, cfg: DecodeConfig | None = None) -> None:
         device = table.block_table.device
         batch = table.block_table.shape[0]
         self.table = table
         self.group = num_q_heads // num_kv_heads
-        self.cfg = decode_config(device, batch, num_kv_heads, self.group, head_dim, bucket_len(max_kv_len), num_splits)
+        if cfg is None:
+            cfg = decode_config(device, batch, num_kv_heads, self.group, head_dim, bucket_len(max_kv_len), num_splits)
+        self.cfg = cfg
         self.sm_scale, self.soft_cap, self.window_left = sm_scale, logits_soft_cap, window_left
         s = self.cfg.num_splits
         #: LSE scratch for runs that do not ask for it (the kernels always write one)

@@ -1,0 +1,263 @@
+"""Benchmark: the Triton attention kernels on Llama-3-8B / DeepSeek shapes (H200 targets in issue 3).
+
+    python packages/backend-triton/benchmarks/attention.py            # default configs
+    python packages/backend-triton/benchmarks/attention.py --sweep    # also try other tiles / splits
+
+``bench_attention(device, sweep=False) -> list[dict]``: one dict per (workload, implementation,
+config) with ``ms`` (median, triton.testing.do_bench, L2 flushed between reps), ``tb_s`` (decode:
+K and V bytes read / time) or ``tflop_s`` (prefill: causal flops / time), ``max_err`` against an
+independent result on the same inputs, and ``first_call_s`` (compile + first run). Every row is
+checked before it is timed; a failure becomes a row with ``error``, never an exception, so one
+broken configuration never hides the others.
+
+Workloads: decode B in {16, 128, 256} x L in {1024, 2048, 8192} (32 q heads, 8 kv heads, d 128,
+bf16, page 16, HND pages: cuDNN's layout; NHD at B=128 L=8192 too); causal prefill 1x8192 and
+8x2048 (paged, page 16, and ragged) with torch SDPA as an anchor; MLA decode B=128 L=8192 page 64
+(128 heads, 512 + 64).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+HQ, HKV, D, PAGE = 32, 8, 128, 16
+#: the H200 sizes; ``bench_attention(..., sizes=SMOKE)`` runs the same code on tiny shapes (CPU smoke test)
+FULL = {"heads": (HQ, HKV, D), "decode_b": (16, 128, 256), "decode_l": (1024, 2048, 8192), "nhd": (128, 8192),
+        "prefill": ((1, 8192), (8, 2048)), "mla": (128, 8192, 64, 128)}
+SMOKE = {"heads": (4, 2, 64), "decode_b": (2,), "decode_l": (40,), "nhd": (1, 20), "prefill": ((1, 32),),
+         "mla": (1, 20, 16, 16)}
+
+
+def _time_ms(fn: Callable[[], Any]) -> float:
+    """Median ms with CUDA events and a flushed L2 (one wall-clock call off the GPU: smoke runs)."""
+    if not torch.cuda.is_available():
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _row(workload: str, impl: str, config: str, run: Callable[[], Any], check: Callable[[], float],
+         amount: float, unit: str) -> dict[str, Any]:
+    """Check, then time ``run``; ``amount`` bytes (unit tb_s) or flops (unit tflop_s) per call."""
+    row: dict[str, Any] = {"workload": workload, "impl": impl, "config": config}
+    try:
+        t0 = time.perf_counter()
+        run()
+        _sync()
+        row["first_call_s"] = round(time.perf_counter() - t0, 2)
+        row["max_err"] = float(check())
+        if not math.isfinite(row["max_err"]) or row["max_err"] > 0.1:
+            raise AssertionError(f"max abs error {row['max_err']:.3g} against the check")
+        ms = _time_ms(run)
+        row.update(ms=round(ms, 4), **{unit: round(amount / (ms * 1e-3) / 1e12, 3)})
+    except Exception as exc:  # a benchmark row reports, never aborts the run
+        row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    print(row, flush=True)
+    return row
+
+
+def _err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.float() - want.float()).abs().max())
+
+
+def _paged(batch: int, length: int, page: int, kv_heads: int | None, dims: tuple[int, ...], layout: str,
+           dev: torch.device, g: torch.Generator) -> tuple[list[torch.Tensor], Any]:
+    """Pages for ``batch`` sequences of ``length`` (shuffled page order) and their PageTable;
+    ``kv_heads=None``: MLA pages (P, S, d)."""
+    from kernel_switchboard.paged import PageTable
+
+    per = math.ceil(length / page)
+    num = batch * per
+    ids = torch.randperm(num, device=dev, generator=g).view(batch, per).to(torch.int32)
+    pages = []
+    for d in dims:
+        if kv_heads is None:
+            shape: tuple[int, ...] = (num, page, d)
+        else:
+            shape = (num, page, kv_heads, d) if layout == "NHD" else (num, kv_heads, page, d)
+        pages.append(torch.randn(shape, device=dev, generator=g, dtype=torch.bfloat16))
+    return pages, PageTable(ids, torch.full((batch,), length, dtype=torch.int32, device=dev), max_seq_len=length)
+
+
+# -- decode ---------------------------------------------------------------------------------------
+def _decode_point(batch: int, length: int, layout: str, dev: torch.device, g: torch.Generator, sweep: bool,
+                  heads: tuple[int, int, int] = (HQ, HKV, D)) -> list[dict[str, Any]]:
+    from kernel_switchboard.paged import PagedKVCache
+    from kernel_switchboard.reference import attention as ref
+    from kernel_switchboard_triton._decode import DecodeConfig, DecodePlan
+
+    hq, hkv, d = heads
+    (k, v), table = _paged(batch, length, PAGE, hkv, (d, d), layout, dev, g)
+    cache = PagedKVCache(k, v, layout)
+    q = torch.randn(batch, hq, d, device=dev, generator=g, dtype=torch.bfloat16)
+    p = SimpleNamespace(sm_scale=d ** -0.5, logits_soft_cap=None, window_left=-1, causal=True, return_lse=False,
+                        max_q_len=1, max_kv_len=length, variant=None)
+    want = ref.decode(q, cache, table, p)[0]
+    nbytes = 2.0 * batch * length * hkv * d * 2
+    workload = f"decode B={batch} L={length} {layout} p{PAGE}"
+    out = torch.empty(batch, hq, d, device=dev, dtype=torch.bfloat16)
+    plans = [DecodePlan(table, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, head_dim_v=d, sm_scale=p.sm_scale,
+                        logits_soft_cap=None, window_left=-1, max_kv_len=length)]
+    if sweep:
+        base = plans[0].cfg
+        seen = {base}
+        for splits in sorted({1, 2, 4, 8, 16, base.num_splits}):
+            for block_n, warps, stages in ((64, 4, 3), (128, 4, 3), (64, 4, 4), (32, 4, 4), (128, 8, 3), (64, 8, 2)):
+                cfg = DecodeConfig(base.block_h, block_n, splits, warps, stages, False)
+                if cfg not in seen and splits * 256 <= length:
+                    seen.add(cfg)
+                    plans.append(DecodePlan(table, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, head_dim_v=d,
+                                            sm_scale=p.sm_scale, logits_soft_cap=None, window_left=-1,
+                                            max_kv_len=length, cfg=cfg))
+    rows = []
+    for i, plan in enumerate(plans):
+        c = plan.cfg
+        run = (lambda plan=plan: plan.run(q, cache, out))
+        rows.append(_row(workload, "triton" if i == 0 else "triton (sweep)",
+                         f"splits={c.num_splits} BLOCK_N={c.block_n} warps={c.num_warps} stages={c.num_stages}",
+                         run, lambda run=run: (run(), _err(out, want))[1], nbytes, "tb_s"))
+    return rows
+
+
+# -- prefill --------------------------------------------------------------------------------------
+def _prefill_point(batch: int, length: int, dev: torch.device, g: torch.Generator, sweep: bool,
+                   heads: tuple[int, int, int] = (HQ, HKV, D)) -> list[dict[str, Any]]:
+    from kernel_switchboard.paged import PagedKVCache
+    from kernel_switchboard_triton._prefill import PrefillConfig, launch_prefill
+
+    hq, hkv, d = heads
+    total = batch * length
+    q = torch.randn(total, hq, d, device=dev, generator=g, dtype=torch.bfloat16)
+    k = torch.randn(total, hkv, d, device=dev, generator=g, dtype=torch.bfloat16)
+    v = torch.randn(total, hkv, d, device=dev, generator=g, dtype=torch.bfloat16)
+    indptr = torch.arange(0, total + 1, length, device=dev, dtype=torch.int32)
+    p = SimpleNamespace(sm_scale=d ** -0.5, logits_soft_cap=None, window_left=-1, causal=True, return_lse=False,
+                        max_q_len=length, max_kv_len=length, variant=None)
+    flops = 4.0 * batch * hq * d * length * length / 2  # causal: half of QK^T and PV
+
+    def sdpa() -> torch.Tensor:
+        qs = q.view(batch, length, hq, d).transpose(1, 2)
+        ks = k.view(batch, length, hkv, d).transpose(1, 2)
+        vs = v.view(batch, length, hkv, d).transpose(1, 2)
+        o = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
+        return o.transpose(1, 2).reshape(total, hq, d)
+
+    want = sdpa()
+    workload = f"prefill causal {batch}x{length}"
+    rows = [_row(workload, "torch sdpa", "", sdpa, lambda: 0.0, flops, "tflop_s")]
+    out = torch.empty(total, hq, d, device=dev, dtype=torch.bfloat16)
+    # paged copy of the same K/V (pages in sequence order; page 16 NHD)
+    kp = k.view(total // PAGE, PAGE, hkv, d)
+    vp = v.view(total // PAGE, PAGE, hkv, d)
+    cache = PagedKVCache(kp, vp, "NHD")
+    bt = torch.arange(total // PAGE, device=dev, dtype=torch.int32).view(batch, length // PAGE)
+    lens = torch.full((batch,), length, device=dev, dtype=torch.int32)
+    cfgs: list[PrefillConfig | None] = [None]
+    if sweep:
+        for bm, bn, warps, stages in ((128, 128, 8, 3), (128, 64, 4, 3), (128, 64, 8, 4), (64, 64, 4, 3),
+                                      (128, 32, 4, 4), (64, 128, 4, 3)):
+            cfgs.append(PrefillConfig(bm, bn, warps, stages, False))
+    for cfg in cfgs:
+        name = "default" if cfg is None else f"BLOCK_M={cfg.block_m} BLOCK_N={cfg.block_n} warps={cfg.num_warps} " \
+                                              f"stages={cfg.num_stages}"
+        ragged = (lambda cfg=cfg: launch_prefill(q, k, v, indptr, indptr, None, None, None, 1, out, None, p, cfg))
+        rows.append(_row(workload, "triton ragged", name, ragged, lambda r=ragged: (r(), _err(out, want))[1],
+                         flops, "tflop_s"))
+        paged = (lambda cfg=cfg: launch_prefill(q, cache.k_pages, cache.v_pages, indptr, None, bt, lens, "NHD", PAGE,
+                                                out, None, p, cfg))
+        rows.append(_row(workload, "triton paged p16", name, paged, lambda r=paged: (r(), _err(out, want))[1],
+                         flops, "tflop_s"))
+    return rows
+
+
+# -- MLA ------------------------------------------------------------------------------------------
+def _mla_point(dev: torch.device, g: torch.Generator, sweep: bool, batch: int = 128, length: int = 8192,
+               page: int = 64, heads: int = 128) -> list[dict[str, Any]]:
+    from kernel_switchboard.reference import attention as ref
+    from kernel_switchboard_triton._decode import bucket_len
+    from kernel_switchboard_triton._mla import MLAConfig, mla_config, mla_decode
+
+    (ckv, kpe), table = _paged(batch, length, page, None, (512, 64), "NHD", dev, g)
+    ckv.mul_(0.3)
+    qn = torch.randn(batch, heads, 512, device=dev, generator=g, dtype=torch.bfloat16)
+    qp = torch.randn(batch, heads, 64, device=dev, generator=g, dtype=torch.bfloat16)
+    p = SimpleNamespace(sm_scale=(512 + 64) ** -0.5, logits_soft_cap=None, window_left=-1, causal=True,
+                        return_lse=False, max_q_len=1, max_kv_len=length, variant=None)
+    want = ref.mla_decode(qn, qp, ckv, kpe, table, p)[0]
+    nbytes = float(batch * length * (512 + 64) * 2)
+    workload = f"mla decode B={batch} L={length} H={heads} p{page}"
+    base = mla_config(dev, batch, heads, bucket_len(length))
+    cfgs = [base]
+    if sweep:
+        for bh, bn, warps, stages in ((16, 32, 4, 2), (32, 32, 4, 2), (32, 64, 8, 2), (64, 32, 8, 2), (64, 16, 4, 2),
+                                      (32, 16, 4, 3)):
+            for splits in sorted({1, 2, base.num_splits}):
+                cfgs.append(MLAConfig(bh, bn, splits, warps, stages, False))
+    rows = []
+    for i, cfg in enumerate(cfgs):
+        run = (lambda cfg=cfg: mla_decode(qn, qp, ckv, kpe, table, p, cfg)[0])
+        rows.append(_row(workload, "triton" if i == 0 else "triton (sweep)",
+                         f"BLOCK_H={cfg.block_h} BLOCK_N={cfg.block_n} splits={cfg.num_splits} warps={cfg.num_warps} "
+                         f"stages={cfg.num_stages}", run, lambda run=run: _err(run(), want), nbytes, "tb_s"))
+    return rows
+
+
+def bench_attention(device: str | torch.device = "cuda", sweep: bool = False,
+                    sizes: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Every workload of the module docstring; returns the rows (also printed as they finish)."""
+    dev = torch.device(device)
+    sz = FULL if sizes is None else sizes
+    g = torch.Generator(device=dev).manual_seed(0)
+    rows: list[dict[str, Any]] = []
+    for batch in sz["decode_b"]:
+        for length in sz["decode_l"]:
+            rows += _decode_point(batch, length, "HND", dev, g, sweep, sz["heads"])
+            _free(dev)
+    rows += _decode_point(*sz["nhd"], "NHD", dev, g, sweep, sz["heads"])
+    _free(dev)
+    for batch, length in sz["prefill"]:
+        rows += _prefill_point(batch, length, dev, g, sweep, sz["heads"])
+        _free(dev)
+    batch, length, page, heads = sz["mla"]
+    rows += _mla_point(dev, g, sweep, batch, length, page, heads)
+    return rows
+
+
+def _free(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def summary(rows: list[dict[str, Any]]) -> str:
+    """The best row per (workload, impl) as a text table."""
+    best: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in rows:
+        key = (r["workload"], r["impl"].replace(" (sweep)", ""))
+        score = r.get("tb_s", r.get("tflop_s", -1.0))
+        if key not in best or score > best[key].get("tb_s", best[key].get("tflop_s", -1.0)):
+            best[key] = r
+    lines = [f"{'workload':42} {'impl':18} {'TB/s':>6} {'TFLOP/s':>8} {'ms':>8}  config / error"]
+    for (w, i), r in best.items():
+        lines.append(f"{w:42} {i:18} {r.get('tb_s', ''):>6} {r.get('tflop_s', ''):>8} {r.get('ms', ''):>8}  "
+                     f"{r.get('error', r.get('config', ''))}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    result = bench_attention("cuda", sweep="--sweep" in sys.argv)
+    print(summary(result))
