@@ -15,6 +15,14 @@ from kernel_switchboard.engine.weights import llama_from_hf  # noqa: E402
 TOL = dict(rtol=1e-4, atol=1e-4)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> object:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: threads only contend
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def hf() -> torch.nn.Module:
     return tiny_model("llama", seed=1)

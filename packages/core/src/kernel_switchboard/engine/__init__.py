@@ -11,16 +11,19 @@ compiles (``torch.compile(fullgraph=True)``) or is captured in a CUDA graph.
 from __future__ import annotations
 
 from .cache import BlockTables, OutOfPagesError, PageAllocator, StepBatch, build_batch
+from .deepseek import DeepseekModel, MLACache
 from .llama import LlamaModel
 from .weights import DeepseekSpec, DeepseekWeights, LlamaSpec, LlamaWeights, deepseek_from_hf, llama_from_hf
 
 __all__ = [
     "BlockTables",
+    "DeepseekModel",
     "DeepseekSpec",
     "DeepseekWeights",
     "LlamaModel",
     "LlamaSpec",
     "LlamaWeights",
+    "MLACache",
     "OutOfPagesError",
     "PageAllocator",
     "StepBatch",

@@ -188,11 +188,12 @@ class StepBatch:
 
 
 def build_batch(tables: BlockTables, rids: Sequence[Hashable], new_tokens: Sequence[Sequence[int]],
-                logits: Sequence[str], device: torch.device | str | None = None) -> StepBatch:
+                logits: Sequence[str | int], device: torch.device | str | None = None) -> StepBatch:
     """Flatten one step. Call ``tables.extend`` for each request first: its length then counts the new tokens.
 
     ``logits[b]``: ``"last"`` (the logits of the request's last new token), ``"all"`` (every new
-    token, e.g. speculative verification) or ``"none"`` (a prefill chunk that does not end the prompt).
+    token), ``"none"`` (a prefill chunk that does not end the prompt) or an int k (the last k new tokens,
+    e.g. speculative verification).
     """
     device = tables.device if device is None else torch.device(device)
     ids: list[int] = []
@@ -211,12 +212,11 @@ def build_batch(tables: BlockTables, rids: Sequence[Hashable], new_tokens: Seque
         pos.extend(range(total - n, total))
         bidx.extend([b] * n)
         indptr.append(start + n)
-        if logits[b] == "last":
-            want.append(start + n - 1)
-        elif logits[b] == "all":
-            want.extend(range(start, start + n))
-        elif logits[b] != "none":
-            raise fail(f"logits[{b}]", logits[b], "'last', 'all' or 'none'")
+        spec = logits[b]
+        keep = {"last": 1, "all": n, "none": 0}.get(spec, spec) if isinstance(spec, str) else spec
+        if isinstance(keep, str) or not 0 <= keep <= n:
+            raise fail(f"logits[{b}]", spec, f"'last', 'all', 'none' or an int in [0, {n}] (trailing rows)")
+        want.extend(range(start + n - keep, start + n))
         qo_lens.append(n)
         seq_lens.append(total)
     table = tables.page_table(rids)

@@ -96,4 +96,7 @@ def tiny_model(family: str, seed: int = 0, dtype: torch.dtype = torch.float32, *
         raise fail("family", family, "'llama' or 'deepseek'")
     torch.manual_seed(seed)
     model = randomize(cls(cfg), seed)
+    if getattr(model, "generation_config", None) is not None:  # generate() runs to max_new_tokens, like the engine
+        model.generation_config.eos_token_id = None
+        model.generation_config.pad_token_id = 0
     return model.to(dtype)

@@ -275,3 +275,13 @@ def deepseek_from_hf(model: Any, device: torch.device | str | None = None,
             mlp=mlp))
     return DeepseekWeights(spec, _v(inner.embed_tokens.weight, device, dtype), layers,
                            _v(inner.norm.weight, device, dtype), _t(model.lm_head.weight, device, dtype))
+
+
+def truncate_layers(weights: LlamaWeights | DeepseekWeights, num_layers: int) -> Any:
+    """The same model keeping only its first ``num_layers`` layers (shares the tensors): a cheap,
+    correlated draft model for speculative decoding."""
+    from dataclasses import replace
+
+    if not (isinstance(num_layers, int) and 1 <= num_layers <= weights.spec.num_layers):
+        raise fail("num_layers", num_layers, f"an int in [1, {weights.spec.num_layers}]")
+    return replace(weights, spec=replace(weights.spec, num_layers=num_layers), layers=weights.layers[:num_layers])

@@ -1,0 +1,223 @@
+"""A DeepSeek-V3-family decoder on switchboard ops: MLA attention and grouped top-k MoE.
+
+MLA keeps one latent KV "head" per token in the paged cache: ``ckv`` (R = kv_lora_rank, after
+``kv_a_layernorm``) and ``kpe`` (the roped key part, Dr), written by ``kv_cache.append_mla``.
+
+- Decode (one new token per request), absorbed: ``q_nope`` is folded through ``W_UK`` into the
+  latent space (``gemm.grouped_mm`` per head), ``attention.mla_decode`` attends over the latent
+  pages, and ``W_UV`` maps the latent output back to ``v_head_dim`` per head.
+- Prefill chunks, non-absorbed: the request's latent tokens (cached prefix + new) are read from
+  the pages, expanded by ``kv_b_proj`` (``gemm.mm``) into per-head K (nope | rope) and V, and
+  ``attention.prefill_ragged`` runs causal attention with head_dim nope+rope and head_dim_v v.
+  A mixed step runs both on their own rows.
+
+MoE layers: router ``gemm.mm`` in float32 -> ``moe.route`` (sigmoid scores, correction bias,
+``n_group``/``topk_group`` grouped top-k, ``norm_topk_prob``, ``routed_scaling_factor``) ->
+``moe.experts`` -> plus the shared experts' SwiGLU MLP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..paged import PageTable
+from . import calls
+from .cache import StepBatch
+from .llama import dense_mlp
+from .weights import DeepseekWeights, DenseMLP, MLALayer, MoEWeights
+
+
+@dataclass
+class MLACache:
+    """Latent pages of every layer: ckv (layers, pages, page_size, R), kpe (layers, pages, page_size, Dr)."""
+
+    ckv: torch.Tensor
+    kpe: torch.Tensor
+
+    @property
+    def page_size(self) -> int:
+        return self.ckv.shape[2]
+
+    @property
+    def num_pages(self) -> int:
+        return self.ckv.shape[1]
+
+
+@dataclass
+class _Rows:
+    """Which rows of a step take the absorbed decode path and which the ragged prefill path."""
+
+    decode_rows: torch.Tensor | None  # token rows (== request rows' single tokens), int64
+    decode_table: PageTable | None
+    prefill_rows: torch.Tensor | None  # token rows of the prefill requests, int64
+    qo_indptr: torch.Tensor | None  # (Bp+1,) int32 over prefill_rows
+    kv_indptr: torch.Tensor | None  # (Bp+1,) int32 over the gathered latent tokens
+    kv_pages: torch.Tensor | None  # (Tk,) int64 page of each latent token to gather
+    kv_slots: torch.Tensor | None  # (Tk,) int64 slot in that page
+
+
+def _plan_rows(batch: StepBatch, page_size: int) -> _Rows:
+    """Split a step's requests into the decode and prefill paths (host lists only, no device reads)."""
+    dev = batch.token_ids.device
+    starts = [0]
+    for n in batch.qo_lens:
+        starts.append(starts[-1] + n)
+    dec = [b for b, n in enumerate(batch.qo_lens) if n == 1 and batch.seq_lens[b] > 1]
+    pre = [b for b in range(len(batch.qo_lens)) if b not in set(dec)]
+    rows = _Rows(None, None, None, None, None, None, None)
+    if dec:
+        rows.decode_rows = torch.tensor([starts[b] for b in dec], dtype=torch.int64).to(dev)
+        if len(dec) == len(batch.qo_lens):
+            rows.decode_table = batch.table
+        else:
+            idx = torch.tensor(dec, dtype=torch.int64).to(dev)
+            rows.decode_table = PageTable(batch.table.block_table[idx].contiguous(), batch.table.seq_lens[idx].contiguous(),
+                                          max_seq_len=max(batch.seq_lens[b] for b in dec))
+    if pre:
+        tok_rows: list[int] = []
+        qo, kv = [0], [0]
+        pages: list[int] = []
+        slots: list[int] = []
+        for b in pre:
+            tok_rows.extend(range(starts[b], starts[b + 1]))
+            qo.append(qo[-1] + batch.qo_lens[b])
+            n = batch.seq_lens[b]
+            kv.append(kv[-1] + n)
+            pages.extend(batch.block_rows[b][p // page_size] for p in range(n))
+            slots.extend(p % page_size for p in range(n))
+
+        def t(v: list[int], dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(v, dtype=dtype).to(dev)
+
+        rows.prefill_rows, rows.qo_indptr, rows.kv_indptr = t(tok_rows, torch.int64), t(qo, torch.int32), t(kv, torch.int32)
+        rows.kv_pages, rows.kv_slots = t(pages, torch.int64), t(slots, torch.int64)
+    return rows
+
+
+class DeepseekModel:
+    """Forward passes of a DeepSeek-V3-family model over paged MLA latents. ``weights``: :class:`DeepseekWeights`."""
+
+    family = "deepseek"
+
+    def __init__(self, weights: DeepseekWeights) -> None:
+        self.w = weights
+        self.spec = weights.spec
+
+    @property
+    def device(self) -> torch.device:
+        return self.w.embed.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.w.embed.dtype
+
+    def new_cache(self, num_pages: int, page_size: int) -> MLACache:
+        s = self.spec
+        ckv = torch.zeros(s.num_layers, num_pages, page_size, s.kv_lora_rank, dtype=self.dtype, device=self.device)
+        kpe = torch.zeros(s.num_layers, num_pages, page_size, s.qk_rope_head_dim, dtype=self.dtype, device=self.device)
+        return MLACache(ckv, kpe)
+
+    # -- steps -------------------------------------------------------------------------------------
+    def forward(self, batch: StepBatch, cache: MLACache) -> torch.Tensor:
+        """Logits (N, vocab) of ``batch.logits_indices`` after writing the step's latents into ``cache``."""
+        rows = _plan_rows(batch, cache.page_size)
+        bidx = None if batch.is_decode else batch.batch_indices
+        h = self._layers(batch.token_ids, batch.positions, bidx, batch.table, cache, rows, not batch.is_decode)
+        return calls.mm(h[batch.logits_indices], self.w.lm_head)
+
+    def decode_step(self, token_ids: torch.Tensor, positions: torch.Tensor, table: PageTable, cache: MLACache,
+                    plan: Any = None) -> torch.Tensor:
+        """One token per request (every request has a cache): logits (B, vocab). Compile/graph friendly.
+
+        ``plan`` is accepted for symmetry with the Llama model; MLA decode has no plan/run split
+        in the switchboard, so it is ignored.
+        """
+        rows = _Rows(None, table, None, None, None, None, None)
+        h = self._layers(token_ids, positions, None, table, cache, rows, False)
+        return calls.mm(h, self.w.lm_head)
+
+    # -- layers ------------------------------------------------------------------------------------
+    def _layers(self, token_ids: torch.Tensor, positions: torch.Tensor, batch_indices: torch.Tensor | None,
+                table: PageTable, cache: MLACache, rows: _Rows, check: bool) -> torch.Tensor:
+        eps = self.spec.rms_eps
+        x = self.w.embed[token_ids]
+        residual = x
+        h = x
+        for i, layer in enumerate(self.w.layers):
+            if i == 0:
+                h = calls.rms_norm(x, layer.attn_norm, eps)
+            else:
+                calls.fused_add_rms_norm(h, residual, layer.attn_norm, eps)
+            h = self._attention(layer, h, positions, batch_indices, table, cache.ckv[i], cache.kpe[i], rows, check)
+            calls.fused_add_rms_norm(h, residual, layer.mlp_norm, eps)
+            h = self._mlp(layer.mlp, h)
+        calls.fused_add_rms_norm(h, residual, self.w.final_norm, eps)
+        return h
+
+    def _mlp(self, mlp: DenseMLP | MoEWeights, h: torch.Tensor) -> torch.Tensor:
+        if isinstance(mlp, DenseMLP):
+            return dense_mlp(mlp, h)
+        s = self.spec
+        logits = calls.mm(h.float(), mlp.router)
+        weights, ids = calls.route(logits, s.num_experts_per_tok, "sigmoid", s.norm_topk_prob, s.n_group, s.topk_group,
+                                   mlp.correction_bias, s.routed_scaling_factor)
+        y = calls.experts(h, weights, ids, mlp.w13, mlp.w2)
+        if mlp.shared is not None:
+            y = y + dense_mlp(mlp.shared, h)
+        return y
+
+    def _attention(self, layer: MLALayer, h: torch.Tensor, positions: torch.Tensor, batch_indices: torch.Tensor | None,
+                   table: PageTable, ckv_pages: torch.Tensor, kpe_pages: torch.Tensor, rows: _Rows,
+                   check: bool) -> torch.Tensor:
+        s = self.spec
+        t, nh, nope, dr, r, dv = h.shape[0], s.num_heads, s.qk_nope_head_dim, s.qk_rope_head_dim, s.kv_lora_rank, s.v_head_dim
+        if layer.w_q is not None:
+            q = calls.mm(h, layer.w_q)
+        else:
+            q = calls.mm(calls.rms_norm(calls.mm(h, layer.w_q_a), layer.q_a_norm, _MLA_EPS), layer.w_q_b)
+        q = q.view(t, nh, nope + dr)
+        latent = calls.mm(h, layer.w_kv_a)  # (T, R + Dr)
+        ckv = calls.rms_norm(latent[:, :r], layer.kv_a_norm, _MLA_EPS)
+        q_pe, kpe = calls.rope(q[:, :, nope:], latent[:, r:].view(t, 1, dr), positions, s.rope_theta, None,
+                               s.rope_interleave)
+        kpe = kpe.view(t, dr)
+        calls.append_mla(ckv, kpe, ckv_pages, kpe_pages, table, positions, batch_indices, check)
+        q_nope = q[:, :, :nope]
+        if rows.prefill_rows is None:  # every row decodes
+            out = self._absorbed(layer, q_nope, q_pe, ckv_pages, kpe_pages, rows.decode_table)
+        else:
+            out = torch.empty(t, nh, dv, dtype=h.dtype, device=h.device)
+            if rows.decode_rows is not None:
+                d = rows.decode_rows
+                out[d] = self._absorbed(layer, q_nope[d], q_pe[d], ckv_pages, kpe_pages, rows.decode_table)
+            out[rows.prefill_rows] = self._expanded(layer, q_nope, q_pe, ckv_pages, kpe_pages, rows)
+        return calls.mm(out.reshape(t, nh * dv), layer.w_o)
+
+    def _absorbed(self, layer: MLALayer, q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_pages: torch.Tensor,
+                  kpe_pages: torch.Tensor, table: PageTable | None) -> torch.Tensor:
+        """Absorbed MLA decode of B single tokens: (B, H, v)."""
+        q_lat = calls.bmm(q_nope.transpose(0, 1), layer.w_uk).transpose(0, 1)  # (B, H, R)
+        lat = calls.mla_decode(q_lat.contiguous(), q_pe.contiguous(), ckv_pages, kpe_pages, table, self.spec.sm_scale)
+        return calls.bmm(lat.transpose(0, 1), layer.w_uv).transpose(0, 1)  # (B, H, v)
+
+    def _expanded(self, layer: MLALayer, q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_pages: torch.Tensor,
+                  kpe_pages: torch.Tensor, rows: _Rows) -> torch.Tensor:
+        """Non-absorbed causal attention of the prefill rows over their whole latent history: (Tp, H, v)."""
+        s = self.spec
+        nh, nope, dv = s.num_heads, s.qk_nope_head_dim, s.v_head_dim
+        ckv = ckv_pages[rows.kv_pages, rows.kv_slots]  # (Tk, R)
+        kpe = kpe_pages[rows.kv_pages, rows.kv_slots]  # (Tk, Dr)
+        tk = ckv.shape[0]
+        kv = calls.mm(ckv, layer.w_kv_b).view(tk, nh, nope + dv)
+        k = torch.cat([kv[:, :, :nope], kpe[:, None, :].expand(tk, nh, kpe.shape[-1])], dim=-1)
+        v = kv[:, :, nope:].contiguous()
+        pr = rows.prefill_rows
+        q = torch.cat([q_nope[pr], q_pe[pr]], dim=-1)
+        return calls.prefill_ragged(q, k, v, rows.qo_indptr, rows.kv_indptr, s.sm_scale)
+
+
+#: eps of the q_a / kv_a latent norms (transformers builds them with the RMSNorm default)
+_MLA_EPS = 1e-6
