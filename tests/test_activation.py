@@ -63,7 +63,7 @@ def test_bad_inputs_name_the_argument() -> None:
     with pytest.raises(ksb.InvalidArgumentError, match=r"x\.stride"):
         ksb.activation.silu_and_mul(torch.randn(32, 4).t())
     with pytest.raises(ksb.InvalidArgumentError, match=r"x"):
-        ksb.activation.silu_and_mul([1.0, 2.0])
+        ksb.activation.silu_and_mul([1.0, 2.0])  # type: ignore[arg-type]
 
 
 def test_problem_fields() -> None:

@@ -50,7 +50,7 @@ def test_mm_bad_inputs_name_the_argument() -> None:
         (r"a\.dtype", lambda: ksb.gemm.mm(a.double(), b.double())),
         (r"a\.shape", lambda: ksb.gemm.mm(a[None], b)),
         (r"b\.shape", lambda: ksb.gemm.mm(a, b[None])),
-        (r"\bb\b", lambda: ksb.gemm.mm(a, 3.0)),
+        (r"\bb\b", lambda: ksb.gemm.mm(a, 3.0)),  # type: ignore[arg-type]
     ]:
         with pytest.raises(ksb.InvalidArgumentError, match=pattern):
             call()

@@ -170,7 +170,7 @@ def test_bad_inputs_name_the_argument() -> None:
         (r"q\.dtype", lambda: ksb.rope.apply(q.int(), k, pos)),
         (r"q\.stride", lambda: ksb.rope.apply(torch.randn(4, 64, 2).transpose(1, 2), k, pos)),
         (r"theta", lambda: ksb.rope.apply(q, k, pos, theta=-1.0)),
-        (r"scaling", lambda: ksb.rope.apply(q, k, pos, scaling={"factor": 8})),
+        (r"scaling", lambda: ksb.rope.apply(q, k, pos, scaling={"factor": 8})),  # type: ignore[arg-type]
         (r"scaling\.high_freq_factor", lambda: Llama3Scaling(8.0, 4.0, 1.0, 8192)),
         (r"cos_sin_cache\.dtype", lambda: ksb.rope.apply_cos_sin_cache(q, k, pos, torch.randn(16, 64).half())),
         (r"cos_sin_cache\.shape\[1\]", lambda: ksb.rope.apply_cos_sin_cache(q, k, pos, torch.randn(16, 66))),
