@@ -1,0 +1,251 @@
+"""Plans (plan/run), merge_states and the cascade helper."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+import torch
+
+import kernel_switchboard as ksb
+from kernel_switchboard.capability import FEATURES, Capability
+from kernel_switchboard.reference import attention as ref_attention
+from kernel_switchboard.testing.cases.attention import AttnSpec, decode_case, indptr, prefill_case, random_pages
+
+F16, F32 = torch.float16, torch.float32
+
+
+def _plan_kwargs(q: torch.Tensor, cache: ksb.PagedKVCache, **kw: Any) -> dict[str, Any]:
+    return dict(num_q_heads=q.shape[1], num_kv_heads=cache.num_kv_heads, head_dim=cache.head_dim,
+                head_dim_v=cache.head_dim_v, dtype=q.dtype, kv_dtype=cache.dtype, layout=cache.layout,
+                page_size=cache.page_size, **kw)
+
+
+# -- plans --------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("spec", [
+    AttnSpec(F32, "NHD", 4, 4, 2, kv_lens=(0, 9, 23)),
+    AttnSpec(F16, "HND", 16, 4, 1, kv_lens=(30, 1), soft_cap=5.0, window=4, lse=True),
+    AttnSpec(F32, "NHD", 1, 4, 2, kv_lens=(5, 12), kv_dtype=torch.float8_e4m3fn, lse=True),
+], ids=lambda s: s.tag("plan"))
+def test_plan_decode_run_equals_decode(spec: AttnSpec) -> None:
+    case = decode_case(spec, "cpu")
+    q, cache, table = case.args
+    plan = ksb.attention.plan_decode(table, **_plan_kwargs(q, cache, **case.kwargs))
+    assert plan.selection.kernel.id == "reference:decode" and plan.kernel is plan.selection.kernel
+    want = ksb.attention.decode(q, cache, table, **case.kwargs)
+    got = plan.run(q, cache)
+    for g, w in zip(got if spec.lse else (got,), want if spec.lse else (want,)):
+        torch.testing.assert_close(g, w, atol=0, rtol=0)
+
+
+def test_plan_decode_writes_given_outputs_and_sees_in_place_table_updates() -> None:
+    q, cache, table = decode_case(AttnSpec(F32, "NHD", 4, 4, 2, kv_lens=(17, 9, 23)), "cpu").args
+    plan = ksb.attention.plan_decode(table, **_plan_kwargs(q, cache, return_lse=True))
+    out, lse = torch.full((3, 4, 64), float("nan")), torch.full((3, 4), float("nan"))
+    got, got_lse = plan.run(q, cache, out=out, lse=lse)
+    assert got is out and got_lse is lse
+    torch.testing.assert_close(out, ksb.attention.decode(q, cache, table))
+    table.seq_lens.copy_(torch.tensor([3, 9, 1], dtype=torch.int32))  # shorter: inside the planned bound
+    want = ksb.attention.decode(q, cache, ksb.PageTable(table.block_table, table.seq_lens.clone()))
+    torch.testing.assert_close(plan.run(q, cache)[0], want)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_plan_prefill_run_equals_prefill(causal: bool) -> None:
+    spec = AttnSpec(F32, "HND", 4, 4, 2, kv_lens=(7, 1, 20, 0), q_lens=(7, 1, 5, 0), causal=causal, window=6)
+    q, qo, cache, table = prefill_case(spec, "cpu").args
+    plan = ksb.attention.plan_prefill(table, qo, **_plan_kwargs(q, cache, causal=causal, window_left=6,
+                                                                return_lse=True))
+    assert plan.selection.kernel.id == "reference:prefill"
+    assert "mixed_batch" in plan.problem.features and plan.params.max_q_len == 7
+    out, lse = plan.run(q, cache)
+    want, want_lse = ksb.attention.prefill(q, qo, cache, table, causal=causal, window_left=6, return_lse=True)
+    torch.testing.assert_close(out, want, atol=0, rtol=0)
+    torch.testing.assert_close(lse, want_lse, atol=0, rtol=0)
+
+
+def test_plan_bad_arguments_name_the_argument() -> None:
+    q, cache, table = decode_case(AttnSpec(F32, "NHD", 4, 4, 2, kv_lens=(5, 9)), "cpu").args
+    good = _plan_kwargs(q, cache)
+    bad = {
+        "num_q_heads": dict(good, num_q_heads=3),
+        "kv_dtype": dict(good, kv_dtype=torch.float16),
+        "dtype": dict(good, dtype=torch.int8),
+        "layout": dict(good, layout="NDH"),
+        "page_size": dict(good, page_size=0),
+        "max_kv_len": dict(good, max_kv_len=10**6),
+        "window_left": dict(good, window_left=-5),
+    }
+    for name, kw in bad.items():
+        with pytest.raises(ksb.InvalidArgumentError, match=name):
+            ksb.attention.plan_decode(table, **kw)
+    plan = ksb.attention.plan_decode(table, **good)
+    with pytest.raises(ksb.InvalidArgumentError, match=r"q="):
+        plan.run(q[:1], cache)
+    with pytest.raises(ksb.InvalidArgumentError, match=r"cache="):
+        plan.run(q, cache.to_layout("HND"))
+    with pytest.raises(ksb.InvalidArgumentError, match=r"qo_indptr\.shape"):
+        ksb.attention.plan_prefill(table, torch.tensor([0, 1], dtype=torch.int32), **good)
+
+
+class _RunOnlyBackend:
+    """A backend whose decode kernel has no ``plan``: the core wraps its ``run``."""
+
+    calls = 0
+
+    @ksb.hookimpl
+    def ksb_backend(self) -> ksb.Backend:
+        def run(q: torch.Tensor, cache: Any, table: Any, p: Any) -> Any:
+            _RunOnlyBackend.calls += 1
+            return ref_attention.decode(q, cache, table, p)
+
+        cap = Capability(devices=frozenset({"cpu"}), features=FEATURES)
+        return ksb.Backend("runonly", kernels=[ksb.Kernel("attention.decode", "decode", "runonly", cap, run)])
+
+
+def test_plan_wraps_a_kernel_without_plan() -> None:
+    plugin = _RunOnlyBackend()
+    ksb.registry.register(plugin)
+    try:
+        q, cache, table = decode_case(AttnSpec(F16, "HND", 16, 4, 2, kv_lens=(5, 40)), "cpu").args
+        plan = ksb.attention.plan_decode(table, **_plan_kwargs(q, cache, return_lse=True), backend="runonly")
+        assert plan.kernel.id == "runonly:decode"
+        out, lse = plan.run(q, cache)
+        assert _RunOnlyBackend.calls == 1
+        want, want_lse = ksb.attention.decode(q, cache, table, return_lse=True, backend="reference")
+        torch.testing.assert_close(out, want, atol=0, rtol=0)
+        torch.testing.assert_close(lse, want_lse, atol=0, rtol=0)
+    finally:
+        ksb.registry.unregister(plugin)
+
+
+# -- merge_states ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [F32, F16])
+def test_merging_two_halves_equals_the_whole(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(6, 4, 32, generator=g).to(dtype)
+    k = torch.randn(21, 2, 32, generator=g).to(dtype)
+    v = torch.randn(21, 2, 32, generator=g).to(dtype)
+    qo = torch.tensor([0, 6], dtype=torch.int32)
+
+    def part(lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+        kv = torch.tensor([0, hi - lo], dtype=torch.int32)
+        return ksb.attention.prefill_ragged(q, k[lo:hi], v[lo:hi], qo, kv, causal=False, logits_soft_cap=7.0,
+                                            return_lse=True)
+
+    out, lse = ksb.attention.merge_states(*part(0, 8), *part(8, 21))
+    whole, whole_lse = part(0, 21)
+    tol = 1e-5 if dtype == F32 else 2e-3
+    torch.testing.assert_close(out, whole, atol=tol, rtol=tol)
+    torch.testing.assert_close(lse, whole_lse, atol=1e-5, rtol=1e-5)
+
+
+def test_merge_with_empty_states() -> None:
+    o_a, o_b = torch.randn(2, 3, 8), torch.randn(2, 3, 8)
+    lse_a = torch.tensor([[1.0, float("-inf"), float("-inf")]] * 2)
+    lse_b = torch.tensor([[float("-inf"), 2.0, float("-inf")]] * 2)
+    out, lse = ksb.attention.merge_states(o_a, lse_a, o_b, lse_b)
+    torch.testing.assert_close(out[:, 0], o_a[:, 0])
+    torch.testing.assert_close(out[:, 1], o_b[:, 1])
+    assert torch.all(out[:, 2] == 0)
+    torch.testing.assert_close(lse, torch.tensor([[1.0, 2.0, float("-inf")]] * 2))
+
+
+# -- cascade ------------------------------------------------------------------------------------------------------
+def _shared_prefix(dtype: torch.dtype, layout: str, q_lens: list[int], suffix_lens: list[int]) -> tuple[Any, ...]:
+    """A cache holding one shared 12-token prefix (3 pages of 4) and each request's own suffix pages."""
+    g = torch.Generator().manual_seed(7)
+    ps, prefix = 4, 12
+    suffix_pages = [(n + ps - 1) // ps for n in suffix_lens]
+    num_pages = 3 + sum(suffix_pages) + 2
+    perm = torch.randperm(num_pages, generator=g).tolist()
+    shared, rest = perm[:3], perm[3:]
+    own, start = [], 0
+    for n in suffix_pages:
+        own.append(rest[start:start + n])
+        start += n
+    width = max(suffix_pages)
+    k = random_pages(g, num_pages, ps, 2, 32, dtype)
+    v = random_pages(g, num_pages, ps, 2, 32, dtype)
+    if layout == "HND":
+        k, v = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+    cache = ksb.PagedKVCache(k, v, layout)
+    suffix_table = ksb.PageTable(torch.tensor([p + [0] * (width - len(p)) for p in own], dtype=torch.int32),
+                                 torch.tensor(suffix_lens, dtype=torch.int32))
+    prefix_table = ksb.PageTable(torch.tensor([shared], dtype=torch.int32), torch.tensor([prefix], dtype=torch.int32))
+    full_table = ksb.PageTable(torch.tensor([shared + p + [0] * (width - len(p)) for p in own], dtype=torch.int32),
+                               torch.tensor([prefix + n for n in suffix_lens], dtype=torch.int32))
+    q = torch.randn(sum(q_lens), 4, 32, generator=g).to(dtype)
+    return q, indptr(q_lens, "cpu"), cache, prefix_table, suffix_table, full_table
+
+
+@pytest.mark.parametrize(("dtype", "layout", "q_lens", "suffix_lens", "cap"), [
+    (F32, "NHD", [1, 1, 1], [5, 1, 9], None),  # decode with a shared system prompt
+    (F32, "HND", [3, 1, 6], [3, 4, 9], 6.0),  # prefill / append
+    (F16, "NHD", [2, 5], [7, 5], None),
+])
+def test_cascade_equals_plain_attention(dtype: torch.dtype, layout: str, q_lens: list[int], suffix_lens: list[int],
+                                        cap: float | None) -> None:
+    q, qo, cache, prefix_table, suffix_table, full_table = _shared_prefix(dtype, layout, q_lens, suffix_lens)
+    out, lse = ksb.attention.cascade(q, qo, cache, prefix_table, suffix_table, logits_soft_cap=cap, return_lse=True)
+    want, want_lse = ksb.attention.prefill(q, qo, cache, full_table, logits_soft_cap=cap, return_lse=True)
+    tol = 1e-5 if dtype == F32 else 2e-3
+    torch.testing.assert_close(out, want, atol=tol, rtol=tol)
+    torch.testing.assert_close(lse, want_lse, atol=1e-5, rtol=1e-5)
+    only_out = ksb.attention.cascade(q, qo, cache, prefix_table, suffix_table, logits_soft_cap=cap)
+    torch.testing.assert_close(only_out, out, atol=0, rtol=0)
+
+
+def test_cascade_rejects_a_prefix_table_of_several_requests() -> None:
+    q, qo, cache, _, suffix_table, full_table = _shared_prefix(F32, "NHD", [1, 1], [2, 3])
+    with pytest.raises(ksb.InvalidArgumentError, match="prefix_table"):
+        ksb.attention.cascade(q, qo, cache, full_table, suffix_table)
+
+
+# -- GPU: capture -------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_reference_decode_plan_is_captured_and_replays_with_new_inputs() -> None:
+    spec = AttnSpec(torch.bfloat16, "HND", 16, 32, 8, 128, kv_lens=(300, 1, 77, 1024), lse=True)
+    q, cache, table = decode_case(spec, "cuda").args
+    plan = ksb.attention.plan_decode(table, **_plan_kwargs(q, cache, return_lse=True))
+    assert "cuda_graph" in plan.problem.features
+    static_q = q.clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        plan.run(static_q, cache)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = plan.run(static_q, cache)
+    static_q.copy_(torch.randn_like(q))
+    table.seq_lens.copy_(torch.tensor([299, 0, 80, 512], dtype=torch.int32, device="cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
+    new_table = ksb.PageTable(table.block_table, table.seq_lens.clone())
+    want, want_lse = ksb.attention.decode(static_q, cache, new_table, return_lse=True)
+    torch.testing.assert_close(out, want, atol=0, rtol=0)
+    torch.testing.assert_close(lse, want_lse, atol=0, rtol=0)
+
+
+@pytest.mark.gpu
+def test_eager_decode_under_capture_selects_a_capturable_kernel() -> None:
+    spec = AttnSpec(torch.float16, "NHD", 16, 8, 2, 64, kv_lens=(33, 5))
+    q, cache, table = decode_case(spec, "cuda").args
+    ksb.attention.decode(q, cache, table)  # checks the table once, outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = ksb.attention.decode(q, cache, table)
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, ksb.attention.decode(q, cache, table), atol=0, rtol=0)
+
+
+def test_plan_kwargs_spec_roundtrip() -> None:
+    """The plan's AttnParams mirror the arguments."""
+    q, cache, table = decode_case(replace(AttnSpec(F32, kv_lens=(4, 9))), "cpu").args
+    plan = ksb.attention.plan_decode(table, **_plan_kwargs(q, cache, sm_scale=0.25, logits_soft_cap=3.0,
+                                                           window_left=2, return_lse=True))
+    p = plan.params
+    assert (p.sm_scale, p.logits_soft_cap, p.window_left, p.return_lse, p.max_kv_len) == (0.25, 3.0, 2, True, 9)
