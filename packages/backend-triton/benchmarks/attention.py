@@ -189,7 +189,7 @@ def _prefill_point(batch: int, length: int, dev: torch.device, g: torch.Generato
 def _mla_point(dev: torch.device, g: torch.Generator, sweep: bool, batch: int = 128, length: int = 8192,
                page: int = 64, heads: int = 128) -> list[dict[str, Any]]:
     from kernel_switchboard.reference import attention as ref
-    from kernel_switchboard_triton._decode import bucket_len
+    from kernel_switchboard_triton._decode import round_len
     from kernel_switchboard_triton._mla import MLAConfig, mla_config, mla_decode
 
     (ckv, kpe), table = _paged(batch, length, page, None, (512, 64), "NHD", dev, g)
@@ -201,7 +201,7 @@ def _mla_point(dev: torch.device, g: torch.Generator, sweep: bool, batch: int = 
     want = ref.mla_decode(qn, qp, ckv, kpe, table, p)[0]
     nbytes = float(batch * length * (512 + 64) * 2)
     workload = f"mla decode B={batch} L={length} H={heads} p{page}"
-    base = mla_config(dev, batch, heads, bucket_len(length))
+    base = mla_config(dev, batch, heads, round_len(length))
     cfgs = [base]
     if sweep:
         for bh, bn, warps, stages in ((16, 32, 4, 2), (32, 32, 4, 2), (32, 64, 8, 2), (64, 32, 8, 2), (64, 16, 4, 2),

@@ -93,3 +93,28 @@ def fp8_needs_sm89(problem: Any) -> list[str]:
     if "fp8_kv" in getattr(problem, "features", ()) and cc is not None and cc < (8, 9):
         return [f"fp8 KV needs compute capability >= 8.9 for Triton's fp8 conversions (have {cc[0]}.{cc[1]})"]
     return []
+
+
+def resident_ctas(device: torch.device, smem_bytes: int, num_warps: int) -> int:
+    """Rough programs resident per SM: bounded by shared memory (228 KB on Hopper, 164 KB on Ampere)
+    and by 64 KB of registers at ~128 per thread."""
+    smem = 227 * 1024 if cc_major(device) >= 9 else 163 * 1024
+    by_smem = smem // max(smem_bytes + 2048, 1)
+    by_regs = 65536 // (num_warps * 32 * 128)
+    return max(1, min(by_smem, by_regs, 8))
+
+
+def choose_splits(programs: int, kv_len: int, block_n: int, slots: int, max_splits: int = 64) -> int:
+    """Split count for split-KV: minimise waves x tokens per program (+ a fixed cost of two tiles).
+
+    ``programs``: independent KV streams without splitting; ``slots``: programs resident at once.
+    Each split keeps at least two tiles; more splits also cost a merge, so ties keep fewer.
+    """
+    best, best_cost = 1, math.inf
+    limit = max(1, min(max_splits, kv_len // (2 * block_n)))
+    for s in range(1, limit + 1):
+        tokens = triton.cdiv(triton.cdiv(kv_len, s), block_n) * block_n
+        cost = triton.cdiv(programs * s, slots) * (tokens + 2 * block_n)
+        if cost < best_cost * 0.97:
+            best, best_cost = s, cost
+    return best

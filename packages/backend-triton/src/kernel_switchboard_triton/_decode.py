@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._attn_common import _tanh, cc_major, interpreting, sm_count, soft_cap_args
+from ._attn_common import _tanh, cc_major, choose_splits, interpreting, resident_ctas, sm_count, soft_cap_args
 
 
 @triton.jit
@@ -174,22 +174,21 @@ class DecodeConfig(NamedTuple):
 
 
 @functools.lru_cache(maxsize=1024)
-def decode_config(device: torch.device, batch: int, kv_heads: int, group: int, head_dim: int, kv_len_bucket: int,
+def decode_config(device: torch.device, batch: int, kv_heads: int, group: int, head_dim: int, kv_len: int,
                   num_splits: int | None = None) -> DecodeConfig:
-    """Tiles, warps and the split count for a decode shape (``kv_len_bucket``: max KV length, bucketed)."""
+    """Tiles, warps and the split count for a decode shape (``kv_len``: the longest KV length, rounded)."""
     block_h = max(16, triton.next_power_of_2(group))
     if interpreting():
         block_n = 16
-        splits = num_splits or (2 if kv_len_bucket > 2 * block_n else 1)
+        splits = num_splits or (2 if kv_len > 2 * block_n else 1)
         return DecodeConfig(block_h, block_n, splits, 1, 1, True)
     block_n = 64 if head_dim <= 128 else 32
+    warps, stages = 4, (3 if cc_major(device) >= 9 else 2)
     if num_splits is None:
-        programs = batch * kv_heads
-        target = 4 * sm_count(device)
-        by_len = max(1, kv_len_bucket // 256)  # keep each split >= 256 tokens
-        num_splits = 1 if programs >= target else max(1, min(triton.cdiv(target, programs), by_len, 64))
-    hopper = cc_major(device) >= 9
-    return DecodeConfig(block_h, block_n, num_splits, 4, 3 if hopper else 2, False)
+        smem = stages * block_n * 2 * triton.next_power_of_2(head_dim) * 2  # K and V tiles, 16-bit
+        slots = sm_count(device) * resident_ctas(device, smem, warps)
+        num_splits = choose_splits(batch * kv_heads, kv_len, block_n, slots)
+    return DecodeConfig(block_h, block_n, num_splits, warps, stages, False)
 
 
 class DecodePlan:
@@ -207,7 +206,7 @@ class DecodePlan:
         self.table = table
         self.group = num_q_heads // num_kv_heads
         if cfg is None:
-            cfg = decode_config(device, batch, num_kv_heads, self.group, head_dim, bucket_len(max_kv_len), num_splits)
+            cfg = decode_config(device, batch, num_kv_heads, self.group, head_dim, round_len(max_kv_len), num_splits)
         self.cfg = cfg
         self.sm_scale, self.soft_cap, self.window_left = sm_scale, logits_soft_cap, window_left
         s = self.cfg.num_splits
@@ -221,9 +220,9 @@ class DecodePlan:
                       self.cfg, self.group, self.sm_scale, self.soft_cap, self.window_left)
 
 
-def bucket_len(n: int) -> int:
-    """Round a KV length up to a power of two (the split heuristic only needs its order)."""
-    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+def round_len(n: int) -> int:
+    """Round a KV length up to a multiple of 256 (the split model needs no more; bounds the config cache)."""
+    return max(256, triton.cdiv(n, 256) * 256)
 
 
 def launch_decode(q: torch.Tensor, cache: Any, table: Any, out: torch.Tensor, lse: torch.Tensor,

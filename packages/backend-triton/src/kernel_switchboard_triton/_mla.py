@@ -15,8 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._attn_common import LOG2E, cc_major, interpreting, sm_count
-from ._decode import bucket_len, launch_merge_splits
+from ._attn_common import LOG2E, cc_major, choose_splits, interpreting, resident_ctas, sm_count
+from ._decode import launch_merge_splits, round_len
 
 
 @triton.jit
@@ -116,20 +116,19 @@ class MLAConfig(NamedTuple):
 
 
 @functools.lru_cache(maxsize=512)
-def mla_config(device: torch.device, batch: int, heads: int, kv_len_bucket: int,
+def mla_config(device: torch.device, batch: int, heads: int, kv_len: int,
                num_splits: int | None = None) -> MLAConfig:
-    """Tiles and split count for an MLA decode shape."""
+    """Tiles and split count for an MLA decode shape (``kv_len``: the longest KV length, rounded)."""
     if interpreting():
-        splits = num_splits or (2 if kv_len_bucket > 32 else 1)
+        splits = num_splits or (2 if kv_len > 32 else 1)
         return MLAConfig(16, 16, splits, 1, 1, True)
-    block_h = 32 if heads >= 32 else 16
-    if num_splits is None:
-        streams = batch * triton.cdiv(heads, block_h)
-        target = 2 * sm_count(device)
-        by_len = max(1, kv_len_bucket // 512)
-        num_splits = 1 if streams >= target else max(1, min(triton.cdiv(target, streams), by_len, 64))
+    block_h, block_n, warps = (32 if heads >= 32 else 16), 32, 8
     stages = 2 if cc_major(device) >= 9 else 1
-    return MLAConfig(block_h, 32, num_splits, 8, stages, False)
+    if num_splits is None:
+        smem = stages * block_n * (512 + 64) * 2
+        slots = sm_count(device) * resident_ctas(device, smem, warps)
+        num_splits = choose_splits(batch * triton.cdiv(heads, block_h), kv_len, block_n, slots)
+    return MLAConfig(block_h, block_n, num_splits, warps, stages, False)
 
 
 def launch_mla(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv: torch.Tensor, kpe: torch.Tensor, table: Any,
@@ -160,7 +159,7 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_pages: torch.Tensor
     """The ``attention.mla_decode`` kernel: q_nope (B, H, 512), q_pe (B, H, 64) -> out (B, H, 512), lse (B, H)."""
     batch, heads, dc = q_nope.shape
     if cfg is None:
-        cfg = mla_config(q_nope.device, batch, heads, bucket_len(p.max_kv_len))
+        cfg = mla_config(q_nope.device, batch, heads, round_len(p.max_kv_len))
     out = q_nope.new_empty(batch, heads, dc)
     lse = q_nope.new_empty(batch, heads, dtype=torch.float32)
     s = cfg.num_splits
