@@ -233,3 +233,14 @@ def test_benchmark_script_runs_on_tiny_shapes() -> None:
     assert rows and all("error" not in r for r in rows), [r for r in rows if "error" in r]
     assert {r["workload"].split()[0] for r in rows} == {"decode", "prefill", "mla"}
     assert "decode" in module.summary(rows)
+
+
+def test_split_model_fills_one_wave_for_small_batches() -> None:
+    from kernel_switchboard_triton._attn_common import choose_splits
+
+    slots = 264  # 132 SMs x 2 resident programs (H200, d128, 3 stages)
+    assert choose_splits(16 * 8, 2048, 64, slots) == 2  # 128 streams -> 256 programs, one wave
+    assert choose_splits(128 * 8, 8192, 64, slots) == 1  # already ~4 waves
+    assert choose_splits(1 * 8, 65536, 64, slots) == 32  # one long request spreads over the GPU
+    assert choose_splits(4, 100, 64, slots) == 1  # too short to split
+    assert choose_splits(1, 10**6, 64, slots, max_splits=64) <= 64

@@ -170,6 +170,7 @@ class DecodeConfig(NamedTuple):
     num_splits: int
     num_warps: int
     num_stages: int
+    #: interpreter: float32 dot operands for bf16 inputs (its bf16 tl.dot is wrong; fp16 runs natively)
     dot_fp32: bool
 
 
@@ -255,7 +256,8 @@ def launch_decode(q: torch.Tensor, cache: Any, table: Any, out: torch.Tensor, ls
         GROUP=group, BLOCK_H=cfg.block_h, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v,
         BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_DV=triton.next_power_of_2(head_dim_v),
         PAGE_SIZE=cache.page_size, BLOCK_N=cfg.block_n, NUM_SPLITS=splits, SOFT_CAP=soft_cap is not None,
-        DOT_FP32=cfg.dot_fp32, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        DOT_FP32=cfg.dot_fp32 and q.dtype == torch.bfloat16,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1:
         launch_merge_splits(part_out, part_lse, out, lse)

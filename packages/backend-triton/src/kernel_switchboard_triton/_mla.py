@@ -112,6 +112,7 @@ class MLAConfig(NamedTuple):
     num_splits: int
     num_warps: int
     num_stages: int
+    #: interpreter: float32 dot operands for bf16 inputs (its bf16 tl.dot is wrong; fp16 runs natively)
     dot_fp32: bool
 
 
@@ -148,7 +149,8 @@ def launch_mla(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv: torch.Tensor, kpe:
         ckv.stride(0), ckv.stride(1), kpe.stride(0), kpe.stride(1), bt.stride(0),
         o.stride(0), o.stride(1), oss, lp.stride(0), lp.stride(1), sm_scale * LOG2E,
         HEAD_DIM=dc, HEAD_DIM_PE=q_pe.shape[2], BLOCK_H=cfg.block_h, PAGE_SIZE=ckv.shape[1], BLOCK_N=cfg.block_n,
-        NUM_SPLITS=splits, DOT_FP32=cfg.dot_fp32, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        NUM_SPLITS=splits, DOT_FP32=cfg.dot_fp32 and q_nope.dtype == torch.bfloat16,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1:
         launch_merge_splits(part_out, part_lse, out, lse)

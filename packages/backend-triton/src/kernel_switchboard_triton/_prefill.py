@@ -256,6 +256,7 @@ class PrefillConfig(NamedTuple):
     block_n: int
     num_warps: int
     num_stages: int
+    #: interpreter: float32 dot operands for bf16 inputs (its bf16 tl.dot is wrong; fp16 runs natively)
     dot_fp32: bool
 
 
@@ -310,7 +311,8 @@ def launch_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr:
         GROUP=group, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_MAIN=main, HEAD_TAIL=tail, HEAD_DIM_V=dv,
         BLOCK_DV=triton.next_power_of_2(dv), PAGE_SIZE=page_size, PAGED=paged, CAUSAL=bool(p.causal),
         WINDOW=p.window_left >= 0, SOFT_CAP=p.logits_soft_cap is not None, RETURN_LSE=lse is not None,
-        LOG_B=max(1, batch.bit_length()), DOT_FP32=cfg.dot_fp32, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        LOG_B=max(1, batch.bit_length()), DOT_FP32=cfg.dot_fp32 and q.dtype == torch.bfloat16,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
 
