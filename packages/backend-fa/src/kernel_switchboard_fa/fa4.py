@@ -1,0 +1,187 @@
+"""FlashAttention-4 (``flash_attn.cute.flash_attn_varlen_func``, CuTe DSL, JIT-compiled per shape).
+
+- decode: a batch of one-token sequences over the paged NHD pool (``page_table`` + ``seqused_k``);
+  page size 128 (= its KV tile) loads pages by TMA, other sizes by its cp.async loader.
+  Split-KV: FA4 splits natively on sm_100 (``num_splits=0``: its heuristic); on sm_90 it has no
+  split-KV, so small batches (B * Hkv at most half the SMs, no window) are split here by slicing
+  the page table (:func:`~.convert.split_table`) and merged (:func:`~.convert.merge_splits`).
+- prefill: packed queries (``cu_seqlens_q``) over the paged pool; prefill_ragged: ``cu_seqlens_q/k``.
+- causal (bottom-right), sliding window, soft cap (a score_mod: about half the prefill rate), LSE, GQA
+  packing; head dims 8..256 on sm_90; up to 128, 192/128 or 256/256 on sm_100.
+- Rows of a partly used last page must hold finite values when the page size is 128 (the TMA
+  path loads whole pages and multiplies masked rows by zero).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from kernel_switchboard import Capability, Kernel
+from kernel_switchboard.paged import PagedKVCache, PageTable
+
+from .convert import decode_queries, lse_batched, lse_varlen, merge_splits, softcap, split_table, window_fa4
+from .cost import decode_cost, prefill_cost
+from .providers import FA4
+
+HALF = frozenset({torch.float16, torch.bfloat16})
+DIMS = frozenset(range(8, 257, 8))
+_COMMON = frozenset({"return_lse", "soft_cap", "sliding_window", "cuda_graph", "qk_v_dims_differ"})
+#: fewest tokens per chunk worth a split of its own
+MIN_SPLIT_TOKENS = 512
+MAX_SPLITS = 16
+
+
+def _fn() -> Any:
+    from flash_attn.cute import flash_attn_varlen_func
+
+    return flash_attn_varlen_func
+
+
+def check_dims(pr: Any) -> list[str]:
+    """FA4's head-dim rules by architecture (interface.py ``_validate_head_dims``)."""
+    d, dv = pr.head_dim, pr.head_dim_v
+    major = (pr.cc or (9, 0))[0]
+    if major == 9 or (d <= 128 and dv <= 128) or (d, dv) in ((192, 128), (256, 256)):
+        return []
+    return [f"(head_dim, head_dim_v)=({d}, {dv}) not supported on compute capability {major}.x "
+            "(supported: both <= 128, (192, 128) or (256, 256))"]
+
+
+def capabilities() -> dict[str, Capability]:
+    common = dict(devices=frozenset({"cuda"}), min_cc=(9, 0), max_cc=(11, 9), dtypes=HALF, kv_dtypes=HALF,
+                  head_dims=DIMS, head_dims_v=DIMS, check=check_dims)
+    nhd = frozenset({"NHD"})
+    return {
+        "attention.decode": Capability(**common, layouts=nhd, features=_COMMON | {"paged"}),  # type: ignore[arg-type]
+        "attention.prefill": Capability(**common, layouts=nhd,  # type: ignore[arg-type]
+                                        features=_COMMON | {"paged", "causal", "mixed_batch"}),
+        "attention.prefill_ragged": Capability(**common,  # type: ignore[arg-type]
+                                               features=_COMMON | {"ragged", "causal", "mixed_batch"}),
+    }
+
+
+# -- split-KV ----------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=16)
+def _sm_count(index: int) -> tuple[int, int]:
+    props = torch.cuda.get_device_properties(index)
+    return props.multi_processor_count, props.major
+
+
+def native_splits(device: torch.device) -> int:
+    """``num_splits`` to pass FA4: 0 (its own heuristic) on sm_100+, 1 on sm_90 (no split-KV there)."""
+    return 0 if _sm_count(device.index or 0)[1] >= 10 else 1
+
+
+def manual_splits(batch: int, kv_heads: int, kv_capacity: int, num_sms: int, window_left: int) -> int:
+    """Chunks per request for the page-table split (sm_90): enough to fill the SMs when
+    ``batch * kv_heads`` work units fill at most half of them, each chunk >= MIN_SPLIT_TOKENS."""
+    units = batch * kv_heads
+    if window_left >= 0 or units == 0 or 2 * units > num_sms:
+        return 1
+    return max(1, min(num_sms // units, kv_capacity // MIN_SPLIT_TOKENS, MAX_SPLITS))
+
+
+# -- kernels --------------------------------------------------------------------------------------------------
+def _empty(cache: PagedKVCache, table: PageTable, out: torch.Tensor, lse: torch.Tensor | None) -> bool:
+    """No page to read at all: the op's empty result (0, -inf) instead of a zero-size launch."""
+    if table.max_pages and cache.num_pages:
+        return False
+    out.zero_()
+    if lse is not None:
+        lse.fill_(float("-inf"))
+    return True
+
+
+def _decode_into(q: torch.Tensor, cache: PagedKVCache, table: PageTable, p: Any, splits: int
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    fn = _fn()
+    kw = dict(softmax_scale=p.sm_scale, causal=True, window_size=window_fa4(p.window_left),
+              softcap=softcap(p.logits_soft_cap))
+    if splits > 1:
+        tbl, lens = split_table(table.block_table, table.seq_lens, cache.page_size, splits)
+        qs = decode_queries(q.repeat_interleave(splits, 0))
+        out, lse = fn(qs, cache.k_pages, cache.v_pages, seqused_k=lens, page_table=tbl, return_lse=True, **kw)
+        merged, merged_lse = merge_splits(out[:, 0], lse_batched(lse), splits)
+        return merged, (merged_lse if p.return_lse else None)
+    out, lse = fn(decode_queries(q), cache.k_pages, cache.v_pages, seqused_k=table.seq_lens,
+                  page_table=table.block_table, num_splits=native_splits(q.device), return_lse=p.return_lse, **kw)
+    return out[:, 0], (lse_batched(lse) if p.return_lse else None)
+
+
+def _auto_splits(q: torch.Tensor, cache: PagedKVCache, table: PageTable, p: Any) -> int:
+    num_sms, major = _sm_count(q.device.index or 0)
+    if major != 9:
+        return 1
+    return manual_splits(q.shape[0], cache.num_kv_heads, table.max_pages * cache.page_size, num_sms, p.window_left)
+
+
+def decode(q: torch.Tensor, cache: PagedKVCache, table: PageTable, p: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """q (B, Hq, D) -> out (B, Hq, Dv), lse (B, Hq) or None."""
+    if q.shape[0] == 0 or not (table.max_pages and cache.num_pages):
+        out = q.new_empty((q.shape[0], q.shape[1], cache.head_dim_v))
+        lse = q.new_empty(q.shape[:2], dtype=torch.float32) if p.return_lse else None
+        _empty(cache, table, out, lse)
+        return out, lse
+    return _decode_into(q, cache, table, p, _auto_splits(q, cache, table, p))
+
+
+class DecodePlan:
+    """A planned FA4 decode: the split count is fixed at plan time; ``run`` slices the table on the
+    device (so in-place table updates are seen), calls FA4 and merges."""
+
+    def __init__(self, problem: Any, table: PageTable, p: Any, *, splits: int | None = None, **_: Any) -> None:
+        self.table, self.p, self.splits = table, p, splits
+
+    def run(self, q: torch.Tensor, cache: PagedKVCache, out: torch.Tensor, lse: torch.Tensor | None) -> None:
+        if q.shape[0] == 0 or _empty(cache, self.table, out, lse):
+            return
+        if self.splits is None:
+            self.splits = _auto_splits(q, cache, self.table, self.p)
+        o, s = _decode_into(q, cache, self.table, self.p, self.splits)
+        out.copy_(o)
+        if lse is not None and s is not None:
+            lse.copy_(s)
+
+
+def prefill(q: torch.Tensor, qo_indptr: torch.Tensor, cache: PagedKVCache, table: PageTable, p: Any
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """q (Tq, Hq, D) packed by qo_indptr over the paged pool -> out (Tq, Hq, Dv), lse (Tq, Hq) or None."""
+    if q.shape[0] == 0 or not (table.max_pages and cache.num_pages):
+        out = q.new_empty((q.shape[0], q.shape[1], cache.head_dim_v))
+        lse = q.new_empty(q.shape[:2], dtype=torch.float32) if p.return_lse else None
+        _empty(cache, table, out, lse)
+        return out, lse
+    out, lse = _fn()(q, cache.k_pages, cache.v_pages, cu_seqlens_q=qo_indptr, seqused_k=table.seq_lens,
+                     page_table=table.block_table, max_seqlen_q=max(p.max_q_len, 1), softmax_scale=p.sm_scale,
+                     causal=p.causal, window_size=window_fa4(p.window_left), softcap=softcap(p.logits_soft_cap),
+                     return_lse=p.return_lse)
+    return out, (lse_varlen(lse) if p.return_lse else None)
+
+
+def prefill_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
+                   p: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """q (Tq, Hq, D), k (Tk, Hkv, D), v (Tk, Hkv, Dv) packed by the indptrs -> out (Tq, Hq, Dv), lse or None."""
+    out, lse = _fn()(q, k, v, cu_seqlens_q=qo_indptr, cu_seqlens_k=kv_indptr, max_seqlen_q=max(p.max_q_len, 1),
+                     max_seqlen_k=max(p.max_kv_len, 1), softmax_scale=p.sm_scale, causal=p.causal,
+                     window_size=window_fa4(p.window_left), softcap=softcap(p.logits_soft_cap), return_lse=p.return_lse)
+    return out, (lse_varlen(lse) if p.return_lse else None)
+
+
+def kernels(version: str | None, unavailable: str | None) -> list[Kernel]:
+    """FA4's kernel records; ``unavailable`` (reason) marks them all when FA4 cannot run here."""
+    caps = capabilities()
+    tag = f"fa4@{version or 'none'}"
+    extra = dict(backend="fa", version=version or "", unavailable=unavailable,
+                 install=FA4.install if unavailable else None)
+    return [
+        Kernel("attention.decode", f"{tag}:decode", capability=caps["attention.decode"], run=decode, plan=DecodePlan,
+               cost=decode_cost("fa4"), doc="FA4 paged decode (page 128 = TMA fast path; split-KV on small batches)",
+               **extra),  # type: ignore[arg-type]
+        Kernel("attention.prefill", f"{tag}:prefill", capability=caps["attention.prefill"], run=prefill,
+               cost=prefill_cost("fa4"), doc="FA4 varlen queries over the paged pool", **extra),  # type: ignore[arg-type]
+        Kernel("attention.prefill_ragged", f"{tag}:prefill_ragged", capability=caps["attention.prefill_ragged"],
+               run=prefill_ragged, cost=prefill_cost("fa4"), doc="FA4 varlen Q/K/V", **extra),  # type: ignore[arg-type]
+    ]
