@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import kernel_switchboard as ksb
+from kernel_switchboard.capability import bucket
 from kernel_switchboard.testing import conformance_test
 from kernel_switchboard.testing.cases.attention import AttnSpec, decode_case, indptr, mla_case, paged_kv, prefill_case
 
@@ -405,3 +406,25 @@ def test_reference_decode_on_gpu_matches_cpu(spec: AttnSpec) -> None:
 def test_paged_kv_builds_on_gpu() -> None:
     cache, table = paged_kv(torch.Generator().manual_seed(0), AttnSpec(BF16), "cuda")
     assert cache.device.type == "cuda" and table.block_table.is_cuda
+
+
+@pytest.mark.parametrize(("op", "shape"), [
+    ("attention.decode", dict(batch=2, kv_len=20, q_heads=4, kv_heads=2, head_dim=64, page_size=4, dtype="fp16",
+                              layout="HND", soft_cap=5.0, lse=True)),
+    ("attention.decode", dict(batch=2, kv_len=9, num_q_heads=4, num_kv_heads=1, head_dim=32, kv_dtype="e4m3",
+                              dtype="float32")),
+    ("attention.prefill", dict(batch=2, kv_len=12, q_len=5, q_heads=4, kv_heads=2, head_dim=32, window=3)),
+    ("attention.prefill_ragged", dict(batch=3, kv_len=7, q_heads=2, kv_heads=2, head_dim=32, causal=False)),
+    ("attention.mla_decode", dict(batch=2, kv_len=9, num_heads=2, head_dim=32, head_dim_pe=8, page_size=4)),
+    ("attention.merge_states", dict(tokens=3, q_heads=2, head_dim=16)),
+])
+def test_example_builds_a_runnable_case(op: str, shape: dict[str, object]) -> None:
+    from kernel_switchboard.testing.cases.attention import example
+
+    case = example(op, "cpu", **shape)
+    assert case.op == op
+    sel = ksb.explain(op, *case.args, **case.kwargs)
+    assert sel.kernel.id.startswith("reference:") or sel.kernel.backend != "reference"
+    case.compare("reference")
+    if "batch" in shape and op != "attention.merge_states":
+        assert sel.problem.batch == bucket(int(shape["batch"]))  # type: ignore[arg-type]

@@ -205,10 +205,13 @@ def test_cascade_rejects_a_prefix_table_of_several_requests() -> None:
 
 # -- GPU: capture -------------------------------------------------------------------------------------------------
 @pytest.mark.gpu
-def test_reference_decode_plan_is_captured_and_replays_with_new_inputs() -> None:
+@pytest.mark.parametrize("backend", ["reference", None])
+def test_decode_plan_is_captured_and_replays_with_new_inputs(backend: str | None) -> None:
+    """The reference plan (and whatever a plain plan selects) captures into a CUDA graph and sees new
+    q values and in-place seq_lens updates at replay."""
     spec = AttnSpec(torch.bfloat16, "HND", 16, 32, 8, 128, kv_lens=(300, 1, 77, 1024), lse=True)
     q, cache, table = decode_case(spec, "cuda").args
-    plan = ksb.attention.plan_decode(table, **_plan_kwargs(q, cache, return_lse=True))
+    plan = ksb.attention.plan_decode(table, **_plan_kwargs(q, cache, return_lse=True), backend=backend)
     assert "cuda_graph" in plan.problem.features
     static_q = q.clone()
     s = torch.cuda.Stream()
@@ -224,9 +227,10 @@ def test_reference_decode_plan_is_captured_and_replays_with_new_inputs() -> None
     graph.replay()
     torch.cuda.synchronize()
     new_table = ksb.PageTable(table.block_table, table.seq_lens.clone())
-    want, want_lse = ksb.attention.decode(static_q, cache, new_table, return_lse=True)
-    torch.testing.assert_close(out, want, atol=0, rtol=0)
-    torch.testing.assert_close(lse, want_lse, atol=0, rtol=0)
+    want, want_lse = ksb.attention.decode(static_q, cache, new_table, return_lse=True, backend="reference")
+    tol = 0 if backend == "reference" else 2e-2
+    torch.testing.assert_close(out, want, atol=tol, rtol=tol)
+    torch.testing.assert_close(lse, want_lse, atol=tol, rtol=tol)
 
 
 @pytest.mark.gpu
@@ -234,12 +238,18 @@ def test_eager_decode_under_capture_selects_a_capturable_kernel() -> None:
     spec = AttnSpec(torch.float16, "NHD", 16, 8, 2, 64, kv_lens=(33, 5))
     q, cache, table = decode_case(spec, "cuda").args
     ksb.attention.decode(q, cache, table)  # checks the table once, outside the capture
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        ksb.attention.decode(q, cache, table)
+    torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = ksb.attention.decode(q, cache, table)
     graph.replay()
     torch.cuda.synchronize()
-    torch.testing.assert_close(out, ksb.attention.decode(q, cache, table), atol=0, rtol=0)
+    want = ksb.attention.decode(q, cache, table, backend="reference")
+    torch.testing.assert_close(out, want, atol=2e-3, rtol=2e-3)
 
 
 def test_plan_kwargs_spec_roundtrip() -> None:

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import kernel_switchboard as ksb
+from kernel_switchboard.capability import bucket
 from kernel_switchboard.testing import conformance_test
 from kernel_switchboard.testing.cases.kv_cache import append_case, append_mla_case
 
@@ -167,3 +168,17 @@ def test_reference_append_on_gpu_matches_cpu() -> None:
     b = gpu.outputs(*gpu.run("reference"))  # type: ignore[misc]
     for x, y in zip(a, b):
         assert torch.equal(x.view(torch.uint8), y.cpu().view(torch.uint8))
+
+
+@pytest.mark.parametrize(("op", "shape"), [
+    ("kv_cache.append", dict(batch=3, kv_len=20, kv_heads=2, head_dim=32, page_size=4, dtype="fp16", layout="HND")),
+    ("kv_cache.append", dict(batch=2, kv_len=9, q_len=4, num_kv_heads=1, head_dim=16, kv_dtype="fp8", dtype="bf16")),
+    ("kv_cache.append_mla", dict(batch=2, kv_len=9, q_len=3, head_dim=32, head_dim_pe=8, page_size=4)),
+])
+def test_example_builds_a_runnable_case(op: str, shape: dict[str, object]) -> None:
+    from kernel_switchboard.testing.cases.kv_cache import example
+
+    case = example(op, "cpu", **shape)
+    assert ksb.explain(op, *case.args, **case.kwargs).problem.tokens == bucket(
+        int(shape["batch"]) * int(shape.get("q_len", 1)))  # type: ignore[call-overload]
+    case.compare("reference")

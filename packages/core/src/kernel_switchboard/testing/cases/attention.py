@@ -80,10 +80,16 @@ class AttnSpec:
 
 
 # -- builders (also used by the tests) --------------------------------------------------------------------
+def generator(seed: int | torch.Generator) -> torch.Generator:
+    """A CPU generator seeded with ``seed`` (same data on every device), or ``seed`` itself when it is a
+    generator (e.g. one on the GPU, for large examples generated where they run)."""
+    return seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(seed)
+
+
 def random_pages(g: torch.Generator, num_pages: int, page_size: int, heads: int, dim: int, dtype: torch.dtype,
                  scale: float | None = None) -> torch.Tensor:
     """NHD pages (num_pages, page_size, heads, dim) of N(0, 1) values; fp8 stores value / scale."""
-    x = torch.randn(num_pages, page_size, heads, dim, generator=g)
+    x = torch.randn(num_pages, page_size, heads, dim, generator=g, device=g.device)
     if scale is not None:
         return (x / scale).clamp(-448, 448).to(dtype)
     return x.to(dtype)
@@ -95,9 +101,9 @@ def page_table(g: torch.Generator, kv_lens: tuple[int, ...] | list[int], page_si
     num_pages). Entries past a request's last page hold other valid page ids (kernels must ignore them)."""
     need = [(n + page_size - 1) // page_size for n in kv_lens]
     num_pages = sum(need) + extra_pages
-    perm = torch.randperm(num_pages, generator=g)
+    perm = torch.randperm(num_pages, generator=g, device=g.device)
     width = max(need, default=0) + pad_cols
-    table = torch.randint(0, num_pages, (len(kv_lens), width), generator=g, dtype=torch.int64)
+    table = torch.randint(0, num_pages, (len(kv_lens), width), generator=g, dtype=torch.int64, device=g.device)
     start = 0
     for b, n in enumerate(need):
         table[b, :n] = perm[start:start + n]
@@ -139,44 +145,44 @@ def _kwargs(spec: AttnSpec, prefill: bool) -> dict[str, Any]:
     return kw
 
 
-def decode_case(spec: AttnSpec, device: torch.device | str, seed: int = 0) -> Case:
-    g = torch.Generator().manual_seed(seed)
+def decode_case(spec: AttnSpec, device: torch.device | str, seed: int | torch.Generator = 0) -> Case:
+    g = generator(seed)
     cache, table = paged_kv(g, spec, device)
-    q = torch.randn(len(spec.kv_lens), spec.q_heads, spec.head_dim, generator=g).to(device, spec.dtype)
+    q = torch.randn(len(spec.kv_lens), spec.q_heads, spec.head_dim, generator=g, device=g.device).to(device, spec.dtype)
     return Case("attention.decode", spec.tag("decode"), (q, cache, table), _kwargs(spec, False), spec.dtype,
                 spec.tol())
 
 
-def prefill_case(spec: AttnSpec, device: torch.device | str, seed: int = 0) -> Case:
+def prefill_case(spec: AttnSpec, device: torch.device | str, seed: int | torch.Generator = 0) -> Case:
     assert spec.q_lens is not None
-    g = torch.Generator().manual_seed(seed)
+    g = generator(seed)
     cache, table = paged_kv(g, spec, device)
-    q = torch.randn(sum(spec.q_lens), spec.q_heads, spec.head_dim, generator=g).to(device, spec.dtype)
+    q = torch.randn(sum(spec.q_lens), spec.q_heads, spec.head_dim, generator=g, device=g.device).to(device, spec.dtype)
     return Case("attention.prefill", spec.tag("prefill"), (q, indptr(spec.q_lens, device), cache, table),
                 _kwargs(spec, True), spec.dtype, spec.tol())
 
 
-def ragged_case(spec: AttnSpec, device: torch.device | str, seed: int = 0) -> Case:
+def ragged_case(spec: AttnSpec, device: torch.device | str, seed: int | torch.Generator = 0) -> Case:
     assert spec.q_lens is not None
-    g = torch.Generator().manual_seed(seed)
+    g = generator(seed)
     tk = sum(spec.kv_lens)
-    k = torch.randn(tk, spec.kv_heads, spec.head_dim, generator=g).to(device, spec.dtype)
-    v = torch.randn(tk, spec.kv_heads, spec.dv, generator=g).to(device, spec.dtype)
-    q = torch.randn(sum(spec.q_lens), spec.q_heads, spec.head_dim, generator=g).to(device, spec.dtype)
+    k = torch.randn(tk, spec.kv_heads, spec.head_dim, generator=g, device=g.device).to(device, spec.dtype)
+    v = torch.randn(tk, spec.kv_heads, spec.dv, generator=g, device=g.device).to(device, spec.dtype)
+    q = torch.randn(sum(spec.q_lens), spec.q_heads, spec.head_dim, generator=g, device=g.device).to(device, spec.dtype)
     args = (q, k, v, indptr(spec.q_lens, device), indptr(spec.kv_lens, device))
     tag = spec.tag("ragged").replace(f"-{spec.layout}-p{spec.page_size}", "")
     return Case("attention.prefill_ragged", tag, args, _kwargs(spec, True), spec.dtype)
 
 
 def mla_case(dtype: torch.dtype, kv_lens: tuple[int, ...], heads: int, page_size: int, device: torch.device | str,
-             lse: bool = False, seed: int = 0, dc: int = 512, dr: int = 64) -> Case:
-    g = torch.Generator().manual_seed(seed)
+             lse: bool = False, seed: int | torch.Generator = 0, dc: int = 512, dr: int = 64) -> Case:
+    g = generator(seed)
     block_table, seq_lens, num_pages = page_table(g, kv_lens, page_size)
-    ckv = torch.randn(num_pages, page_size, dc, generator=g).to(device, dtype)
-    kpe = torch.randn(num_pages, page_size, dr, generator=g).to(device, dtype)
+    ckv = torch.randn(num_pages, page_size, dc, generator=g, device=g.device).to(device, dtype)
+    kpe = torch.randn(num_pages, page_size, dr, generator=g, device=g.device).to(device, dtype)
     b = len(kv_lens)
-    q_nope = torch.randn(b, heads, dc, generator=g).to(device, dtype)
-    q_pe = torch.randn(b, heads, dr, generator=g).to(device, dtype)
+    q_nope = torch.randn(b, heads, dc, generator=g, device=g.device).to(device, dtype)
+    q_pe = torch.randn(b, heads, dr, generator=g, device=g.device).to(device, dtype)
     table = PageTable(block_table.to(device), seq_lens.to(device))
     kw: dict[str, Any] = {"sm_scale": 1.0 / math.sqrt(192)}
     if lse:
@@ -185,12 +191,13 @@ def mla_case(dtype: torch.dtype, kv_lens: tuple[int, ...], heads: int, page_size
     return Case("attention.mla_decode", tag, (q_nope, q_pe, ckv, kpe, table), kw, dtype)
 
 
-def merge_case(dtype: torch.dtype, tokens: int, heads: int, dim: int, device: torch.device | str, seed: int = 0) -> Case:
-    g = torch.Generator().manual_seed(seed)
-    out_a = torch.randn(tokens, heads, dim, generator=g).to(device, dtype)
-    out_b = torch.randn(tokens, heads, dim, generator=g).to(device, dtype)
-    lse_a = torch.randn(tokens, heads, generator=g) * 3 + 4
-    lse_b = torch.randn(tokens, heads, generator=g) * 3 + 4
+def merge_case(dtype: torch.dtype, tokens: int, heads: int, dim: int, device: torch.device | str,
+               seed: int | torch.Generator = 0) -> Case:
+    g = generator(seed)
+    out_a = torch.randn(tokens, heads, dim, generator=g, device=g.device).to(device, dtype)
+    out_b = torch.randn(tokens, heads, dim, generator=g, device=g.device).to(device, dtype)
+    lse_a = torch.randn(tokens, heads, generator=g, device=g.device) * 3 + 4
+    lse_b = torch.randn(tokens, heads, generator=g, device=g.device) * 3 + 4
     if tokens:
         lse_a[0, 0] = float("-inf")  # empty partial states
         lse_b[-1, -1] = float("-inf")
@@ -309,25 +316,27 @@ def _dtype(value: Any) -> torch.dtype:
 def example(op: str, device: torch.device | str = "cpu", **shape: Any) -> Case:
     """One case of ``op`` from CLI-style parameters, every request of equal length:
 
-    batch, kv_len, q_len (prefill), q_heads, kv_heads, head_dim, head_dim_v, page_size, dtype
-    ("bf16"...), kv_dtype ("fp8"/"e4m3" for a quantised cache), layout, causal, soft_cap, window,
-    lse, seed. MLA uses head_dim (latent, 512) and head_dim_pe (64); merge_states uses tokens.
+    batch, kv_len, q_len (prefill), q_heads (or num_q_heads / num_heads), kv_heads (or
+    num_kv_heads), head_dim, head_dim_v, page_size, dtype ("bf16"...), kv_dtype ("fp8"/"e4m3" for
+    a quantised cache), layout, causal, soft_cap, window, lse, seed. MLA uses head_dim (latent, 512)
+    and head_dim_pe (64); merge_states uses tokens. Data is generated on ``device``.
     """
     batch = int(shape.get("batch", 4))
     kv_len = int(shape.get("kv_len", 1024))
     dtype = _dtype(shape.get("dtype", "bf16"))
-    seed = int(shape.get("seed", 0))
+    g = torch.Generator(device=device).manual_seed(int(shape.get("seed", 0)))
     lse = bool(shape.get("lse", False))
+    q_heads = int(shape.get("q_heads", shape.get("num_q_heads", shape.get("num_heads", 0)))) or None
     if op == "attention.mla_decode":
-        return mla_case(dtype, (kv_len,) * batch, int(shape.get("q_heads", 128)), int(shape.get("page_size", 64)),
-                        device, lse, seed, int(shape.get("head_dim", 512)), int(shape.get("head_dim_pe", 64)))
+        return mla_case(dtype, (kv_len,) * batch, q_heads or 128, int(shape.get("page_size", 64)), device, lse, g,
+                        int(shape.get("head_dim", 512)), int(shape.get("head_dim_pe", 64)))
     if op == "attention.merge_states":
-        return merge_case(dtype, int(shape.get("tokens", batch)), int(shape.get("q_heads", 32)),
-                          int(shape.get("head_dim", 128)), device, seed)
+        return merge_case(dtype, int(shape.get("tokens", batch)), q_heads or 32, int(shape.get("head_dim", 128)), device,
+                          g)
     kv_dtype = shape.get("kv_dtype")
     spec = AttnSpec(
         dtype=dtype, layout=str(shape.get("layout", "NHD")), page_size=int(shape.get("page_size", 16)),
-        q_heads=int(shape.get("q_heads", 32)), kv_heads=int(shape.get("kv_heads", 8)),
+        q_heads=q_heads or 32, kv_heads=int(shape.get("kv_heads", shape.get("num_kv_heads", 8))),
         head_dim=int(shape.get("head_dim", 128)),
         head_dim_v=int(shape["head_dim_v"]) if shape.get("head_dim_v") is not None else None,
         kv_lens=(kv_len,) * batch, causal=bool(shape.get("causal", True)),
@@ -336,11 +345,11 @@ def example(op: str, device: torch.device | str = "cpu", **shape: Any) -> Case:
         kv_dtype=_dtype(kv_dtype) if kv_dtype is not None and _dtype(kv_dtype) != dtype else None,
     )
     if op == "attention.decode":
-        return decode_case(spec, device, seed)
+        return decode_case(spec, device, g)
     q_len = min(int(shape.get("q_len", kv_len)), kv_len)
     spec = replace(spec, q_lens=(q_len,) * batch)
     if op == "attention.prefill":
-        return prefill_case(spec, device, seed)
+        return prefill_case(spec, device, g)
     if op == "attention.prefill_ragged":
-        return ragged_case(replace(spec, kv_dtype=None), device, seed)
+        return ragged_case(replace(spec, kv_dtype=None), device, g)
     raise ValueError(f"no example builder for op {op!r}; known: {', '.join(OPS)}")

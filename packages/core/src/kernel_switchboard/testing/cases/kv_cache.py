@@ -9,7 +9,7 @@ import torch
 
 from ...paged import PagedKVCache, PageTable
 from ..case import Case
-from .attention import _SHORT, page_table, random_pages
+from .attention import _SHORT, generator, page_table, random_pages
 
 OPS = ("kv_cache.append", "kv_cache.append_mla")
 
@@ -40,10 +40,10 @@ def _targets(rng: random.Random, kv_lens: tuple[int, ...], new: tuple[int, ...] 
 
 def append_case(dtype: torch.dtype, layout: str, page_size: int, kv_heads: int, head_dim: int,
                 kv_lens: tuple[int, ...], new: tuple[int, ...] | None, device: torch.device | str,
-                kv_dtype: torch.dtype | None = None, head_dim_v: int | None = None, seed: int = 0) -> Case:
+                kv_dtype: torch.dtype | None = None, head_dim_v: int | None = None, seed: int | torch.Generator = 0) -> Case:
     """Append ``new[b]`` tokens ending at ``kv_lens[b]`` (lengths after the append) to a random cache."""
-    g = torch.Generator().manual_seed(seed)
-    rng = random.Random(seed)
+    g = generator(seed)
+    rng = random.Random(g.initial_seed())
     dv = head_dim if head_dim_v is None else head_dim_v
     block_table, seq_lens, num_pages = page_table(g, kv_lens, page_size)
     scales = (0.5, 2.0) if kv_dtype is not None else (None, None)
@@ -56,8 +56,8 @@ def append_case(dtype: torch.dtype, layout: str, page_size: int, kv_heads: int, 
     table = PageTable(block_table.to(device), seq_lens.to(device))
     positions, rows = _targets(rng, kv_lens, new)
     t = len(positions)
-    k = (torch.randn(t, kv_heads, head_dim, generator=g) * 4).to(device, dtype)
-    v = (torch.randn(t, kv_heads, dv, generator=g) * 4).to(device, dtype)
+    k = (torch.randn(t, kv_heads, head_dim, generator=g, device=g.device) * 4).to(device, dtype)
+    v = (torch.randn(t, kv_heads, dv, generator=g, device=g.device) * 4).to(device, dtype)
     pos = torch.tensor(positions, dtype=torch.int32, device=device)
     args: tuple[Any, ...] = (k, v, cache, table, pos)
     if rows is not None:
@@ -68,17 +68,17 @@ def append_case(dtype: torch.dtype, layout: str, page_size: int, kv_heads: int, 
 
 
 def append_mla_case(dtype: torch.dtype, page_size: int, kv_lens: tuple[int, ...], new: tuple[int, ...] | None,
-                    device: torch.device | str, dc: int = 512, dr: int = 64, seed: int = 0) -> Case:
-    g = torch.Generator().manual_seed(seed)
-    rng = random.Random(seed)
+                    device: torch.device | str, dc: int = 512, dr: int = 64, seed: int | torch.Generator = 0) -> Case:
+    g = generator(seed)
+    rng = random.Random(g.initial_seed())
     block_table, seq_lens, num_pages = page_table(g, kv_lens, page_size)
-    ckv_pages = torch.randn(num_pages, page_size, dc, generator=g).to(device, dtype)
-    kpe_pages = torch.randn(num_pages, page_size, dr, generator=g).to(device, dtype)
+    ckv_pages = torch.randn(num_pages, page_size, dc, generator=g, device=g.device).to(device, dtype)
+    kpe_pages = torch.randn(num_pages, page_size, dr, generator=g, device=g.device).to(device, dtype)
     table = PageTable(block_table.to(device), seq_lens.to(device))
     positions, rows = _targets(rng, kv_lens, new)
     t = len(positions)
-    ckv = torch.randn(t, dc, generator=g).to(device, dtype)
-    kpe = torch.randn(t, dr, generator=g).to(device, dtype)
+    ckv = torch.randn(t, dc, generator=g, device=g.device).to(device, dtype)
+    kpe = torch.randn(t, dr, generator=g, device=g.device).to(device, dtype)
     args: tuple[Any, ...] = (ckv, kpe, ckv_pages, kpe_pages, table, torch.tensor(positions, dtype=torch.int32,
                                                                                  device=device))
     if rows is not None:
@@ -130,7 +130,7 @@ def example(op: str, device: torch.device | str = "cpu", **shape: Any) -> Case:
     q_len = min(int(shape.get("q_len", 1)), kv_len)
     new = None if q_len == 1 else (q_len,) * batch
     dtype = _dtype(shape.get("dtype", "bf16"))
-    seed = int(shape.get("seed", 0))
+    seed = torch.Generator(device=device).manual_seed(int(shape.get("seed", 0)))
     if op == "kv_cache.append_mla":
         return append_mla_case(dtype, int(shape.get("page_size", 64)), (kv_len,) * batch, new, device,
                                int(shape.get("head_dim", 512)), int(shape.get("head_dim_pe", 64)), seed)
@@ -138,6 +138,7 @@ def example(op: str, device: torch.device | str = "cpu", **shape: Any) -> Case:
         kv_dtype = shape.get("kv_dtype")
         kvd = _dtype(kv_dtype) if kv_dtype is not None else None
         return append_case(dtype, str(shape.get("layout", "NHD")), int(shape.get("page_size", 16)),
-                           int(shape.get("kv_heads", 8)), int(shape.get("head_dim", 128)), (kv_len,) * batch, new,
+                           int(shape.get("kv_heads", shape.get("num_kv_heads", 8))),
+                           int(shape.get("head_dim", 128)), (kv_len,) * batch, new,
                            device, kvd if kvd != dtype else None, shape.get("head_dim_v"), seed)
     raise ValueError(f"no example builder for op {op!r}; known: {', '.join(OPS)}")
