@@ -2,13 +2,13 @@
 # One-call GPU check on a lent H200 (see ../shared/DEVICE.md): install the project offline, run every
 # GPU test, run the benchmarks, write logs and tables under $OUT. Usage, from the project root:
 #   source .gpu/core/setup.sh && bash tools/gpu_check.sh [stage ...]
-# Stages (default: all): install tests bench. Each stage has its own time limit so one hang
+# Stages (default: all): install tests backend-bench bench. Each stage has its own time limit so one hang
 # cannot eat the whole call.
 set -u
 OUT=${OUT:-/tmp/ksb-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 KSB_TUNE_CACHE="$OUT/tune.json"
-stages=${*:-install tests bench}
+stages=${*:-install tests backend-bench bench}
 log() { echo "[gpu_check $(date +%T)] $*"; }
 
 if [[ " $stages " == *" install "* ]]; then
@@ -27,6 +27,13 @@ if [[ " $stages " == *" tests "* ]]; then
     tests packages/backend-triton/tests packages/backend-cudnn/tests packages/backend-fa/tests \
     packages/backend-cutlass/tests packages/backend-trtllm/tests ${KSB_PYTEST_ARGS:-} > "$OUT/pytest-gpu.log" 2>&1
   log "pytest exit $?"; tail -40 "$OUT/pytest-gpu.log"
+fi
+
+if [[ " $stages " == *" backend-bench "* ]]; then
+  log "backend benchmarks"
+  timeout ${KSB_BACKEND_BENCH_TIMEOUT:-300} python3 tools/gpu_bench.py "$OUT/backend-bench.json" ${KSB_BACKEND_BENCH_FILTER:-} \
+    > "$OUT/backend-bench.txt" 2>&1
+  log "backend bench exit $?"; tail -80 "$OUT/backend-bench.txt"
 fi
 
 if [[ " $stages " == *" bench "* ]]; then
