@@ -1,0 +1,110 @@
+"""Kernel configurations (what one compiled .so contains) and the shape heuristics that pick one.
+
+A :class:`GemmConfig` fixes everything that is a template argument: the kind of GEMM, element
+types, operand layouts, CTA tile, cluster shape and warp-specialised schedule. Its ``name`` is
+readable and unique; the builder's cache key adds the toolchain versions.
+
+Layout words describe the switchboard's operands: ``a`` is (M, K) and ``b`` is (K, N), each
+``"row"`` (last dim contiguous) or ``"col"`` (first dim contiguous). The output is (M, N) row-major.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+KINDS = ("mm", "mm_fp8_block", "mm_fp8_tensor", "grouped_mm")
+SCHEDULES = ("cooperative", "pingpong")
+DTYPES = ("bf16", "fp16", "e4m3")
+OUT_DTYPES = ("bf16", "fp16", "fp32")
+LAYOUTS = ("row", "col")
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Template arguments of one CUTLASS 3.x Hopper GEMM."""
+
+    kind: str
+    dtype: str  # operand element type
+    out_dtype: str  # output element type
+    layout_a: str
+    layout_b: str
+    tile: tuple[int, int, int]
+    cluster: tuple[int, int, int]
+    schedule: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"GemmConfig.kind={self.kind!r}: expected one of {KINDS}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"GemmConfig.schedule={self.schedule!r}: expected one of {SCHEDULES}")
+        if self.dtype not in DTYPES or self.out_dtype not in OUT_DTYPES:
+            raise ValueError(f"GemmConfig dtypes {self.dtype}/{self.out_dtype}: operands one of {DTYPES}, "
+                             f"output one of {OUT_DTYPES}")
+        if self.layout_a not in LAYOUTS or self.layout_b not in LAYOUTS:
+            raise ValueError(f"GemmConfig layouts {self.layout_a}/{self.layout_b}: expected one of {LAYOUTS}")
+        if self.schedule == "cooperative" and self.tile[0] < 128:
+            raise ValueError(f"GemmConfig.tile={self.tile}: the cooperative schedule needs a tile M of at least 128")
+        if self.dtype == "e4m3" and (self.layout_a, self.layout_b) != ("row", "col"):
+            raise ValueError("fp8 GEMMs on Hopper need K-major operands: layout_a='row', layout_b='col'")
+
+    @property
+    def name(self) -> str:
+        t = "x".join(map(str, self.tile))
+        c = "x".join(map(str, self.cluster[:2]))
+        lay = self.layout_a[0] + self.layout_b[0]
+        sched = "coop" if self.schedule == "cooperative" else "pp"
+        return f"{self.kind}_{self.dtype}_{self.out_dtype}_{lay}_{t}_c{c}_{sched}"
+
+
+def _mm(dtype: str, la: str, lb: str, tile: tuple[int, int, int], cluster: tuple[int, int, int], sched: str) -> GemmConfig:
+    return GemmConfig("mm", dtype, dtype, la, lb, tile, cluster, sched)
+
+
+#: bf16/fp16 mm tiles, by name of the role each plays in :func:`mm_config`
+MM_TILES: dict[str, tuple[tuple[int, int, int], tuple[int, int, int], str]] = {
+    "large": ((128, 256, 64), (2, 1, 1), "cooperative"),
+    "medium": ((128, 128, 64), (1, 2, 1), "cooperative"),
+    "small_m": ((64, 128, 64), (1, 1, 1), "pingpong"),
+}
+
+
+def mm_configs(dtype: str, layout_a: str, layout_b: str) -> list[GemmConfig]:
+    """Every bf16/fp16 mm configuration offered for these operand layouts."""
+    return [_mm(dtype, layout_a, layout_b, *MM_TILES[role]) for role in MM_TILES]
+
+
+def mm_role(m: int, n: int, sm_count: int = 132) -> str:
+    """Which mm tile fits an (m, n) output: small M -> 64-row pingpong tiles; enough 128x256 tiles to
+    fill the GPU -> the large cooperative tile; otherwise the 128x128 tile (more CTAs)."""
+    if m <= 64:
+        return "small_m"
+    tiles_large = -(-m // 128) * -(-n // 256)
+    return "large" if tiles_large >= sm_count else "medium"
+
+
+def mm_config(dtype: str, layout_a: str, layout_b: str, m: int, n: int, sm_count: int = 132) -> GemmConfig:
+    """The configuration for one mm call. ``KSB_CUTLASS_MM_TILE`` (large | medium | small_m) forces a tile."""
+    role = os.environ.get("KSB_CUTLASS_MM_TILE") or mm_role(m, n, sm_count)
+    if role not in MM_TILES:
+        raise ValueError(f"KSB_CUTLASS_MM_TILE={role!r}: expected one of {sorted(MM_TILES)}")
+    return _mm(dtype, layout_a, layout_b, *MM_TILES[role])
+
+
+def fp8_block_config(out_dtype: str, m: int) -> GemmConfig:
+    """DeepSeek-style fp8 GEMM with 1x128 (A) and 128x128 (B) float32 scales."""
+    if m <= 64:
+        return GemmConfig("mm_fp8_block", "e4m3", out_dtype, "row", "col", (64, 128, 128), (1, 1, 1), "pingpong")
+    return GemmConfig("mm_fp8_block", "e4m3", out_dtype, "row", "col", (128, 128, 128), (1, 2, 1), "cooperative")
+
+
+def fp8_tensor_config(out_dtype: str, m: int) -> GemmConfig:
+    """fp8 GEMM with one float32 scale per operand (folded into the epilogue's alpha)."""
+    if m <= 64:
+        return GemmConfig("mm_fp8_tensor", "e4m3", out_dtype, "row", "col", (64, 128, 128), (1, 1, 1), "pingpong")
+    return GemmConfig("mm_fp8_tensor", "e4m3", out_dtype, "row", "col", (128, 256, 128), (2, 1, 1), "cooperative")
+
+
+def grouped_config(dtype: str, layout_b: str) -> GemmConfig:
+    """Ptr-array grouped GEMM (one problem per expert): a row-major, b (G, K, N) row or col."""
+    return GemmConfig("grouped_mm", dtype, dtype, "row", layout_b, (128, 128, 64), (1, 2, 1), "cooperative")
