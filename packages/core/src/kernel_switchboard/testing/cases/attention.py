@@ -212,12 +212,13 @@ def _small_specs() -> list[AttnSpec]:
     return [
         AttnSpec(f16, "NHD", 16, 4, 4, kv_lens=(0, 1, 37)),
         AttnSpec(bf16, "HND", 1, 4, 2, kv_lens=(5, 1, 23), lse=True),
-        AttnSpec(f32, "NHD", 16, 4, 1, kv_lens=(17, 40), soft_cap=5.0),
+        AttnSpec(f16, "NHD", 16, 4, 1, kv_lens=(17, 40), soft_cap=5.0),
         AttnSpec(f16, "HND", 16, 4, 2, kv_lens=(33, 0, 9), window=6, lse=True),
         AttnSpec(f16, "NHD", 1, 4, 1, kv_lens=(12, 31), kv_dtype=e4m3),
         AttnSpec(bf16, "NHD", 16, 2, 2, kv_lens=(40, 3, 16), kv_dtype=e4m3, lse=True),
         AttnSpec(f32, "HND", 16, 4, 2, kv_lens=(29, 1), soft_cap=3.0, window=10, lse=True),
         AttnSpec(f16, "NHD", 16, 2, 1, head_dim=128, kv_lens=(21, 2)),
+        AttnSpec(bf16, "HND", 16, 4, 2, kv_lens=(26, 7), soft_cap=4.0, window=5, lse=True),
     ]
 
 
