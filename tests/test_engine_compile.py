@@ -1,0 +1,120 @@
+"""The decode step under torch.compile(fullgraph=True) (CPU) and in a CUDA graph through plan/run (GPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from kernel_switchboard.engine.cache import BlockTables  # noqa: E402
+from kernel_switchboard.engine.deepseek import DeepseekModel  # noqa: E402
+from kernel_switchboard.engine.graphs import DecodeRunner  # noqa: E402
+from kernel_switchboard.engine.llama import LlamaModel  # noqa: E402
+from kernel_switchboard.engine.sampling import SamplingParams  # noqa: E402
+from kernel_switchboard.engine.scheduler import Engine  # noqa: E402
+from kernel_switchboard.engine.tiny import tiny_model  # noqa: E402
+from kernel_switchboard.engine.weights import deepseek_from_hf, llama_from_hf  # noqa: E402
+
+gpu = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> object:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: threads only contend
+    yield
+    torch.set_num_threads(threads)
+
+
+def _model(family: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, **kw: object
+           ) -> tuple[torch.nn.Module, LlamaModel | DeepseekModel]:
+    hf = tiny_model(family, seed=1, **kw)
+    if family == "llama":
+        return hf, LlamaModel(llama_from_hf(hf, device=device, dtype=dtype))
+    return hf, DeepseekModel(deepseek_from_hf(hf, device=device, dtype=dtype))
+
+
+def _prefilled(model: LlamaModel | DeepseekModel, prompts: list[list[int]], device: torch.device | str
+               ) -> tuple[BlockTables, object]:
+    from kernel_switchboard.engine.cache import build_batch
+
+    tables = BlockTables(32, 4, device, reserved_pages=1)
+    cache = model.new_cache(32, 4)
+    rids = list(range(len(prompts)))
+    for r, p in zip(rids, prompts):
+        tables.extend(r, len(p))
+    with torch.no_grad():
+        model.forward(build_batch(tables, rids, prompts, ["last"] * len(rids)), cache)
+    return tables, cache
+
+
+def _decode_twice(model: LlamaModel | DeepseekModel, mode: str, device: torch.device | str) -> list[torch.Tensor]:
+    """Logits of two decode steps of three requests through a DecodeRunner in ``mode``."""
+    prompts = [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10, 11, 12, 13, 14, 15, 16]]
+    tables, cache = _prefilled(model, prompts, device)
+    runner = DecodeRunner(model, cache, tables, mode=mode, max_batch=4, width=8)
+    outs = []
+    with torch.no_grad():
+        for tokens in ([20, 21, 22], [23, 24, 25]):
+            for r in range(3):
+                tables.extend(r, 1)
+            outs.append(runner(list(range(3)), tokens).float().clone())
+    return outs
+
+
+@pytest.mark.parametrize("family", ["llama", "deepseek"])
+def test_compiled_decode_step_matches_eager(family: str) -> None:
+    torch._dynamo.reset()
+    _, model = _model(family)
+    eager = _decode_twice(model, "eager", "cpu")
+    compiled = _decode_twice(model, "compile", "cpu")
+    for a, b in zip(compiled, eager):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_engine_with_compiled_decode_equals_generate() -> None:
+    torch._dynamo.reset()
+    hf, model = _model("llama")
+    prompts = [[3, 1, 4, 1, 5], [9, 2, 6]]
+    outs = Engine(model, num_pages=32, page_size=4, decode_mode="compile", max_running=2).generate(
+        prompts, SamplingParams(max_new_tokens=12))
+    for p, out in zip(prompts, outs):
+        ref = hf.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False)[0, len(p):].tolist()
+        assert out == ref
+
+
+def _capturable(op: str) -> bool:
+    from kernel_switchboard.registry import registry
+
+    return any(k.unavailable is None and "cuda_graph" in k.capability.features
+               and (k.capability.devices is None or "cuda" in k.capability.devices) for k in registry.kernels(op))
+
+
+@gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("family", ["llama", "deepseek"])
+def test_cuda_graph_decode_matches_eager(family: str) -> None:
+    if family == "deepseek":
+        missing = [op for op in ("moe.fused_moe", "gemm.grouped_mm", "attention.mla_decode") if not _capturable(op)]
+        if missing:
+            pytest.skip(f"no available CUDA-graph-capturable kernel for {missing} (the reference ones sync with the host)")
+    kw = dict(head_dim=64) if family == "llama" else dict(kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128,
+                                                          v_head_dim=128)
+    _, model = _model(family, "cuda", torch.bfloat16, **kw)
+    eager = _decode_twice(model, "eager", "cuda")
+    graphed = _decode_twice(model, "cuda_graph", "cuda")
+    for a, b in zip(graphed, eager):
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=5e-2)
+
+
+@gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_engine_cuda_graph_greedy_equals_generate_fp32() -> None:
+    hf, model = _model("llama", "cuda", torch.float32)
+    prompts = [[3, 1, 4, 1, 5], [9, 2, 6], [7] * 11]
+    outs = Engine(model, num_pages=64, page_size=4, decode_mode="cuda_graph", max_running=4).generate(
+        prompts, SamplingParams(max_new_tokens=32))
+    for p, out in zip(prompts, outs):
+        ref = hf.generate(torch.tensor([p]), max_new_tokens=32, do_sample=False)[0, len(p):].tolist()
+        assert out == ref
