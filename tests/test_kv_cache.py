@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 import torch
 
@@ -26,7 +28,7 @@ def _loop_append(k: torch.Tensor, v: torch.Tensor, cache: ksb.PagedKVCache, tabl
         pos = int(positions[t])
         page, slot = int(table.block_table[b, pos // ps]), pos % ps
         for src, dst, scale in ((k, k_pages, cache.k_scale), (v, v_pages, cache.v_scale)):
-            val = src[t].float() / scale if cache.is_fp8 else src[t]
+            val = src[t].float() / scale if scale is not None else src[t]
             if cache.layout == "NHD":
                 dst[page, slot] = val.to(dst.dtype)
             else:
@@ -141,7 +143,7 @@ def test_torch_compile_fullgraph_appends_then_decodes() -> None:
 
     def step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c: ksb.PagedKVCache) -> torch.Tensor:
         ksb.kv_cache.append(k, v, c, table, positions)
-        return ksb.attention.decode(q, c, table)
+        return cast(torch.Tensor, ksb.attention.decode(q, c, table))
 
     got = torch.compile(step, fullgraph=True, backend="aot_eager")(q, k, v, cache)
     want = step(q, k, v, eager_cache)

@@ -52,6 +52,7 @@ def test_layout_round_trip_and_attention_is_layout_independent(dtype: torch.dtyp
 
 def test_attention_through_a_csr_table_equals_the_block_table() -> None:
     q, cache, table = decode_case(AttnSpec(torch.float32, "HND", 4, 4, 1, kv_lens=(9, 1, 14)), "cpu").args
-    csr_table = ksb.PageTable.from_csr(*table.to_csr(cache.page_size), cache.page_size)
+    indptr, indices, last = table.to_csr(cache.page_size)
+    csr_table = ksb.PageTable.from_csr(indptr, indices, last, cache.page_size)
     torch.testing.assert_close(ksb.attention.decode(q, cache, csr_table), ksb.attention.decode(q, cache, table),
                                atol=0, rtol=0)

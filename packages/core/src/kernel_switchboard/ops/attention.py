@@ -299,6 +299,15 @@ def _prefill_host(qo_indptr: _Tensor, kv_lens_src: _Tensor, total_q: int, causal
     return max_q, (max(kv_lens, default=0) if ragged else None), mixed
 
 
+def _result(out: _Tensor, lse: _Tensor | None, return_lse: bool) -> _Tensor | tuple[_Tensor, _Tensor]:
+    """``out``, or ``(out, lse)`` when the caller asked for the LSE."""
+    if not return_lse:
+        return out
+    if lse is None:
+        raise RuntimeError("the selected attention kernel returned no lse although return_lse=True was requested")
+    return out, lse
+
+
 def _empty_lse() -> _Tensor:
     return torch.empty(0, dtype=torch.float32)
 
@@ -317,9 +326,9 @@ def decode(q: _Tensor, cache: PagedKVCache, table: PageTable, *, sm_scale: float
         out, lse = _decode_op(q, cache.k_pages, cache.v_pages, cache.layout, cache.k_scale, cache.v_scale,
                               table.block_table, table.seq_lens, table.max_seq_len, sm_scale, logits_soft_cap,
                               window_left, return_lse, backend_to_str(backend))
-        return (out, lse) if return_lse else out
+        return _result(out, lse, return_lse)
     out, lse = _decode_eager(q, cache, table, sm_scale, logits_soft_cap, window_left, return_lse, backend)
-    return (out, lse) if return_lse else out
+    return _result(out, lse, return_lse)
 
 
 def _decode_problem(dev: str, cc: Any, dtype: torch.dtype, cache_dims: tuple[Any, ...], num_q_heads: int, batch: int,
@@ -386,10 +395,10 @@ def prefill(q: _Tensor, qo_indptr: _Tensor, cache: PagedKVCache, table: PageTabl
         out, lse = _prefill_op(q, qo_indptr, cache.k_pages, cache.v_pages, cache.layout, cache.k_scale, cache.v_scale,
                                table.block_table, table.seq_lens, table.max_seq_len, causal, sm_scale,
                                logits_soft_cap, window_left, return_lse, backend_to_str(backend))
-        return (out, lse) if return_lse else out
+        return _result(out, lse, return_lse)
     out, lse = _prefill_eager(q, qo_indptr, cache, table, causal, sm_scale, logits_soft_cap, window_left, return_lse,
                               backend)
-    return (out, lse) if return_lse else out
+    return _result(out, lse, return_lse)
 
 
 def _prefill_problem(dev: str, cc: Any, dtype: torch.dtype, cache_dims: tuple[Any, ...], num_q_heads: int,
@@ -461,10 +470,10 @@ def prefill_ragged(q: _Tensor, k: _Tensor, v: _Tensor, qo_indptr: _Tensor, kv_in
     if compiling():
         out, lse = _ragged_op(q, k, v, qo_indptr, kv_indptr, causal, sm_scale, logits_soft_cap, window_left,
                               return_lse, backend_to_str(backend))
-        return (out, lse) if return_lse else out
+        return _result(out, lse, return_lse)
     out, lse = _ragged_eager(q, k, v, qo_indptr, kv_indptr, causal, sm_scale, logits_soft_cap, window_left,
                              return_lse, backend)
-    return (out, lse) if return_lse else out
+    return _result(out, lse, return_lse)
 
 
 def _ragged_eager(q: _Tensor, k: _Tensor, v: _Tensor, qo_indptr: _Tensor, kv_indptr: _Tensor, causal: bool,
@@ -537,9 +546,9 @@ def mla_decode(q_nope: _Tensor, q_pe: _Tensor, ckv_pages: _Tensor, kpe_pages: _T
     if compiling():
         out, lse = _mla_op(q_nope, q_pe, ckv_pages, kpe_pages, table.block_table, table.seq_lens, table.max_seq_len,
                            sm_scale, return_lse, backend_to_str(backend))
-        return (out, lse) if return_lse else out
+        return _result(out, lse, return_lse)
     out, lse = _mla_eager(q_nope, q_pe, ckv_pages, kpe_pages, table, sm_scale, return_lse, backend)
-    return (out, lse) if return_lse else out
+    return _result(out, lse, return_lse)
 
 
 def _mla_eager(q_nope: _Tensor, q_pe: _Tensor, ckv_pages: _Tensor, kpe_pages: _Tensor, table: PageTable,
@@ -674,7 +683,7 @@ def cascade(q: _Tensor, qo_indptr: _Tensor, cache: PagedKVCache, prefix_table: P
     out_s, lse_s = prefill(q, qo_indptr, cache, suffix_table, causal=causal, sm_scale=sm_scale,
                            logits_soft_cap=logits_soft_cap, return_lse=True, backend=backend)
     out, lse = merge_states(out_p, lse_p, out_s, lse_s, backend=backend)
-    return (out, lse) if return_lse else out
+    return _result(out, lse, return_lse)
 
 
 # -- plans ---------------------------------------------------------------------------------------------

@@ -85,7 +85,7 @@ def gather_pages(cache: PagedKVCache, pages: torch.Tensor, slots: torch.Tensor) 
     """K (B, L, Hkv, D) and V (B, L, Hkv, Dv) float32, dequantised, of the given page ids / slots."""
     k_nhd, v_nhd = cache.nhd()
     k, v = k_nhd[pages, slots[None, :]].float(), v_nhd[pages, slots[None, :]].float()
-    if cache.is_fp8:
+    if cache.k_scale is not None and cache.v_scale is not None:  # fp8 pages
         k, v = k * cache.k_scale, v * cache.v_scale
     return k, v
 

@@ -29,7 +29,8 @@ def _targets(rng: random.Random, kv_lens: tuple[int, ...], new: tuple[int, ...] 
     (None: one decode token per request, no batch_indices)."""
     if new is None:
         return [n - 1 for n in kv_lens], None
-    positions, rows = [], []
+    positions: list[int] = []
+    rows: list[int] = []
     for b, (n, m) in enumerate(zip(kv_lens, new)):
         positions.extend(range(n - m, n))
         rows.extend([b] * m)
@@ -92,14 +93,15 @@ def cases(op: str, device: torch.device, size: str) -> list[Case]:
     f16, bf16, f32, e4m3 = torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn
     if op == "kv_cache.append":
         if size == "small":
-            specs: list[tuple[Any, ...]] = [
+            specs: list[tuple[Any, ...]] = [  # dtype, layout, page size, kv heads, head dim, lens, new, kv dtype
                 (f16, "NHD", 16, 2, 64, (1, 17, 40), None, None),
                 (bf16, "HND", 1, 2, 64, (5, 9), (5, 2), None),
                 (f32, "NHD", 16, 1, 64, (33, 16, 1), (3, 16, 1), None),
                 (f16, "HND", 16, 2, 64, (12, 30), None, e4m3),
                 (bf16, "NHD", 1, 4, 64, (7, 3, 20), (7, 1, 4), e4m3),
             ]
-            out = [append_case(*s[:7], device, s[7], seed=i) for i, s in enumerate(specs)]
+            out = [append_case(dt, layout, ps, heads, dim, lens, new, device, kvd, seed=i)
+                   for i, (dt, layout, ps, heads, dim, lens, new, kvd) in enumerate(specs)]
             out.append(append_case(f16, "NHD", 16, 1, 192, (9, 20), (9, 1), device, head_dim_v=128, seed=9))
             return out
         out = []
