@@ -36,14 +36,25 @@ def _dense(t: torch.Tensor) -> torch.Tensor:
     return t.transpose(0, 1)[None]
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> torch.Tensor:
-    """Dense (1, H, S, D) flash attention -> out (Tq, Hq, Dv)."""
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> torch.Tensor:
+    """torch SDPA on its flash backend only: (1, Hq, Sq, D), (1, Hkv, Sk, D) -> (1, Hq, Sq, D)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale,
-                                                               enable_gqa=k.shape[1] != q.shape[1])
-    return out[0].transpose(0, 1)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale,
+                                                                enable_gqa=k.shape[1] != q.shape[1])
+
+
+def _flash_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """aten's flash kernel (equal head counts): out (1, H, Sq, D), lse (1, H, Sq) float32 natural log."""
+    res = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)
+    return res[0], res[1]
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> torch.Tensor:
+    """Dense (1, H, S, D) flash attention -> out (Tq, Hq, Dv)."""
+    return _sdpa(q, k, v, causal, scale)[0].transpose(0, 1)
 
 
 def _attend_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
@@ -52,8 +63,8 @@ def _attend_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     group = q.shape[1] // k.shape[1]
     if group > 1:
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    res = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)
-    return res[0][0].transpose(0, 1), res[1][0].transpose(0, 1)
+    out, lse = _flash_lse(q, k, v, causal, scale)
+    return out[0].transpose(0, 1), lse[0, :, : q.shape[2]].transpose(0, 1)
 
 
 def prefill_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
