@@ -1,0 +1,287 @@
+"""Sampling reference kernels against independent formulations, the statistical checks, and the sampling API."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import kernel_switchboard as ksb
+from kernel_switchboard.testing import conformance_test
+from kernel_switchboard.testing.cases import sampling as cases
+
+test_reference_conformance = conformance_test(
+    "reference", device="cpu", size="small",
+    ops=("sampling.top_k_top_p", "sampling.renorm", "sampling.chain_speculative"))
+
+
+# -- independent formulations --------------------------------------------------------------------
+def _enumerated(p: list[float], top_k: int | None, top_p: float | None, min_p: float | None) -> list[float]:
+    """Filtered distribution of one row by brute force: ranks by counting, top-p by enumerating subsets."""
+    v = len(p)
+    keep = [x > 0 for x in p]
+    if top_k:
+        keep = [k and sum(q > x for q in p) < top_k for k, x in zip(keep, p)]
+    if top_p is not None:
+        alive = [i for i in range(v) if keep[i]]
+        mass = sum(p[i] for i in alive)
+        best: tuple[int, float, tuple[int, ...]] | None = None
+        for r in range(1, len(alive) + 1):
+            for sub in itertools.combinations(alive, r):
+                m = sum(p[i] for i in sub)
+                if m >= top_p * mass and (best is None or (r, -m) < (best[0], -best[1])):
+                    best = (r, m, sub)
+            if best is not None:
+                break
+        assert best is not None
+        keep = [i in best[2] for i in range(v)]
+    if min_p is not None:
+        top = max(p)
+        keep = [k and x >= min_p * top for k, x in zip(keep, p)]
+    w = [x if k else 0.0 for x, k in zip(p, keep)]
+    return [x / sum(w) for x in w]
+
+
+def _vllm_style(p: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor:
+    """The usual sort-ascending formulation (vLLM's apply_top_k_top_p), float64."""
+    p = p.double()
+    asc, idx = p.sort(-1)
+    if top_k:
+        asc = asc.masked_fill(torch.arange(p.shape[-1]) < p.shape[-1] - top_k, 0.0)
+    if top_p is not None:
+        q = asc / asc.sum(-1, keepdim=True)
+        below = q.cumsum(-1) <= 1 - top_p
+        below[:, -1] = False
+        asc = asc.masked_fill(below, 0.0)
+    out = torch.zeros_like(p).scatter(-1, idx, asc)
+    return out / out.sum(-1, keepdim=True)
+
+
+def _random_rows(n: int, v: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.softmax(torch.randn(n, v, generator=g) * 1.5, -1)
+
+
+@pytest.mark.parametrize(("top_k", "top_p", "min_p"), [(None, 0.6, None), (3, None, None), (4, 0.7, None),
+                                                       (None, None, 0.2), (5, 0.9, 0.1), (1, 0.5, 0.5)])
+def test_renorm_matches_enumeration(top_k: int | None, top_p: float | None, min_p: float | None) -> None:
+    probs = _random_rows(12, 7, seed=1)
+    got = ksb.sampling.renorm(probs, top_k, top_p, min_p)
+    want = torch.tensor([_enumerated(row, top_k, top_p, min_p) for row in probs.double().tolist()], dtype=torch.float64)
+    torch.testing.assert_close(got.double(), want, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(cases.target_distribution(probs, top_k, top_p, min_p), want, atol=1e-9, rtol=1e-9)
+
+
+@pytest.mark.parametrize(("top_k", "top_p"), [(None, 0.9), (20, None), (50, 0.8)])
+def test_renorm_matches_sort_formulation(top_k: int | None, top_p: float | None) -> None:
+    probs = _random_rows(16, 300, seed=2)
+    torch.testing.assert_close(ksb.sampling.renorm(probs, top_k, top_p).double(), _vllm_style(probs, top_k, top_p),
+                               atol=1e-6, rtol=1e-5)
+
+
+def test_per_row_params_equal_row_by_row_calls() -> None:
+    probs = _random_rows(5, 40, seed=3)
+    k = torch.tensor([0, 3, 7, 40, 1])
+    p = torch.tensor([0.5, 1.0, 0.8, 0.3, 0.9], dtype=torch.float64)
+    m = torch.tensor([0.0, 0.1, 0.05, 0.2, 0.0])
+    got = ksb.sampling.renorm(probs, k, p, m)
+    for i in range(5):
+        want = ksb.sampling.renorm(probs[i:i + 1], int(k[i]), float(p[i]), float(m[i]))
+        torch.testing.assert_close(got[i:i + 1], want)
+
+
+def test_temperature_and_masked_logits() -> None:
+    logits = torch.randn(6, 30)
+    logits[:, :10] = float("-inf")  # masked tokens
+    t = torch.tensor([0.5, 1.0, 2.0, 0.7, 1.3, 0.9])
+    tokens = ksb.sampling.top_k_top_p(logits, 5, 0.9, is_logits=True, temperature=t)
+    assert bool((tokens >= 10).all())
+    expect = cases.target_distribution(logits, 5, 0.9, None, True, t)
+    assert bool((expect.gather(1, tokens[:, None]) > 0).all())
+    greedy = ksb.sampling.top_k(logits, 1, is_logits=True, temperature=0.3)
+    assert torch.equal(greedy, logits.argmax(-1))
+
+
+# -- statistics ----------------------------------------------------------------------------------
+def test_sampler_check_accepts_the_reference_and_rejects_biased_samplers() -> None:
+    probs = _random_rows(3, 12, seed=4).repeat_interleave(2000, 0)
+    target = cases.target_distribution(probs[::2000], 6, 0.8)
+    check = cases.sampler_check(target, 2000, 2)
+    check(lambda backend=None: ksb.sampling.top_k_top_p(probs, 6, 0.8))  # passes
+    with pytest.raises(AssertionError, match="filtered-out"):  # ignores top-p
+        check(lambda backend=None: ksb.sampling.top_k_top_p(probs, 6, None))
+    tilted = probs * torch.linspace(1.0, 1.3, 12)  # same support, distribution off by up to 30%
+    with pytest.raises(AssertionError, match="chi-square"):
+        check(lambda backend=None: ksb.sampling.top_k_top_p(tilted, 6, 0.8))
+
+
+def test_chi_square_pvalue_behaves() -> None:
+    expected = torch.tensor([[250.0, 250.0, 500.0]])
+    assert cases.chi_square_pvalue(expected.clone(), expected) == pytest.approx(1.0)
+    assert cases.chi_square_pvalue(torch.tensor([[300.0, 200.0, 500.0]]), expected) < 1e-3
+
+
+def test_generator_reproducible_and_deterministic() -> None:
+    probs = _random_rows(64, 50, seed=5)
+    g = torch.Generator()
+    a = ksb.sampling.top_p(probs, 0.9, generator=g.manual_seed(7), deterministic=True)
+    b = ksb.sampling.top_p(probs, 0.9, generator=g.manual_seed(7), deterministic=True)
+    c = ksb.sampling.top_p(probs, 0.9, generator=g.manual_seed(8), deterministic=True)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    problem = ksb.explain("sampling.top_p", probs, 0.9, generator=g, deterministic=True).problem
+    assert {"generator", "deterministic"} <= problem.features
+
+
+def test_conveniences_call_the_same_op() -> None:
+    probs = _random_rows(4, 20, seed=6)
+    g = torch.Generator()
+    assert torch.equal(ksb.sampling.min_p(probs, 0.3, generator=g.manual_seed(1)),
+                       ksb.sampling.top_k_top_p(probs, None, None, min_p=0.3, generator=g.manual_seed(1)))
+    assert torch.equal(ksb.sampling.sample(probs, generator=g.manual_seed(2)),
+                       ksb.sampling.top_k_top_p(probs, generator=g.manual_seed(2)))
+
+
+def test_unchecked_bad_rows_still_give_in_range_tokens() -> None:
+    probs = _random_rows(4, 16, seed=7)
+    probs[1] = float("nan")
+    probs[2] = 0.0
+    probs[3, 5] = -1.0
+    for kwargs in ({}, {"top_k": 3, "top_p": 0.5, "min_p": 0.1}):
+        tokens = ksb.sampling.top_k_top_p(probs, check_nan=False, **kwargs)
+        assert bool(((tokens >= 0) & (tokens < 16)).all())
+    logits = torch.full((2, 16), float("nan"))
+    tokens = ksb.sampling.top_k_top_p(logits, 4, 0.9, is_logits=True, check_nan=False)
+    assert bool(((tokens >= 0) & (tokens < 16)).all())
+
+
+# -- chain speculative ---------------------------------------------------------------------------
+def test_speculative_law_marginal_is_the_target() -> None:
+    """Σ_d p_draft(d) · P(first token = t | d) = p_target(t): the rule's defining property, exactly."""
+    g = torch.Generator().manual_seed(8)
+    v, n = 9, 2
+    draft = torch.softmax(torch.randn(1, n, v, generator=g), -1)
+    target = torch.softmax(torch.randn(1, n + 1, v, generator=g), -1)
+    ids = torch.stack([torch.tensor([d, 0]) for d in range(v)])  # every first draft token
+    joint, _, _ = cases.speculative_law(draft.expand(v, n, v), ids, target.expand(v, n + 1, v))
+    first = joint[:, 0] + torch.stack([joint[d, 1:, :].sum() * torch.eye(v, dtype=torch.float64)[d] for d in range(v)])
+    marginal = (draft[0, 0].double().unsqueeze(-1) * first).sum(0)
+    torch.testing.assert_close(marginal, target[0, 0].double(), atol=1e-12, rtol=1e-9)
+
+
+def test_chain_first_token_follows_target_with_fresh_drafts() -> None:
+    g = torch.Generator().manual_seed(9)
+    v, n, reps = 10, 3, 3000
+    draft = torch.softmax(torch.randn(1, n, v, generator=g) * 1.5, -1).expand(reps, n, v).contiguous()
+    target = torch.softmax(torch.randn(1, n + 1, v, generator=g) * 1.5, -1).expand(reps, n + 1, v).contiguous()
+    counts = torch.zeros(1, v, dtype=torch.float64)
+    for _ in range(3):
+        ids = torch.multinomial(draft.view(-1, v), 1, generator=g).view(reps, n)
+        tokens, _, _ = ksb.sampling.chain_speculative(draft, ids, target, generator=g)
+        counts[0] += torch.bincount(tokens[:, 0], minlength=v).double()
+    assert cases.chi_square_pvalue(counts, target[:1, 0].double() * counts.sum()) > 1e-3
+
+
+def test_chain_corner_cases_exact() -> None:
+    g = torch.Generator().manual_seed(10)
+    b, n, v = 50, 4, 12
+    draft = torch.softmax(torch.randn(b, n, v, generator=g), -1)
+    ids = torch.multinomial(draft.view(-1, v), 1, generator=g).view(b, n)
+    target = torch.softmax(torch.randn(b, n + 1, v, generator=g), -1)
+    same = target.clone()
+    same[:, :n] = draft
+    tokens, accepted, emitted = ksb.sampling.chain_speculative(draft, ids, same, generator=g)
+    assert torch.equal(tokens[:, :n], ids) and bool((accepted == n).all()) and bool((emitted == n).all())
+    none = target.clone()
+    none[:, :n].scatter_(-1, ids.unsqueeze(-1), 0.0)
+    tokens, accepted, emitted = ksb.sampling.chain_speculative(draft, ids.to(torch.int32), none, generator=g)
+    assert bool((accepted == 0).all()) and bool((emitted == 0).all()) and bool((tokens[:, 1:] == -1).all())
+    assert bool((tokens[:, 0] != ids[:, 0]).all())  # the rejected draft token has no target mass
+
+
+# -- bad inputs ----------------------------------------------------------------------------------
+def test_bad_inputs_name_the_argument() -> None:
+    probs = _random_rows(4, 16, seed=11)
+    bad = probs.clone()
+    bad[2, 3] = float("nan")
+    err = ksb.InvalidArgumentError
+    with pytest.raises(err, match=r"^x="):
+        ksb.sampling.top_k_top_p(bad, 3)
+    with pytest.raises(err, match=r"^x="):
+        ksb.sampling.top_p(probs - 0.5, 0.9)
+    with pytest.raises(err, match=r"^x="):
+        ksb.sampling.top_p(torch.full((2, 5), float("inf")), 0.9, is_logits=True)
+    with pytest.raises(err, match=r"^probs="):
+        ksb.sampling.renorm(bad, top_p=0.5)
+    for kwargs, name in (({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"), ({"top_k": -1}, "top_k"),
+                         ({"top_k": 2.5}, "top_k"), ({"min_p": 2.0}, "min_p"), ({"top_p": float("nan")}, "top_p"),
+                         ({"temperature": 0.5}, "temperature"), ({"top_p": torch.tensor([0.5, 0.5])}, r"top_p\.shape"),
+                         ({"top_k": torch.tensor([1.0, 2, 3, 4])}, r"top_k\.dtype"),
+                         ({"top_p": torch.tensor([0.5, 0.5, 2.0, 0.5])}, "top_p"),
+                         ({"generator": 3}, "generator")):
+        with pytest.raises(err, match=rf"^{name}"):
+            ksb.sampling.top_k_top_p(probs, **kwargs)
+    with pytest.raises(err, match=r"^temperature"):
+        ksb.sampling.top_k_top_p(probs, is_logits=True, temperature=0.0)
+    with pytest.raises(err, match=r"^x\.shape"):
+        ksb.sampling.top_k_top_p(probs[0], 3)
+    with pytest.raises(err, match=r"^x\.dtype"):
+        ksb.sampling.top_k_top_p(probs.double(), 3)
+
+
+def test_chain_bad_inputs_name_the_argument() -> None:
+    d = torch.softmax(torch.randn(2, 3, 8), -1)
+    t = torch.softmax(torch.randn(2, 4, 8), -1)
+    ids = torch.randint(0, 8, (2, 3))
+    err = ksb.InvalidArgumentError
+    with pytest.raises(err, match=r"^target_probs\.shape"):
+        ksb.sampling.chain_speculative(d, ids, t[:, :3])
+    with pytest.raises(err, match=r"^target_probs\.dtype"):
+        ksb.sampling.chain_speculative(d, ids, t.half())
+    with pytest.raises(err, match=r"^draft_token_ids\.shape"):
+        ksb.sampling.chain_speculative(d, ids[:, :2], t)
+    with pytest.raises(err, match=r"^draft_token_ids\.dtype"):
+        ksb.sampling.chain_speculative(d, ids.float(), t)
+    with pytest.raises(err, match=r"^draft_token_ids="):
+        ksb.sampling.chain_speculative(d, ids + 8, t)
+    bad = t.clone()
+    bad[1, 2, 0] = float("nan")
+    with pytest.raises(err, match=r"^target_probs="):
+        ksb.sampling.chain_speculative(d, ids, bad)
+
+
+# -- torch.compile and custom ops ----------------------------------------------------------------
+def test_torch_compile_fullgraph_traces_sampling_ops() -> None:
+    logits = torch.randn(6, 32)
+    probs = torch.softmax(logits, -1)
+    k_rows = torch.tensor([1, 1, 1, 1, 1, 1])
+
+    def f(logits: torch.Tensor, probs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        greedy = ksb.sampling.top_k_top_p(logits, k_rows, 0.9, is_logits=True, temperature=0.8)
+        return greedy + 1, ksb.sampling.renorm(probs, 5, 0.8) * 2
+
+    got, want = torch.compile(f, fullgraph=True)(logits, probs), f(logits, probs)
+    torch.testing.assert_close(got, want)
+    assert torch.equal(want[0] - 1, logits.argmax(-1))
+
+
+def test_opcheck_sampling_ops() -> None:
+    probs = _random_rows(4, 16, seed=12)
+    torch.library.opcheck(torch.ops.ksb.top_k_top_p.default,
+                          (probs, 1, None, 0.9, None, 0.0, torch.zeros(4), 1.0, None, False, False, True, None))
+    torch.library.opcheck(torch.ops.ksb.renorm.default, (probs, 3, None, 1.0, torch.full((4,), 0.7), 0.0, None, True, None))
+    d = torch.softmax(torch.randn(4, 2, 16), -1)
+    t = torch.cat([d, torch.eye(16)[:4].unsqueeze(1)], dim=1)  # accept all, bonus token is certain
+    ids = d.argmax(-1)
+    torch.library.opcheck(torch.ops.ksb.chain_speculative.default, (d, ids, t, False, True, None))
+
+
+@pytest.mark.gpu
+def test_reference_on_gpu_matches_cpu() -> None:
+    probs = _random_rows(32, 1000, seed=13)
+    torch.testing.assert_close(ksb.sampling.renorm(probs.cuda(), 50, 0.9, 0.01).cpu(), ksb.sampling.renorm(probs, 50, 0.9, 0.01))
+    g = torch.Generator(device="cuda")
+    a = ksb.sampling.top_k_top_p(probs.cuda(), 50, 0.9, generator=g.manual_seed(3), deterministic=True)
+    b = ksb.sampling.top_k_top_p(probs.cuda(), 50, 0.9, generator=g.manual_seed(3), deterministic=True)
+    assert torch.equal(a, b)
+    assert bool((cases.target_distribution(probs, 50, 0.9).gather(1, a.cpu()[:, None]) > 0).all())
