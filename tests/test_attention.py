@@ -428,3 +428,28 @@ def test_example_builds_a_runnable_case(op: str, shape: dict[str, object]) -> No
     case.compare("reference")
     if "batch" in shape and op != "attention.merge_states":
         assert sel.problem.batch == bucket(int(shape["batch"]))  # type: ignore[call-overload]
+
+
+def test_custom_op_reuses_the_checked_table_until_its_tensors_change() -> None:
+    from kernel_switchboard.ops.attention import table_of
+
+    table = _decode_args()[2]
+    a = table_of(table.block_table, table.seq_lens, None)
+    assert table_of(table.block_table, table.seq_lens, None) is a
+    table.seq_lens[0] = 1  # an in-place change bumps the version counter: checked again
+    b = table_of(table.block_table, table.seq_lens, None)
+    assert b is not a and b.max_seq_len == 9
+    with torch.inference_mode():
+        bt, sl = table.block_table.clone(), table.seq_lens.clone()
+        assert table_of(bt, sl, None) is not table_of(bt, sl, None)  # no version counter: never cached
+
+
+def test_decode_and_prefill_under_inference_mode() -> None:
+    spec = AttnSpec(F16, "NHD", 4, 4, 2, kv_lens=(9, 3), q_lens=(4, 3))
+    q, qo, cache, table = prefill_case(spec, "cpu").args
+    want = ksb.attention.prefill(q, qo, cache, table)
+    with torch.inference_mode():
+        got = ksb.attention.prefill(q, qo, cache, table)
+        dec = ksb.attention.decode(q[:2].contiguous(), cache, table)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    assert dec.shape == (2, 4, 64)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import weakref
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -308,6 +309,28 @@ def _result(out: _Tensor, lse: _Tensor | None, return_lse: bool) -> _Tensor | tu
     return out, lse
 
 
+_TABLES: dict[tuple[int, int, int | None], tuple[Any, Any, tuple[int, int], PageTable]] = {}
+
+
+def table_of(block_table: _Tensor, seq_lens: _Tensor, max_seq_len: int | None) -> PageTable:
+    """The :class:`PageTable` of these tensors inside a custom op (torch.compile path), reused while
+    the same tensors are unchanged (same version counters), so its one-time device checks are not
+    repeated at every compiled call."""
+    try:
+        versions = (block_table._version, seq_lens._version)
+    except RuntimeError:  # inference-mode tensors carry no version counter
+        return PageTable(block_table, seq_lens, max_seq_len)
+    key = (id(block_table), id(seq_lens), max_seq_len)
+    hit = _TABLES.get(key)
+    if hit is not None and hit[0]() is block_table and hit[1]() is seq_lens and hit[2] == versions:
+        return hit[3]
+    table = PageTable(block_table, seq_lens, max_seq_len)
+    if len(_TABLES) >= 8:
+        _TABLES.clear()
+    _TABLES[key] = (weakref.ref(block_table), weakref.ref(seq_lens), versions, table)
+    return table
+
+
 def _empty_lse() -> _Tensor:
     return torch.empty(0, dtype=torch.float32)
 
@@ -360,7 +383,7 @@ def _decode_impl(q: _Tensor, k_pages: _Tensor, v_pages: _Tensor, layout: str, k_
                  sm_scale: float | None, logits_soft_cap: float | None, window_left: int | None, return_lse: bool,
                  backend: str | None) -> tuple[_Tensor, _Tensor]:
     cache = PagedKVCache(k_pages, v_pages, layout, *_scales(k_pages, k_scale, v_scale))
-    table = PageTable(block_table, seq_lens, max_seq_len)
+    table = table_of(block_table, seq_lens, max_seq_len)
     out, lse = _decode_eager(q, cache, table, sm_scale, logits_soft_cap, window_left, return_lse,
                              backend_from_str(backend))
     return out, (lse if lse is not None else _empty_lse().to(q.device))
@@ -440,7 +463,7 @@ def _prefill_impl(q: _Tensor, qo_indptr: _Tensor, k_pages: _Tensor, v_pages: _Te
                   max_seq_len: int | None, causal: bool, sm_scale: float | None, logits_soft_cap: float | None,
                   window_left: int | None, return_lse: bool, backend: str | None) -> tuple[_Tensor, _Tensor]:
     cache = PagedKVCache(k_pages, v_pages, layout, *_scales(k_pages, k_scale, v_scale))
-    table = PageTable(block_table, seq_lens, max_seq_len)
+    table = table_of(block_table, seq_lens, max_seq_len)
     out, lse = _prefill_eager(q, qo_indptr, cache, table, causal, sm_scale, logits_soft_cap, window_left, return_lse,
                               backend_from_str(backend))
     return out, (lse if lse is not None else _empty_lse().to(q.device))
@@ -593,7 +616,7 @@ def _mla_eager(q_nope: _Tensor, q_pe: _Tensor, ckv_pages: _Tensor, kpe_pages: _T
 def _mla_impl(q_nope: _Tensor, q_pe: _Tensor, ckv_pages: _Tensor, kpe_pages: _Tensor, block_table: _Tensor,
               seq_lens: _Tensor, max_seq_len: int | None, sm_scale: float | None, return_lse: bool,
               backend: str | None) -> tuple[_Tensor, _Tensor]:
-    table = PageTable(block_table, seq_lens, max_seq_len)
+    table = table_of(block_table, seq_lens, max_seq_len)
     out, lse = _mla_eager(q_nope, q_pe, ckv_pages, kpe_pages, table, sm_scale, return_lse, backend_from_str(backend))
     return out, (lse if lse is not None else _empty_lse().to(q_nope.device))
 

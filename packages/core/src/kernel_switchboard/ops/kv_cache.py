@@ -36,6 +36,7 @@ from ._common import (
     device_key,
     graph_features,
 )
+from .attention import table_of
 
 _INT32 = frozenset({torch.int32})
 _Tensor = torch.Tensor
@@ -198,7 +199,7 @@ def _append_impl(k: _Tensor, v: _Tensor, k_pages: _Tensor, v_pages: _Tensor, lay
                  positions: _Tensor, batch_indices: _Tensor | None, check_indices: bool, backend: str | None) -> None:
     fp8 = k_pages.dtype in FP8_DTYPES
     cache = PagedKVCache(k_pages, v_pages, layout, k_scale if fp8 else None, v_scale if fp8 else None)
-    table = PageTable(block_table, seq_lens, max_seq_len)
+    table = table_of(block_table, seq_lens, max_seq_len)
     _append_eager(k, v, cache, table, positions, batch_indices, check_indices, backend_from_str(backend))
 
 
@@ -264,7 +265,7 @@ def _append_mla_eager(ckv: _Tensor, kpe: _Tensor, ckv_pages: _Tensor, kpe_pages:
 def _append_mla_impl(ckv: _Tensor, kpe: _Tensor, ckv_pages: _Tensor, kpe_pages: _Tensor, block_table: _Tensor,
                      seq_lens: _Tensor, max_seq_len: int | None, positions: _Tensor, batch_indices: _Tensor | None,
                      check_indices: bool, backend: str | None) -> None:
-    table = PageTable(block_table, seq_lens, max_seq_len)
+    table = table_of(block_table, seq_lens, max_seq_len)
     _append_mla_eager(ckv, kpe, ckv_pages, kpe_pages, table, positions, batch_indices, check_indices,
                       backend_from_str(backend))
 

@@ -219,6 +219,7 @@ def _small_specs() -> list[AttnSpec]:
         AttnSpec(f32, "HND", 16, 4, 2, kv_lens=(29, 1), soft_cap=3.0, window=10, lse=True),
         AttnSpec(f16, "NHD", 16, 2, 1, head_dim=128, kv_lens=(21, 2)),
         AttnSpec(bf16, "HND", 16, 4, 2, kv_lens=(26, 7), soft_cap=4.0, window=5, lse=True),
+        AttnSpec(f16, "NHD", 16, 8, 1, kv_lens=(19, 4)),  # GQA group 8
     ]
 
 
