@@ -2,6 +2,7 @@
 
     python packages/backend-triton/benchmarks/attention.py            # default configs
     python packages/backend-triton/benchmarks/attention.py --sweep    # also try other tiles / splits
+    python packages/backend-triton/benchmarks/attention.py --compile-report   # regs/spills/smem, no GPU
 
 ``bench_attention(device, sweep=False) -> list[dict]``: one dict per (workload, implementation,
 config) with ``ms`` (median, triton.testing.do_bench, L2 flushed between reps), ``tb_s`` (decode:
@@ -243,6 +244,78 @@ def _free(dev: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+# -- compiler report (no GPU needed) ----------------------------------------------------------------------
+def _compile(fn: Any, ptrs: dict[str, str], constexprs: dict[str, Any], warps: int, stages: int, arch: int) -> dict[str, Any]:
+    """Compile one jit kernel for ``sm_<arch>`` on the host; registers and stack (spill) bytes from cuobjdump."""
+    import inspect
+    import os
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = list(inspect.signature(fn.fn).parameters)
+    sig = {n: "constexpr" if n in constexprs else ptrs.get(n, "i32" if n.startswith("stride") or n in
+                                                            ("window_left", "batch", "heads", "kv_heads") else "fp32")
+           for n in names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n].startswith("*") or n.startswith("stride")}
+    k = triton.compile(ASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", arch, 32),
+                       options={"num_warps": warps, "num_stages": stages})
+    row: dict[str, Any] = {"smem_bytes": k.metadata.shared, "wgmma": "wgmma" in k.asm.get("ptx", "")}
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    for key, field in (("REG:", "regs"), ("STACK:", "stack_bytes"), ("LOCAL:", "local_bytes")):
+        if key in usage:
+            row[field] = int(usage.split(key)[1].split()[0])
+    return row
+
+
+def compile_report(arch: int = 90) -> list[dict[str, Any]]:
+    """Registers, spills, shared memory and wgmma use of the default configs, compiled here for ``sm_<arch>``."""
+    from kernel_switchboard_triton import _decode, _mla, _prefill
+
+    bf, f32, i32 = "*bf16", "*fp32", "*i32"
+    decode_ptrs = {"q_ptr": bf, "k_ptr": bf, "v_ptr": bf, "block_table_ptr": i32, "seq_lens_ptr": i32, "o_ptr": f32,
+                   "lse_ptr": f32}
+    prefill_ptrs = {"q_ptr": bf, "k_ptr": bf, "v_ptr": bf, "qo_indptr_ptr": i32, "kv_indptr_ptr": i32,
+                    "block_table_ptr": i32, "seq_lens_ptr": i32, "o_ptr": bf, "lse_ptr": f32}
+    mla_ptrs = {"qn_ptr": bf, "qp_ptr": bf, "ckv_ptr": bf, "kpe_ptr": bf, "block_table_ptr": i32, "seq_lens_ptr": i32,
+                "o_ptr": f32, "lse_ptr": f32}
+    jobs: list[tuple[str, Any, dict[str, str], dict[str, Any], int, int]] = []
+    for d, bn, warps, stages in ((128, 64, 4, 3), (128, 64, 4, 4), (128, 128, 4, 3), (256, 32, 4, 3), (64, 64, 4, 3)):
+        jobs.append((f"decode d{d} BLOCK_N={bn} warps={warps} stages={stages}", _decode._decode_split_kernel, decode_ptrs,
+                     dict(GROUP=4, BLOCK_H=16, HEAD_DIM=d, HEAD_DIM_V=d, BLOCK_D=d, BLOCK_DV=d, PAGE_SIZE=16,
+                          BLOCK_N=bn, NUM_SPLITS=2, SOFT_CAP=False, DOT_FP32=False), warps, stages))
+    for main, tail, bm, bn, warps, stages, paged in ((128, 0, 128, 64, 8, 3, True), (128, 0, 128, 64, 8, 3, False),
+                                                     (128, 0, 128, 128, 8, 3, False), (128, 0, 64, 64, 4, 3, True),
+                                                     (256, 0, 64, 32, 8, 2, True), (128, 64, 64, 32, 8, 2, True)):
+        dv = 128 if tail else main
+        jobs.append((f"prefill d{main + tail}/{dv} BLOCK_M={bm} BLOCK_N={bn} warps={warps} stages={stages} "
+                     f"{'paged' if paged else 'ragged'}", _prefill._prefill_kernel, prefill_ptrs,
+                     dict(GROUP=4, BLOCK_M=bm, BLOCK_N=bn, HEAD_MAIN=main, HEAD_TAIL=tail, HEAD_DIM_V=dv, BLOCK_DV=dv,
+                          PAGE_SIZE=16, PAGED=paged, CAUSAL=True, WINDOW=False, SOFT_CAP=False, RETURN_LSE=False,
+                          LOG_B=4, DOT_FP32=False), warps, stages))
+    for bh, bn, warps, stages in ((64, 32, 8, 2), (32, 32, 8, 2), (16, 32, 4, 2), (64, 16, 4, 2)):
+        jobs.append((f"mla BLOCK_H={bh} BLOCK_N={bn} warps={warps} stages={stages}", _mla._mla_split_kernel, mla_ptrs,
+                     dict(HEAD_DIM=512, HEAD_DIM_PE=64, BLOCK_H=bh, PAGE_SIZE=64, BLOCK_N=bn, NUM_SPLITS=2,
+                          DOT_FP32=False), warps, stages))
+    rows = []
+    for name, fn, ptrs, consts, warps, stages in jobs:
+        row: dict[str, Any] = {"kernel": name, "arch": f"sm_{arch}"}
+        try:
+            row.update(_compile(fn, ptrs, consts, warps, stages, arch))
+        except Exception as exc:  # report, never abort
+            row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        print(row, flush=True)
+        rows.append(row)
+    return rows
+
+
 def summary(rows: list[dict[str, Any]]) -> str:
     """The best row per (workload, impl) as a text table."""
     best: dict[tuple[str, str], dict[str, Any]] = {}
@@ -259,5 +332,8 @@ def summary(rows: list[dict[str, Any]]) -> str:
 
 
 if __name__ == "__main__":
-    result = bench_attention("cuda", sweep="--sweep" in sys.argv)
-    print(summary(result))
+    if "--compile-report" in sys.argv:  # no GPU needed
+        compile_report(90)
+    else:
+        result = bench_attention("cuda", sweep="--sweep" in sys.argv)
+        print(summary(result))

@@ -95,12 +95,12 @@ def fp8_needs_sm89(problem: Any) -> list[str]:
     return []
 
 
-def resident_ctas(device: torch.device, smem_bytes: int, num_warps: int) -> int:
+def resident_ctas(device: torch.device, smem_bytes: int, num_warps: int, regs_per_thread: int = 128) -> int:
     """Rough programs resident per SM: bounded by shared memory (228 KB on Hopper, 164 KB on Ampere)
-    and by 64 KB of registers at ~128 per thread."""
+    and by the 64 K registers of an SM. Use the figures ptxas reports for the kernel (see tuning notes)."""
     smem = 227 * 1024 if cc_major(device) >= 9 else 163 * 1024
-    by_smem = smem // max(smem_bytes + 2048, 1)
-    by_regs = 65536 // (num_warps * 32 * 128)
+    by_smem = smem // max(smem_bytes + 1024, 1)
+    by_regs = 65536 // (num_warps * 32 * regs_per_thread)
     return max(1, min(by_smem, by_regs, 8))
 
 

@@ -123,11 +123,14 @@ def mla_config(device: torch.device, batch: int, heads: int, kv_len: int,
     if interpreting():
         splits = num_splits or (2 if kv_len > 32 else 1)
         return MLAConfig(16, 16, splits, 1, 1, True)
-    block_h, block_n, warps = (32 if heads >= 32 else 16), 32, 8
-    stages = 2 if cc_major(device) >= 9 else 1
+    hopper = cc_major(device) >= 9
+    # sm_90: 64 heads per program run the dots on wgmma (ptxas: 147 KB smem, 255 regs, no spills);
+    # below 64 rows Triton falls back to mma.sync and every latent tile is re-read more often
+    block_h = 64 if hopper and heads >= 64 else (32 if heads >= 32 else 16)
+    block_n, warps, stages = 32, 8, (2 if hopper else 1)
     if num_splits is None:
-        smem = stages * block_n * (512 + 64) * 2
-        slots = sm_count(device) * resident_ctas(device, smem, warps)
+        smem = stages * block_n * (512 + 64) * 2 + block_h * (512 + 64) * 2
+        slots = sm_count(device) * resident_ctas(device, smem, warps, 255 if block_h == 64 else 192)
         num_splits = choose_splits(batch * triton.cdiv(heads, block_h), kv_len, block_n, slots)
     return MLAConfig(block_h, block_n, num_splits, warps, stages, False)
 

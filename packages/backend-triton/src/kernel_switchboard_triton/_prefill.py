@@ -266,9 +266,11 @@ def prefill_config(device: torch.device, head_dim: int, head_dim_v: int, rows_bu
     if interpreting():
         return PrefillConfig(max(16, min(32, rows_bucket)), 16, 1, 1, True)
     big = max(head_dim, head_dim_v) > 128
-    block_m = max(16, min(64 if big else 128, rows_bucket))
-    block_n = 32 if big else 64
     hopper = cc_major(device) >= 9
+    # sm_90, d128, BLOCK_M 128 x BLOCK_N 64, 8 warps, 3 stages: wgmma, 190 regs, 98 KB smem (paged), no spills;
+    # BLOCK_N 128 needs 255 regs. sm_80 spills at BLOCK_M 128, so Ampere takes 64-row tiles.
+    block_m = max(16, min(64 if big or not hopper else 128, rows_bucket))
+    block_n = 32 if big else 64
     warps = 8 if block_m >= 128 or big else 4
     return PrefillConfig(block_m, block_n, warps, 3 if hopper and not big else 2, False)
 
