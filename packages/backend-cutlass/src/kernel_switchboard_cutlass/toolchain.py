@@ -24,6 +24,8 @@ from pathlib import Path
 MIN_NVCC = (12, 3)
 INSTALL = 'pip install "kernel-switchboard[cutlass]"'
 NVCC_INSTALL = "install the CUDA toolkit >= 12.3 (nvcc) and put it on PATH, or set KSB_NVCC / CUDA_HOME"
+#: where nvcc is looked for last
+DEFAULT_NVCC = "/usr/local/cuda/bin/nvcc"
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ def _nvcc_candidates() -> list[str]:
     which = shutil.which("nvcc")
     if which:
         out.append(which)
-    out.append("/usr/local/cuda/bin/nvcc")
+    out.append(DEFAULT_NVCC)
     return out
 
 

@@ -1,0 +1,221 @@
+"""Benchmark: the CUTLASS GEMMs against cuBLAS (torch) and our Triton kernels (H200 targets in issue 10).
+
+    python packages/backend-cutlass/benchmarks/gemm.py            # prints one dict per row
+    python packages/backend-cutlass/benchmarks/gemm.py out.jsonl  # and writes them as JSON lines
+
+``bench_gemm(device) -> list[dict]``: one dict per (workload, implementation, config) with ``ms``
+(median of triton.testing.do_bench), ``tflop_s``, ``rel_err`` (relative Frobenius error against a
+float32 product of the same operands) and ``first_call_s``. Each row is checked before it is
+timed; a failure becomes a row with ``error``, never an exception. Rows:
+
+- bf16 mm 8192^3, b row-major ("RR") and K-major ("RC"): torch.mm (cuBLAS), CUTLASS with the shape
+  heuristic and with each tile forced (KSB_CUTLASS_MM_TILE), Triton;
+- fp8 8192^3: torch._scaled_mm per-tensor (cuBLAS), CUTLASS per-tensor, CUTLASS 1x128/128x128
+  block scales, Triton block scales;
+- grouped mm, DeepSeek-V3 experts (256 x 7168 -> 2048, 4096 tokens top-8 routed uniformly at random):
+  CUTLASS, Triton, torch._grouped_mm when this torch has it;
+- the time nvcc took to build every kernel above (in parallel), and the first call after a process
+  restart with a warm disk cache (library load only).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+ROWS: list[dict[str, Any]] = []
+
+
+#: the H200 sizes; ``bench_gemm(..., sizes=SMOKE)`` runs the same code on tiny shapes (CPU smoke test)
+FULL = {"n": 8192, "experts": 256, "hidden": 7168, "inter": 2048, "tokens": 4096, "top_k": 8}
+SMOKE = {"n": 128, "experts": 4, "hidden": 128, "inter": 64, "tokens": 16, "top_k": 2}
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        _sync()
+
+
+def _time_ms(fn: Callable[[], Any]) -> float:
+    """Median ms with CUDA events (one wall-clock call off the GPU: smoke runs)."""
+    if not torch.cuda.is_available():
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
+
+
+def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    g, w = got.float(), want.float()
+    return float((g - w).norm() / w.norm().clamp_min(1e-30))
+
+
+def _row(workload: str, impl: str, config: str, run: Callable[[], torch.Tensor], want: torch.Tensor | None,
+         flops: float, env: dict[str, str] | None = None, max_err: float = 2e-2) -> dict[str, Any]:
+    row: dict[str, Any] = {"workload": workload, "impl": impl, "config": config}
+    saved = {k: os.environ.get(k) for k in (env or {})}
+    os.environ.update(env or {})
+    try:
+        t0 = time.perf_counter()
+        out = run()
+        _sync()
+        row["first_call_s"] = round(time.perf_counter() - t0, 2)
+        if want is not None:
+            row["rel_err"] = _rel_err(out, want)
+            if not math.isfinite(row["rel_err"]) or row["rel_err"] > max_err:
+                raise AssertionError(f"relative error {row['rel_err']:.3g} against the float32 product")
+        ms = _time_ms(run)
+        row.update(ms=round(ms, 4), tflop_s=round(flops / (ms * 1e-3) / 1e12, 1))
+    except Exception as exc:  # one failing point never stops the others
+        row["error"] = f"{type(exc).__name__}: {str(exc)[:400]}"
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    print(row, flush=True)
+    ROWS.append(row)
+    return row
+
+
+def _ratios(workload: str, anchor: str) -> None:
+    """Add ``x_<anchor>`` (speed relative to the anchor implementation) to the rows of one workload."""
+    rows = [r for r in ROWS if r["workload"] == workload and "tflop_s" in r]
+    base = next((r["tflop_s"] for r in rows if r["impl"] == anchor), None)
+    for r in rows:
+        if base:
+            r[f"x_{anchor}"] = round(r["tflop_s"] / base, 3)
+
+
+def _prebuild(calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]]) -> None:
+    from kernel_switchboard_cutlass import build, configs, prebuild
+
+    row: dict[str, Any] = {"workload": "build", "impl": "cutlass", "config": "nvcc, parallel"}
+    try:
+        t0 = time.perf_counter()
+        cfgs = [c for c in (prebuild.config_for_call(op, args, kw) for op, args, kw in calls) if c is not None]
+        cfgs += [c for lb in ("row", "col") for c in configs.mm_configs("bf16", "row", lb)]  # every forced tile
+        cfgs = list(dict.fromkeys(cfgs))
+        build.compile_many(cfgs)
+        row.update(kernels=len(cfgs), seconds=round(time.perf_counter() - t0, 1))
+    except Exception as exc:
+        row["error"] = f"{type(exc).__name__}: {str(exc)[:400]}"
+    print(row, flush=True)
+    ROWS.append(row)
+
+
+def bench_gemm(device: torch.device | str = "cuda", sizes: dict[str, int] | None = None) -> list[dict[str, Any]]:
+    import kernel_switchboard as ksb
+    from kernel_switchboard.reference import gemm as ref
+    from kernel_switchboard.testing.cases.gemm import quantize_fp8
+
+    device = torch.device(device)
+    ROWS.clear()
+    sz = sizes or FULL
+    n = sz["n"]
+    g = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(n, n, generator=g, device=device).to(torch.bfloat16)
+    b_rr = (torch.randn(n, n, generator=g, device=device) * n**-0.5).to(torch.bfloat16)
+    b_rc = b_rr.t().contiguous().t()  # same values, K-major (the layout of an nn.Linear weight)
+    a32, b32 = a.float(), b_rr.float()
+
+    # fp8 operands: per-tensor and 1x128 / 128x128 block quantisations of the same values
+    bk = b32.t().contiguous().t()
+    qa_t, sa_t = quantize_fp8(a32, n, n)
+    qb_t, sb_t = quantize_fp8(bk, n, n)
+    qa_b, sa_b = quantize_fp8(a32, 1, 128)
+    qb_b, sb_b = quantize_fp8(bk, 128, 128)
+    sa_t, sb_t = sa_t.reshape(()), sb_t.reshape(())
+
+    # grouped: DeepSeek-V3 routed experts, 4096 tokens x top-8 over 256 experts
+    experts, hidden, inter, tokens, top_k = (sz[k] for k in ("experts", "hidden", "inter", "tokens", "top_k"))
+    ids = torch.randint(0, experts, (tokens * top_k,), generator=g, device=device)
+    counts = torch.bincount(ids, minlength=experts)
+    offsets = torch.zeros(experts + 1, dtype=torch.int32, device=device)
+    offsets[1:] = counts.cumsum(0).to(torch.int32)
+    ga = torch.randn(tokens * top_k, hidden, generator=g, device=device).to(torch.bfloat16)
+    gb = (torch.randn(experts, hidden, inter, generator=g, device=device) * hidden**-0.5).to(torch.bfloat16)
+    gb_k = gb.transpose(1, 2).contiguous().transpose(1, 2)
+
+    _prebuild([("gemm.mm", (a, b_rr), {}), ("gemm.mm", (a, b_rc), {}),
+               ("gemm.mm_fp8", (qa_t, qb_t, sa_t, sb_t), {}), ("gemm.mm_fp8", (qa_b, qb_b, sa_b, sb_b), {}),
+               ("gemm.grouped_mm", (ga, gb, offsets), {}), ("gemm.grouped_mm", (ga, gb_k, offsets), {})])
+
+    flops = 2.0 * n**3
+    want = a32 @ b32
+    for lay, b in (("RR", b_rr), ("RC", b_rc)):
+        w = f"bf16 mm {n}^3 {lay}"
+        _row(w, "torch.mm (cuBLAS)", "", lambda b=b: torch.mm(a, b), want, flops)
+        _row(w, "cutlass", "heuristic", lambda b=b: ksb.gemm.mm(a, b, backend="cutlass"), want, flops)
+        for role in ("large", "medium", "small_m"):
+            _row(w, "cutlass", f"tile={role}", lambda b=b: ksb.gemm.mm(a, b, backend="cutlass"), want, flops,
+                 env={"KSB_CUTLASS_MM_TILE": role})
+        _row(w, "triton", "", lambda b=b: ksb.gemm.mm(a, b, backend="triton"), want, flops)
+        _ratios(w, "torch.mm (cuBLAS)")
+    del want
+
+    w = f"fp8 mm {n}^3"
+    want_t = ref.mm_fp8(qa_t, qb_t, sa_t, sb_t, "tensor", torch.float32)
+    _row(w, "torch._scaled_mm per-tensor (cuBLAS)", "tensor",
+         lambda: torch._scaled_mm(qa_t, qb_t, scale_a=sa_t, scale_b=sb_t, out_dtype=torch.bfloat16), want_t, flops)
+    _row(w, "cutlass", "tensor", lambda: ksb.gemm.mm_fp8(qa_t, qb_t, sa_t, sb_t, backend="cutlass"), want_t, flops)
+    del want_t
+    want_b = ref.mm_fp8(qa_b, qb_b, sa_b, sb_b, "block", torch.float32)
+    _row(w, "cutlass", "block 1x128/128x128", lambda: ksb.gemm.mm_fp8(qa_b, qb_b, sa_b, sb_b, backend="cutlass"),
+         want_b, flops)
+    _row(w, "triton", "block 1x128/128x128", lambda: ksb.gemm.mm_fp8(qa_b, qb_b, sa_b, sb_b, backend="triton"),
+         want_b, flops)
+    del want_b
+    _ratios(w, "torch._scaled_mm per-tensor (cuBLAS)")
+
+    w = f"grouped mm {experts}x{hidden}->{inter}, {tokens} tok top-{top_k}"
+    gflops = 2.0 * tokens * top_k * hidden * inter
+    want_g = ref.grouped_mm(ga, gb, offsets)
+    for lay, bb in (("b row-major", gb), ("b K-major", gb_k)):
+        _row(w, "cutlass", lay, lambda bb=bb: ksb.gemm.grouped_mm(ga, bb, offsets, backend="cutlass"), want_g, gflops)
+        _row(w, "triton", lay, lambda bb=bb: ksb.gemm.grouped_mm(ga, bb, offsets, backend="triton"), want_g, gflops)
+    if hasattr(torch, "_grouped_mm"):
+        ends = offsets[1:].contiguous()
+        _row(w, "torch._grouped_mm", "b K-major", lambda: torch._grouped_mm(ga, gb_k, offs=ends), want_g, gflops)
+    _ratios(w, "triton")
+
+    _first_call(a, b_rr)
+    return ROWS
+
+
+def _first_call(a: torch.Tensor, b: torch.Tensor) -> None:
+    """The first call after a restart with a warm disk cache: load the .so, run once."""
+    import kernel_switchboard as ksb
+    from kernel_switchboard_cutlass import build
+
+    row: dict[str, Any] = {"workload": "first call, warm disk cache", "impl": "cutlass",
+                           "config": f"bf16 mm {a.shape[0]}^3"}
+    try:
+        build._loaded.clear()
+        _sync()
+        t0 = time.perf_counter()
+        ksb.gemm.mm(a, b, backend="cutlass")
+        _sync()
+        row["seconds"] = round(time.perf_counter() - t0, 3)
+    except Exception as exc:
+        row["error"] = f"{type(exc).__name__}: {str(exc)[:400]}"
+    print(row, flush=True)
+    ROWS.append(row)
+
+
+if __name__ == "__main__":
+    rows = bench_gemm("cuda")
+    if len(sys.argv) > 1:
+        with open(sys.argv[1], "w") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")

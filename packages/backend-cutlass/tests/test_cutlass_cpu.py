@@ -1,0 +1,306 @@
+"""CUTLASS backend without a GPU: gating, declarations, configurations, emitted source, and the
+translation of torch operands into kernel arguments (run through a model of the C entry points,
+cutlass_emulate.py, and compared with the reference kernels)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from cutlass_emulate import run as emulate
+
+import kernel_switchboard as ksb
+from kernel_switchboard import KernelUnavailableError
+from kernel_switchboard.ops.gemm import GemmProblem, scale_mode_of
+from kernel_switchboard.reference import gemm as ref
+from kernel_switchboard.registry import registry
+from kernel_switchboard.testing import assert_close, tolerance
+from kernel_switchboard.testing.cases import gemm as gemm_cases
+from kernel_switchboard_cutlass import build, configs, emit, gemm, operands, plugin, toolchain
+
+BF16, F16, F32, FP8 = torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_toolchain():
+    toolchain.reset()
+    build.forget()
+    yield
+    toolchain.reset()
+    build.forget()
+
+
+def _problem(**kw: object) -> GemmProblem:
+    base = dict(device="cuda", cc=(9, 0), dtype=BF16, out_dtype=BF16, m=4096, n=4096, k=4096, layout="RR",
+                align_bytes=16, scale_mode=None, groups=None, features=frozenset())
+    base.update(kw)
+    return GemmProblem(**base)  # type: ignore[arg-type]
+
+
+def _kernels() -> dict[str, ksb.Kernel]:
+    return {k.name: k for k in gemm.kernels("test")}
+
+
+# -- gating -------------------------------------------------------------------------------------------------
+def test_backend_lists_its_kernels_unavailable_with_reason_and_command() -> None:
+    backend = registry.all_backends()["cutlass"]
+    assert {k.id for k in backend.kernels} == {"cutlass:mm", "cutlass:mm_fp8", "cutlass:grouped_mm"}
+    assert backend.unavailable is not None  # no GPU here (and maybe no headers / nvcc)
+    assert backend.install
+    for k in backend.kernels:
+        (reason,) = k.reasons(_problem())
+        assert reason.startswith("unavailable: ") and "install: " in reason
+
+
+def test_missing_headers_reason_names_the_package_and_install_command(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("KSB_CUTLASS_DIR", str(tmp_path))
+    toolchain.reset()
+    reason, install = plugin.unavailable_reason()
+    assert "include/cutlass/cutlass.h is missing" in reason and str(tmp_path) in reason
+    assert install == 'pip install "kernel-switchboard[cutlass]"'
+    with pytest.raises(RuntimeError, match=r"kernel-switchboard\[cutlass\]"):
+        toolchain.headers()
+
+
+def test_missing_nvcc_reason(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("KSB_NVCC", str(tmp_path / "nope"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setattr(toolchain, "DEFAULT_NVCC", str(tmp_path / "missing" / "nvcc"))
+    toolchain.reset()
+    assert toolchain.missing_nvcc().startswith("nvcc not found")
+
+
+def test_old_nvcc_is_refused(monkeypatch, tmp_path: Path) -> None:
+    fake = tmp_path / "nvcc"
+    fake.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 12.1, V12.1.105'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("KSB_NVCC", str(fake))
+    toolchain.reset()
+    assert "nvcc 12.1" in toolchain.missing_nvcc() and "too old" in toolchain.missing_nvcc()
+
+
+def test_explicit_backend_on_cpu_raises_with_the_reason() -> None:
+    a, b = torch.randn(8, 16, dtype=BF16), torch.randn(16, 8, dtype=BF16)
+    with pytest.raises(KernelUnavailableError, match="cutlass:mm: unavailable"):
+        ksb.gemm.mm(a, b, backend="cutlass")
+
+
+def test_version_parsers(tmp_path: Path) -> None:
+    text = "nvcc: NVIDIA (R) Cuda compiler driver\nCuda compilation tools, release 13.0, V13.0.88\n"
+    assert toolchain.parse_nvcc_version(text) == ((13, 0), "V13.0.88")
+    assert toolchain.parse_nvcc_version("garbage") is None
+    (tmp_path / "include" / "cutlass").mkdir(parents=True)
+    (tmp_path / "include" / "cutlass" / "version.h").write_text(
+        "#define CUTLASS_MAJOR 4\n#define CUTLASS_MINOR 2\n#define CUTLASS_PATCH 1\n")
+    assert toolchain.read_cutlass_version(tmp_path) == "4.2.1"
+
+
+# -- declarations -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("name", "change", "words"), [
+    ("mm", {"cc": (8, 0)}, "below minimum 9.0"),
+    ("mm", {"cc": (10, 0)}, "above maximum 9.0"),
+    ("mm", {"dtype": F32, "out_dtype": F32}, "dtype=float32 not supported"),
+    ("mm", {"layout": "SR"}, "layout=SR not supported"),
+    ("mm", {"align_bytes": 8}, "align_bytes=8: TMA needs 16-byte"),
+    ("mm", {"features": frozenset({"cuda_graph"})}, "features {cuda_graph} not supported"),
+    ("mm_fp8", {"dtype": FP8, "layout": "RR", "scale_mode": "block"}, "layout=RR not supported"),
+    ("mm_fp8", {"dtype": FP8, "layout": "RC", "scale_mode": "row_col"}, "scale_mode=row_col not supported"),
+    ("grouped_mm", {"layout": "CR", "groups": 8}, "a must be row-major"),
+])
+def test_capability_reasons(name: str, change: dict[str, object], words: str) -> None:
+    reasons = _kernels()[name].reasons(_problem(**change))
+    assert any(words in r for r in reasons), reasons
+
+
+@pytest.mark.parametrize(("name", "problem"), [
+    ("mm", _problem()),
+    ("mm", _problem(dtype=F16, out_dtype=F16, layout="CC", m=1)),
+    ("mm_fp8", _problem(dtype=FP8, layout="RC", scale_mode="block")),
+    ("mm_fp8", _problem(dtype=FP8, out_dtype=F32, layout="RC", scale_mode="tensor")),
+    ("grouped_mm", _problem(layout="RC", groups=256)),
+])
+def test_capability_accepts(name: str, problem: GemmProblem) -> None:
+    assert _kernels()[name].reasons(problem) == []
+
+
+def test_cost_is_infinite_off_the_gpu_and_grows_with_size() -> None:
+    k = _kernels()["mm"]
+    assert k.cost(_problem(device="cpu")) == float("inf")
+    assert k.cost(_problem(m=8192, n=8192, k=8192)) > k.cost(_problem(m=1024, n=1024, k=1024)) > 0
+
+
+# -- configurations and emitted source ----------------------------------------------------------------------
+def test_config_names_are_unique_and_readable() -> None:
+    cfgs = [c for la in ("row", "col") for lb in ("row", "col") for c in configs.mm_configs("bf16", la, lb)]
+    cfgs += [configs.fp8_block_config("bf16", m) for m in (16, 4096)] + [configs.fp8_tensor_config("fp32", 16)]
+    cfgs += [configs.grouped_config("fp16", "col")]
+    names = [c.name for c in cfgs]
+    assert len(set(names)) == len(names)
+    assert "mm_bf16_bf16_rc_128x256x64_c2x1_coop" in names
+
+
+def test_tile_choice_by_shape(monkeypatch) -> None:
+    assert configs.mm_role(16, 8192) == "small_m"
+    assert configs.mm_role(8192, 8192) == "large"  # 64 x 32 = 2048 tiles of 128x256
+    assert configs.mm_role(512, 1024) == "medium"  # 4 x 4 = 16 tiles of 128x256 would idle the GPU
+    monkeypatch.setenv("KSB_CUTLASS_MM_TILE", "medium")
+    assert configs.mm_config("bf16", "row", "row", 8192, 8192).tile == (128, 128, 64)
+    monkeypatch.setenv("KSB_CUTLASS_MM_TILE", "huge")
+    with pytest.raises(ValueError, match="KSB_CUTLASS_MM_TILE='huge'"):
+        configs.mm_config("bf16", "row", "row", 8192, 8192)
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    ({"schedule": "cooperative", "tile": (64, 128, 64)}, "tile M of at least 128"),
+    ({"dtype": "e4m3", "layout_b": "row"}, "K-major"),
+    ({"kind": "conv"}, "kind='conv'"),
+    ({"out_dtype": "e4m3"}, "output one of"),
+])
+def test_invalid_configs_raise(change: dict[str, object], words: str) -> None:
+    base = dict(kind="mm", dtype="bf16", out_dtype="bf16", layout_a="row", layout_b="col", tile=(128, 128, 64),
+                cluster=(1, 2, 1), schedule="cooperative")
+    base.update(change)
+    with pytest.raises(ValueError, match=words):
+        configs.GemmConfig(**base)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("cfg", [
+    configs.mm_config("bf16", "col", "row", 8192, 8192),
+    configs.mm_config("fp16", "row", "col", 16, 512),
+    configs.fp8_block_config("bf16", 4096),
+    configs.fp8_tensor_config("fp32", 8),
+    configs.grouped_config("bf16", "col"),
+], ids=lambda c: c.name)
+def test_emitted_source_is_complete_and_matches_the_config(cfg: configs.GemmConfig) -> None:
+    src = emit.emit(cfg)
+    assert "$" not in src
+    assert f"Shape<_{cfg.tile[0]}, _{cfg.tile[1]}, _{cfg.tile[2]}>" in src
+    assert f"Shape<_{cfg.cluster[0]}, _{cfg.cluster[1]}, _1>" in src
+    assert f'extern "C" int {emit.entry_point(cfg.kind)}(' in src and 'extern "C" size_t ksb_workspace(' in src
+    sched = "Cooperative" if cfg.schedule == "cooperative" else "Pingpong"
+    assert f"KernelTmaWarpSpecialized{sched}" in src or f"KernelPtrArrayTmaWarpSpecialized{sched}" in src
+    layout_b = "RowMajor" if cfg.layout_b == "row" else "ColumnMajor"
+    assert f"using LayoutB = cutlass::layout::{layout_b};" in src
+    if cfg.kind == "mm_fp8_block":
+        assert "FP8Blockwise" in src and "Sm90BlockwiseScaleConfig<1, 128, 128" in src
+    if cfg.kind == "mm_fp8_tensor":
+        assert "alpha_ptr = alpha_ptr" in src
+
+
+# -- argument translation, checked against the reference ---------------------------------------------------
+def _run_emulated(job: gemm.Launch, m: int, n: int) -> torch.Tensor:
+    job.d.fill_(float("nan"))  # poison: every output element must be written
+    emulate(job)
+    return operands.finish_output(job.d if job.d.shape[0] == m else job.d[:m], n)
+
+
+def _declared(op: str) -> list:
+    """The small conformance cases inside the CUTLASS kernel's declared dtypes and scale modes."""
+    out = []
+    for case in gemm_cases.cases(op, CPU, "small"):
+        a, b = case.args[:2]
+        if op == "gemm.mm_fp8":
+            mode = scale_mode_of(case.args[2], case.args[3], a.shape[0], b.shape[1], a.shape[1])
+            if mode not in ("tensor", "block"):
+                continue
+        elif a.dtype not in gemm.HALF:
+            continue
+        out.append(case)
+    return out
+
+
+@pytest.mark.parametrize("case", _declared("gemm.mm"), ids=lambda c: c.id)
+def test_mm_translation_matches_reference(case) -> None:
+    a, b = case.args
+    job = gemm.prepare_mm(a, b)
+    assert job.m == a.shape[0] and job.k % 8 == 0 and job.n % 8 == 0
+    got = _run_emulated(job, a.shape[0], b.shape[1])
+    assert got.is_contiguous()
+    assert_close(got, ref.mm(a, b), atol=tolerance(a.dtype)[0], rtol=tolerance(a.dtype)[1], what=case.id)
+
+
+def test_mm_passes_aligned_operands_without_copies() -> None:
+    a = torch.randn(64, 32, dtype=BF16)
+    b = torch.randn(48, 32, dtype=BF16).t()  # (32, 48) column-major
+    job = gemm.prepare_mm(a, b)
+    assert job.a.tensor.data_ptr() == a.data_ptr() and job.a.layout == "row" and job.a.ld == 32
+    assert job.b.tensor.data_ptr() == b.data_ptr() and job.b.layout == "col" and job.b.ld == 32
+    assert job.cfg.layout_a == "row" and job.cfg.layout_b == "col"
+
+
+def test_mm_pads_odd_extents_with_zeros() -> None:
+    a = torch.randn(5, 13, dtype=F16)  # K = 13: not a multiple of 8
+    b = torch.randn(13, 11, dtype=F16)  # N = 11
+    job = gemm.prepare_mm(a, b)
+    assert (job.k, job.n) == (16, 16) and job.a.layout == "row" and job.b.layout == "row"
+    assert torch.count_nonzero(job.a.tensor[:, 13:]) == 0 and torch.count_nonzero(job.b.tensor[13:]) == 0
+    got = _run_emulated(job, 5, 11)
+    assert got.shape == (5, 11)
+    assert_close(got, ref.mm(a, b), atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize("case", _declared("gemm.mm_fp8"), ids=lambda c: c.id)
+def test_mm_fp8_translation_matches_reference(case) -> None:
+    a, b, sa, sb = case.args
+    mode = scale_mode_of(sa, sb, a.shape[0], b.shape[1], a.shape[1])
+    out = case.kwargs["out_dtype"]
+    if mode == "tensor":
+        sa, sb = sa.reshape(()), sb.reshape(())
+    job = gemm.prepare_mm_fp8(a, b, sa, sb, mode, out)
+    assert job.a.layout == "row" and job.b.layout == "col"
+    if mode == "block":
+        assert job.m % 4 == 0
+    got = _run_emulated(job, a.shape[0], b.shape[1])
+    want = ref.mm_fp8(a, b, sa, sb, mode, out)
+    assert_close(got, want, atol=case.tol[0], rtol=case.tol[1], what=case.id)
+
+
+@pytest.mark.parametrize("case", _declared("gemm.grouped_mm"), ids=lambda c: c.id)
+def test_grouped_translation_matches_reference(case) -> None:
+    a, b, offsets = case.args
+    job = gemm.prepare_grouped(a, b, offsets)
+    assert job.groups == b.shape[0] and job.extra[0].dtype == torch.int32
+    got = _run_emulated(job, a.shape[0], b.shape[2])
+    assert_close(got, ref.grouped_mm(a, b, offsets), atol=tolerance(a.dtype)[0], rtol=tolerance(a.dtype)[1],
+                 what=case.id)
+
+
+def test_grouped_keeps_column_major_experts_in_place() -> None:
+    a = torch.randn(24, 32, dtype=BF16)
+    b = torch.randn(3, 16, 32, dtype=BF16).transpose(1, 2)  # (G, K=32, N=16), each slice column-major
+    job = gemm.prepare_grouped(a, b, torch.tensor([0, 8, 8, 24], dtype=torch.int32))
+    assert job.b.tensor.data_ptr() == b.data_ptr() and job.b.layout == "col" and job.cfg.layout_b == "col"
+
+
+# -- the build cache without compiling ---------------------------------------------------------------------
+def test_cache_key_changes_with_the_toolchain(monkeypatch, tmp_path: Path) -> None:
+    if toolchain.missing_nvcc() or toolchain.missing_headers():
+        pytest.skip(f"needs nvcc and CUTLASS headers: {toolchain.missing_nvcc() or toolchain.missing_headers()}")
+    monkeypatch.setenv("KSB_CUTLASS_CACHE", str(tmp_path))
+    cfg = configs.mm_config("bf16", "row", "row", 4096, 4096)
+    art = build.artifact(cfg)
+    assert art.so.parent == tmp_path and art.so.name.startswith(cfg.name) and not art.built
+    key = build.cache_key(emit.emit(cfg))
+    monkeypatch.setattr(toolchain, "nvcc", lambda: toolchain.Nvcc("/x/nvcc", (12, 8), "V12.8.93"))
+    assert build.cache_key(emit.emit(cfg)) != key
+    kernel = _kernels()["mm"]
+    assert kernel.needs_build(_problem()) is True
+
+
+# -- the benchmark script runs end to end (tiny shapes; every CUTLASS row reports its error) ------------------
+def test_benchmark_smoke() -> None:
+    import importlib.util
+
+    path = Path(__file__).parents[1] / "benchmarks" / "gemm.py"
+    spec = importlib.util.spec_from_file_location("cutlass_bench_gemm", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = mod.bench_gemm("cpu", mod.SMOKE)
+    assert rows and all(("tflop_s" in r) or ("error" in r) or ("seconds" in r) for r in rows)
+    torch_rows = [r for r in rows if r["impl"] == "torch.mm (cuBLAS)"]
+    assert torch_rows and all("tflop_s" in r and r["rel_err"] < 1e-2 for r in torch_rows), torch_rows
+    assert all("error" in r for r in rows if r["impl"] == "cutlass" and r["workload"] != "build")

@@ -1,0 +1,132 @@
+"""CUTLASS kernels on a Hopper GPU against the reference: odd shapes, every layout, fp8 scale modes,
+grouped GEMM with empty groups, the first call from a warm disk cache, and `explain` on a cold one."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import torch
+
+import kernel_switchboard as ksb
+from kernel_switchboard.reference import gemm as ref
+from kernel_switchboard.testing import assert_close
+from kernel_switchboard.testing.cases.gemm import quantize_fp8
+from kernel_switchboard_cutlass import build
+
+pytestmark = pytest.mark.gpu
+
+BF16, F16 = torch.bfloat16, torch.float16
+#: (M, N, K, layout): odd extents take the zero-padding path, aligned ones run in place
+MM_SHAPES = [(1, 4096, 4096, "RC"), (33, 40, 24, "RR"), (127, 33, 24, "RC"), (1000, 1000, 1000, "CR"),
+             (2048, 2048, 512, "CC"), (8192, 8192, 8192, "RR")]
+FP8_SHAPES = [(4096, 4096, 4096, "block"), (333, 2112, 7168, "block"), (64, 7168, 2048, "block"),
+              (4096, 4096, 4096, "tensor"), (7, 136, 200, "tensor")]
+GROUPS = [(0, 512, 3, 0, 1024, 77), (128,) * 8]
+
+
+def _mat(rows: int, cols: int, order: str, dtype: torch.dtype, device: torch.device, scale: float = 1.0) -> torch.Tensor:
+    g = torch.Generator(device=device).manual_seed(rows * 7919 + cols)
+    if order == "C":
+        return (scale * torch.randn(cols, rows, generator=g, device=device)).to(dtype).t()
+    return (scale * torch.randn(rows, cols, generator=g, device=device)).to(dtype)
+
+
+def _mm_args(m: int, n: int, k: int, layout: str, dtype: torch.dtype, device: torch.device) -> tuple[Any, ...]:
+    return _mat(m, k, layout[0], dtype, device), _mat(k, n, layout[1], dtype, device, k**-0.5)
+
+
+def _fp8_args(m: int, n: int, k: int, mode: str, device: torch.device) -> tuple[Any, ...]:
+    a = _mat(m, k, "R", torch.float32, device)
+    b = _mat(n, k, "R", torch.float32, device, k**-0.5).t()  # (K, N) column-major: K-major weights
+    ga, gb = ((m, k), (k, n)) if mode == "tensor" else ((1, 128), (128, 128))
+    qa, sa = quantize_fp8(a, *ga)
+    qb, sb = quantize_fp8(b, *gb)
+    if mode == "tensor":
+        sa, sb = sa.reshape(()), sb.reshape(())
+    return qa, qb, sa, sb
+
+
+def _grouped_args(sizes: tuple[int, ...], n: int, k: int, order: str, device: torch.device) -> tuple[Any, ...]:
+    a = _mat(sum(sizes), k, "R", BF16, device)
+    b = torch.randn(len(sizes), k, n, device=device) * k**-0.5
+    if order == "C":
+        b = b.transpose(1, 2).contiguous().transpose(1, 2)
+    offsets = torch.tensor([0, *sizes], device=device).cumsum(0).to(torch.int32)
+    return a, b.to(BF16) if order == "R" else b.transpose(1, 2).to(BF16).transpose(1, 2), offsets
+
+
+def gpu_calls(device: torch.device) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
+    """Every call these tests make (the conftest compiles their kernels up front, in parallel)."""
+    calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+    for m, n, k, lay in MM_SHAPES:
+        for dtype in (BF16, F16):
+            calls.append(("gemm.mm", _mm_args(m, n, k, lay, dtype, device), {}))
+    for m, n, k, mode in FP8_SHAPES:
+        calls.append(("gemm.mm_fp8", _fp8_args(m, n, k, mode, device), {"out_dtype": BF16}))
+    for sizes in GROUPS:
+        for order in "RC":
+            calls.append(("gemm.grouped_mm", _grouped_args(sizes, 2816, 1024, order, device), {}))
+    return calls
+
+
+@pytest.fixture(scope="module")
+def device() -> torch.device:
+    backend = ksb.registry.all_backends()["cutlass"]
+    if not backend.available:
+        pytest.skip(f"CUTLASS backend unavailable: {backend.unavailable}")
+    return torch.device("cuda")
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=str)
+@pytest.mark.parametrize(("m", "n", "k", "layout"), MM_SHAPES)
+def test_mm(device: torch.device, m: int, n: int, k: int, layout: str, dtype: torch.dtype) -> None:
+    a, b = _mm_args(m, n, k, layout, dtype, device)
+    got = ksb.gemm.mm(a, b, backend="cutlass")
+    assert got.is_contiguous()
+    tol = 2e-2 if dtype == BF16 else 2e-3
+    assert_close(got, ref.mm(a, b), atol=tol, rtol=tol, what=f"mm {m}x{n}x{k} {layout}")
+
+
+@pytest.mark.parametrize(("m", "n", "k", "mode"), FP8_SHAPES)
+def test_mm_fp8(device: torch.device, m: int, n: int, k: int, mode: str) -> None:
+    args = _fp8_args(m, n, k, mode, device)
+    got = ksb.gemm.mm_fp8(*args, out_dtype=BF16, backend="cutlass")
+    want = ref.mm_fp8(*args, mode, BF16)
+    assert_close(got, want, atol=2e-2, rtol=2e-2, what=f"mm_fp8 {mode} {m}x{n}x{k}")
+
+
+@pytest.mark.parametrize("order", ["R", "C"])
+@pytest.mark.parametrize("sizes", GROUPS, ids=lambda s: f"G{len(s)}")
+def test_grouped_mm(device: torch.device, sizes: tuple[int, ...], order: str) -> None:
+    a, b, offsets = _grouped_args(sizes, 2816, 1024, order, device)
+    got = ksb.gemm.grouped_mm(a, b, offsets, backend="cutlass")
+    assert_close(got, ref.grouped_mm(a, b, offsets), atol=2e-2, rtol=2e-2, what=f"grouped {sizes} {order}")
+
+
+def test_first_call_from_the_warm_disk_cache_is_fast(device: torch.device) -> None:
+    a, b = _mm_args(4096, 4096, 4096, "RR", BF16, device)
+    ksb.gemm.mm(a, b, backend="cutlass")  # compiled (or cached) and loaded
+    build._loaded.clear()  # forget the loaded library: the next call reloads it from disk
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    ksb.gemm.mm(a, b, backend="cutlass")
+    torch.cuda.synchronize()
+    assert time.perf_counter() - t0 < 2.0
+
+
+def test_explain_ranks_an_uncompiled_kernel_after_compiled_ones(device: torch.device, monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("KSB_CUTLASS_CACHE", str(tmp_path))
+    build.forget()
+    ksb.clear_cache()
+    try:
+        a, b = _mm_args(256, 256, 256, "RR", BF16, device)
+        sel = ksb.explain("gemm.mm", a, b)
+        cand = next(c for c in sel.candidates if c.kernel.id == "cutlass:mm")
+        assert cand.eligible and cand.needs_build
+        assert "not compiled yet" in str(sel)
+        assert sel.kernel.id != "cutlass:mm" or all(c.needs_build for c in sel.candidates if c.eligible)
+    finally:
+        build.forget()
+        ksb.clear_cache()
