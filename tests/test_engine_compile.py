@@ -13,7 +13,7 @@ from kernel_switchboard.engine.graphs import DecodeRunner  # noqa: E402
 from kernel_switchboard.engine.llama import LlamaModel  # noqa: E402
 from kernel_switchboard.engine.sampling import SamplingParams  # noqa: E402
 from kernel_switchboard.engine.scheduler import Engine  # noqa: E402
-from kernel_switchboard.engine.tiny import tiny_model  # noqa: E402
+from kernel_switchboard.engine.tiny import hf_greedy, tiny_model  # noqa: E402
 from kernel_switchboard.engine.weights import deepseek_from_hf, llama_from_hf  # noqa: E402
 
 gpu = pytest.mark.gpu
@@ -80,7 +80,7 @@ def test_engine_with_compiled_decode_equals_generate() -> None:
     outs = Engine(model, num_pages=32, page_size=4, decode_mode="compile", max_running=2).generate(
         prompts, SamplingParams(max_new_tokens=12))
     for p, out in zip(prompts, outs):
-        ref = hf.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False)[0, len(p):].tolist()
+        ref = hf_greedy(hf, p, 12)
         assert out == ref
 
 
@@ -116,5 +116,5 @@ def test_engine_cuda_graph_greedy_equals_generate_fp32() -> None:
     outs = Engine(model, num_pages=64, page_size=4, decode_mode="cuda_graph", max_running=4).generate(
         prompts, SamplingParams(max_new_tokens=32))
     for p, out in zip(prompts, outs):
-        ref = hf.generate(torch.tensor([p]), max_new_tokens=32, do_sample=False)[0, len(p):].tolist()
+        ref = hf_greedy(hf, p, 32)
         assert out == ref

@@ -9,6 +9,7 @@ import torch
 
 pytest.importorskip("transformers")
 
+from kernel_switchboard.engine import tiny  # noqa: E402
 from kernel_switchboard.engine.deepseek import DeepseekModel  # noqa: E402
 from kernel_switchboard.engine.llama import LlamaModel  # noqa: E402
 from kernel_switchboard.engine.sampling import SamplingParams  # noqa: E402
@@ -34,10 +35,8 @@ def _build(family: str, **overrides: object) -> tuple[torch.nn.Module, object]:
     return hf, model
 
 
-@torch.no_grad()
 def hf_greedy(hf: torch.nn.Module, prompt: list[int], steps: int = STEPS) -> list[int]:
-    out = hf.generate(torch.tensor([prompt]), max_new_tokens=steps, do_sample=False)
-    return out[0, len(prompt):].tolist()
+    return tiny.hf_greedy(hf, prompt, steps)
 
 
 def _prompts(lengths: tuple[int, ...], seed: int = 0) -> list[list[int]]:

@@ -70,6 +70,17 @@ class OpTracer:
 _tracer: OpTracer | None = None
 
 
+@contextmanager
+def untraced() -> Iterator[None]:
+    """No tracing inside (CUDA-graph capture: ``explain`` validates on the host, which capture forbids)."""
+    global _tracer
+    previous, _tracer = _tracer, None
+    try:
+        yield
+    finally:
+        _tracer = previous
+
+
 def _call(op: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     tracer = _tracer
     if tracer is None or torch.compiler.is_compiling():

@@ -19,6 +19,7 @@ import torch
 from ..errors import fail
 from ..ops import attention
 from ..paged import PageTable
+from . import calls
 from .cache import BlockTables
 
 MODES = ("eager", "compile", "cuda_graph")
@@ -74,12 +75,29 @@ class DecodeRunner:
         self._fill(slot, rids, token_ids)
         if self.mode == "cuda_graph":
             if slot.graph is None:
-                self._capture(slot)
+                with calls.untraced():
+                    self._capture(slot)
             slot.graph.replay()
             logits: torch.Tensor = slot.logits
         else:
             logits = self._step(slot.ids, slot.positions, slot.table, self.cache)
         return logits[:n]
+
+    def warmup(self) -> None:
+        """Compile / capture every padded batch size now (padding rows only: nothing real is written)."""
+        b = 1
+        while True:
+            slot = self._slot(b)
+            self._fill(slot, [], [])
+            if self.mode == "cuda_graph":
+                if slot.graph is None:
+                    with calls.untraced():
+                        self._capture(slot)
+            else:
+                self._step(slot.ids, slot.positions, slot.table, self.cache)
+            if b >= self.max_batch:
+                break
+            b = min(2 * b, self.max_batch)
 
     # -- internals ---------------------------------------------------------------------------------
     def _slot(self, b: int) -> _Slot:

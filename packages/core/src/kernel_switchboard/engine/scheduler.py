@@ -120,6 +120,13 @@ class Engine:
         self.waiting.append(Request(rid, prompt, params, arrival=rid))
         return rid
 
+    def warmup(self) -> None:
+        """Compile or capture the decode step for every batch size up front (``decode_mode`` compile / cuda_graph)."""
+        from ..dispatch import use
+
+        with torch.no_grad(), use(*self.backends):
+            self.decoder.warmup()
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 

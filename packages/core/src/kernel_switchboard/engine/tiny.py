@@ -100,3 +100,12 @@ def tiny_model(family: str, seed: int = 0, dtype: torch.dtype = torch.float32, *
         model.generation_config.eos_token_id = None
         model.generation_config.pad_token_id = 0
     return model.to(dtype)
+
+
+@torch.no_grad()
+def hf_greedy(model: Any, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """transformers' ``generate(do_sample=False)`` continuation of one prompt (explicit all-ones attention
+    mask: without it a prompt token equal to ``pad_token_id`` would be masked out)."""
+    ids = torch.tensor([prompt], device=model.device)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False)
+    return out[0, len(prompt):].tolist()
