@@ -1,12 +1,13 @@
 """Reference attention kernels (see :mod:`kernel_switchboard.ops.attention` for signatures).
 
-Pure torch, float32 accumulation, CPU and GPU. Every kernel is written as padded, batched torch
-ops whose sizes come only from host ints (shapes and ``AttnParams.max_q_len / max_kv_len``), so
-no kernel reads a value back from the device: all of them are CUDA-graph capturable.
+Pure torch, CPU and GPU; accumulation in float32 (float64 for float32 inputs, so the oracle of a
+float32 kernel is never the less accurate of the two, whatever the TF32 settings). Every kernel is
+padded, batched torch ops whose sizes come only from host ints (shapes and ``AttnParams.max_q_len
+/ max_kv_len``), so no kernel reads a value back from the device: all are CUDA-graph capturable.
 
 Scheme: gather each request's K/V into ``(B, L, Hkv, D)`` (L = max_kv_len), scatter its queries
-into ``(B, M, Hq, D)`` (M = max_q_len), compute masked logits ``(B, Hkv, G, M, L)`` in float32 in
-batch chunks that bound memory, then scatter the rows back to the caller's layout.
+into ``(B, M, Hq, D)`` (M = max_q_len), compute masked logits ``(B, Hkv, G, M, L)`` in batch
+chunks that bound memory, then scatter the rows back to the caller's layout.
 """
 
 from __future__ import annotations
@@ -19,17 +20,17 @@ from ..paged import PagedKVCache, PageTable
 from ..registry import Kernel
 from ._cap import PRIORITY, REFERENCE_CAPTURABLE
 
-#: logits elements per chunk (float32): bounds the reference's temporary memory to ~0.5 GB
+#: logits elements per chunk: bounds the reference's temporary memory to ~0.5-1 GB
 _CHUNK_ELEMS = 1 << 27
 
 
 # -- the math -----------------------------------------------------------------------------------
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, kv_len: torch.Tensor,
            p: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """Masked softmax attention of padded batches, float32.
+    """Masked softmax attention of padded batches, in the dtype of q (float32 or float64).
 
-    q (B, M, Hq, D), k (B, L, Hkv, D), v (B, L, Hkv, Dv) float32; q_pos (B, M) int64: each query's KV
-    position; kv_len (B,) int64. Returns out (B, M, Hq, Dv) float32 and lse (B, M, Hq) float32
+    q (B, M, Hq, D), k (B, L, Hkv, D), v (B, L, Hkv, Dv); q_pos (B, M) int64: each query's KV
+    position; kv_len (B,) int64. Returns out (B, M, Hq, Dv) and lse (B, M, Hq) float32
     (natural log; rows with nothing to attend get out 0 and lse -inf).
     """
     b, m, hq, d = q.shape
@@ -51,7 +52,12 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tenso
     total = e.sum(dim=-1, keepdim=True)
     out = torch.einsum("bhgml,blhd->bmhgd", e / torch.where(total > 0, total, torch.ones_like(total)), v)
     lse = (torch.log(total) + mx).squeeze(-1)  # (B, Hkv, G, M); log(0) = -inf
-    return out.reshape(b, m, hq, v.shape[-1]), lse.permute(0, 3, 1, 2).reshape(b, m, hq)
+    return out.reshape(b, m, hq, v.shape[-1]), lse.permute(0, 3, 1, 2).reshape(b, m, hq).float()
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The reference's accumulation dtype for inputs of ``dtype``."""
+    return torch.float64 if dtype == torch.float32 else torch.float32
 
 
 def _empty(like: torch.Tensor, rows: tuple[int, ...], dv: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,10 +87,11 @@ def paged_slots(block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: in
     return pages, pos % page_size
 
 
-def gather_pages(cache: PagedKVCache, pages: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """K (B, L, Hkv, D) and V (B, L, Hkv, Dv) float32, dequantised, of the given page ids / slots."""
+def gather_pages(cache: PagedKVCache, pages: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype = torch.float32
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """K (B, L, Hkv, D) and V (B, L, Hkv, Dv) in ``dtype``, dequantised, of the given page ids / slots."""
     k_nhd, v_nhd = cache.nhd()
-    k, v = k_nhd[pages, slots[None, :]].float(), v_nhd[pages, slots[None, :]].float()
+    k, v = k_nhd[pages, slots[None, :]].to(dtype), v_nhd[pages, slots[None, :]].to(dtype)
     if cache.k_scale is not None and cache.v_scale is not None:  # fp8 pages
         k, v = k * cache.k_scale, v * cache.v_scale
     return k, v
@@ -103,7 +110,7 @@ def _paged_attend(q_pad: torch.Tensor, q_pos: torch.Tensor, cache: PagedKVCache,
     for lo in range(0, b, step):
         hi = min(b, lo + step)
         pages, slots = paged_slots(table.block_table[lo:hi], table.seq_lens[lo:hi], cache.page_size, length)
-        k, v = gather_pages(cache, pages, slots)
+        k, v = gather_pages(cache, pages, slots, q_pad.dtype)
         o, s = attend(q_pad[lo:hi], k, v, q_pos[lo:hi], seq_lens[lo:hi], p)
         outs.append(o)
         lses.append(s)
@@ -120,9 +127,10 @@ def token_rows(qo_indptr: torch.Tensor, total: int) -> tuple[torch.Tensor, torch
 
 
 def pad_queries(q: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, batch: int, max_q: int) -> torch.Tensor:
-    """Packed (T, H, D) -> zero-padded float32 (B, max_q, H, D)."""
-    q_pad = q.new_zeros((batch, max(max_q, 1), *q.shape[1:]), dtype=torch.float32)
-    q_pad[rows, cols] = q.float()
+    """Packed (T, H, D) -> zero-padded (B, max_q, H, D) in the compute dtype."""
+    cdt = compute_dtype(q.dtype)
+    q_pad = q.new_zeros((batch, max(max_q, 1), *q.shape[1:]), dtype=cdt)
+    q_pad[rows, cols] = q.to(cdt)
     return q_pad
 
 
@@ -138,7 +146,7 @@ def query_positions(qo_indptr: torch.Tensor, kv_len: torch.Tensor, max_q: int) -
 def decode(q: torch.Tensor, cache: PagedKVCache, table: PageTable, p: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     """q (B, Hq, D) -> out (B, Hq, Dv) q.dtype, lse (B, Hq) float32 or None."""
     q_pos = (table.seq_lens.long() - 1)[:, None]
-    out, lse = _paged_attend(q.float()[:, None], q_pos, cache, table, p)
+    out, lse = _paged_attend(q.to(compute_dtype(q.dtype))[:, None], q_pos, cache, table, p)
     return out[:, 0].to(q.dtype), (lse[:, 0] if p.return_lse else None)
 
 
@@ -179,7 +187,7 @@ def prefill_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr:
         hi = min(b, lo + step)
         valid = pos[None, :] < kv_len[lo:hi, None]
         tok = torch.where(valid, kv_ind[lo:hi, None] + pos[None, :], torch.zeros_like(valid, dtype=torch.int64))
-        o, s = attend(q_pad[lo:hi], k[tok].float(), v[tok].float(), q_pos[lo:hi], kv_len[lo:hi], p)
+        o, s = attend(q_pad[lo:hi], k[tok].to(q_pad.dtype), v[tok].to(q_pad.dtype), q_pos[lo:hi], kv_len[lo:hi], p)
         outs.append(o)
         lses.append(s)
     out, lse = _cat(outs), _cat(lses)
@@ -194,7 +202,8 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_pages: torch.Tensor
     """
     b, h, dc = q_nope.shape
     page_size = ckv_pages.shape[1]
-    q = torch.cat((q_nope, q_pe), dim=-1).float()[:, None]  # (B, 1, H, Dc+Dr)
+    cdt = compute_dtype(q_nope.dtype)
+    q = torch.cat((q_nope, q_pe), dim=-1).to(cdt)[:, None]  # (B, 1, H, Dc+Dr)
     q_pos = (table.seq_lens.long() - 1)[:, None]
     seq_lens = table.seq_lens.long()
     length = p.max_kv_len
@@ -206,8 +215,8 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_pages: torch.Tensor
     for lo in range(0, b, step):
         hi = min(b, lo + step)
         pages, slots = paged_slots(table.block_table[lo:hi], table.seq_lens[lo:hi], page_size, length)
-        ckv = ckv_pages[pages, slots[None, :]].float()[:, :, None]  # (b, L, 1, Dc)
-        kpe = kpe_pages[pages, slots[None, :]].float()[:, :, None]
+        ckv = ckv_pages[pages, slots[None, :]].to(cdt)[:, :, None]  # (b, L, 1, Dc)
+        kpe = kpe_pages[pages, slots[None, :]].to(cdt)[:, :, None]
         o, s = attend(q[lo:hi], torch.cat((ckv, kpe), dim=-1), ckv, q_pos[lo:hi], seq_lens[lo:hi], p)
         outs.append(o)
         lses.append(s)
@@ -223,7 +232,9 @@ def merge_states(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, 
     wa, wb = torch.exp(lse_a - mx), torch.exp(lse_b - mx)
     total = wa + wb
     safe = torch.where(total > 0, total, torch.ones_like(total))
-    out = (out_a.float() * (wa / safe)[..., None] + out_b.float() * (wb / safe)[..., None]).to(out_a.dtype)
+    cdt = compute_dtype(out_a.dtype)
+    wa, wb = (wa / safe).to(cdt), (wb / safe).to(cdt)
+    out = (out_a.to(cdt) * wa[..., None] + out_b.to(cdt) * wb[..., None]).to(out_a.dtype)
     return out, torch.log(total) + mx
 
 
@@ -259,9 +270,9 @@ class PrefillPlanRunner:
 
 KERNELS = [
     Kernel("attention.decode", "decode", "reference", REFERENCE_CAPTURABLE, decode, priority=PRIORITY,
-           plan=DecodePlanRunner, doc="padded batched torch, float32"),
+           plan=DecodePlanRunner, doc="padded batched torch, float32 (float64 for float32 q)"),
     Kernel("attention.prefill", "prefill", "reference", REFERENCE_CAPTURABLE, prefill, priority=PRIORITY,
-           plan=PrefillPlanRunner, doc="padded batched torch, float32"),
+           plan=PrefillPlanRunner, doc="padded batched torch, float32 (float64 for float32 q)"),
     Kernel("attention.prefill_ragged", "prefill_ragged", "reference", REFERENCE_CAPTURABLE, prefill_ragged,
            priority=PRIORITY),
     Kernel("attention.mla_decode", "mla_decode", "reference", REFERENCE_CAPTURABLE, mla_decode, priority=PRIORITY),
