@@ -217,3 +217,9 @@ def test_reference_on_gpu_matches_cpu() -> None:
     want = ksb.moe.fused_moe(x, logits, w13, w2, 2, w13_scale=s13, w2_scale=s2)
     got = ksb.moe.fused_moe(*(a.cuda() for a in (x, logits, w13, w2)), 2, w13_scale=s13.cuda(), w2_scale=s2.cuda())
     torch.testing.assert_close(got.cpu(), want, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize(("op", "shape"), [("moe.route", {"tokens": "16", "experts": "64", "top_k": "6", "grouped": "1"}),
+                                           ("moe.fused_moe", {"tokens": "6", "hidden": "128", "inter": "64", "fp8": "1"})])
+def test_example_cases_run(op: str, shape: dict[str, str]) -> None:
+    cases.example(op, torch.device("cpu"), **shape).compare("reference")

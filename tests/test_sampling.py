@@ -285,3 +285,30 @@ def test_reference_on_gpu_matches_cpu() -> None:
     b = ksb.sampling.top_k_top_p(probs.cuda(), 50, 0.9, generator=g.manual_seed(3), deterministic=True)
     assert torch.equal(a, b)
     assert bool((cases.target_distribution(probs, 50, 0.9).gather(1, a.cpu()[:, None]) > 0).all())
+
+
+def test_speculative_check_rejects_wrong_rules() -> None:
+    case = next(c for c in cases.cases("sampling.chain_speculative", torch.device("cpu"), "small") if c.id == "fp32-random")
+    draft, ids, target = case.args
+    case.check(lambda backend=None: ksb.sampling.chain_speculative(draft, ids, target))  # the reference passes
+
+    def resample_from_target(backend: object = None) -> tuple[torch.Tensor, ...]:
+        tokens, accepted, emitted = ksb.sampling.chain_speculative(draft, ids, target)
+        rows = torch.arange(tokens.shape[0])
+        last = torch.multinomial(target[rows, emitted.long()], 1).squeeze(-1)  # ignores the residual rule
+        return tokens.scatter(1, emitted.long()[:, None], last[:, None]), accepted, emitted
+
+    with pytest.raises(AssertionError, match=r"impossible|speculative law"):
+        case.check(resample_from_target)
+
+    def prefix_as_accepted(backend: object = None) -> tuple[torch.Tensor, ...]:
+        tokens, _, emitted = ksb.sampling.chain_speculative(draft, ids, target)
+        return tokens, emitted, emitted
+
+    with pytest.raises(AssertionError, match="accepted total"):
+        case.check(prefix_as_accepted)
+
+
+@pytest.mark.parametrize("op", ["sampling.top_k_top_p", "sampling.renorm", "sampling.chain_speculative"])
+def test_example_cases_run(op: str) -> None:
+    cases.example(op, torch.device("cpu"), batch="8", vocab="500", draft="2", dtype="bf16").compare("reference")

@@ -20,7 +20,8 @@ distribution is well defined):
 
 Zero-probability tokens are never sampled. Probabilities need not sum to exactly one (rows are
 weights with a positive sum). Neutral values mean "filter off" and are canonicalised to ``None``:
-top_k 0, top_p 1.0, min_p 0.0, temperature 1.0; a per-row ``top_k`` of 0 disables top-k for that row.
+top_k 0 (or >= V), top_p 1.0, min_p 0.0, temperature 1.0; a per-row ``top_k`` of 0 (or >= V) disables
+top-k for that row, so kernels receive per-row k in [0, 2^31) and scalar k in [1, V).
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ class SpeculativeProblem(NamedTuple):
 
 # -- parameter canonicalisation ------------------------------------------------------------------
 def _int_param(v: Any, name: str, x: torch.Tensor) -> int | torch.Tensor | None:
-    """top_k: None / 0 -> None; int >= 1; (B,) int tensor -> int32 (entries >= 0, 0 = off for that row)."""
+    """top_k: None / 0 / >= V -> None; int >= 1; (B,) int tensor -> int32 (entries >= 0, 0 = off for that row)."""
     if v is None:
         return None
     if isinstance(v, torch.Tensor):
@@ -90,7 +91,7 @@ def _int_param(v: Any, name: str, x: torch.Tensor) -> int | torch.Tensor | None:
         return v if v.dtype == torch.int32 else v.to(torch.int32)
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise fail(name, v, "an int >= 1 (0 or None = off) or a (B,) int32/int64 tensor")
-    return v or None
+    return v if 0 < v < x.shape[-1] else None  # k >= V keeps every token
 
 
 def _float_param(v: Any, name: str, x: torch.Tensor, lo: float, hi: float, lo_open: bool,

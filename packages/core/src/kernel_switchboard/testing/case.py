@@ -31,7 +31,8 @@ class Case:
     ``outputs(args, result)`` returns the tensors to compare (default: the result itself, or its
     tensors when it is a tuple); in-place ops return the mutated arguments. ``check``, when set,
     replaces the comparison: it gets a function ``run(backend) -> result`` and asserts itself
-    (statistical tests of samplers); ``run()`` without an argument runs the kernel under test. ``tol`` overrides the dtype default.
+    (statistical tests of samplers); ``run()`` without an argument runs the kernel under test.
+    ``tol`` overrides the dtype default.
     """
 
     op: str

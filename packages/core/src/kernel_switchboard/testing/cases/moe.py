@@ -68,14 +68,14 @@ def _sorted_route(_args: Any, result: Any) -> list[torch.Tensor]:
 
 
 # name, tokens, experts, top_k, scoring, renormalize, groups, topk_group, bias, scaling
-ROUTES_SMALL = [
+ROUTES_SMALL: list[tuple[Any, ...]] = [
     ("mixtral-like", 5, 8, 2, "softmax", True, None, None, False, 1.0),
     ("softmax-norenorm", 7, 16, 4, "softmax", False, None, None, False, 1.0),
     ("sigmoid-bias", 6, 16, 3, "sigmoid", True, None, None, True, 1.0),
     ("deepseek-v3-grouped", 6, 32, 4, "sigmoid", True, 8, 4, True, 2.5),
     ("deepseek-v2-grouped", 5, 16, 3, "softmax", False, 4, 2, False, 1.0),
 ]
-ROUTES_LARGE = [
+ROUTES_LARGE: list[tuple[Any, ...]] = [
     ("mixtral", 256, 8, 2, "softmax", True, None, None, False, 1.0),
     ("qwen3-moe", 256, 128, 8, "softmax", True, None, None, False, 1.0),
     ("deepseek-v3", 256, 256, 8, "sigmoid", True, 8, 4, True, 2.5),

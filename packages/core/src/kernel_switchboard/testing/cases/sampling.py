@@ -73,9 +73,11 @@ def target_distribution(x: torch.Tensor, top_k: Any = None, top_p: Any = None, m
     if top_p is not None:
         q = torch.where(keep, p, 0.0)
         tp = _rows(top_p, n)
+        assert tp is not None
         keep &= _mass_greater(q) < tp * q.sum(-1, keepdim=True)
     if min_p is not None:
         mp = _rows(min_p, n)
+        assert mp is not None
         keep &= p >= mp * p.amax(-1, keepdim=True)
     w = torch.where(keep, p, 0.0)
     return w / w.sum(-1, keepdim=True)
@@ -426,7 +428,7 @@ def example(op: str, device: torch.device, **shape: Any) -> Case:
         ids = torch.multinomial(draft.view(-1, vocab), 1, generator=g).view(batch, n)
         args = (draft.to(device, dtype), ids.to(device), target.to(device, dtype))
         tag = f"{batch}x{n}x{vocab}-{str(dtype)[6:]}"
-        return Case(op, tag, args, {}, dtype, check=lambda run: _shape_check(run(), batch, vocab, n))
+        return Case(op, tag, args, {}, dtype, check=_shape_check(batch, vocab, n))
     vocab = int(shape.get("vocab", 128256))
     is_logits = bool(int(shape.get("logits", 1)))
     logits = torch.randn(batch, vocab, generator=g) * 3
@@ -436,15 +438,22 @@ def example(op: str, device: torch.device, **shape: Any) -> Case:
     if op == "sampling.renorm":
         return Case(op, tag, (torch.softmax(logits, -1).to(device, dtype), top_k, top_p, min_p), {}, torch.float32)
     kwargs = {"min_p": min_p, "is_logits": is_logits}
-    return Case(op, tag, (x, top_k, top_p), kwargs, dtype, check=lambda run: _shape_check(run(), batch, vocab))
+    return Case(op, tag, (x, top_k, top_p), kwargs, dtype, check=_shape_check(batch, vocab))
 
 
-def _shape_check(result: Any, batch: int, vocab: int, n: int | None = None) -> None:
-    if n is None:
-        _check_tokens(result, batch, vocab)
-        return
-    tokens, accepted, emitted = result
-    assert tuple(tokens.shape) == (batch, n + 1) and accepted.shape == emitted.shape == (batch,)
+def _shape_check(batch: int, vocab: int, n: int | None = None) -> Callable[[Callable[..., Any]], None]:
+    """A Case.check that only checks output shapes, dtypes and token ranges (benchmark examples)."""
+
+    def check(run: Callable[..., Any]) -> None:
+        result = run()
+        if n is None:
+            _check_tokens(result, batch, vocab)
+            return
+        tokens, accepted, emitted = result
+        assert tuple(tokens.shape) == (batch, n + 1) and accepted.shape == emitted.shape == (batch,)
+        assert bool(((tokens >= -1) & (tokens < vocab)).all())
+
+    return check
 
 
 def _dtype(name: str) -> torch.dtype:
