@@ -1,0 +1,66 @@
+"""Dispatch on a GPU: automatic tuning on first call, and no tuning inside CUDA-graph capture."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+import kernel_switchboard as ksb
+from kernel_switchboard import Backend, Capability, Kernel, hookimpl, tuning
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def slow_and_fast(tmp_path, monkeypatch):
+    monkeypatch.setenv("KSB_TUNE_CACHE", str(tmp_path / "tune.json"))
+    tuning._state["entries"] = None
+    from kernel_switchboard.reference.norm import rms_norm
+
+    def slow(x, w, eps, gemma):  # the same result, ten times the work
+        for _ in range(9):
+            rms_norm(x, w, eps, gemma)
+        return rms_norm(x, w, eps, gemma)
+
+    cap = Capability(devices=frozenset({"cuda"}))
+
+    @hookimpl
+    def ksb_backend() -> Backend:
+        # the cost model prefers the slow kernel: only measurement finds the fast one
+        return Backend("gt", "1", [Kernel("norm.rms_norm", "slow", "gt", cap, slow, cost=lambda p: 1e-6),
+                                   Kernel("norm.rms_norm", "fast", "gt", cap, rms_norm, cost=lambda p: 1e-3)])
+
+    plugin = types.SimpleNamespace(__name__="gt", ksb_backend=ksb_backend)
+    ksb.registry.register(plugin)
+    yield
+    ksb.registry.unregister(plugin)
+    tuning._state["entries"] = None
+
+
+def test_autotune_on_first_call_stores_the_measured_winner(slow_and_fast) -> None:
+    x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
+    assert ksb.explain("norm.rms_norm", x, w).kernel.id == "gt:slow"
+    with ksb.autotune():
+        y = ksb.norm.rms_norm(x, w)
+        sel = ksb.explain("norm.rms_norm", x, w)
+    torch.testing.assert_close(y, torch.nn.functional.rms_norm(x, (4096,), w, 1e-6), atol=2e-2, rtol=2e-2)
+    assert sel.kernel.id == "gt:fast" and sel.source == "tuned"
+    assert tuning.lookup("norm.rms_norm", sel.problem) == "gt:fast"
+
+
+def test_no_tuning_inside_graph_capture(slow_and_fast) -> None:
+    x = torch.randn(64, 256, device="cuda")
+    w = torch.randn(256, device="cuda")
+    with ksb.autotune():
+        ksb.norm.rms_norm(x, w, backend="gt:fast")  # warm the kernel outside capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = ksb.norm.rms_norm(x, w)
+        graph.replay()
+    assert tuning.entries() == {}
+    sel = ksb.select("norm.rms_norm", ksb.explain("norm.rms_norm", x, w).problem._replace(features=frozenset({"cuda_graph"})))
+    assert "cuda_graph" in sel.problem.features
+    torch.testing.assert_close(y, torch.nn.functional.rms_norm(x, (256,), w, 1e-6))
