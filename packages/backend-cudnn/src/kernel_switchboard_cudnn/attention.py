@@ -152,7 +152,7 @@ class DecodePlan:
         _zero_empty_requests(self.table.seq_lens, o, s)
         if o is not out:
             out.copy_(o)
-        if s is not lse and lse is not None:
+        if lse is not None and s is not None and s is not lse:
             lse.copy_(s)
 
 
