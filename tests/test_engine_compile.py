@@ -9,7 +9,7 @@ pytest.importorskip("transformers")
 
 from kernel_switchboard.engine.cache import BlockTables  # noqa: E402
 from kernel_switchboard.engine.deepseek import DeepseekModel  # noqa: E402
-from kernel_switchboard.engine.graphs import DecodeRunner  # noqa: E402
+from kernel_switchboard.engine.graphs import DecodeRunner, missing_capturable  # noqa: E402
 from kernel_switchboard.engine.llama import LlamaModel  # noqa: E402
 from kernel_switchboard.engine.sampling import SamplingParams  # noqa: E402
 from kernel_switchboard.engine.scheduler import Engine  # noqa: E402
@@ -84,24 +84,16 @@ def test_engine_with_compiled_decode_equals_generate() -> None:
         assert out == ref
 
 
-def _capturable(op: str) -> bool:
-    from kernel_switchboard.registry import registry
-
-    return any(k.unavailable is None and "cuda_graph" in k.capability.features
-               and (k.capability.devices is None or "cuda" in k.capability.devices) for k in registry.kernels(op))
-
-
 @gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("family", ["llama", "deepseek"])
 def test_cuda_graph_decode_matches_eager(family: str) -> None:
-    if family == "deepseek":
-        missing = [op for op in ("moe.fused_moe", "gemm.grouped_mm", "attention.mla_decode") if not _capturable(op)]
-        if missing:
-            pytest.skip(f"no available CUDA-graph-capturable kernel for {missing} (the reference ones sync with the host)")
     kw = dict(head_dim=64) if family == "llama" else dict(kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128,
                                                           v_head_dim=128)
     _, model = _model(family, "cuda", torch.bfloat16, **kw)
+    missing = missing_capturable(model)
+    if missing:  # e.g. the reference MoE / grouped GEMM read back from the device
+        pytest.skip(f"no available CUDA-graph-capturable kernel for {missing}")
     eager = _decode_twice(model, "eager", "cuda")
     graphed = _decode_twice(model, "cuda_graph", "cuda")
     for a, b in zip(graphed, eager):

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from ..errors import fail
 from ..paged import PageTable
 from . import calls
 from .cache import StepBatch
@@ -47,19 +48,25 @@ class MLACache:
 
 
 @dataclass
-class _Rows:
-    """Which rows of a step take the absorbed decode path and which the ragged prefill path."""
+class _DecodeRows:
+    """Requests of a step on the absorbed decode path: their token rows and page table."""
 
-    decode_rows: torch.Tensor | None  # token rows (== request rows' single tokens), int64
-    decode_table: PageTable | None
-    prefill_rows: torch.Tensor | None  # token rows of the prefill requests, int64
-    qo_indptr: torch.Tensor | None  # (Bp+1,) int32 over prefill_rows
-    kv_indptr: torch.Tensor | None  # (Bp+1,) int32 over the gathered latent tokens
-    kv_pages: torch.Tensor | None  # (Tk,) int64 page of each latent token to gather
-    kv_slots: torch.Tensor | None  # (Tk,) int64 slot in that page
+    rows: torch.Tensor | None  # (Bd,) int64 token rows; None = every row of the step
+    table: PageTable
 
 
-def _plan_rows(batch: StepBatch, page_size: int) -> _Rows:
+@dataclass
+class _PrefillRows:
+    """Requests of a step on the non-absorbed path, with the latent tokens to read back from the pages."""
+
+    rows: torch.Tensor  # (Tp,) int64 token rows
+    qo_indptr: torch.Tensor  # (Bp+1,) int32 over rows
+    kv_indptr: torch.Tensor  # (Bp+1,) int32 over the gathered latent tokens
+    kv_pages: torch.Tensor  # (Tk,) int64 page of each latent token
+    kv_slots: torch.Tensor  # (Tk,) int64 slot in that page
+
+
+def _plan_rows(batch: StepBatch, page_size: int) -> tuple[_DecodeRows | None, _PrefillRows | None]:
     """Split a step's requests into the decode and prefill paths (host lists only, no device reads)."""
     dev = batch.token_ids.device
     starts = [0]
@@ -67,34 +74,32 @@ def _plan_rows(batch: StepBatch, page_size: int) -> _Rows:
         starts.append(starts[-1] + n)
     dec = [b for b, n in enumerate(batch.qo_lens) if n == 1 and batch.seq_lens[b] > 1]
     pre = [b for b in range(len(batch.qo_lens)) if b not in set(dec)]
-    rows = _Rows(None, None, None, None, None, None, None)
+    if not pre:
+        return _DecodeRows(None, batch.table), None
+    decode = None
     if dec:
-        rows.decode_rows = torch.tensor([starts[b] for b in dec], dtype=torch.int64).to(dev)
-        if len(dec) == len(batch.qo_lens):
-            rows.decode_table = batch.table
-        else:
-            idx = torch.tensor(dec, dtype=torch.int64).to(dev)
-            rows.decode_table = PageTable(batch.table.block_table[idx].contiguous(), batch.table.seq_lens[idx].contiguous(),
-                                          max_seq_len=max(batch.seq_lens[b] for b in dec))
-    if pre:
-        tok_rows: list[int] = []
-        qo, kv = [0], [0]
-        pages: list[int] = []
-        slots: list[int] = []
-        for b in pre:
-            tok_rows.extend(range(starts[b], starts[b + 1]))
-            qo.append(qo[-1] + batch.qo_lens[b])
-            n = batch.seq_lens[b]
-            kv.append(kv[-1] + n)
-            pages.extend(batch.block_rows[b][p // page_size] for p in range(n))
-            slots.extend(p % page_size for p in range(n))
+        idx = torch.tensor(dec, dtype=torch.int64).to(dev)
+        table = PageTable(batch.table.block_table[idx].contiguous(), batch.table.seq_lens[idx].contiguous(),
+                          max_seq_len=max(batch.seq_lens[b] for b in dec))
+        decode = _DecodeRows(torch.tensor([starts[b] for b in dec], dtype=torch.int64).to(dev), table)
+    tok_rows: list[int] = []
+    qo, kv = [0], [0]
+    pages: list[int] = []
+    slots: list[int] = []
+    for b in pre:
+        tok_rows.extend(range(starts[b], starts[b + 1]))
+        qo.append(qo[-1] + batch.qo_lens[b])
+        n = batch.seq_lens[b]
+        kv.append(kv[-1] + n)
+        pages.extend(batch.block_rows[b][p // page_size] for p in range(n))
+        slots.extend(p % page_size for p in range(n))
 
-        def t(v: list[int], dtype: torch.dtype) -> torch.Tensor:
-            return torch.tensor(v, dtype=dtype).to(dev)
+    def t(v: list[int], dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor(v, dtype=dtype).to(dev)
 
-        rows.prefill_rows, rows.qo_indptr, rows.kv_indptr = t(tok_rows, torch.int64), t(qo, torch.int32), t(kv, torch.int32)
-        rows.kv_pages, rows.kv_slots = t(pages, torch.int64), t(slots, torch.int64)
-    return rows
+    prefill = _PrefillRows(t(tok_rows, torch.int64), t(qo, torch.int32), t(kv, torch.int32), t(pages, torch.int64),
+                           t(slots, torch.int64))
+    return decode, prefill
 
 
 class DeepseekModel:
@@ -135,13 +140,14 @@ class DeepseekModel:
         ``plan`` is accepted for symmetry with the Llama model; MLA decode has no plan/run split
         in the switchboard, so it is ignored.
         """
-        rows = _Rows(None, table, None, None, None, None, None)
+        rows = (_DecodeRows(None, table), None)
         h = self._layers(token_ids, positions, None, table, cache, rows, False)
         return calls.mm(h, self.w.lm_head)
 
     # -- layers ------------------------------------------------------------------------------------
     def _layers(self, token_ids: torch.Tensor, positions: torch.Tensor, batch_indices: torch.Tensor | None,
-                table: PageTable, cache: MLACache, rows: _Rows, check: bool) -> torch.Tensor:
+                table: PageTable, cache: MLACache, rows: tuple[_DecodeRows | None, _PrefillRows | None],
+                check: bool) -> torch.Tensor:
         eps = self.spec.rms_eps
         x = self.w.embed[token_ids]
         residual = x
@@ -170,14 +176,16 @@ class DeepseekModel:
         return y
 
     def _attention(self, layer: MLALayer, h: torch.Tensor, positions: torch.Tensor, batch_indices: torch.Tensor | None,
-                   table: PageTable, ckv_pages: torch.Tensor, kpe_pages: torch.Tensor, rows: _Rows,
-                   check: bool) -> torch.Tensor:
+                   table: PageTable, ckv_pages: torch.Tensor, kpe_pages: torch.Tensor,
+                   rows: tuple[_DecodeRows | None, _PrefillRows | None], check: bool) -> torch.Tensor:
         s = self.spec
         t, nh, nope, dr, r, dv = h.shape[0], s.num_heads, s.qk_nope_head_dim, s.qk_rope_head_dim, s.kv_lora_rank, s.v_head_dim
         if layer.w_q is not None:
             q = calls.mm(h, layer.w_q)
-        else:
+        elif layer.w_q_a is not None and layer.q_a_norm is not None and layer.w_q_b is not None:
             q = calls.mm(calls.rms_norm(calls.mm(h, layer.w_q_a), layer.q_a_norm, _MLA_EPS), layer.w_q_b)
+        else:
+            raise fail("layer", "MLALayer without w_q or w_q_a/q_a_norm/w_q_b", "one of the two query projections")
         q = q.view(t, nh, nope + dr)
         latent = calls.mm(h, layer.w_kv_a)  # (T, R + Dr)
         ckv = calls.rms_norm(latent[:, :r], layer.kv_a_norm, _MLA_EPS)
@@ -186,25 +194,27 @@ class DeepseekModel:
         kpe = kpe.view(t, dr)
         calls.append_mla(ckv, kpe, ckv_pages, kpe_pages, table, positions, batch_indices, check)
         q_nope = q[:, :, :nope]
-        if rows.prefill_rows is None:  # every row decodes
-            out = self._absorbed(layer, q_nope, q_pe, ckv_pages, kpe_pages, rows.decode_table)
+        decode, prefill = rows
+        if prefill is None and decode is not None and decode.rows is None:  # every row decodes
+            out = self._absorbed(layer, q_nope, q_pe, ckv_pages, kpe_pages, decode.table)
         else:
             out = torch.empty(t, nh, dv, dtype=h.dtype, device=h.device)
-            if rows.decode_rows is not None:
-                d = rows.decode_rows
-                out[d] = self._absorbed(layer, q_nope[d], q_pe[d], ckv_pages, kpe_pages, rows.decode_table)
-            out[rows.prefill_rows] = self._expanded(layer, q_nope, q_pe, ckv_pages, kpe_pages, rows)
+            if decode is not None and decode.rows is not None:
+                d = decode.rows
+                out[d] = self._absorbed(layer, q_nope[d], q_pe[d], ckv_pages, kpe_pages, decode.table)
+            if prefill is not None:
+                out[prefill.rows] = self._expanded(layer, q_nope, q_pe, ckv_pages, kpe_pages, prefill)
         return calls.mm(out.reshape(t, nh * dv), layer.w_o)
 
     def _absorbed(self, layer: MLALayer, q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_pages: torch.Tensor,
-                  kpe_pages: torch.Tensor, table: PageTable | None) -> torch.Tensor:
+                  kpe_pages: torch.Tensor, table: PageTable) -> torch.Tensor:
         """Absorbed MLA decode of B single tokens: (B, H, v)."""
         q_lat = calls.bmm(q_nope.transpose(0, 1), layer.w_uk).transpose(0, 1)  # (B, H, R)
         lat = calls.mla_decode(q_lat.contiguous(), q_pe.contiguous(), ckv_pages, kpe_pages, table, self.spec.sm_scale)
         return calls.bmm(lat.transpose(0, 1), layer.w_uv).transpose(0, 1)  # (B, H, v)
 
     def _expanded(self, layer: MLALayer, q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_pages: torch.Tensor,
-                  kpe_pages: torch.Tensor, rows: _Rows) -> torch.Tensor:
+                  kpe_pages: torch.Tensor, rows: _PrefillRows) -> torch.Tensor:
         """Non-absorbed causal attention of the prefill rows over their whole latent history: (Tp, H, v)."""
         s = self.spec
         nh, nope, dv = s.num_heads, s.qk_nope_head_dim, s.v_head_dim
@@ -214,7 +224,7 @@ class DeepseekModel:
         kv = calls.mm(ckv, layer.w_kv_b).view(tk, nh, nope + dv)
         k = torch.cat([kv[:, :, :nope], kpe[:, None, :].expand(tk, nh, kpe.shape[-1])], dim=-1)
         v = kv[:, :, nope:].contiguous()
-        pr = rows.prefill_rows
+        pr = rows.rows
         q = torch.cat([q_nope[pr], q_pe[pr]], dim=-1)
         return calls.prefill_ragged(q, k, v, rows.qo_indptr, rows.kv_indptr, s.sm_scale)
 

@@ -190,6 +190,14 @@ def _main(args: argparse.Namespace) -> int:
         return 1
     import transformers
 
+    note = ""
+    if args.decode_mode == "auto" and mode == "cuda_graph":
+        from .graphs import missing_capturable
+
+        missing = missing_capturable(model)
+        if missing:
+            mode, note = "eager", f" (no CUDA graph: no available capturable kernel for {', '.join(missing)})"
+
     s = model.spec
     heads = f"{s.num_heads} heads / {s.num_kv_heads} kv heads" if args.model == "llama" else (
         f"{s.num_heads} heads, MLA latent {s.kv_lora_rank}+{s.qk_rope_head_dim}, "
@@ -197,7 +205,7 @@ def _main(args: argparse.Namespace) -> int:
     print(f"model   {args.model} ({args.size}): hidden {s.hidden_size}, {s.num_layers} layers, {heads}, vocab {s.vocab_size}")
     print(f"        weights from transformers {transformers.__version__} {type(hf).__name__} (random init)")
     print(f"device  {device} ({torch.cuda.get_device_name(device) if on_gpu else 'cpu'}), {str(dtype)[6:]}, "
-          f"decode steps: {mode}" + (f", preferred backends: {', '.join(args.backend)}" if args.backend else ""))
+          f"decode steps: {mode}{note}" + (f", preferred backends: {', '.join(args.backend)}" if args.backend else ""))
 
     prompts = _prompts(args.requests, s.vocab_size, args.seed)
     params = _params(args.requests, args.max_new_tokens)
@@ -207,7 +215,8 @@ def _main(args: argparse.Namespace) -> int:
 
     def engine(decode_mode: str) -> Engine:
         return Engine(model, num_pages=pages, page_size=args.page_size, max_step_tokens=128, max_running=args.requests,
-                      decode_mode=decode_mode, backends=args.backend, generator=gen)
+                      decode_mode=decode_mode, backends=args.backend, generator=gen,
+                      max_pages_per_request=-(-longest // args.page_size))
 
     # 1. traced warm-up: a few steps in eager mode, recording every dispatch decision
     tracer = OpTracer(sync=on_gpu)
@@ -232,7 +241,7 @@ def _main(args: argparse.Namespace) -> int:
           f"{sum(r.prefill_requests == 0 for r in hist)} decode-only; {sum(r.shared_tokens for r in hist)} prompt tokens "
           f"read from shared prefix pages; {sum(r.preempted for r in hist)} preemptions; "
           f"{eng.tables.allocator.num_free} of {pages} pages free at the end")
-    plans = [slot.plan for slot in eng.decoder._slots.values() if slot.plan is not None]
+    plans = eng.decoder.plans() if eng.decoder is not None else []
     if plans:
         sel = plans[0].selection
         print(f"        CUDA-graph decode attention: {sel.kernel.id} ({_WHY.get(sel.source, sel.source)})")

@@ -25,6 +25,24 @@ from .cache import BlockTables
 MODES = ("eager", "compile", "cuda_graph")
 
 
+def missing_capturable(model: Any) -> list[str]:
+    """Ops of ``model``'s decode step with no available CUDA-graph-capturable kernel for CUDA (empty = capturable)."""
+    from ..registry import registry
+
+    ops = ["gemm.mm", "norm.rms_norm", "norm.fused_add_rms_norm", "rope.apply", "activation.silu_and_mul"]
+    if model.family == "llama":
+        ops += ["kv_cache.append", "attention.decode"]
+    else:
+        ops += ["kv_cache.append_mla", "attention.mla_decode", "gemm.grouped_mm", "moe.route", "moe.fused_moe"]
+
+    def ok(kernel: Any) -> bool:
+        cap = kernel.capability
+        return (kernel.unavailable is None and "cuda_graph" in cap.features
+                and (cap.devices is None or "cuda" in cap.devices))
+
+    return [op for op in ops if not any(ok(k) for k in registry.kernels(op))]
+
+
 class _Slot:
     """Static buffers (and, for CUDA graphs, the captured graph) of one padded batch size."""
 
@@ -78,10 +96,14 @@ class DecodeRunner:
                 with calls.untraced():
                     self._capture(slot)
             slot.graph.replay()
-            logits: torch.Tensor = slot.logits
+            logits = slot.logits if slot.logits is not None else torch.empty(0)
         else:
             logits = self._step(slot.ids, slot.positions, slot.table, self.cache)
         return logits[:n]
+
+    def plans(self) -> list[Any]:
+        """The ``attention.plan_decode`` plans made so far (CUDA-graph mode, Llama), one per batch size."""
+        return [slot.plan for slot in self._slots.values() if slot.plan is not None]
 
     def warmup(self) -> None:
         """Compile / capture every padded batch size now (padding rows only: nothing real is written)."""

@@ -92,9 +92,10 @@ class Engine:
         self.prefix_sharing = prefix_sharing
         self.backends = tuple(backends)
         self.generator = generator
-        width = max_pages_per_request or num_pages - 1
-        self.decoder = DecodeRunner(model, self.cache, self.tables, mode=decode_mode, max_batch=max_running,
-                                    width=width)
+        self.width = max_pages_per_request or num_pages - 1
+        #: static-shape decode steps (compile / cuda_graph); eager decode steps use the exact page table
+        self.decoder = None if decode_mode == "eager" else DecodeRunner(
+            model, self.cache, self.tables, mode=decode_mode, max_batch=max_running, width=self.width)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.finished: dict[int, Request] = {}
@@ -112,9 +113,9 @@ class Engine:
             raise fail("prompt", f"token ids in [{min(prompt)}, {max(prompt)}]", f"ids in [0, {vocab})")
         params = params or SamplingParams()
         need = -(-(len(prompt) + params.max_new_tokens) // self.tables.page_size)
-        if need > self.decoder.width or need > self.tables.allocator.num_pages - 1:
+        if need > self.width or need > self.tables.allocator.num_pages - 1:
             raise fail("prompt", f"{len(prompt)} tokens + max_new_tokens {params.max_new_tokens}",
-                       f"at most {min(self.decoder.width, self.tables.allocator.num_pages - 1)} pages of "
+                       f"at most {min(self.width, self.tables.allocator.num_pages - 1)} pages of "
                        f"{self.tables.page_size} tokens per request")
         rid = next(self._ids)
         self.waiting.append(Request(rid, prompt, params, arrival=rid))
@@ -124,8 +125,9 @@ class Engine:
         """Compile or capture the decode step for every batch size up front (``decode_mode`` compile / cuda_graph)."""
         from ..dispatch import use
 
-        with torch.no_grad(), use(*self.backends):
-            self.decoder.warmup()
+        if self.decoder is not None:
+            with torch.no_grad(), use(*self.backends):
+                self.decoder.warmup()
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -133,7 +135,8 @@ class Engine:
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams] | None = None
                  ) -> list[list[int]]:
         """Run these prompts to completion; returns each one's generated tokens, in order."""
-        plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        plist: list[SamplingParams | None] = (list(params) if isinstance(params, (list, tuple))
+                                              else [params] * len(prompts))  # type: ignore[list-item]
         rids = [self.add(p, sp) for p, sp in zip(prompts, plist)]
         while self.has_work():
             self.step()
@@ -228,7 +231,7 @@ class Engine:
     def _forward(self, work: list[tuple[Request, int]]) -> torch.Tensor:
         reqs = [r for r, _ in work]
         chunks = [r.tokens[r.computed: r.computed + n] for r, n in work]
-        if all(n == 1 and r.computed > 0 for r, n in work):
+        if self.decoder is not None and all(n == 1 and r.computed > 0 for r, n in work):
             return self.decoder([r.rid for r in reqs], [c[0] for c in chunks])
         wants = ["last" if r.computed + n == len(r.tokens) else "none" for r, n in work]
         batch = build_batch(self.tables, [r.rid for r in reqs], chunks, wants)

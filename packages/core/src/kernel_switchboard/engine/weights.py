@@ -284,4 +284,6 @@ def truncate_layers(weights: LlamaWeights | DeepseekWeights, num_layers: int) ->
 
     if not (isinstance(num_layers, int) and 1 <= num_layers <= weights.spec.num_layers):
         raise fail("num_layers", num_layers, f"an int in [1, {weights.spec.num_layers}]")
-    return replace(weights, spec=replace(weights.spec, num_layers=num_layers), layers=weights.layers[:num_layers])
+    spec: Any = replace(weights.spec, num_layers=num_layers)
+    layers: Any = weights.layers[:num_layers]
+    return replace(weights, spec=spec, layers=layers)  # type: ignore[arg-type]
