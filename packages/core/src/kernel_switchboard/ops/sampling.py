@@ -36,6 +36,7 @@ from ..dispatch import select_kernel
 from ..errors import fail
 from ._common import (
     FLOAT_DTYPES,
+    NAMESPACE,
     BackendArg,
     backend_from_str,
     backend_to_str,
@@ -79,6 +80,17 @@ class SpeculativeProblem(NamedTuple):
     num_draft: int
     batch: int  # bucketed
     features: frozenset[str]
+
+
+def _random_op(name: str, impl: Any, fake: Any) -> Any:
+    """Like ``custom_op``, tagged ``nondeterministic_seeded`` so compilers never merge or replay two draws."""
+    try:
+        op = torch.library.custom_op(f"{NAMESPACE}::{name}", impl, mutates_args=(),
+                                     tags=(torch.Tag.nondeterministic_seeded,))
+    except TypeError:  # a torch without custom_op(tags=)
+        return custom_op(name, impl, fake)
+    op.register_fake(fake)
+    return getattr(torch.ops, NAMESPACE).__getattr__(name).default
 
 
 # -- parameter canonicalisation ------------------------------------------------------------------
@@ -300,7 +312,7 @@ def _sample_impl(x: torch.Tensor, top_k: int, top_k_rows: torch.Tensor | None, t
                          is_logits, temp, None, deterministic, check_nan, backend_from_str(backend))
 
 
-_sample_op = custom_op("top_k_top_p", _sample_impl,
+_sample_op = _random_op("top_k_top_p", _sample_impl,
                        lambda x, *rest: torch.empty(x.shape[0], dtype=torch.int64, device=x.device))
 
 
@@ -412,4 +424,4 @@ def _chain_fake(draft_probs: torch.Tensor, draft_token_ids: torch.Tensor, target
             torch.empty(b, dtype=torch.int32, device=dev))
 
 
-_chain_op = custom_op("chain_speculative", _chain_impl, _chain_fake)
+_chain_op = _random_op("chain_speculative", _chain_impl, _chain_fake)

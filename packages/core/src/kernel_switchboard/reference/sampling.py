@@ -79,8 +79,8 @@ def sample_rows(w: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     cdf = torch.cumsum(w, dim=-1)
     target = (u.to(cdf.dtype) * cdf[:, -1]).unsqueeze(-1)
     tok = torch.searchsorted(cdf, target, right=True).squeeze(-1)
-    positive = w > 0
-    last = w.shape[-1] - 1 - positive.flip(-1).to(torch.int8).argmax(-1)  # last positive token (0 if none)
+    index = torch.arange(w.shape[-1], device=w.device)
+    last = torch.where(w > 0, index, 0).amax(-1)  # the last positive token (0 if none)
     return torch.minimum(tok, last)
 
 
