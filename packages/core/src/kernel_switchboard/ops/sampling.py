@@ -27,6 +27,7 @@ top-k for that row, so kernels receive per-row k in [0, 2^31) and scalar k in [1
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -169,48 +170,62 @@ def _check_generator(generator: Any, x: torch.Tensor) -> None:
 
 
 # -- data checks (one host sync) -----------------------------------------------------------------
-def _bad_probs(p: torch.Tensor) -> torch.Tensor:
-    """0-d bool: some entry is negative / NaN / inf, or some row has no positive mass."""
+#: (argument name, 0-d bool "bad" flag, per-element bad mask for the message, what is allowed)
+Check = tuple[str, torch.Tensor, Callable[[], torch.Tensor], str]
+
+
+def _bad_prob_rows(p: torch.Tensor) -> torch.Tensor:
+    """Per row (over the last dim): some entry negative / NaN / inf, or no positive mass."""
+    return (~((p >= 0) & (p < math.inf))).any(-1) | ~(p.sum(-1, dtype=torch.float32) > 0)
+
+
+def _bad_logit_rows(x: torch.Tensor) -> torch.Tensor:
+    """Per row: NaN or +inf present, or no finite logit (``-inf`` alone = masked token, allowed)."""
+    return ~torch.isfinite(x.amax(-1))
+
+
+def _prob_check(name: str, p: torch.Tensor) -> Check:
     ok = ((p >= 0) & (p < math.inf)).all() & (p.sum(-1, dtype=torch.float32) > 0).all()
-    return ~ok
+    return (name, ~ok, lambda: _bad_prob_rows(p), "probabilities: finite, >= 0, a positive sum in every row")
 
 
-def _bad_logits(x: torch.Tensor) -> torch.Tensor:
-    """0-d bool: some row holds NaN or +inf, or has no finite logit (``-inf`` alone is allowed)."""
-    return ~torch.isfinite(x.amax(-1)).all()
+def _logit_check(name: str, x: torch.Tensor) -> Check:
+    bad = _bad_logit_rows(x)
+    return (name, bad.any(), lambda: bad, "logits without NaN or +inf and a finite value in every row (-inf = masked)")
 
 
-def _bad_params(p: _Params) -> list[tuple[str, torch.Tensor, str]]:
-    out: list[tuple[str, torch.Tensor, str]] = []
+def _range_check(name: str, bad: torch.Tensor, allowed: str) -> Check:
+    return (name, bad.any(), lambda: bad, allowed)
+
+
+def _param_checks(p: _Params) -> list[Check]:
+    out: list[Check] = []
     if isinstance(p.top_k, torch.Tensor):
-        out.append(("top_k", (p.top_k < 0).any(), "entries >= 0 (0 = off for that row)"))
+        out.append(_range_check("top_k", p.top_k < 0, "entries >= 0 (0 = off for that row)"))
     if isinstance(p.top_p, torch.Tensor):
-        out.append(("top_p", ~((p.top_p > 0) & (p.top_p <= 1)).all(), "entries in (0, 1]"))
+        out.append(_range_check("top_p", ~((p.top_p > 0) & (p.top_p <= 1)), "entries in (0, 1]"))
     if isinstance(p.min_p, torch.Tensor):
-        out.append(("min_p", ~((p.min_p >= 0) & (p.min_p <= 1)).all(), "entries in [0, 1]"))
+        out.append(_range_check("min_p", ~((p.min_p >= 0) & (p.min_p <= 1)), "entries in [0, 1]"))
     if isinstance(p.temperature, torch.Tensor):
         t = p.temperature
-        out.append(("temperature", ~((t > 0) & (t < math.inf)).all(), "finite entries > 0"))
+        out.append(_range_check("temperature", ~((t > 0) & (t < math.inf)), "finite entries > 0"))
     return out
 
 
-def _raise_first_bad(checks: list[tuple[str, torch.Tensor, str]]) -> None:
-    """Evaluate every 0-d flag with one host sync; raise for the first bad one."""
+def _raise_first_bad(checks: list[Check]) -> None:
+    """Evaluate every flag with one host sync; raise naming the first bad argument and where it is bad."""
     if not checks:
         return
     flags = torch.stack([c[1] for c in checks]).tolist()
-    for (name, _, allowed), bad in zip(checks, flags):
+    for (name, _, locate, allowed), bad in zip(checks, flags):
         if bad:
-            raise fail(name, "data that breaks the rule", allowed)
+            where = locate().nonzero()
+            raise fail(name, f"bad data at index {tuple(where[0].tolist())} ({len(where)} bad)", allowed)
 
 
 def _data_check(x: torch.Tensor, is_logits: bool, p: _Params | None, name: str = "x") -> None:
-    if is_logits:
-        checks = [(name, _bad_logits(x), "logits without NaN or +inf and with a finite value in every row "
-                   "(-inf = masked token)")]
-    else:
-        checks = [(name, _bad_probs(x), "probabilities: finite, >= 0, a positive sum in every row")]
-    _raise_first_bad(checks + (_bad_params(p) if p is not None else []))
+    first = _logit_check(name, x) if is_logits else _prob_check(name, x)
+    _raise_first_bad([first] + (_param_checks(p) if p is not None else []))
 
 
 def _problem(x: torch.Tensor, is_logits: bool, p: _Params, extra: frozenset[str]) -> SamplingProblem:
@@ -399,11 +414,8 @@ def _chain_eager(draft_probs: torch.Tensor, draft_token_ids: torch.Tensor, targe
     features = graph_features(dev) | _run_features(generator, deterministic)
     if check_nan and b and "cuda_graph" not in features:
         ids = draft_token_ids
-        _raise_first_bad([
-            ("draft_probs", _bad_probs(draft_probs), "probabilities: finite, >= 0, a positive sum in every row"),
-            ("target_probs", _bad_probs(target_probs), "probabilities: finite, >= 0, a positive sum in every row"),
-            ("draft_token_ids", ((ids < 0) | (ids >= v)).any(), f"token ids in [0, {v})"),
-        ])
+        _raise_first_bad([_prob_check("draft_probs", draft_probs), _prob_check("target_probs", target_probs),
+                          _range_check("draft_token_ids", (ids < 0) | (ids >= v), f"token ids in [0, {v})")])
     ids64 = draft_token_ids if draft_token_ids.dtype == torch.int64 else draft_token_ids.to(torch.int64)
     problem = SpeculativeProblem(dev, cc, draft_probs.dtype, v, n, bucket(b), features)
     kernel = select_kernel("sampling.chain_speculative", problem, backend)
