@@ -239,7 +239,11 @@ def test_prefill_conversions_match_the_reference(monkeypatch: pytest.MonkeyPatch
     _close(attention.prefill(q, qo_indptr, cache, table, p), want, spec.dtype)
     out = torch.full((q.shape[0], q.shape[1], cache.head_dim_v), float("nan"), dtype=q.dtype)
     lse = torch.full(q.shape[:2], float("nan")) if p.return_lse else None
-    attention.PrefillPlan(None, table, p, qo_indptr=qo_indptr).run(q, cache, out, lse)
+    problem = types.SimpleNamespace(num_q_heads=q.shape[1], head_dim=q.shape[2], head_dim_v=cache.head_dim_v)
+    attention.PrefillPlan(problem, table, p, qo_indptr=qo_indptr).run(q, cache, out, lse)  # side tensors at plan time
+    _close((out, lse), want, spec.dtype)
+    out.fill_(float("nan"))
+    attention.PrefillPlan(None, table, p, qo_indptr=qo_indptr).run(q, cache, out, lse)  # made at the first run
     _close((out, lse), want, spec.dtype)
 
 

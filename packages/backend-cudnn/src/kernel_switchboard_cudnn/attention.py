@@ -158,14 +158,22 @@ class DecodePlan:
 
 # -- paged prefill -------------------------------------------------------------------------------------------
 class _PackedQueries:
-    """Device-side views of one qo_indptr: query lengths, ragged offsets, the LSE gather index."""
+    """Device-side views of one qo_indptr: query lengths, ragged offsets, the LSE gather index (made
+    when first needed)."""
 
     def __init__(self, qo_indptr: torch.Tensor, total: int, s_q: int, q_token_stride: int, o_token_stride: int) -> None:
+        self.qo_indptr, self.total, self.s_q = qo_indptr, total, s_q
         self.seq_q = indptr_lengths(qo_indptr)
         self.q_off = ragged_offsets(qo_indptr, q_token_stride)
         self.o_off = ragged_offsets(qo_indptr, o_token_stride)
-        self.gather = lse_gather_index(qo_indptr, total, s_q)
         self.q_token_stride = q_token_stride
+        self._gather: torch.Tensor | None = None
+
+    @property
+    def gather(self) -> torch.Tensor:
+        if self._gather is None:
+            self._gather = lse_gather_index(self.qo_indptr, self.total, self.s_q)
+        return self._gather
 
 
 def _gather_lse(stats: torch.Tensor, gather: torch.Tensor, lse: torch.Tensor) -> None:
@@ -213,6 +221,11 @@ class PrefillPlan:
         self.total = int(qo_indptr[-1]) if qo_indptr.numel() else 0
         self.s_q = q_bucket(p.max_q_len)
         self._packed: _PackedQueries | None = None
+        if problem is not None and self.total:  # side tensors made now, outside any capture
+            self._packed = _PackedQueries(qo_indptr, self.total, self.s_q, problem.num_q_heads * problem.head_dim,
+                                          problem.num_q_heads * problem.head_dim_v)
+            if p.return_lse:
+                self._packed.gather.numel()  # the LSE gather index, made now too
         self._entries: dict[tuple[Any, ...], tuple[graphs.Built, torch.Tensor]] = {}
 
     def run(self, q: torch.Tensor, cache: PagedKVCache, out: torch.Tensor, lse: torch.Tensor | None) -> None:
