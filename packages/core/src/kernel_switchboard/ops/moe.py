@@ -167,10 +167,10 @@ _route_op = custom_op("moe_route", _route_impl, _route_fake)
 
 
 # -- experts -------------------------------------------------------------------------------------
-def _validate_experts(x: Any, topk_weights: Any, topk_ids: Any, w13: Any, w2: Any, w13_scale: Any,
-                      w2_scale: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, str]:
+def _validate_weights(x: Any, w13: Any, w2: Any, w13_scale: Any, w2_scale: Any) -> str:
+    """Check x (T, H) against the expert weights and scales; returns the quantization ("none" | "fp8_block")."""
     check_tensor(x, "x", dims=2, dtypes=FLOAT_DTYPES)
-    t, h = x.shape
+    h = x.shape[1]
     check_tensor(w13, "w13", dims=3, dtypes=FLOAT_DTYPES | FP8_DTYPES)
     check_tensor(w2, "w2", dims=3, dtypes=FLOAT_DTYPES | FP8_DTYPES)
     e, two_i, h13 = w13.shape
@@ -200,6 +200,13 @@ def _validate_experts(x: Any, topk_weights: Any, topk_ids: Any, w13: Any, w2: An
                 raise fail(name, "a tensor", "None for unquantized weights (scales go with float8_e4m3fn weights)")
     check_same_device("w13", w13, "x", x)
     check_same_device("w2", w2, "x", x)
+    return "fp8_block" if fp8 else "none"
+
+
+def _validate_experts(x: Any, topk_weights: Any, topk_ids: Any, w13: Any, w2: Any, w13_scale: Any,
+                      w2_scale: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, str]:
+    quant = _validate_weights(x, w13, w2, w13_scale, w2_scale)
+    t = x.shape[0]
     check_tensor(topk_weights, "topk_weights", dims=2, dtypes=FLOAT_DTYPES)
     if topk_weights.shape[0] != t or topk_weights.shape[1] < 1:
         raise fail("topk_weights.shape", tuple(topk_weights.shape), f"(T, k) with T = {t} (x's tokens), k >= 1")
@@ -210,7 +217,7 @@ def _validate_experts(x: Any, topk_weights: Any, topk_ids: Any, w13: Any, w2: An
     check_same_device("topk_ids", topk_ids, "x", x)
     weights = topk_weights.to(torch.float32).contiguous()
     ids = topk_ids.to(torch.int32).contiguous()
-    return x.contiguous(), weights, ids, "fp8_block" if fp8 else "none"
+    return x.contiguous(), weights, ids, quant
 
 
 def _select_experts(x: torch.Tensor, k: int, w13: torch.Tensor, w2: torch.Tensor, quant: str,
@@ -293,10 +300,10 @@ def _fused_moe_eager(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Te
     logits2 = router_logits.reshape(-1, router_logits.shape[-1])
     if isinstance(w13, torch.Tensor) and w13.dim() == 3 and logits2.shape[1] != w13.shape[0]:
         raise fail("router_logits.shape", tuple(router_logits.shape), f"(..., E) with E = {w13.shape[0]} (w13's experts)")
-    k_ok = isinstance(top_k, int) and not isinstance(top_k, bool) and top_k >= 1
-    dummy_w = torch.empty(x2.shape[0], top_k if k_ok else 1, dtype=torch.float32, device=x.device)
-    x2, _, _, quant = _validate_experts(x2, dummy_w, dummy_w.to(torch.int32), w13, w2, w13_scale, w2_scale)
-    _validate_route(logits2, top_k, scoring, num_expert_group, topk_group, correction_bias, routed_scaling_factor)
+    quant = _validate_weights(x2, w13, w2, w13_scale, w2_scale)
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= w13.shape[0]:
+        raise fail("top_k", top_k, f"an int in [1, {w13.shape[0]}] (the number of experts)")
+    x2 = x2.contiguous()
     kernel = _select_experts(x2, top_k, w13, w2, quant, backend)  # first, so explain() reports this choice
     w, ids = _route_eager(logits2, top_k, scoring, renormalize, num_expert_group, topk_group, correction_bias,
                           routed_scaling_factor, route_backend)
