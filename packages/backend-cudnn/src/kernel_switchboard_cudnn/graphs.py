@@ -88,7 +88,8 @@ def get(spec: SdpaSpec, device: torch.device) -> Built:
     except Exception as exc:
         hint = (" (the graph was being built during CUDA-graph capture: run the call once before capturing, "
                 "or use a plan)") if is_capturing() else ""
-        raise RuntimeError(f"cuDNN could not build the SDPA graph{hint}: {type(exc).__name__}: {exc}") from exc
+        raise RuntimeError(f"cuDNN {versions()} could not build the SDPA graph{hint} for {describe(spec)}: "
+                           f"{type(exc).__name__}: {exc}") from exc
     with _lock:
         stats["builds"] += 1
         stats["build_seconds"] += time.perf_counter() - start
@@ -96,6 +97,17 @@ def get(spec: SdpaSpec, device: torch.device) -> Built:
         while len(_cache) > CACHE_SIZE:
             _cache.popitem(last=False)
     return built
+
+
+def describe(spec: SdpaSpec) -> str:
+    """One line naming what a graph is built for (error messages)."""
+    def t(ts: TensorSpec) -> str:
+        return f"{list(ts.dims)}/{list(ts.strides)}{' ragged' if ts.ragged else ''}"
+
+    mask = ("causal" if spec.causal else "no causal") + (f", left_bound {spec.left_bound}" if spec.left_bound else "")
+    paged = f"paged (table {list(spec.table.dims)}, max_seq_len_kv {spec.max_seq_len_kv})" if spec.table else "ragged K/V"
+    return (f"q {t(spec.q)} k {t(spec.k)} v {t(spec.v)} o {t(spec.o)} {str(spec.q.dtype)[6:]}, {paged}, {mask}, "
+            f"stats {'yes' if spec.stats else 'no'}")
 
 
 def clear() -> None:
