@@ -1,0 +1,62 @@
+"""Where TensorRT-LLM's kernels come from, and whether each source is usable here.
+
+Two providers:
+
+- ``flashinfer-python`` ships TensorRT-LLM's XQA decode kernels and its CUTLASS fused-MoE kernels
+  as C++/CUDA source that it compiles on first use (its JIT cache). The argument conventions used
+  here were read from flashinfer-python 0.6.18.post1; the window below is what was read and tested.
+- ``tensorrt_llm`` (its torch ops) for users who can install it. PyPI's ``tensorrt-llm`` is a stub
+  that downloads the real wheel from NVIDIA's index at install time.
+
+No probe runs at import time; every function here is called from the backend hook or a kernel.
+"""
+
+from __future__ import annotations
+
+from kernel_switchboard.availability import missing_cuda, missing_module
+from kernel_switchboard.device import package_version
+
+FLASHINFER_DIST = "flashinfer-python"
+FLASHINFER_MIN, FLASHINFER_BELOW = "0.6.18", "0.7"
+INSTALL = 'pip install "kernel-switchboard[trtllm]"'
+TRTLLM_INSTALL = "pip install tensorrt-llm --extra-index-url https://pypi.nvidia.com"
+GPU_NEEDED = "an NVIDIA GPU with a CUDA build of torch (XQA: sm_90 / sm_100 / sm_120; fused MoE: sm_89+)"
+
+
+def flashinfer_version() -> str | None:
+    return package_version(FLASHINFER_DIST)
+
+
+def tensorrt_llm_version() -> str | None:
+    return package_version("tensorrt_llm") or package_version("tensorrt-llm")
+
+
+def provider_tag(name: str, version: str | None) -> str:
+    """``trtllm-xqa@flashinfer-0.6.18.post1``: the provider and its version in a kernel name."""
+    return f"{name}@flashinfer-{version}" if version else f"{name}@flashinfer"
+
+
+def missing_flashinfer() -> tuple[str | None, str | None]:
+    """(reason, install command) flashinfer's TensorRT-LLM kernels cannot run here, or (None, None).
+
+    The GPU is checked first so that a CPU-only machine never imports flashinfer.
+    """
+    reason = missing_cuda(min_cc=(8, 9))
+    if reason is not None:
+        return reason, GPU_NEEDED
+    reason = missing_module("flashinfer", FLASHINFER_DIST, FLASHINFER_MIN, FLASHINFER_BELOW)
+    if reason is not None:
+        return reason, INSTALL
+    return None, None
+
+
+def missing_tensorrt_llm() -> tuple[str | None, str | None]:
+    """(reason, install command) tensorrt_llm's torch ops cannot run here, or (None, None)."""
+    reason = missing_cuda(min_cc=(8, 0))
+    if reason is not None:
+        return reason, GPU_NEEDED
+    reason = missing_module("tensorrt_llm")
+    if reason is not None:
+        return (f"{reason} (PyPI's tensorrt-llm is a stub that fetches the real wheel from NVIDIA's index at "
+                "install time)"), TRTLLM_INSTALL
+    return None, None
