@@ -16,6 +16,10 @@ from kernel_switchboard.testing import conformance_test
 test_reference_conformance = conformance_test("reference", device="cpu", size="small",
                                               ops=("comm.all_reduce_fused_rms_norm",))
 
+if torch.cuda.is_available():  # the large (model-sized) cases on the GPU; built only where a GPU is
+    test_reference_conformance_gpu = conformance_test("reference", device="cuda", size="large",
+                                                      ops=("comm.all_reduce_fused_rms_norm",))
+
 WORLD = 2
 
 

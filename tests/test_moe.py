@@ -15,6 +15,10 @@ from kernel_switchboard.testing.cases import moe as cases
 test_reference_conformance = conformance_test("reference", device="cpu", size="small",
                                               ops=("moe.route", "moe.fused_moe"))
 
+if torch.cuda.is_available():  # the large (model-sized) cases on the GPU; built only where a GPU is
+    test_reference_conformance_gpu = conformance_test("reference", device="cuda", size="large",
+                                                      ops=("moe.route", "moe.fused_moe"))
+
 
 # -- independent formulations --------------------------------------------------------------------
 def _python_route(logits: list[float], top_k: int, scoring: str, renormalize: bool, groups: int | None,

@@ -11,9 +11,11 @@ import kernel_switchboard as ksb
 from kernel_switchboard.testing import conformance_test
 from kernel_switchboard.testing.cases import sampling as cases
 
-test_reference_conformance = conformance_test(
-    "reference", device="cpu", size="small",
-    ops=("sampling.top_k_top_p", "sampling.renorm", "sampling.chain_speculative"))
+OPS = ("sampling.top_k_top_p", "sampling.renorm", "sampling.chain_speculative")
+test_reference_conformance = conformance_test("reference", device="cpu", size="small", ops=OPS)
+
+if torch.cuda.is_available():  # the large (model-sized) cases on the GPU; built only where a GPU is
+    test_reference_conformance_gpu = conformance_test("reference", device="cuda", size="large", ops=OPS)
 
 
 # -- independent formulations --------------------------------------------------------------------
