@@ -103,3 +103,33 @@ def test_mixed_step_and_shared_prefix(hf: torch.nn.Module) -> None:
     out = model.forward(batch, cache)
     torch.testing.assert_close(out[0], hf_logits(hf, [*seq_a, 5])[-1], **TOL)
     torch.testing.assert_close(out[1:], hf_logits(hf, seq_b)[shared:], **TOL)
+
+
+def test_presets_are_the_specs_of_their_transformers_configs() -> None:
+    from kernel_switchboard.engine.synthetic import DEEPSEEK_PRESETS, LLAMA_PRESETS
+    from kernel_switchboard.engine.tiny import hf_overrides
+    from kernel_switchboard.engine.weights import deepseek_spec, llama_spec
+
+    for family, presets, to_spec in (("llama", LLAMA_PRESETS, llama_spec), ("deepseek", DEEPSEEK_PRESETS, deepseek_spec)):
+        for spec in presets.values():
+            assert to_spec(tiny_model(family, **hf_overrides(spec)).config) == spec
+
+
+@torch.no_grad()
+def test_synthetic_weights_absorbed_decode_equals_expanded_prefill() -> None:
+    """Random weights without transformers: the absorbed decode path and the non-absorbed prefill path agree."""
+    from kernel_switchboard.engine.synthetic import DEEPSEEK_PRESETS, random_deepseek
+
+    model = DeepseekModel(random_deepseek(DEEPSEEK_PRESETS["tiny"], seed=3))
+    (seq,) = _prompts((12,), seed=7)
+    tables = BlockTables(num_pages=16, page_size=4)
+    cache = model.new_cache(16, 4)
+    tables.extend("full", len(seq))
+    full = model.forward(build_batch(tables, ["full"], [seq], ["all"]), cache)
+    tables.extend("step", 6)
+    model.forward(build_batch(tables, ["step"], [seq[:6]], ["last"]), cache)
+    for i in range(6, len(seq)):
+        tables.extend("step", 1)
+        batch = build_batch(tables, ["step"], [[seq[i]]], ["last"])
+        assert batch.is_decode
+        torch.testing.assert_close(model.forward(batch, cache)[0], full[i], **TOL)

@@ -41,3 +41,13 @@ def test_demo_reports_an_impossible_backend_choice(capsys: pytest.CaptureFixture
     code = main(["--device", "cpu", "--requests", "1", "--max-new-tokens", "2", "--backend", "no-such-backend"])
     assert code == 2
     assert "no-such-backend" in capsys.readouterr().err
+
+
+def test_demo_without_transformers_draws_random_weights(monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers -> ImportError
+    assert main(["--device", "cpu", "--model", "deepseek", "--requests", "2", "--max-new-tokens", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "transformers is not installed" in out and "generated tokens/s" in out

@@ -31,20 +31,6 @@ _WHY = {
     "only": "the only eligible kernel",
 }
 
-#: model shapes per size preset (transformers config overrides)
-PRESETS: dict[tuple[str, str], dict[str, Any]] = {
-    ("llama", "tiny"): {},
-    ("llama", "small"): dict(vocab_size=4096, hidden_size=512, intermediate_size=1408, num_hidden_layers=4,
-                             num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=4096),
-    ("deepseek", "tiny"): {},
-    ("deepseek", "small"): dict(vocab_size=4096, hidden_size=512, intermediate_size=1408, moe_intermediate_size=256,
-                                num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=128,
-                                kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
-                                n_routed_experts=16, n_group=4, topk_group=2, num_experts_per_tok=4,
-                                max_position_embeddings=4096),
-}
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="switchboard demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=("llama", "deepseek"), default="llama", help="model family (default llama)")
@@ -70,16 +56,31 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _build(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any]:
+def _build(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any, str]:
+    """(transformers model or None, engine model, where the weights came from)."""
     from .deepseek import DeepseekModel
     from .llama import LlamaModel
-    from .tiny import tiny_model
+    from .synthetic import DEEPSEEK_PRESETS, LLAMA_PRESETS, random_deepseek, random_llama
     from .weights import deepseek_from_hf, llama_from_hf
 
-    hf = tiny_model(args.model, seed=args.seed, **PRESETS[(args.model, args.size)])
-    if args.model == "llama":
-        return hf, LlamaModel(llama_from_hf(hf, device=device, dtype=dtype))
-    return hf, DeepseekModel(deepseek_from_hf(hf, device=device, dtype=dtype))
+    llama = args.model == "llama"
+    spec: Any = (LLAMA_PRESETS if llama else DEEPSEEK_PRESETS)[args.size]
+    try:
+        import transformers
+
+        from .tiny import hf_overrides, tiny_model
+    except ImportError:
+        if args.check:
+            raise
+        model: Any = (LlamaModel(random_llama(LLAMA_PRESETS[args.size], args.seed, device, dtype)) if llama else
+                      DeepseekModel(random_deepseek(DEEPSEEK_PRESETS[args.size], args.seed, device, dtype)))
+        return None, model, ("random, drawn directly (transformers is not installed: "
+                             'pip install "kernel-switchboard[engine]" for the Hugging Face path)')
+    hf = tiny_model(args.model, seed=args.seed, **hf_overrides(spec))
+    source = f"transformers {transformers.__version__} {type(hf).__name__} (random init)"
+    if llama:
+        return hf, LlamaModel(llama_from_hf(hf, device=device, dtype=dtype)), source
+    return hf, DeepseekModel(deepseek_from_hf(hf, device=device, dtype=dtype)), source
 
 
 def _prompts(n: int, vocab: int, seed: int) -> list[list[int]]:
@@ -184,11 +185,10 @@ def _main(args: argparse.Namespace) -> int:
         print("switchboard demo: --decode-mode cuda_graph needs a GPU", file=sys.stderr)
         return 2
     try:
-        hf, model = _build(args, device, dtype)
+        hf, model, source = _build(args, device, dtype)
     except ImportError as exc:
-        print(f"switchboard demo: {exc}", file=sys.stderr)
+        print(f"switchboard demo: --check needs transformers: {exc}", file=sys.stderr)
         return 1
-    import transformers
 
     note = ""
     if args.decode_mode == "auto" and mode == "cuda_graph":
@@ -203,7 +203,7 @@ def _main(args: argparse.Namespace) -> int:
         f"{s.num_heads} heads, MLA latent {s.kv_lora_rank}+{s.qk_rope_head_dim}, "
         f"{s.n_routed_experts} experts (top-{s.num_experts_per_tok}, {s.n_group} groups) + {s.n_shared_experts} shared")
     print(f"model   {args.model} ({args.size}): hidden {s.hidden_size}, {s.num_layers} layers, {heads}, vocab {s.vocab_size}")
-    print(f"        weights from transformers {transformers.__version__} {type(hf).__name__} (random init)")
+    print(f"        weights: {source}")
     print(f"device  {device} ({torch.cuda.get_device_name(device) if on_gpu else 'cpu'}), {str(dtype)[6:]}, "
           f"decode steps: {mode}{note}" + (f", preferred backends: {', '.join(args.backend)}" if args.backend else ""))
 

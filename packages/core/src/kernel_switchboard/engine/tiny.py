@@ -102,6 +102,34 @@ def tiny_model(family: str, seed: int = 0, dtype: torch.dtype = torch.float32, *
     return model.to(dtype)
 
 
+def hf_overrides(spec: Any) -> dict[str, Any]:
+    """``transformers`` config arguments (for :func:`tiny_model`) that give a model of this engine spec."""
+    from .weights import LlamaSpec
+
+    if isinstance(spec, LlamaSpec):
+        rope: dict[str, Any] = {"rope_type": "default", "rope_theta": spec.rope_theta}
+        if spec.rope_scaling is not None:
+            sc = spec.rope_scaling
+            rope.update(rope_type="llama3", factor=sc.factor, low_freq_factor=sc.low_freq_factor,
+                        high_freq_factor=sc.high_freq_factor, original_max_position_embeddings=sc.original_max_position)
+        kw: dict[str, Any] = dict(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
+                                  intermediate_size=spec.intermediate_size, num_hidden_layers=spec.num_layers,
+                                  num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
+                                  head_dim=spec.head_dim, rms_norm_eps=spec.rms_eps, max_position_embeddings=4096)
+        return {**kw, **_rope_kwargs(_transformers(), rope, {})}
+    kw = dict(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
+              moe_intermediate_size=spec.moe_intermediate_size, num_hidden_layers=spec.num_layers,
+              num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_heads, q_lora_rank=spec.q_lora_rank,
+              kv_lora_rank=spec.kv_lora_rank, qk_nope_head_dim=spec.qk_nope_head_dim,
+              qk_rope_head_dim=spec.qk_rope_head_dim, v_head_dim=spec.v_head_dim,
+              first_k_dense_replace=spec.first_k_dense_replace, n_routed_experts=spec.n_routed_experts,
+              n_shared_experts=spec.n_shared_experts, num_experts_per_tok=spec.num_experts_per_tok,
+              n_group=spec.n_group or 1, topk_group=spec.topk_group or 1, norm_topk_prob=spec.norm_topk_prob,
+              routed_scaling_factor=spec.routed_scaling_factor, rms_norm_eps=spec.rms_eps,
+              rope_interleave=spec.rope_interleave, max_position_embeddings=4096)
+    return {**kw, **_rope_kwargs(_transformers(), {"rope_type": "default", "rope_theta": spec.rope_theta}, {})}
+
+
 @torch.no_grad()
 def hf_greedy(model: Any, prompt: list[int], max_new_tokens: int) -> list[int]:
     """transformers' ``generate(do_sample=False)`` continuation of one prompt (explicit all-ones attention

@@ -245,6 +245,12 @@ def _moe(mlp: Any, device: Any, dtype: Any) -> MoEWeights:
                       _v(w13, device, dtype), _v(w2, device, dtype), shared)
 
 
+def absorbed_mla(kv_b: torch.Tensor, num_heads: int, nope: int, v_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(w_uk (H, nope, R), w_uv (H, R, v))`` from ``kv_b_proj.weight`` (H (nope + v), R), rows per head [k_nope; v]."""
+    kv_b = kv_b.view(num_heads, nope + v_dim, kv_b.shape[-1])
+    return kv_b[:, :nope, :], kv_b[:, nope:, :].transpose(1, 2)
+
+
 def deepseek_from_hf(model: Any, device: torch.device | str | None = None,
                      dtype: torch.dtype | None = None) -> DeepseekWeights:
     """Weights of a ``DeepseekV3ForCausalLM`` in the engine's layout (absorbed MLA matrices included)."""
@@ -252,11 +258,11 @@ def deepseek_from_hf(model: Any, device: torch.device | str | None = None,
     inner = model.model
     device = device if device is not None else inner.embed_tokens.weight.device
     dtype = dtype or inner.embed_tokens.weight.dtype
-    h, nope, vd, r = spec.num_heads, spec.qk_nope_head_dim, spec.v_head_dim, spec.kv_lora_rank
+    h, nope, vd = spec.num_heads, spec.qk_nope_head_dim, spec.v_head_dim
     layers = []
     for i, layer in enumerate(inner.layers):
         att = layer.self_attn
-        kv_b = att.kv_b_proj.weight.detach().view(h, nope + vd, r)  # rows per head: [k_nope; v]
+        w_uk, w_uv = absorbed_mla(att.kv_b_proj.weight.detach(), h, nope, vd)
         lora = spec.q_lora_rank is not None
         mlp = _moe(layer.mlp, device, dtype) if i >= spec.first_k_dense_replace else _dense(layer.mlp, device, dtype)
         layers.append(MLALayer(
@@ -268,8 +274,8 @@ def deepseek_from_hf(model: Any, device: torch.device | str | None = None,
             w_kv_a=_t(att.kv_a_proj_with_mqa.weight, device, dtype),
             kv_a_norm=_v(att.kv_a_layernorm.weight, device, dtype),
             w_kv_b=_t(att.kv_b_proj.weight, device, dtype),
-            w_uk=_v(kv_b[:, :nope, :], device, dtype),
-            w_uv=_v(kv_b[:, nope:, :].transpose(1, 2), device, dtype),
+            w_uk=_v(w_uk, device, dtype),
+            w_uv=_v(w_uv, device, dtype),
             w_o=_t(att.o_proj.weight, device, dtype),
             mlp_norm=_v(layer.post_attention_layernorm.weight, device, dtype),
             mlp=mlp))
