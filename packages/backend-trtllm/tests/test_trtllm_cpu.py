@@ -93,11 +93,12 @@ def test_flashinfer_version_window_is_passed(monkeypatch) -> None:
 def test_tensorrt_llm_kernel_keeps_its_own_reason_when_flashinfer_is_available(monkeypatch) -> None:
     monkeypatch.setattr(providers, "missing_flashinfer", lambda: (None, None))
     monkeypatch.setattr(providers, "missing_tensorrt_llm", lambda: ("no tensorrt_llm here", providers.TRTLLM_INSTALL))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
     backend = plugin.ksb_backend()
     assert backend.unavailable is None
     trt = [k for k in backend.kernels if k.name.startswith("fused_moe@tensorrt_llm")]
     assert trt and trt[0].unavailable == "no tensorrt_llm here" and trt[0].install == providers.TRTLLM_INSTALL
-    assert all(k.unavailable is None for k in backend.kernels if k not in trt)
+    assert all(k.unavailable is None for k in backend.kernels if k not in trt and k.op != "attention.mla_decode")
 
 
 # -- declarations -------------------------------------------------------------------------------------------
@@ -350,3 +351,30 @@ def test_moe_kernel_doubles_no_memory_for_unchanged_weights_across_layers(vendor
     for x, w, ids, w13, w2, s13, s2 in layers:
         moe.flashinfer_moe(x, w, ids, w13, w2, s13, s2)
     assert len(moe.weight_cache) == 3
+
+
+def test_kernels_outside_this_gpu_are_unavailable(monkeypatch) -> None:
+    monkeypatch.setattr(providers, "missing_flashinfer", lambda: (None, None))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    kernels = {k.op + ":" + k.name.split("@")[0]: k for k in plugin.ksb_backend().kernels}
+    assert kernels["attention.decode:trtllm-xqa"].unavailable is None
+    assert "sm_120 / sm_121 only; this GPU is 9.0" in kernels["attention.mla_decode:trtllm-xqa-mla"].unavailable
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 9))
+    kernels = {k.op + ":" + k.name.split("@")[0]: k for k in plugin.ksb_backend().kernels}
+    assert "this GPU is 8.9" in kernels["attention.decode:trtllm-xqa"].unavailable
+    assert kernels["moe.fused_moe:trtllm-cutlass-moe"].unavailable is None
+
+
+def test_benchmark_smoke() -> None:
+    """The benchmark runs end to end on tiny shapes; here every vendor row reports its error."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "benchmarks" / "decode.py"
+    spec = importlib.util.spec_from_file_location("trtllm_bench_decode", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = mod.bench_decode("cpu", mod.SMOKE)
+    impls = {r["impl"] for r in rows}
+    assert {"trtllm xqa (plan)", "flashinfer xqa direct", "trtllm cutlass moe (default tactic)", "triton"} <= impls
+    assert all(("error" in r) or ("tb_s" in r) or ("tflop_s" in r) or ("empty_row_finite" in r) for r in rows), rows
