@@ -14,13 +14,18 @@ from .device import package_version
 
 
 def _version_tuple(v: str) -> tuple[int, ...]:
+    """Numeric release parts: "4.0.0b36" -> (4, 0, 0); "2.11.0+cu130" -> (2, 11, 0)."""
     out: list[int] = []
     for part in v.replace("+", ".").replace("-", ".").split("."):
-        digits = "".join(ch for ch in part if ch.isdigit())
+        digits = ""
+        for ch in part:
+            if not ch.isdigit():
+                break
+            digits += ch
         if not digits:
             break
         out.append(int(digits))
-        if not part.isdigit():
+        if digits != part:
             break
     return tuple(out)
 
