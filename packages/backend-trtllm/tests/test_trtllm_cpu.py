@@ -73,6 +73,13 @@ def test_explicit_backend_raises_with_reason() -> None:
 
 
 def test_provider_reasons_and_install_commands(monkeypatch) -> None:
+    reason, install = providers.missing_flashinfer()  # not installed here: the command that installs it
+    assert "'flashinfer' is not installed" in reason and install == 'pip install "kernel-switchboard[trtllm]"'
+    reason, install = providers.missing_tensorrt_llm()
+    assert "'tensorrt_llm' is not installed" in reason and "stub" in reason and "pypi.nvidia.com" in install
+    monkeypatch.setattr(providers, "installed", lambda m: True)
+    reason, install = providers.missing_flashinfer()
+    assert "CUDA" in reason and install == providers.GPU_NEEDED  # installed, but no GPU here
     monkeypatch.setattr(providers, "missing_cuda", lambda **kw: None)
     monkeypatch.setattr(providers, "missing_module", lambda m, *a: f"python module {m!r} is not installed")
     reason, install = providers.missing_flashinfer()
@@ -84,6 +91,7 @@ def test_provider_reasons_and_install_commands(monkeypatch) -> None:
 
 def test_flashinfer_version_window_is_passed(monkeypatch) -> None:
     seen = {}
+    monkeypatch.setattr(providers, "installed", lambda m: True)
     monkeypatch.setattr(providers, "missing_cuda", lambda **kw: None)
     monkeypatch.setattr(providers, "missing_module", lambda *a: seen.setdefault("args", a) and None)
     assert providers.missing_flashinfer() == (None, None)

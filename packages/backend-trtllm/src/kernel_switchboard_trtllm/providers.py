@@ -13,6 +13,8 @@ No probe runs at import time; every function here is called from the backend hoo
 
 from __future__ import annotations
 
+import importlib.util
+
 from kernel_switchboard.availability import missing_cuda, missing_module
 from kernel_switchboard.device import package_version
 
@@ -36,11 +38,18 @@ def provider_tag(name: str, version: str | None) -> str:
     return f"{name}@flashinfer-{version}" if version else f"{name}@flashinfer"
 
 
+def installed(module: str) -> bool:
+    """Whether ``module`` can be found (nothing is imported)."""
+    return importlib.util.find_spec(module) is not None
+
+
 def missing_flashinfer() -> tuple[str | None, str | None]:
     """(reason, install command) flashinfer's TensorRT-LLM kernels cannot run here, or (None, None).
 
-    The GPU is checked first so that a CPU-only machine never imports flashinfer.
+    flashinfer is imported (to check it works) only where a GPU is, never on a CPU-only machine.
     """
+    if not installed("flashinfer"):
+        return f"python module 'flashinfer' is not installed ({FLASHINFER_DIST} {FLASHINFER_MIN}+)", INSTALL
     reason = missing_cuda(min_cc=(8, 9))
     if reason is not None:
         return reason, GPU_NEEDED
@@ -52,11 +61,13 @@ def missing_flashinfer() -> tuple[str | None, str | None]:
 
 def missing_tensorrt_llm() -> tuple[str | None, str | None]:
     """(reason, install command) tensorrt_llm's torch ops cannot run here, or (None, None)."""
+    stub = " (PyPI's tensorrt-llm is a stub that fetches the real wheel from NVIDIA's index at install time)"
+    if not installed("tensorrt_llm"):
+        return "python module 'tensorrt_llm' is not installed" + stub, TRTLLM_INSTALL
     reason = missing_cuda(min_cc=(8, 0))
     if reason is not None:
         return reason, GPU_NEEDED
     reason = missing_module("tensorrt_llm")
     if reason is not None:
-        return (f"{reason} (PyPI's tensorrt-llm is a stub that fetches the real wheel from NVIDIA's index at "
-                "install time)"), TRTLLM_INSTALL
+        return reason + stub, TRTLLM_INSTALL
     return None, None
