@@ -91,6 +91,7 @@ def test_every_available_backend_matches_reference(family: str) -> None:
         assert "triton" in exercised
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(triton_interpreting() or torch.cuda.is_available() or importlib.util.find_spec("triton") is None,
                     reason="Triton already runs in this process (interpreter or GPU), or is not installed")
 def test_triton_interpreter_in_subprocess() -> None:

@@ -16,6 +16,9 @@ TOL = dict(rtol=1e-4, atol=1e-4)
 VARIANTS = {
     "q_lora+interleaved": {},
     "no_q_lora+neox_rope": dict(q_lora_rank=None, rope_interleave=False),
+    "all_moe+2_shared+unnormalised": dict(first_k_dense_replace=0, n_shared_experts=2, norm_topk_prob=False,
+                                          routed_scaling_factor=1.5, n_routed_experts=16, n_group=8, topk_group=3,
+                                          num_experts_per_tok=3),
 }
 
 
@@ -45,7 +48,7 @@ def _prompts(lengths: tuple[int, ...], seed: int) -> list[list[int]]:
 @torch.no_grad()
 def test_grouped_routing_and_bias_matter(hf: torch.nn.Module) -> None:
     """The test model's routing depends on the groups and the correction bias (so matching it means something)."""
-    gate = hf.model.layers[1].mlp.gate
+    gate = hf.model.layers[-1].mlp.gate
     x = torch.randn(64, hf.config.hidden_size)
     _, _, grouped = gate(x)
     scores = torch.sigmoid(x @ gate.weight.t())
