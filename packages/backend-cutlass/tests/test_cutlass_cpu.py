@@ -304,3 +304,28 @@ def test_benchmark_smoke() -> None:
     torch_rows = [r for r in rows if r["impl"] == "torch.mm (cuBLAS)"]
     assert torch_rows and all("tflop_s" in r and r["rel_err"] < 1e-2 for r in torch_rows), torch_rows
     assert all("error" in r for r in rows if r["impl"] == "cutlass" and r["workload"] != "build")
+
+
+# -- the C ABI: emitted signatures, ctypes declarations and Python arguments agree ---------------------------
+@pytest.mark.parametrize("cfg", [configs.mm_config("bf16", "row", "row", 64, 64), configs.fp8_block_config("bf16", 64),
+                                 configs.fp8_tensor_config("bf16", 64), configs.grouped_config("bf16", "row")],
+                         ids=lambda c: c.kind)
+def test_c_signatures_match_ctypes_declarations(cfg: configs.GemmConfig) -> None:
+    import re
+
+    fn = emit.entry_point(cfg.kind)
+    src = emit.emit(cfg)
+    params = re.search(rf'extern "C" int {fn}\((.*?)\)', src, re.S).group(1)
+    assert len(params.split(",")) == len(build._SIGNATURES[fn])
+
+
+def test_launch_arguments_match_ctypes_declarations() -> None:
+    a, b = torch.randn(16, 32, dtype=BF16), torch.randn(32, 16, dtype=BF16)
+    jobs = [gemm.prepare_mm(a, b), gemm.prepare_grouped(a, b[None].expand(2, 32, 16).contiguous(),
+                                                        torch.tensor([0, 8, 16], dtype=torch.int32))]
+    qa, qb = a.to(FP8), b.t().contiguous().t().to(FP8)
+    jobs.append(gemm.prepare_mm_fp8(qa, qb, torch.ones(()), torch.ones(()), "tensor", BF16))
+    jobs.append(gemm.prepare_mm_fp8(qa, qb, torch.ones(16, 1), torch.ones(1, 1), "block", BF16))
+    for job in jobs:
+        # the C call appends (sm_count, device, workspace, stream)
+        assert len(job.args()) + 4 == len(build._SIGNATURES[job.fn]), job.fn

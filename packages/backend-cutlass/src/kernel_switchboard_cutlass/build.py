@@ -147,8 +147,8 @@ _loaded: dict[GemmConfig, ctypes.CDLL] = {}
 
 _P, _I, _L, _S = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_size_t
 _SIGNATURES: dict[str, list[type]] = {
-    "ksb_gemm": [_P, _P, _P, _P, _I, _I, _I, _L, _L, _L, _I, _I, _P, _P],
-    "ksb_gemm_block": [_P, _P, _P, _P, _P, _I, _I, _I, _L, _L, _L, _I, _I, _P, _P],
+    "ksb_gemm": [_P, _P, _P, _P, _I, _I, _I, _L, _L, _L, _I, _I, _I, _P, _P],
+    "ksb_gemm_block": [_P, _P, _P, _P, _P, _I, _I, _I, _L, _L, _L, _I, _I, _I, _P, _P],
     "ksb_grouped": [_P, _P, _P, _P, _I, _I, _I, _L, _L, _L, _L, _I, _I, _P, _P],
 }
 

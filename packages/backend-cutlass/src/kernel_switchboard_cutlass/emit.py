@@ -4,8 +4,8 @@ Every emitted translation unit instantiates one warp-specialised TMA kernel (sm_
 CUTLASS's collective builders and exports plain C functions, so a ``.so`` built from it is
 loaded with ctypes and called with torch data pointers and the current CUDA stream:
 
-- mm / mm_fp8_tensor: ``ksb_gemm(a, b, d, alpha_ptr, m, n, k, lda, ldb, ldd, sm_count, device, workspace, stream)``
-- mm_fp8_block: ``ksb_gemm_block(a, b, d, sfa, sfb, m, n, k, lda, ldb, ldd, sm_count, device, workspace, stream)``
+- mm / mm_fp8_tensor: ``ksb_gemm(a, b, d, alpha_ptr, m, n, k, lda, ldb, ldd, swizzle, sm_count, device, workspace, stream)``
+- mm_fp8_block: ``ksb_gemm_block(a, b, d, sfa, sfb, m, n, k, lda, ldb, ldd, swizzle, sm_count, device, workspace, stream)``
 - grouped_mm: ``ksb_grouped(a, b, d, offsets, groups, n, k, lda, ldb, ldd, group_stride_b, sm_count, device, workspace, stream)``
 - each kind: ``ksb_workspace(m, n, k, groups, sm_count) -> bytes`` of scratch the call needs.
 
@@ -92,7 +92,8 @@ using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int
 using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 
 static typename Gemm::Arguments make_args(const void* a, const void* b, void* d, const float* alpha_ptr, int m, int n,
-                                          int k, int64_t lda, int64_t ldb, int64_t ldd, int sm_count, int device) {
+                                          int k, int64_t lda, int64_t ldb, int64_t ldd, int swizzle, int sm_count,
+                                          int device) {
   typename GemmKernel::StrideA sa{};
   typename GemmKernel::StrideB sb{};
   typename GemmKernel::StrideD sd{};
@@ -107,16 +108,17 @@ static typename Gemm::Arguments make_args(const void* a, const void* b, void* d,
   args.epilogue.thread.alpha = 1.0f;
   args.epilogue.thread.beta = 0.0f;
   args.epilogue.thread.alpha_ptr = alpha_ptr;
+  args.scheduler.max_swizzle_size = swizzle;
   return args;
 }
 
 extern "C" size_t ksb_workspace(int m, int n, int k, int groups, int sm_count) {
-  return Gemm::get_workspace_size(make_args(nullptr, nullptr, nullptr, nullptr, m, n, k, k, n, n, sm_count, 0));
+  return Gemm::get_workspace_size(make_args(nullptr, nullptr, nullptr, nullptr, m, n, k, k, n, n, 1, sm_count, 0));
 }
 
 extern "C" int ksb_gemm(const void* a, const void* b, void* d, const float* alpha_ptr, int m, int n, int k, int64_t lda,
-                        int64_t ldb, int64_t ldd, int sm_count, int device, void* workspace, void* stream) {
-  auto args = make_args(a, b, d, alpha_ptr, m, n, k, lda, ldb, ldd, sm_count, device);
+                        int64_t ldb, int64_t ldd, int swizzle, int sm_count, int device, void* workspace, void* stream) {
+  auto args = make_args(a, b, d, alpha_ptr, m, n, k, lda, ldb, ldd, swizzle, sm_count, device);
   Gemm gemm;
   auto s = gemm.can_implement(args);
   if (s != cutlass::Status::kSuccess) return 1;
@@ -151,8 +153,8 @@ using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int
 using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 
 static typename Gemm::Arguments make_args(const void* a, const void* b, void* d, const float* sfa, const float* sfb,
-                                          int m, int n, int k, int64_t lda, int64_t ldb, int64_t ldd, int sm_count,
-                                          int device) {
+                                          int m, int n, int k, int64_t lda, int64_t ldb, int64_t ldd, int swizzle,
+                                          int sm_count, int device) {
   typename GemmKernel::StrideA sa{};
   typename GemmKernel::StrideB sb{};
   typename GemmKernel::StrideD sd{};
@@ -170,17 +172,19 @@ static typename Gemm::Arguments make_args(const void* a, const void* b, void* d,
                                 hw_info(device, sm_count)};
   args.epilogue.thread.alpha = 1.0f;
   args.epilogue.thread.beta = 0.0f;
+  args.scheduler.max_swizzle_size = swizzle;
   return args;
 }
 
 extern "C" size_t ksb_workspace(int m, int n, int k, int groups, int sm_count) {
-  return Gemm::get_workspace_size(make_args(nullptr, nullptr, nullptr, nullptr, nullptr, m, n, k, k, k, n, sm_count, 0));
+  return Gemm::get_workspace_size(make_args(nullptr, nullptr, nullptr, nullptr, nullptr, m, n, k, k, k, n, 1, sm_count,
+                                            0));
 }
 
 extern "C" int ksb_gemm_block(const void* a, const void* b, void* d, const float* sfa, const float* sfb, int m, int n,
-                              int k, int64_t lda, int64_t ldb, int64_t ldd, int sm_count, int device, void* workspace,
-                              void* stream) {
-  auto args = make_args(a, b, d, sfa, sfb, m, n, k, lda, ldb, ldd, sm_count, device);
+                              int k, int64_t lda, int64_t ldb, int64_t ldd, int swizzle, int sm_count, int device,
+                              void* workspace, void* stream) {
+  auto args = make_args(a, b, d, sfa, sfb, m, n, k, lda, ldb, ldd, swizzle, sm_count, device);
   Gemm gemm;
   auto s = gemm.can_implement(args);
   if (s != cutlass::Status::kSuccess) return 1;

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from typing import Any, NamedTuple
 
 import torch
@@ -35,6 +36,11 @@ CC = (9, 0)  # sm_90a binaries run on compute capability 9.0 only
 @functools.lru_cache(maxsize=16)
 def _sm_count(index: int) -> int:
     return int(torch.cuda.get_device_properties(index).multi_processor_count)
+
+
+def swizzle() -> int:
+    """CTA rasterisation swizzle of the persistent tile scheduler (1, 2, 4 or 8): ``KSB_CUTLASS_SWIZZLE``, default 1."""
+    return int(os.environ.get("KSB_CUTLASS_SWIZZLE", "1"))
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -83,7 +89,8 @@ class Launch(NamedTuple):
         if self.fn == "ksb_grouped":
             return (a, b, d, _ptr(self.extra[0]), self.groups, self.n, self.k, self.a.ld, self.b.ld, self.d.stride(0),
                     self.b.tensor.stride(0))
-        return (a, b, d, *(_ptr(t) for t in self.extra), self.m, self.n, self.k, self.a.ld, self.b.ld, self.d.stride(0))
+        return (a, b, d, *(_ptr(t) for t in self.extra), self.m, self.n, self.k, self.a.ld, self.b.ld, self.d.stride(0),
+                swizzle())
 
 
 def launch(job: Launch) -> None:
