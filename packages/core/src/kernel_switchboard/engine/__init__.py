@@ -20,7 +20,7 @@ from .graphs import DecodeRunner
 from .llama import LlamaKVCache, LlamaModel
 from .sampling import SamplingParams
 from .scheduler import Engine, Request, StepReport
-from .speculative import SpeculativeDecoder, SpecStats
+from .speculative import SpecStats, SpeculativeDecoder
 from .weights import (
     DeepseekSpec,
     DeepseekWeights,
