@@ -386,3 +386,14 @@ def test_benchmark_smoke() -> None:
     impls = {r["impl"] for r in rows}
     assert {"trtllm xqa (plan)", "flashinfer xqa direct", "trtllm cutlass moe (default tactic)", "triton"} <= impls
     assert all(("error" in r) or ("tb_s" in r) or ("tflop_s" in r) or ("empty_row_finite" in r) for r in rows), rows
+
+
+def test_decode_cost_follows_the_h200_measurements() -> None:
+    """XQA was measured faster than cuDNN at B=16 L=2048 page 64 and slower at B=128 L=8192: the estimates agree."""
+    (dec,) = _by_op()["attention.decode"]
+    small = _decode_problem(batch=16, max_kv_len=2048, page_size=64)
+    big = _decode_problem(batch=128, max_kv_len=8192, page_size=64)
+    gb = 16 * 2048 * 8 * 256 * 2
+    assert gb / dec.cost(small) == pytest.approx(2.83e12, rel=0.03)
+    assert (32 * gb) / dec.cost(big) == pytest.approx(4.30e12, rel=0.03)
+    assert dec.cost(big._replace(page_size=16)) > dec.cost(big)

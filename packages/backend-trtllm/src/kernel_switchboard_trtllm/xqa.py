@@ -29,8 +29,10 @@ PAGE_SIZES = frozenset({16, 32, 64, 128})
 XQA_MAJORS = (9, 10, 12)
 #: bytes of workspace per (device, stream): 8 MB of semaphores + multi-block scratch
 WORKSPACE_BYTES = 128 << 20
-HBM_BANDWIDTH = 4.0e12  # what XQA reached at large batch on the H200 (bytes/s); only for ranking
-LAUNCH_S = 8e-6
+#: ``fixed + K/V bytes / rate`` fitted to XQA on the H200 (Llama-3-8B heads, bf16; ../shared/DEVICE.md):
+#: 2.83 TB/s at B=16 L=2048 and 4.30 at B=128 L=8192 with pages of 64, 3.90 with pages of 16
+DECODE_FIXED_S = 16.7e-6
+DECODE_RATE = {16: 3.96e12, 32: 4.15e12}  # by page size; 4.37e12 for pages of 64 and 128
 
 _workspaces: dict[tuple[int, int], torch.Tensor] = {}
 _ws_lock = threading.Lock()
@@ -78,11 +80,12 @@ def decode_check(problem: Any) -> list[str]:
 
 
 def _decode_cost(problem: Any) -> float:
+    """Seconds, from the K and V bytes read (estimates only rank kernels; same model as the cuDNN backend's)."""
     if problem.device != "cuda":
         return float("inf")
     kv_item = 1 if problem.kv_dtype == torch.float8_e4m3fn else 2
-    nbytes = 2 * problem.batch * problem.max_kv_len * problem.num_kv_heads * problem.head_dim * kv_item
-    return LAUNCH_S + nbytes / HBM_BANDWIDTH
+    nbytes = problem.batch * problem.max_kv_len * problem.num_kv_heads * (problem.head_dim + problem.head_dim_v) * kv_item
+    return DECODE_FIXED_S + nbytes / DECODE_RATE.get(problem.page_size, 4.37e12)
 
 
 #: a request with no cached tokens must give out = 0 (the op's contract); XQA's result for it is not
