@@ -227,3 +227,42 @@ def test_reference_on_gpu_matches_cpu() -> None:
                                            ("moe.fused_moe", {"tokens": "6", "hidden": "128", "inter": "64", "fp8": "1"})])
 def test_example_cases_run(op: str, shape: dict[str, str]) -> None:
     cases.example(op, torch.device("cpu"), **shape).compare("reference")
+
+
+def _w8a8_experts(x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                  s13: torch.Tensor, s2: torch.Tensor) -> torch.Tensor:
+    """What fast fp8 kernels do: activations quantized per token and 128-group to e4m3, bf16 intermediate."""
+    def quant(a: torch.Tensor) -> torch.Tensor:
+        n = a.shape[1]
+        g = torch.nn.functional.pad(a.float(), (0, -n % 128)).view(a.shape[0], -1, 128)
+        s = g.abs().amax(-1, keepdim=True).clamp_min(1e-12) / 448
+        return ((g / s).to(torch.float8_e4m3fn).float() * s).view(a.shape[0], -1)[:, :n]
+
+    inter = w2.shape[2]
+    y = torch.zeros(x.shape)
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            h = quant(x[t:t + 1]) @ dequantize_block(w13[e], s13[e]).T
+            a = (torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]).bfloat16()
+            y[t] += float(w[t, j]) * (quant(a) @ dequantize_block(w2[e], s2[e]).T)[0]
+    return y.to(x.dtype)
+
+
+def test_fp8_check_accepts_w8a8_kernels_and_rejects_wrong_scales() -> None:
+    case = next(c for c in cases.cases("moe.fused_moe", torch.device("cpu"), "small") if c.id.startswith("bf16-fp8"))
+    x, logits, w13, w2, k = case.args
+    s13, s2 = case.kwargs["w13_scale"], case.kwargs["w2_scale"]
+    w, ids = ksb.moe.route(logits, k)
+
+    def run(backend: str | None = None) -> torch.Tensor:
+        return case.run("reference")[1] if backend == "reference" else _w8a8_experts(x, w, ids, w13, w2, s13, s2)
+
+    case.check(run)
+    swapped = s13.flip(1)  # block scales applied to the wrong blocks
+
+    def wrong(backend: str | None = None) -> torch.Tensor:
+        return case.run("reference")[1] if backend == "reference" else _w8a8_experts(x, w, ids, w13, w2, swapped, s2)
+
+    with pytest.raises(AssertionError):
+        case.check(wrong)

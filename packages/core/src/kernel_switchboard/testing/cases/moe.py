@@ -3,21 +3,26 @@
 Router logits are distinct and exactly representable in every float dtype (a scaled permutation
 per token), so top-k choices have no ties. ``moe.fused_moe`` cases route with the reference
 (``route_backend="reference"``) so that they test the experts kernel alone. Route outputs are
-compared as sets: each row sorted by expert id. Inputs are scaled so outputs are O(1); bf16 and fp8
-get looser tolerances (intermediate rounding, activation quantization in fast kernels).
+compared as sets: each row sorted by expert id. Inputs are scaled so outputs are O(1); bf16 gets a
+looser tolerance (intermediate rounding), fp8 weights a norm-based check (activation quantization).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from ..case import Case
 
-#: (atol, rtol) of the experts output by activation dtype; fp8 weights use FP8_TOL
+#: (atol, rtol) of the experts output by activation dtype (unquantized weights)
 TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (5e-3, 5e-3), torch.bfloat16: (3e-2, 3e-2)}
-FP8_TOL = (1.5e-1, 1e-1)
+#: fp8 weights: kernels quantize activations per 1x128 group (DeepSeek w8a8), which the reference does
+#: not: max relative Frobenius error, and per element |err| <= FP8_ELEM[0] * rms(ref) + FP8_ELEM[1] * |ref|.
+#: A simulated w8a8 kernel at DeepSeek-V3's shape measured 0.031 and max |err| 0.31 at rms(ref) 0.8.
+FP8_REL = 0.06
+FP8_ELEM = (0.5, 0.1)
 FP8_MAX = 448.0
 BLOCK = 128
 
@@ -59,6 +64,19 @@ def expert_weights(experts: int, hidden: int, inter: int, dtype: torch.dtype, fp
             lst.append(t)
     w13, w2, s13, s2 = (torch.stack(p) for p in parts)
     return w13, w2, s13, s2
+
+
+def fp8_check(run: Callable[..., Any]) -> None:
+    """Case.check of fp8-weight experts: relative Frobenius error and a loose elementwise bound."""
+    got, want = run(), run("reference")
+    assert got.shape == want.shape and got.dtype == want.dtype, f"{got.shape} {got.dtype} vs {want.shape} {want.dtype}"
+    g, w = got.double().cpu(), want.double().cpu()
+    assert bool(torch.isfinite(g).all()), "non-finite outputs"
+    rel = float((g - w).norm() / w.norm().clamp_min(1e-30))
+    assert rel <= FP8_REL, f"relative Frobenius error {rel:.3g} above {FP8_REL}"
+    bound = FP8_ELEM[0] * w.pow(2).mean().sqrt() + FP8_ELEM[1] * w.abs()
+    bad = (g - w).abs() > bound
+    assert not bad.any(), f"{int(bad.sum())} entries beyond 0.5 rms + 0.1 |ref|; first at {bad.nonzero()[0].tolist()}"
 
 
 def _sorted_route(_args: Any, result: Any) -> list[torch.Tensor]:
@@ -130,9 +148,10 @@ def experts_case(name: str, tokens: int, hidden: int, inter: int, experts: int, 
     kw.update(route_backend="reference")
     if fp8:
         kw.update(w13_scale=s13, w2_scale=s2)
-    tol = FP8_TOL if fp8 else TOL[dtype]
     tag = f"{name}-T{tokens}-H{hidden}-I{inter}-E{experts}-k{top_k}"
-    return Case("moe.fused_moe", tag, (x, logits, w13, w2, top_k), kw, dtype, tol=tol)
+    if fp8:
+        return Case("moe.fused_moe", tag, (x, logits, w13, w2, top_k), kw, dtype, check=fp8_check)
+    return Case("moe.fused_moe", tag, (x, logits, w13, w2, top_k), kw, dtype, tol=TOL[dtype])
 
 
 def cases(op: str, device: torch.device, size: str) -> list[Case]:
