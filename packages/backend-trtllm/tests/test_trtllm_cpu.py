@@ -7,10 +7,10 @@ from __future__ import annotations
 import gc
 import math
 
-import fake_vendor
 import pytest
 import torch
 import trtllm_emulate as emu
+import trtllm_fake_vendor as fake_vendor
 
 import kernel_switchboard as ksb
 from kernel_switchboard import KernelUnavailableError
