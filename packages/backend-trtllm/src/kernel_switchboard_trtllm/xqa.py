@@ -94,10 +94,10 @@ def _decode_cost(problem: Any) -> float:
 ZERO_EMPTY_ROWS = os.environ.get("KSB_TRTLLM_XQA_EMPTY_ROWS", "zero") != "trust"
 
 
-def _xqa_call(args: translate.XqaDecodeArgs, out: torch.Tensor) -> None:
+def _xqa_call(args: translate.XqaDecodeArgs, out: torch.Tensor, ws: torch.Tensor) -> None:
     from flashinfer.decode import trtllm_batch_decode_with_kv_cache
 
-    trtllm_batch_decode_with_kv_cache(query=args.query, kv_cache=args.kv_cache, workspace_buffer=workspace(out.device),
+    trtllm_batch_decode_with_kv_cache(query=args.query, kv_cache=args.kv_cache, workspace_buffer=ws,
                                       block_tables=args.block_tables, seq_lens=args.seq_lens,
                                       max_seq_len=args.max_seq_len, bmm1_scale=args.bmm1_scale,
                                       bmm2_scale=args.bmm2_scale, window_left=args.window_left, out=out,
@@ -109,20 +109,22 @@ def _xqa_call(args: translate.XqaDecodeArgs, out: torch.Tensor) -> None:
 def decode(q: torch.Tensor, cache: Any, table: Any, p: Any) -> tuple[torch.Tensor, None]:
     """attention.decode: q (B, Hq, D) -> out (B, Hq, D) in q's dtype; no LSE."""
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    _xqa_call(translate.xqa_decode_args(q, cache, table, p), out)
+    _xqa_call(translate.xqa_decode_args(q, cache, table, p), out, workspace(q.device))
     return out, None
 
 
 class DecodePlan:
-    """Built once per (problem, table, params): workspace allocated and module compiled before any capture."""
+    """Built once per (problem, table, params), before any capture: the module is compiled and the plan
+    holds the workspace it runs with (the current stream's), so a graph captured on another stream
+    still finds it. Runs of one plan must not overlap on two streams."""
 
     def __init__(self, problem: Any, table: Any, p: Any) -> None:
         self.table, self.p = table, p
-        workspace(table.block_table.device)
+        self.workspace = workspace(table.block_table.device)
         jit.xqa_build(problem)
 
     def run(self, q: torch.Tensor, cache: Any, out: torch.Tensor, lse: torch.Tensor | None) -> None:
-        _xqa_call(translate.xqa_decode_args(q, cache, self.table, self.p), out)
+        _xqa_call(translate.xqa_decode_args(q, cache, self.table, self.p), out, self.workspace)
 
 
 def plan(problem: Any, table: Any, p: Any, **static: Any) -> DecodePlan:
