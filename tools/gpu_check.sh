@@ -23,10 +23,15 @@ fi
 if [[ " $stages " == *" tests "* ]]; then
   log "gpu tests"
   export KSB_TEST_DEVICE=cuda
-  dirs=$(ls -d tests packages/backend-*/tests 2>/dev/null | tr '\n' ' ')
-  timeout ${KSB_TEST_TIMEOUT:-300} python3 -m pytest -q -m gpu --maxfail=30 --no-header -rfE -p no:cacheprovider \
-    $dirs ${KSB_PYTEST_ARGS:-} > "$OUT/pytest-gpu.log" 2>&1
-  log "pytest exit $?"; tail -40 "$OUT/pytest-gpu.log"
+  # one pytest per folder: the packages' test files share basenames (test_norm.py ...)
+  for d in ${KSB_TEST_DIRS:-tests packages/backend-triton/tests packages/backend-cudnn/tests packages/backend-fa/tests packages/backend-cutlass/tests packages/backend-trtllm/tests}; do
+    [ -d "$d" ] || continue
+    log "pytest -m gpu $d"
+    timeout ${KSB_TEST_TIMEOUT:-300} python3 -m pytest -q -m gpu --maxfail=30 --no-header -rfE -p no:cacheprovider \
+      "$d" ${KSB_PYTEST_ARGS:-} > "$OUT/pytest-gpu-${d//\//_}.log" 2>&1
+    echo "$d: exit $? :: $(tail -1 "$OUT/pytest-gpu-${d//\//_}.log")" | tee -a "$OUT/pytest-gpu.log"
+    grep -E "^(FAILED|ERROR)" "$OUT/pytest-gpu-${d//\//_}.log" | head -25
+  done
 fi
 
 if [[ " $stages " == *" backend-bench "* ]]; then
