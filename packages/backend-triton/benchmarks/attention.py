@@ -15,6 +15,21 @@ Workloads: decode B in {16, 128, 256} x L in {1024, 2048, 8192} (32 q heads, 8 k
 bf16, page 16, HND pages: cuDNN's layout; NHD at B=128 L=8192 too); causal prefill 1x8192 and
 8x2048 (paged, page 16, and ragged) with torch SDPA as an anchor; MLA decode B=128 L=8192 page 64
 (128 heads, 512 + 64).
+
+Tuning notes (sm_90 compiler output from ``--compile-report``, before any GPU run):
+
+- decode d128, BLOCK_N 64, 4 warps: 113 registers, 39 KB shared memory, mma.sync (16-row GQA tile),
+  no spills; Triton's pipeliner keeps one K/V tile in flight (page ids two iterations ahead), so
+  latency is hidden by ~4 resident programs per SM. The split count comes from a waves x tokens
+  model (``_attn_common.choose_splits``): B=16 gets 4 splits (512 programs, about one wave),
+  B >= 128 none. If B=16 misses 2.5 TB/s, compare ``--sweep`` rows with splits 2/8/16 and BLOCK_N 128.
+- prefill d128, BLOCK_M 128 (32 tokens x 4 GQA heads), BLOCK_N 64, 8 warps, 3 stages: wgmma,
+  190 registers, 98 KB (paged) / 131 KB (ragged) shared memory, one program per SM. BLOCK_N 128
+  reaches 255 registers. FA3/FA4 reach ~600 TFLOP/s with warp specialisation and TMA, which this
+  FA2-style kernel does not use: expect the gap there.
+- MLA (128 heads): arithmetic intensity ~240 flop/byte, so at 4.8 TB/s it would need ~1.1 PFLOP/s:
+  the kernel is compute-bound on an H200. 64-head tiles run on wgmma (255 registers, 147 KB, no
+  spills); 32- or 16-head tiles fall back to mma.sync and re-read each latent tile 4-8 times.
 """
 
 from __future__ import annotations
