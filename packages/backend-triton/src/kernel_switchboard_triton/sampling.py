@@ -1,9 +1,167 @@
-"""Triton sampling kernels (being written)."""
+"""Triton sampling kernels: top-k / top-p / min-p sampling from probabilities or logits, renorm, and
+chain speculative verification, without sorting the vocabulary (see :mod:`._sampling_kernels`).
+
+Signatures and semantics: :mod:`kernel_switchboard.ops.sampling`. Randomness: ``top_k_top_p`` draws
+one Philox seed per call from ``generator`` (torch's default generator when None) and derives every
+uniform from it in-kernel; ``chain_speculative`` draws its (B, n+1) uniforms with ``torch.rand``. Both
+are reproducible for a seeded generator and deterministic (no atomics). A row with NaN / inf / no
+positive mass (possible only with ``check_nan=False``) still gets an in-range token.
+"""
 
 from __future__ import annotations
 
-from kernel_switchboard import Kernel
+import functools
+from typing import Any, NamedTuple
+
+import torch
+import triton
+
+from kernel_switchboard import Capability, Kernel
+from kernel_switchboard.availability import triton_interpreting
+
+from . import _sampling_kernels as K
+from ._common import BACKEND, DEVICES, PRIORITY
+from ._perf import memory_bound
+
+DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
+FEATURES = frozenset({"cuda_graph", "deterministic", "generator", "per_row_params"})
+#: candidates checked per pass of the top-p rejection loop, and the bound on those passes
+NUM_CAND = 4
+MAX_ROUNDS = 16
+#: pivots per pass of the exact top-k / top-p threshold search, its workspace and pass bound
+NUM_PIVOTS = 8
+MAX_SCRATCH = 2048
+MAX_PASSES = 8
+#: widest chunk and the most elements one program holds per chunk (rows x chunk); the interpreter, whose
+#: cost is per operation and per nested call rather than per element, takes much bigger tiles
+MAX_BLOCK = 4096
+TILE = 65536 if triton_interpreting() else 4096
+#: finish threshold searches with tl.sort; the interpreter ranks pairwise instead (its sort is very slow)
+SORT = not triton_interpreting()
+_MAX_NUMEL = 1 << 20
+
+
+class _Config(NamedTuple):
+    rows: int
+    block: int
+    scratch: int
+    num_warps: int
+
+
+@functools.lru_cache(maxsize=256)
+def _config(batch: int, vocab: int) -> _Config:
+    block = min(triton.next_power_of_2(vocab), MAX_BLOCK)
+    scratch = min(triton.next_power_of_2(vocab), MAX_SCRATCH if SORT else min(MAX_SCRATCH, 512))
+    # (rows, block, pivots) tiles, and (rows, scratch, scratch) ranks without sort, stay under Triton's numel cap
+    cap = min(TILE // block, _MAX_NUMEL // (block * max(NUM_PIVOTS, NUM_CAND)))
+    if not SORT:
+        cap = min(cap, _MAX_NUMEL // (scratch * scratch))
+    rows = max(1, min(cap, triton.next_power_of_2(max(batch, 1))))
+    elems = rows * block
+    num_warps = 4 if elems <= 1024 else 8 if elems <= 2048 else 16
+    return _Config(rows, block, scratch, num_warps)
+
+
+def _split(v: Any, dtype: torch.dtype, device: torch.device) -> tuple[bool, bool, Any, Any]:
+    """(given, per_row, tensor_or_dummy, scalar) for one scalar-or-(B,)-tensor parameter."""
+    if v is None:
+        return False, False, None, 0
+    if isinstance(v, torch.Tensor):
+        return True, True, v, 0
+    return True, False, None, v
+
+
+def _seed(generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    return torch.randint(0, 2**31 - 1, (1,), generator=generator, device=device, dtype=torch.int64)
+
+
+def top_k_top_p(x: torch.Tensor, top_k: Any, top_p: Any, min_p: Any, is_logits: bool, temperature: Any,
+                generator: torch.Generator | None, deterministic: bool) -> torch.Tensor:
+    batch, vocab = x.shape
+    out = torch.empty(batch, dtype=torch.int64, device=x.device)
+    if batch == 0:
+        return out
+    cfg = _config(batch, vocab)
+    has_k, k_rows, k_t, k_v = _split(top_k, torch.int32, x.device)
+    has_p, p_rows, p_t, p_v = _split(top_p, torch.float32, x.device)
+    has_m, m_rows, m_t, m_v = _split(min_p, torch.float32, x.device)
+    has_t, t_rows, t_t, t_v = _split(temperature if is_logits else None, torch.float32, x.device)
+    scratch = torch.empty((batch, cfg.scratch) if has_k else (1,), dtype=torch.float32, device=x.device)
+    K._top_k_top_p_kernel[(triton.cdiv(batch, cfg.rows),)](
+        x, out, k_t if k_rows else out, p_t if p_rows else out, m_t if m_rows else out, t_t if t_rows else out,
+        int(k_v), float(p_v), float(m_v), float(t_v) if has_t else 1.0, _seed(generator, x.device), scratch,
+        batch, vocab, x.stride(0),
+        IS_LOGITS=is_logits, HAS_K=has_k, K_ROWS=k_rows, HAS_P=has_p, P_ROWS=p_rows, HAS_MINP=has_m,
+        MINP_ROWS=m_rows, HAS_T=has_t, T_ROWS=t_rows, ROWS=cfg.rows, BLOCK=cfg.block, NUM_CAND=NUM_CAND,
+        MAX_ROUNDS=MAX_ROUNDS, NP=NUM_PIVOTS, SCRATCH=cfg.scratch, MAX_PASSES=MAX_PASSES, SORT=SORT, num_warps=cfg.num_warps,
+    )
+    return out
+
+
+def renorm(probs: torch.Tensor, top_k: Any, top_p: Any, min_p: Any) -> torch.Tensor:
+    batch, vocab = probs.shape
+    out = torch.empty((batch, vocab), dtype=torch.float32, device=probs.device)
+    if batch == 0:
+        return out
+    cfg = _config(batch, vocab)
+    has_k, k_rows, k_t, k_v = _split(top_k, torch.int32, probs.device)
+    has_p, p_rows, p_t, p_v = _split(top_p, torch.float32, probs.device)
+    has_m, m_rows, m_t, m_v = _split(min_p, torch.float32, probs.device)
+    scratch = torch.empty((batch, cfg.scratch) if (has_k or has_p) else (1,), dtype=torch.float32, device=probs.device)
+    K._renorm_kernel[(triton.cdiv(batch, cfg.rows),)](
+        probs, out, k_t if k_rows else out, p_t if p_rows else out, m_t if m_rows else out, int(k_v), float(p_v),
+        float(m_v), scratch, batch, vocab, probs.stride(0),
+        HAS_K=has_k, K_ROWS=k_rows, HAS_P=has_p, P_ROWS=p_rows, HAS_MINP=has_m, MINP_ROWS=m_rows, ROWS=cfg.rows,
+        BLOCK=cfg.block, NP=NUM_PIVOTS, SCRATCH=cfg.scratch, MAX_PASSES=MAX_PASSES, SORT=SORT, num_warps=cfg.num_warps,
+    )
+    return out
+
+
+def chain_speculative(draft_probs: torch.Tensor, draft_token_ids: torch.Tensor, target_probs: torch.Tensor,
+                      generator: torch.Generator | None, deterministic: bool
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    batch, n, vocab = draft_probs.shape
+    dev = draft_probs.device
+    tokens = torch.empty((batch, n + 1), dtype=torch.int64, device=dev)
+    accepted = torch.empty(batch, dtype=torch.int32, device=dev)
+    emitted = torch.empty(batch, dtype=torch.int32, device=dev)
+    if batch == 0:
+        return tokens, accepted, emitted
+    u = torch.rand((batch, n + 1), generator=generator, device=dev, dtype=torch.float64)
+    cfg = _config(batch, vocab)
+    K._chain_speculative_kernel[(triton.cdiv(batch, cfg.rows),)](
+        draft_probs.contiguous(), draft_token_ids.contiguous(), target_probs.contiguous(), u, tokens, accepted,
+        emitted, batch, n, vocab, ROWS=cfg.rows, BLOCK=cfg.block, num_warps=cfg.num_warps,
+    )
+    return tokens, accepted, emitted
+
+
+# -- capabilities and costs -----------------------------------------------------------------------
+def _sample_cost(problem: Any) -> float:
+    # about three passes over the input (a logits max, a candidate pass, a check pass); top-k adds two
+    passes = 2 + int(problem.is_logits) + 2 * int(problem.uses_top_k) + int(problem.uses_min_p and not problem.is_logits)
+    return memory_bound(problem, passes * problem.batch * problem.vocab * problem.dtype.itemsize)
+
+
+def _renorm_cost(problem: Any) -> float:
+    passes = 3 + 2 * int(problem.uses_top_k) + 2 * int(problem.uses_top_p)
+    return memory_bound(problem, passes * problem.batch * problem.vocab * problem.dtype.itemsize
+                        + 4 * problem.batch * problem.vocab)
+
+
+def _spec_cost(problem: Any) -> float:
+    return memory_bound(problem, 3 * problem.batch * problem.vocab * problem.dtype.itemsize)
+
+
+_CAP = Capability(devices=DEVICES, dtypes=DTYPES, features=FEATURES)
 
 
 def kernels() -> list[Kernel]:
-    return []
+    return [
+        Kernel("sampling.top_k_top_p", "top_k_top_p", BACKEND, _CAP, top_k_top_p, priority=PRIORITY, cost=_sample_cost,
+               doc="sorting-free: exact top-k threshold search, top-p by rejection with 4 candidates per pass"),
+        Kernel("sampling.renorm", "renorm", BACKEND, _CAP, renorm, priority=PRIORITY, cost=_renorm_cost,
+               doc="exact top-k / top-p / min-p thresholds by pivot search, then one normalised write"),
+        Kernel("sampling.chain_speculative", "chain_speculative", BACKEND, _CAP, chain_speculative, priority=PRIORITY,
+               cost=_spec_cost, doc="acceptance tests, then the residual draw by inverse CDF, one program per row tile"),
+    ]

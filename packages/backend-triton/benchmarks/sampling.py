@@ -1,0 +1,91 @@
+"""Benchmark: Triton sorting-free sampling at batch 128, vocabulary 128256, from probabilities.
+
+    python packages/backend-triton/benchmarks/sampling.py          # on a GPU
+
+``bench_sampling(device) -> list[dict]``: top-p (0.9) and top-k (50) + top-p (0.9) sampling timed for
+the Triton kernel (launcher called directly: seed draw + kernel), the switchboard call with
+``check_nan=False``, the reference (torch sort + inverse CDF) and FlashInfer when it is installed.
+Before timing, every implementation's tokens are checked to lie in the filtered support.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+BATCH, VOCAB = 128, 128256
+WORKLOADS = (("top-p 0.9", None, 0.9), ("top-k 50 + top-p 0.9", 50, 0.9))
+
+
+def _time_ms(fn: Callable[[], Any]) -> float:
+    """Median ms with CUDA events (L2 flushed) on a GPU; one wall-clock call elsewhere (smoke runs)."""
+    if not torch.cuda.is_available():
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
+
+
+def _row(workload: str, impl: str, fn: Callable[[], Any], check: Callable[[torch.Tensor], None]) -> dict[str, Any]:
+    row: dict[str, Any] = {"workload": f"{workload}, {BATCH}x{VOCAB} probs fp32", "impl": impl}
+    try:
+        check(fn())
+        row["ms"] = round(_time_ms(fn), 4)
+    except Exception as exc:  # a benchmark row reports, never aborts the run
+        row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    print(row, flush=True)
+    return row
+
+
+def _flashinfer(top_k: int | None, top_p: float) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    try:
+        import flashinfer.sampling as fs
+    except Exception:  # optional baseline
+        return None
+    if top_k is None:
+        return lambda p: fs.top_p_sampling_from_probs(p, top_p)
+    return lambda p: fs.top_k_top_p_sampling_from_probs(p, top_k, top_p)
+
+
+def bench_sampling(device: str | torch.device = "cuda") -> list[dict[str, Any]]:
+    import kernel_switchboard as ksb
+    from kernel_switchboard.reference import sampling as reference
+    from kernel_switchboard_triton import sampling
+
+    dev = torch.device(device)
+    g = torch.Generator(device=dev).manual_seed(0)
+    probs = torch.softmax(3 * torch.randn(BATCH, VOCAB, device=dev, generator=g), -1)
+    out: list[dict[str, Any]] = []
+    for name, top_k, top_p in WORKLOADS:
+        keep = reference.keep_mask(probs, top_k, top_p, None)
+
+        def check(tok: torch.Tensor, keep: torch.Tensor = keep) -> None:
+            tok = tok.view(-1).long()
+            assert tok.shape == (BATCH,) and bool(((tok >= 0) & (tok < VOCAB)).all()), "token out of range"
+            assert bool(keep.gather(1, tok[:, None]).all()), "a filtered-out token was sampled"
+
+        def kernel(top_k: int | None = top_k, top_p: float = top_p) -> torch.Tensor:
+            return sampling.top_k_top_p(probs, top_k, top_p, None, False, None, None, False)
+
+        def api(top_k: int | None = top_k, top_p: float = top_p) -> torch.Tensor:
+            return ksb.sampling.top_k_top_p(probs, top_k, top_p, check_nan=False, backend="triton")
+
+        def ref(top_k: int | None = top_k, top_p: float = top_p) -> torch.Tensor:
+            return reference.top_k_top_p(probs, top_k, top_p, None, False, None, None, False)
+
+        out.append(_row(name, "triton kernel", kernel, check))
+        out.append(_row(name, "triton via ksb.sampling (check_nan=False)", api, check))
+        out.append(_row(name, "reference (torch sort)", ref, check))
+        fi = _flashinfer(top_k, top_p)
+        if fi is not None:
+            out.append(_row(name, "flashinfer", lambda fi=fi: fi(probs), check))
+    return out
+
+
+if __name__ == "__main__":
+    bench_sampling("cuda")

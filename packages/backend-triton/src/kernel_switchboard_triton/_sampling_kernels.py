@@ -1,0 +1,598 @@
+"""Triton jit kernels of the sampling family (launchers live in :mod:`.sampling`). No sorting of the vocabulary.
+
+Every kernel works on a tile of ``ROWS`` rows (one row per program for large vocabularies, many rows
+per program for small ones) and walks the vocabulary in ``BLOCK``-wide chunks. Per element it only
+ever needs a *weight* ``w``: the probability itself, or ``exp2((x - max) * log2(e) / T)`` for logits
+(the same formula in every pass, so weights compare identically across passes). Filters are
+thresholds on ``w`` (ties kept together, as the core defines them):
+
+- top-k: ``tau_k`` = the k-th largest weight, found by :func:`_select` (pivot counts per pass, then the
+  few weights left in the bracket are compacted into a scratch row and sorted in registers);
+- min-p: ``min_p * max w``;
+- top-p: sampled by rejection (FlashInfer's idea): candidates are drawn in proportion to ``w`` from a
+  set that contains the nucleus; a candidate c is in the nucleus iff the mass strictly above ``w_c``
+  is below ``top_p`` times the top-k mass. The pass that checks ``NUM_CAND`` candidates also draws
+  the next ones from the weights above the largest rejected one, so a typical row needs two passes.
+
+Candidates are drawn in one pass by a chunk-level weighted reservoir (a chunk replaces the current
+pick with probability chunk mass / mass so far), then inside the chosen chunk by inverse CDF.
+Uniforms come from Philox (``tl.rand``) keyed by a seed that torch draws from the caller's generator:
+the same seed gives the same tokens, and nothing in the reduction path uses atomics.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def _weights(
+    x_ptr,  # (B, V) probabilities or logits
+    row_off,  # (ROWS, 1) int64 element offset of each row
+    cols,  # (ROWS, BLOCK) or (1, BLOCK) column indices
+    valid,  # (ROWS, BLOCK) mask of real (row, column) pairs
+    m,  # (ROWS,) row max of the logits (unused for probabilities)
+    c,  # (ROWS,) log2(e) / temperature (unused for probabilities)
+    IS_LOGITS: tl.constexpr,  # x holds logits
+):
+    x = tl.load(x_ptr + row_off + cols, mask=valid, other=0.0).to(tl.float32)
+    if IS_LOGITS:
+        w = tl.exp2((x - m[:, None]) * c[:, None])
+    else:
+        w = x
+    # masked, negative and NaN entries weigh nothing
+    return tl.where(valid & (w > 0), w, 0.0)
+
+
+@triton.jit
+def _row_max(
+    x_ptr,  # (B, V) input
+    row_off,  # (ROWS, 1) int64 row offsets
+    rmask,  # (ROWS,) real rows
+    V,  # vocabulary size
+    ROWS: tl.constexpr,  # rows per program
+    BLOCK: tl.constexpr,  # chunk width
+):
+    acc = tl.full((ROWS, BLOCK), float("-inf"), tl.float32)
+    for start in range(0, V, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        valid = rmask[:, None] & (cols[None, :] < V)
+        x = tl.load(x_ptr + row_off + cols[None, :], mask=valid, other=float("-inf")).to(tl.float32)
+        acc = tl.maximum(acc, tl.where(x == x, x, float("-inf")))
+    return tl.max(acc, axis=1)
+
+
+@triton.jit
+def _stats(
+    x_ptr,  # (B, V) input
+    row_off,  # (ROWS, 1) int64 row offsets
+    rmask,  # (ROWS,) real rows
+    V,  # vocabulary size
+    m,  # (ROWS,) logit max (logits only)
+    c,  # (ROWS,) log2(e) / temperature (logits only)
+    IS_LOGITS: tl.constexpr,  # x holds logits
+    ROWS: tl.constexpr,  # rows per program
+    BLOCK: tl.constexpr,  # chunk width
+):
+    """(max weight, total weight) of each row."""
+    mx = tl.zeros((ROWS, BLOCK), tl.float32)
+    tot = tl.zeros((ROWS, BLOCK), tl.float32)
+    for start in range(0, V, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        valid = rmask[:, None] & (cols[None, :] < V)
+        w = _weights(x_ptr, row_off, cols[None, :], valid, m, c, IS_LOGITS)
+        mx = tl.maximum(mx, w)
+        tot += w
+    return tl.max(mx, axis=1), tl.sum(tot, axis=1)
+
+
+@triton.jit
+def _pick(vals, idx, j):
+    """vals[:, j] of a (ROWS, J) tile for a scalar j, as (ROWS,); idx = arange(J)."""
+    return tl.sum(tl.where(idx[None, :] == j, vals, 0), axis=1)
+
+
+@triton.jit
+def _pick_rows(vals, idx, j):
+    """vals[r, j[r]] of a (ROWS, J) tile for a per-row j (ROWS,), as (ROWS,); idx = arange(J)."""
+    return tl.sum(tl.where(idx[None, :] == j[:, None], vals, 0), axis=1)
+
+
+@triton.jit
+def _threshold_of_gathered(
+    vals,  # (ROWS, S) the bracket's weights, -1 in unused slots
+    nb,  # (ROWS,) int32 used slots
+    f_hi,  # (ROWS,) F at the bracket's top (weights >= hi)
+    m_hi,  # (ROWS,) mass at the bracket's top
+    target,  # (ROWS,) F value to reach
+    USE_MASS: tl.constexpr,  # F is a mass (else a count)
+    SORT: tl.constexpr,  # sort the slots (GPU); else rank them pairwise (the interpreter, small S)
+    S: tl.constexpr,  # slots
+):
+    """(tau, mass of weights >= tau): the largest gathered weight v with f_hi + F_bracket(v) >= target."""
+    real = vals >= 0
+    if SORT:
+        sc = tl.arange(0, S)
+        s = tl.sort(vals, dim=1, descending=True)
+        rs = s >= 0
+        wt = rs.to(tl.float32)
+        if USE_MASS:
+            wt = tl.where(rs, s, 0.0)
+        g = f_hi[:, None] + tl.cumsum(wt, axis=1)
+        istar = tl.sum(((g < target[:, None]) & rs).to(tl.int32), axis=1)
+        istar = tl.minimum(istar, tl.maximum(nb - 1, 0))
+        t_new = tl.sum(tl.where(sc[None, :] == istar[:, None], s, 0.0), axis=1)
+    else:
+        wt = real.to(tl.float32)
+        if USE_MASS:
+            wt = tl.where(real, vals, 0.0)
+        # G(v_i) = f_hi + sum of the weights of slots with v_j >= v_i
+        above = (vals[:, None, :] >= vals[:, :, None]) & real[:, None, :]
+        g = f_hi[:, None] + tl.sum(tl.where(above, wt[:, None, :], 0.0), axis=2)
+        t_new = tl.max(tl.where(real & (g >= target[:, None]), vals, -1.0), axis=1)
+        t_new = tl.where(t_new < 0, tl.min(tl.where(real, vals, float("inf")), axis=1), t_new)
+    m_new = m_hi + tl.sum(tl.where(real & (vals >= t_new[:, None]), vals, 0.0), axis=1)
+    return t_new, m_new
+
+
+@triton.jit
+def _select(
+    x_ptr,  # (B, V) input
+    row_off,  # (ROWS, 1) int64 row offsets
+    rmask,  # (ROWS,) real rows
+    V,  # vocabulary size
+    m,  # (ROWS,) logit max (logits only)
+    c,  # (ROWS,) log2(e) / temperature (logits only)
+    target,  # (ROWS,) float32: find the largest w with F(w) >= target
+    active,  # (ROWS,) rows that need a threshold (others get lo0)
+    lo0,  # (ROWS,) float32 lower end, with F(lo0) >= target
+    top,  # (ROWS,) float32 scale of the first pass's geometric pivots (an upper estimate of max w)
+    scratch_ptr,  # (B, SCRATCH) float32 workspace
+    scr_off,  # (ROWS,) int64 row offsets into the workspace
+    IS_LOGITS: tl.constexpr,  # x holds logits
+    USE_MASS: tl.constexpr,  # F(v) = mass of weights >= v (else their count)
+    ROWS: tl.constexpr,  # rows per program
+    BLOCK: tl.constexpr,  # chunk width
+    NP: tl.constexpr,  # pivots per pass (the first is the bracket's low end)
+    SCRATCH: tl.constexpr,  # workspace slots per row (power of two)
+    MAX_PASSES: tl.constexpr,  # bound on refinement passes
+    SORT: tl.constexpr,  # finish by sorting the workspace (else pairwise ranks)
+):
+    """Exact threshold search. Returns (tau, mass of w >= tau, total weight, max weight) per row.
+
+    Bracket [lo, hi) with F(lo) >= target > F(hi). Each pass counts and weighs the elements at NP
+    pivots inside the bracket and, from the second pass on (or the first when the whole row fits),
+    compacts the bracket's weights into the scratch row; when they all fit, a sort finishes the row.
+    """
+    jj = tl.arange(0, NP)
+    sc = tl.arange(0, SCRATCH)
+    top = tl.maximum(top, 1e-30)
+    lo = lo0
+    hi = tl.full((ROWS,), float("inf"), tl.float32)
+    f_hi = tl.zeros((ROWS,), tl.float32)
+    m_hi = tl.zeros((ROWS,), tl.float32)
+    m_lo = tl.zeros((ROWS,), tl.float32)
+    tau = lo0
+    m_tau = tl.zeros((ROWS,), tl.float32)
+    total = tl.zeros((ROWS,), tl.float32)
+    wmax = tl.zeros((ROWS,), tl.float32)
+    done = (~active) | (~rmask)
+    for it in range(MAX_PASSES):
+        if (it == 0) | (tl.max((~done).to(tl.int32), axis=0) > 0):
+            # ascending pivots: pv[:, 0] = lo, the rest geometric inside (lo, hi)
+            frac = jj.to(tl.float32)[None, :] / NP
+            open_top = hi == float("inf")
+            hi_f = tl.where(open_top, top, hi)
+            lo_f = tl.maximum(lo, hi_f * 5.960464477539063e-08)  # at most 24 octaves below hi
+            lo_f = tl.where(open_top, tl.maximum(lo, top * 5.960464477539063e-08), lo_f)
+            geo = tl.exp2(tl.log2(lo_f)[:, None] + frac * (tl.log2(hi_f) - tl.log2(lo_f))[:, None])
+            # open bracket: pivots up to `top` itself (frac reaches 1 at the last one)
+            geo_open = tl.exp2(tl.log2(lo_f)[:, None] + (jj.to(tl.float32)[None, :] / (NP - 1)) *
+                               (tl.log2(hi_f) - tl.log2(lo_f))[:, None])
+            geo = tl.where(open_top[:, None], geo_open, geo)
+            pv = tl.minimum(tl.maximum(geo, lo[:, None]), hi_f[:, None])
+            pv = tl.where(jj[None, :] == 0, lo[:, None], pv)
+            gather = (it > 0) | (V <= SCRATCH)
+            cnt = tl.zeros((ROWS, NP), tl.float32)
+            mas = tl.zeros((ROWS, NP), tl.float32)
+            nb = tl.zeros((ROWS,), tl.int32)
+            mx = tl.zeros((ROWS,), tl.float32)
+            for start in range(0, V, BLOCK):
+                cols = start + tl.arange(0, BLOCK)
+                valid = rmask[:, None] & (cols[None, :] < V)
+                w = _weights(x_ptr, row_off, cols[None, :], valid, m, c, IS_LOGITS)
+                mx = tl.maximum(mx, tl.max(w, axis=1))
+                ge = (w[:, :, None] >= pv[:, None, :]) & valid[:, :, None]
+                cnt += tl.sum(ge.to(tl.float32), axis=1)
+                mas += tl.sum(tl.where(ge, w[:, :, None], 0.0), axis=1)
+                if gather:
+                    inb = valid & (w >= lo[:, None]) & (w < hi[:, None]) & (~done)[:, None]
+                    pos = nb[:, None] + tl.cumsum(inb.to(tl.int32), axis=1) - 1
+                    tl.store(scratch_ptr + scr_off[:, None] + pos, w, mask=inb & (pos < SCRATCH))
+                    nb += tl.sum(inb.to(tl.int32), axis=1)
+            if it == 0:
+                total = _pick(mas, jj, 0)  # pivot 0 is lo0: with lo0 = 0 this is the whole row
+                wmax = mx
+            f = cnt
+            if USE_MASS:
+                f = mas
+            fits = gather & (~done) & (nb <= SCRATCH)
+            if tl.max(fits.to(tl.int32), axis=0) > 0:
+                tl.debug_barrier()
+                vals = tl.load(scratch_ptr + scr_off[:, None] + sc[None, :], mask=fits[:, None] & (sc[None, :] < nb[:, None]),
+                               other=-1.0)
+                t_new, m_new = _threshold_of_gathered(vals, nb, f_hi, m_hi, target, USE_MASS, SORT, SCRATCH)
+                tau = tl.where(fits, t_new, tau)
+                m_tau = tl.where(fits, m_new, m_tau)
+                done = done | fits
+            # narrow the bracket of the rows still open: pivots ascend, so F descends
+            ok = f >= target[:, None]
+            jl = tl.sum(ok.to(tl.int32), axis=1) - 1  # last pivot with F >= target
+            broken = jl < 0  # F(lo) < target: only for bad data (NaN); keep lo
+            jl = tl.maximum(jl, 0)
+            has_up = jl + 1 < NP
+            new_lo = _pick_rows(pv, jj, jl)
+            new_m_lo = _pick_rows(mas, jj, jl)
+            new_hi = tl.where(has_up, _pick_rows(pv, jj, jl + 1), hi)
+            new_f_hi = tl.where(has_up, _pick_rows(f, jj, jl + 1), f_hi)
+            new_m_hi = tl.where(has_up, _pick_rows(mas, jj, jl + 1), m_hi)
+            upd = ~done
+            lo = tl.where(upd, new_lo, lo)
+            m_lo = tl.where(upd, new_m_lo, m_lo)
+            hi = tl.where(upd, new_hi, hi)
+            f_hi = tl.where(upd, new_f_hi, f_hi)
+            m_hi = tl.where(upd, new_m_hi, m_hi)
+            tau = tl.where(upd & broken, lo, tau)
+            m_tau = tl.where(upd & broken, m_lo, m_tau)
+            done = done | broken
+    # rows whose bracket never fit (only ties or bad data): lo keeps exactly the weights >= tau that matter
+    open_rows = ~done
+    tau = tl.where(open_rows, lo, tau)
+    m_tau = tl.where(open_rows, m_lo, m_tau)
+    m_tau = tl.where(active, m_tau, total)
+    tau = tl.where(active, tau, lo0)
+    return tau, m_tau, total, wmax
+
+
+@triton.jit
+def _draw_in_chunks(
+    x_ptr,  # (B, V) input
+    row_off,  # (ROWS, 1) int64 row offsets
+    rmask,  # (ROWS,) real rows
+    V,  # vocabulary size
+    m, c,  # logit max and log2(e)/T per row (logits only)
+    chunk,  # (ROWS, J) int32 chunk each candidate's reservoir chose (-1: none)
+    u,  # (ROWS, J) uniforms in [0, 1)
+    floor,  # (ROWS,) weights below are out
+    above,  # (ROWS,) weights <= this are out
+    IS_LOGITS: tl.constexpr,  # x holds logits
+    BLOCK: tl.constexpr,  # chunk width
+):
+    """Inverse-CDF draw of every candidate inside its chosen chunk: (tokens, weights), (ROWS, J) each;
+    token -1 and weight 0 where there is no chunk."""
+    offs = tl.arange(0, BLOCK)
+    base = tl.maximum(chunk, 0) * BLOCK  # (ROWS, J)
+    cols = base[:, :, None] + offs[None, None, :]  # (ROWS, J, BLOCK)
+    valid = rmask[:, None, None] & (chunk >= 0)[:, :, None] & (cols < V)
+    x = tl.load(x_ptr + row_off[:, :, None] + cols, mask=valid, other=0.0).to(tl.float32)
+    if IS_LOGITS:
+        w = tl.exp2((x - m[:, None, None]) * c[:, None, None])
+    else:
+        w = x
+    keep = valid & (w > 0) & (w >= floor[:, None, None]) & (w > above[:, None, None])
+    w = tl.where(keep, w, 0.0)
+    cs = tl.cumsum(w, axis=2)
+    tgt = u * tl.max(cs, axis=2)
+    i = tl.sum((cs <= tgt[:, :, None]).to(tl.int32), axis=2)
+    last = tl.max(tl.where(w > 0, offs[None, None, :], -1), axis=2)
+    i = tl.minimum(i, last)
+    tok = tl.where(last >= 0, base + i, -1)
+    wt = tl.sum(tl.where(offs[None, None, :] == i[:, :, None], w, 0.0), axis=2)
+    return tok, tl.where(last >= 0, wt, 0.0)
+
+
+@triton.jit
+def _top_k_top_p_kernel(
+    x_ptr,  # (B, V) probabilities or logits, unit stride in V
+    out_ptr,  # (B,) int64 sampled tokens
+    k_ptr,  # (B,) int32 per-row top-k (when K_ROWS)
+    p_ptr,  # (B,) float32 per-row top-p (when P_ROWS)
+    minp_ptr,  # (B,) float32 per-row min-p (when MINP_ROWS)
+    t_ptr,  # (B,) float32 per-row temperature (when T_ROWS)
+    k_val,  # scalar top-k (when not K_ROWS)
+    p_val,  # scalar top-p (when not P_ROWS)
+    minp_val,  # scalar min-p (when not MINP_ROWS)
+    t_val,  # scalar temperature (when not T_ROWS)
+    seed_ptr,  # (1,) int64 Philox seed drawn by torch from the caller's generator
+    scratch_ptr,  # (B, SCRATCH) float32 workspace of the top-k search
+    B,  # rows
+    V,  # vocabulary size
+    stride_x,  # row stride of x, elements
+    IS_LOGITS: tl.constexpr,  # x holds logits (softmax with temperature first)
+    HAS_K: tl.constexpr, K_ROWS: tl.constexpr,  # top-k given; per row
+    HAS_P: tl.constexpr, P_ROWS: tl.constexpr,  # top-p given; per row
+    HAS_MINP: tl.constexpr, MINP_ROWS: tl.constexpr,  # min-p given; per row
+    HAS_T: tl.constexpr, T_ROWS: tl.constexpr,  # temperature given; per row
+    ROWS: tl.constexpr,  # rows per program
+    BLOCK: tl.constexpr,  # chunk width
+    NUM_CAND: tl.constexpr,  # candidates drawn per pass (power of two)
+    MAX_ROUNDS: tl.constexpr,  # bound on candidate passes
+    NP: tl.constexpr,  # pivots per top-k search pass
+    SCRATCH: tl.constexpr,  # top-k workspace slots per row
+    MAX_PASSES: tl.constexpr,  # bound on top-k search passes
+    SORT: tl.constexpr,  # finish the search by sorting (GPU) or by pairwise ranks (interpreter)
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rmask = rows < B
+    row_off = rows.to(tl.int64)[:, None] * stride_x
+    seed = tl.load(seed_ptr)
+    jj = tl.arange(0, NUM_CAND)
+    j2 = tl.arange(0, 2)
+    nch = tl.cdiv(V, BLOCK)
+
+    m = tl.zeros((ROWS,), tl.float32)
+    c = tl.full((ROWS,), LOG2E, tl.float32)
+    if IS_LOGITS:
+        m = _row_max(x_ptr, row_off, rmask, V, ROWS, BLOCK)
+        if HAS_T:
+            if T_ROWS:
+                t = tl.load(t_ptr + rows, mask=rmask, other=1.0)
+            else:
+                t = tl.full((ROWS,), 1.0, tl.float32) * t_val
+            c = LOG2E / tl.maximum(t, 1e-30)
+
+    # filters that are thresholds known before sampling: top-k (exact search) and min-p
+    floor = tl.zeros((ROWS,), tl.float32)
+    mass_k = tl.zeros((ROWS,), tl.float32)  # top-k mass (the whole row without top-k: from the first pass)
+    wmax = tl.full((ROWS,), 1.0, tl.float32)  # max weight of a logits row is exp2(0) = 1
+    if HAS_K:
+        if K_ROWS:
+            k = tl.load(k_ptr + rows, mask=rmask, other=0)
+        else:
+            k = tl.zeros((ROWS,), tl.int32) + k_val
+        k_on = (k > 0) & (k < V) & rmask
+        kf = tl.minimum(tl.where(k > 0, k, V), V).to(tl.float32)
+        floor, mass_k, _total, wmax_k = _select(x_ptr, row_off, rmask, V, m, c, kf, k_on, floor,
+                                                tl.full((ROWS,), 1.0, tl.float32), scratch_ptr,
+                                                rows.to(tl.int64) * SCRATCH, IS_LOGITS, False, ROWS, BLOCK, NP,
+                                                SCRATCH, MAX_PASSES, SORT)
+        if not IS_LOGITS:
+            wmax = wmax_k
+    if HAS_MINP:
+        if MINP_ROWS:
+            mp = tl.load(minp_ptr + rows, mask=rmask, other=0.0)
+        else:
+            mp = tl.zeros((ROWS,), tl.float32) + minp_val
+        if not IS_LOGITS:
+            if not HAS_K:
+                wmax, _tot = _stats(x_ptr, row_off, rmask, V, m, c, IS_LOGITS, ROWS, BLOCK)
+        floor = tl.maximum(floor, tl.minimum(tl.maximum(mp, 0.0), 1.0) * wmax)
+    if HAS_P:
+        if P_ROWS:
+            pp = tl.load(p_ptr + rows, mask=rmask, other=1.0)
+        else:
+            pp = tl.zeros((ROWS,), tl.float32) + p_val
+        pp = tl.minimum(tl.maximum(pp, 1e-30), 1.0)
+    else:
+        pp = tl.full((ROWS,), 1.0, tl.float32)
+
+    # candidate passes: draw NUM_CAND candidates in proportion to w from the weights >= floor that lie
+    # above every rejected candidate; the next pass checks them (top-p) while drawing the next ones
+    token = tl.full((ROWS,), -1, tl.int32)
+    cand_tok = tl.full((ROWS, NUM_CAND), -1, tl.int32)
+    cand_w = tl.zeros((ROWS, NUM_CAND), tl.float32)
+    above = tl.full((ROWS,), -1.0, tl.float32)
+    done = ~rmask
+    for r in range(MAX_ROUNDS):
+        if tl.max((~done).to(tl.int32), axis=0) > 0:
+            check = r > 0
+            acc = tl.zeros((ROWS,), tl.float32)
+            tot = tl.zeros((ROWS,), tl.float32)
+            mass_gt = tl.zeros((ROWS, NUM_CAND), tl.float32)
+            chunk_of = tl.full((ROWS, NUM_CAND), -1, tl.int32)
+            rbase = (rows * MAX_ROUNDS + r) * nch
+            u1 = tl.zeros((ROWS, NUM_CAND), tl.float32)
+            for ci in range(0, nch):
+                cols = ci * BLOCK + tl.arange(0, BLOCK)
+                valid = rmask[:, None] & (cols[None, :] < V)
+                w = _weights(x_ptr, row_off, cols[None, :], valid, m, c, IS_LOGITS)
+                ws = tl.where((w >= floor[:, None]) & (w > above[:, None]), w, 0.0)
+                mc = tl.sum(ws, axis=1)
+                acc += mc
+                if not HAS_K:
+                    tot += tl.sum(w, axis=1)
+                if HAS_P:
+                    if check:
+                        gt = w[:, :, None] > cand_w[:, None, :]
+                        mass_gt += tl.sum(tl.where(gt, w[:, :, None], 0.0), axis=1)
+                # two uniforms per candidate and chunk: the reservoir's, and the in-chunk draw's (first chunk's kept)
+                uu = tl.rand(seed, ((rbase + ci) * NUM_CAND)[:, None, None] * 2 + jj[None, :, None] * 2 + j2[None, None, :])
+                u2, u1c = tl.split(uu)
+                u1 = tl.where(ci == 0, u1c, u1)
+                take = (u2 * acc[:, None] < mc[:, None]) & (mc > 0)[:, None]
+                chunk_of = tl.where(take, ci, chunk_of)
+            if not HAS_K:
+                mass_k = tl.where(r == 0, tot, mass_k)
+            # check the previous candidates: the first one inside the nucleus wins
+            if HAS_P:
+                if check:
+                    inside = (mass_gt < (pp * mass_k)[:, None]) & (cand_tok >= 0)
+                    first = tl.min(tl.where(inside, jj[None, :], NUM_CAND), axis=1)
+                    hit = (first < NUM_CAND) & (~done)
+                    token = tl.where(hit, _pick_rows(cand_tok, jj, first), token)
+                    done = done | hit
+            # the new candidates (from the set above every previous candidate)
+            new_tok, new_w = _draw_in_chunks(x_ptr, row_off, rmask, V, m, c, chunk_of, tl.minimum(u1, 0.99999994), floor,
+                                             above, IS_LOGITS, BLOCK)
+            empty = tl.max(new_tok, axis=1) < 0  # nothing left above the rejected candidates (bad data)
+            if HAS_P:
+                cand_tok = tl.where(done[:, None], cand_tok, new_tok)
+                cand_w = tl.where(done[:, None], cand_w, new_w)
+                above = tl.where(done, above, tl.max(new_w, axis=1))
+                done = done | empty
+            else:
+                token = tl.where(done, token, _pick(new_tok, jj, 0))
+                done = done | rmask
+    if HAS_P:
+        # rows still open after MAX_ROUNDS (pathological): the most probable candidate drawn last
+        best = tl.argmax(tl.where(cand_tok >= 0, cand_w, -1.0), axis=1)
+        token = tl.where(token < 0, _pick_rows(cand_tok, jj, best), token)
+    token = tl.where(token < 0, V - 1, token)
+    token = tl.minimum(tl.maximum(token, 0), V - 1)
+    tl.store(out_ptr + rows, token.to(tl.int64), mask=rmask)
+
+
+@triton.jit
+def _renorm_kernel(
+    x_ptr,  # (B, V) probabilities, unit stride in V
+    out_ptr,  # (B, V) float32 renormalised filtered distribution
+    k_ptr, p_ptr, minp_ptr,  # per-row top-k (int32), top-p, min-p (when *_ROWS)
+    k_val, p_val, minp_val,  # scalar parameters (otherwise)
+    scratch_ptr,  # (B, SCRATCH) float32 workspace
+    B,  # rows
+    V,  # vocabulary size
+    stride_x,  # row stride of x
+    HAS_K: tl.constexpr, K_ROWS: tl.constexpr,  # top-k given; per row
+    HAS_P: tl.constexpr, P_ROWS: tl.constexpr,  # top-p given; per row
+    HAS_MINP: tl.constexpr, MINP_ROWS: tl.constexpr,  # min-p given; per row
+    ROWS: tl.constexpr,  # rows per program
+    BLOCK: tl.constexpr,  # chunk width
+    NP: tl.constexpr,  # pivots per search pass
+    SCRATCH: tl.constexpr,  # workspace slots per row
+    MAX_PASSES: tl.constexpr,  # bound on search passes
+    SORT: tl.constexpr,  # finish the search by sorting (GPU) or by pairwise ranks (interpreter)
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rmask = rows < B
+    row_off = rows.to(tl.int64)[:, None] * stride_x
+    scr_off = rows.to(tl.int64) * SCRATCH
+    m = tl.zeros((ROWS,), tl.float32)
+    c = tl.zeros((ROWS,), tl.float32)
+    ones = tl.full((ROWS,), 1.0, tl.float32)
+    tau = tl.zeros((ROWS,), tl.float32)
+    if HAS_K:
+        if K_ROWS:
+            k = tl.load(k_ptr + rows, mask=rmask, other=0)
+        else:
+            k = tl.zeros((ROWS,), tl.int32) + k_val
+        k_on = (k > 0) & (k < V) & rmask
+        kf = tl.minimum(tl.where(k > 0, k, V), V).to(tl.float32)
+        tau, mass_k, total, wmax = _select(x_ptr, row_off, rmask, V, m, c, kf, k_on, tau, ones, scratch_ptr, scr_off,
+                                           False, False, ROWS, BLOCK, NP, SCRATCH, MAX_PASSES, SORT)
+    else:
+        wmax, total = _stats(x_ptr, row_off, rmask, V, m, c, False, ROWS, BLOCK)
+        mass_k = total
+    if HAS_P:
+        if P_ROWS:
+            pp = tl.load(p_ptr + rows, mask=rmask, other=1.0)
+        else:
+            pp = tl.zeros((ROWS,), tl.float32) + p_val
+        pp = tl.minimum(tl.maximum(pp, 1e-30), 1.0)
+        p_on = (pp < 1.0) & rmask
+        tau_p, _m, _t, _x = _select(x_ptr, row_off, rmask, V, m, c, pp * mass_k, p_on, tau, wmax, scratch_ptr, scr_off,
+                                    False, True, ROWS, BLOCK, NP, SCRATCH, MAX_PASSES, SORT)
+        tau = tl.maximum(tau, tau_p)
+    if HAS_MINP:
+        if MINP_ROWS:
+            mp = tl.load(minp_ptr + rows, mask=rmask, other=0.0)
+        else:
+            mp = tl.zeros((ROWS,), tl.float32) + minp_val
+        tau = tl.maximum(tau, tl.minimum(tl.maximum(mp, 0.0), 1.0) * wmax)
+    kept = tl.zeros((ROWS, BLOCK), tl.float32)
+    for start in range(0, V, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        valid = rmask[:, None] & (cols[None, :] < V)
+        w = _weights(x_ptr, row_off, cols[None, :], valid, m, c, False)
+        kept += tl.where(w >= tau[:, None], w, 0.0)
+    inv = 1.0 / tl.maximum(tl.sum(kept, axis=1), 1e-30)
+    for start in range(0, V, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        valid = rmask[:, None] & (cols[None, :] < V)
+        w = _weights(x_ptr, row_off, cols[None, :], valid, m, c, False)
+        y = tl.where(w >= tau[:, None], w * inv[:, None], 0.0)
+        tl.store(out_ptr + rows.to(tl.int64)[:, None] * V + cols[None, :], y, mask=valid)
+
+
+@triton.jit
+def _chain_speculative_kernel(
+    draft_ptr,  # (B, n, V) draft probabilities, contiguous
+    ids_ptr,  # (B, n) int64 draft tokens
+    target_ptr,  # (B, n+1, V) target probabilities, contiguous
+    u_ptr,  # (B, n+1) float64 uniforms drawn by torch: n acceptance tests, then the final draw
+    tokens_ptr,  # (B, n+1) int64 out: accepted drafts, the drawn token, -1 padding
+    accepted_ptr,  # (B,) int32 out: drafts whose test passes, each on its own
+    emitted_ptr,  # (B,) int32 out: drafts emitted (the accepted prefix)
+    B,  # rows
+    N,  # draft tokens per row
+    V,  # vocabulary size
+    ROWS: tl.constexpr,  # rows per program
+    BLOCK: tl.constexpr,  # chunk width
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rmask = rows < B
+    r64 = rows.to(tl.int64)
+    accepted = tl.zeros((ROWS,), tl.int32)
+    emitted = tl.zeros((ROWS,), tl.int32)
+    going = rmask
+    for i in range(0, N):
+        d = tl.load(ids_ptr + r64 * N + i, mask=rmask, other=0)
+        d = tl.minimum(tl.maximum(d, 0), V - 1)
+        pd = tl.load(draft_ptr + (r64 * N + i) * V + d, mask=rmask, other=0.0).to(tl.float32)
+        pt = tl.load(target_ptr + (r64 * (N + 1) + i) * V + d, mask=rmask, other=0.0).to(tl.float32)
+        u = tl.load(u_ptr + r64 * (N + 1) + i, mask=rmask, other=1.0)
+        ok = (u * tl.maximum(pd, 0.0).to(tl.float64) < tl.maximum(pt, 0.0).to(tl.float64)) & rmask
+        accepted += ok.to(tl.int32)
+        going = going & ok
+        emitted += going.to(tl.int32)
+    # residual at the first rejected position e: max(0, target - draft) (the target itself at e = n)
+    e64 = emitted.to(tl.int64)
+    t_row = target_ptr + (r64 * (N + 1) + e64) * V
+    d_row = draft_ptr + (r64 * N + e64) * V
+    has_draft = emitted < N
+    offs = tl.arange(0, BLOCK)
+    res_acc = tl.zeros((ROWS, BLOCK), tl.float32)
+    for start in range(0, V, BLOCK):
+        cols = start + offs
+        valid = rmask[:, None] & (cols[None, :] < V)
+        pt = tl.maximum(tl.load(t_row[:, None] + cols[None, :], mask=valid, other=0.0).to(tl.float32), 0.0)
+        pd = tl.maximum(tl.load(d_row[:, None] + cols[None, :], mask=valid & has_draft[:, None], other=0.0).to(tl.float32),
+                        0.0)
+        res_acc += tl.maximum(pt - pd, 0.0)
+    use_res = tl.sum(res_acc, axis=1) > 0
+    # inverse CDF over the residual (or the target when the residual is all zero), float32 running sum
+    u_last = tl.load(u_ptr + r64 * (N + 1) + N, mask=rmask, other=0.0).to(tl.float32)
+    tot_acc = tl.zeros((ROWS, BLOCK), tl.float32)
+    for start in range(0, V, BLOCK):
+        cols = start + offs
+        valid = rmask[:, None] & (cols[None, :] < V)
+        pt = tl.maximum(tl.load(t_row[:, None] + cols[None, :], mask=valid, other=0.0).to(tl.float32), 0.0)
+        pd = tl.maximum(tl.load(d_row[:, None] + cols[None, :], mask=valid & has_draft[:, None], other=0.0).to(tl.float32),
+                        0.0)
+        tot_acc += tl.where(use_res[:, None], tl.maximum(pt - pd, 0.0), pt)
+    tgt = u_last * tl.sum(tot_acc, axis=1)
+    run = tl.zeros((ROWS,), tl.float32)
+    tok = tl.full((ROWS,), -1, tl.int32)
+    last_pos = tl.full((ROWS,), -1, tl.int32)
+    for start in range(0, V, BLOCK):
+        cols = start + offs
+        valid = rmask[:, None] & (cols[None, :] < V)
+        pt = tl.maximum(tl.load(t_row[:, None] + cols[None, :], mask=valid, other=0.0).to(tl.float32), 0.0)
+        pd = tl.maximum(tl.load(d_row[:, None] + cols[None, :], mask=valid & has_draft[:, None], other=0.0).to(tl.float32),
+                        0.0)
+        w = tl.where(use_res[:, None], tl.maximum(pt - pd, 0.0), pt)
+        cs = run[:, None] + tl.cumsum(w, axis=1)
+        first = tl.min(tl.where((cs > tgt[:, None]) & (w > 0), cols[None, :], V), axis=1)
+        tok = tl.where((tok < 0) & (first < V), first, tok)
+        last_pos = tl.maximum(last_pos, tl.max(tl.where(w > 0, cols[None, :], -1), axis=1))
+        run += tl.sum(w, axis=1)
+    tok = tl.where(tok < 0, last_pos, tok)
+    tok = tl.minimum(tl.maximum(tok, 0), V - 1).to(tl.int64)
+    for i in range(0, N + 1):
+        d = tl.load(ids_ptr + r64 * N + i, mask=rmask & ((rows * 0 + i) < N), other=-1)
+        out = tl.where(i < emitted, d, tl.where(i == emitted, tok, -1))
+        tl.store(tokens_ptr + r64 * (N + 1) + i, out, mask=rmask)
+    tl.store(accepted_ptr + rows, accepted, mask=rmask)
+    tl.store(emitted_ptr + rows, emitted, mask=rmask)
