@@ -72,7 +72,8 @@ def _prefill_cost(pr: Any) -> float:
 
 def _mla_cost(pr: Any) -> float:
     kv = pr.batch * pr.max_kv_len * (pr.head_dim + pr.head_dim_pe) * nbytes(pr.kv_dtype)
-    return cost_seconds(kv, 0.0, pr)
+    flops = 2.0 * pr.batch * pr.num_q_heads * pr.max_kv_len * (pr.head_dim + pr.head_dim_pe + pr.head_dim_v)
+    return cost_seconds(kv, flops, pr)  # 128 heads: compute-bound (~240 flop/byte)
 
 
 def _merge_cost(pr: Any) -> float:
