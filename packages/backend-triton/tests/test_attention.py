@@ -244,3 +244,16 @@ def test_split_model_fills_one_wave_for_small_batches() -> None:
     assert choose_splits(1 * 8, 65536, 64, slots) == 32  # one long request spreads over the GPU
     assert choose_splits(4, 100, 64, slots) == 1  # too short to split
     assert choose_splits(1, 10**6, 64, slots, max_splits=64) <= 64
+
+
+def test_kernel_plan_runs_without_an_output_argument() -> None:
+    from kernel_switchboard_triton._decode import plan_decode
+
+    cache, table = make_cache([30, 12], 16, 2, 64, dtype=torch.bfloat16)
+    q = _randn(2, 4, 64, dtype=torch.bfloat16)
+    plan = ksb.attention.plan_decode(table, num_q_heads=4, num_kv_heads=2, head_dim=64, dtype=torch.bfloat16,
+                                     page_size=16, return_lse=True, backend="triton")
+    kernel_plan = plan_decode(plan.problem, table, plan.params)
+    out, lse = kernel_plan.run(q, cache)
+    assert out is kernel_plan.out  # preallocated at plan time, reused by every run
+    _close((out, lse), ksb.attention.decode(q, cache, table, return_lse=True, backend="reference"), torch.bfloat16)

@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernel_switchboard.errors import fail
+
 from ._attn_common import _tanh, cc_major, choose_splits, interpreting, resident_ctas, sm_count, soft_cap_args
 
 
@@ -195,15 +197,18 @@ def decode_config(device: torch.device, batch: int, kv_heads: int, group: int, h
 
 
 class DecodePlan:
-    """A decode launch prepared once: launch config and split workspace allocated here.
+    """A decode launch prepared once: launch config, split workspace and (with ``dtype``) an output.
 
-    ``run(q, cache, out, lse)`` only passes arguments and launches (no host sync, no allocation),
-    so it can be captured in a CUDA graph; it writes ``out`` (B, Hq, Dv) and ``lse`` (B, Hq) when given.
+    ``run(q, cache, out=None, lse=None)`` only passes arguments and launches (no host sync, no
+    allocation), so it can be captured in a CUDA graph. It writes ``out`` (B, Hq, Dv) (default: the
+    plan's own output, overwritten by every run) and ``lse`` (B, Hq) float32 (default: the plan's
+    own scratch) and returns ``(out, lse)``.
     """
 
     def __init__(self, table: Any, *, num_q_heads: int, num_kv_heads: int, head_dim: int, head_dim_v: int,
                  sm_scale: float, logits_soft_cap: float | None, window_left: int, max_kv_len: int,
-                 num_splits: int | None = None, cfg: DecodeConfig | None = None) -> None:
+                 num_splits: int | None = None, cfg: DecodeConfig | None = None,
+                 dtype: torch.dtype | None = None) -> None:
         device = table.block_table.device
         batch = table.block_table.shape[0]
         self.table = table
@@ -215,12 +220,20 @@ class DecodePlan:
         s = self.cfg.num_splits
         #: LSE scratch for runs that do not ask for it (the kernels always write one)
         self.lse_scratch = torch.empty(batch, num_q_heads, device=device, dtype=torch.float32)
+        #: output of runs that pass none (only when the plan knows the query dtype)
+        self.out = None if dtype is None else torch.empty(batch, num_q_heads, head_dim_v, device=device, dtype=dtype)
         self.part_out = torch.empty(batch, num_q_heads, s, head_dim_v, device=device, dtype=torch.float32) if s > 1 else None
         self.part_lse = torch.empty(batch, num_q_heads, s, device=device, dtype=torch.float32) if s > 1 else None
 
-    def run(self, q: torch.Tensor, cache: Any, out: torch.Tensor, lse: torch.Tensor | None = None) -> None:
-        launch_decode(q, cache, self.table, out, self.lse_scratch if lse is None else lse, self.part_out, self.part_lse,
-                      self.cfg, self.group, self.sm_scale, self.soft_cap, self.window_left)
+    def run(self, q: torch.Tensor, cache: Any, out: torch.Tensor | None = None,
+            lse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.out if out is None else out
+        lse = self.lse_scratch if lse is None else lse
+        if out is None:
+            raise fail("out", None, "an output tensor (B, Hq, Dv), or a plan made with dtype=")
+        launch_decode(q, cache, self.table, out, lse, self.part_out, self.part_lse, self.cfg, self.group,
+                      self.sm_scale, self.soft_cap, self.window_left)
+        return out, lse
 
 
 def round_len(n: int) -> int:
@@ -293,4 +306,4 @@ def plan_decode(problem: Any, table: Any, p: Any, num_splits: int | None = None,
     return DecodePlan(table, num_q_heads=problem.num_q_heads, num_kv_heads=problem.num_kv_heads,
                       head_dim=problem.head_dim, head_dim_v=problem.head_dim_v, sm_scale=p.sm_scale,
                       logits_soft_cap=p.logits_soft_cap, window_left=p.window_left, max_kv_len=p.max_kv_len,
-                      num_splits=num_splits)
+                      num_splits=num_splits, dtype=problem.dtype)
