@@ -118,6 +118,7 @@ def test_first_call_from_the_warm_disk_cache_is_fast(device: torch.device) -> No
 
 def test_explain_ranks_an_uncompiled_kernel_after_compiled_ones(device: torch.device, monkeypatch, tmp_path) -> None:
     monkeypatch.setenv("KSB_CUTLASS_CACHE", str(tmp_path))
+    monkeypatch.setattr(build, "_loaded", {})  # as in a fresh process
     build.forget()
     ksb.clear_cache()
     try:
