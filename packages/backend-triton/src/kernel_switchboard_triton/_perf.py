@@ -17,7 +17,7 @@ BANDWIDTH = 3.3e12
 #: fixed cost of one kernel launch (s)
 LAUNCH = 4e-6
 #: dense tensor-core rate of our Triton matmuls by operand dtype (flop/s)
-MATMUL_RATE = {torch.float16: 600e12, torch.bfloat16: 600e12, torch.float8_e4m3fn: 1000e12}
+MATMUL_RATE = {torch.float16: 600e12, torch.bfloat16: 600e12, torch.float8_e4m3fn: 1000e12, torch.float32: 40e12}
 
 
 def on_gpu(problem: Any) -> bool:

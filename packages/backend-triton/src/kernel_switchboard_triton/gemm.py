@@ -1,9 +1,151 @@
-"""Triton gemm kernels (being written)."""
+"""Triton GEMM kernels: bf16/fp16 ``mm``, fp8 ``mm_fp8`` (per-tensor, row/column and DeepSeek 128x128
+block scales, applied per K block inside the accumulation loop) and ``grouped_mm`` over row segments.
+
+Signatures: :mod:`kernel_switchboard.ops.gemm`. Fixed tile configurations chosen by shape (no
+autotuning at run time); float32 accumulation; any operand strides. float32 operands use exact
+float32 products (``input_precision="ieee"``, CUDA cores, no TF32), so they rank below cuBLAS. ``grouped_mm`` launches
+``ceil(T / BLOCK_M) + G`` row tiles, which bounds the tiles of any split of T rows into G groups,
+so it needs no host sync; extra programs exit at once.
+"""
 
 from __future__ import annotations
 
-from kernel_switchboard import Kernel
+from typing import Any, NamedTuple
+
+import torch
+import triton
+
+from kernel_switchboard import Capability, Kernel
+from kernel_switchboard.availability import triton_interpreting
+
+from . import _gemm_kernels as K
+from ._common import BACKEND, DEVICES, PRIORITY
+from ._perf import compute_bound
+
+DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
+FP8 = frozenset({torch.float8_e4m3fn})
+FP8_OUT = frozenset({torch.bfloat16, torch.float16, torch.float32})
+#: upcast dot operands to float32: the interpreter's bf16 (and fp8) dot is wrong or slow
+UPCAST = triton_interpreting()
+
+
+class Tiles(NamedTuple):
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int
+    num_warps: int
+    num_stages: int
+
+
+def mm_tiles(m: int, n: int, k: int, dtype: torch.dtype = torch.bfloat16) -> Tiles:
+    """Tile configuration of a matmul by shape (Hopper-class GPUs; small tiles when interpreted)."""
+    if triton_interpreting():
+        return Tiles(32, 32, 32, 4, 4, 1)
+    if dtype == torch.float32:  # exact float32 products run on CUDA cores: modest tiles
+        return Tiles(64 if m <= 64 else 128, 128, 32, 8, 8, 3)
+    if m <= 16:
+        return Tiles(16, 64, 128, 1, 4, 4)
+    if m <= 64:
+        return Tiles(64, 128, 64, 4, 4, 4)
+    if m * n <= 1024 * 1024:
+        return Tiles(128, 128, 64, 8, 4, 4)
+    return Tiles(128, 256, 64, 8, 8, 3)
+
+
+def fp8_tiles(m: int, n: int, k: int, mode: str) -> Tiles:
+    """Tile configuration of an fp8 matmul; block mode needs BLOCK_K = 128 and BLOCK_N dividing 128."""
+    if triton_interpreting():
+        return Tiles(32, 32, 128 if mode == "block" else 32, 4, 4, 1)
+    if m <= 64:
+        return Tiles(64, 128, 128, 4, 4, 4)
+    if mode == "block":
+        return Tiles(128, 128, 128, 8, 8, 4)
+    return Tiles(128, 256, 128, 8, 8, 3)
+
+
+def _launch_grid(m: int, n: int, t: Tiles) -> tuple[int]:
+    return (triton.cdiv(m, t.block_m) * triton.cdiv(n, t.block_n),)
+
+
+def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    m, k = a.shape
+    n = b.shape[1]
+    c = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    if m == 0 or n == 0:
+        return c
+    if k == 0:
+        return c.zero_()
+    t = mm_tiles(m, n, k, a.dtype)
+    K._mm_kernel[_launch_grid(m, n, t)](a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0),
+                                        BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, GROUP_M=t.group_m,
+                                        UPCAST=UPCAST, IEEE=a.dtype == torch.float32, num_warps=t.num_warps,
+                                        num_stages=t.num_stages)
+    return c
+
+
+_MODES = {"tensor": 0, "row_col": 1, "block": 2}
+
+
+def mm_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, scale_mode: str,
+           out_dtype: torch.dtype) -> torch.Tensor:
+    m, k = a.shape
+    n = b.shape[1]
+    c = torch.empty((m, n), dtype=out_dtype, device=a.device)
+    if m == 0 or n == 0:
+        return c
+    if k == 0:
+        return c.zero_()
+    t = fp8_tiles(m, n, k, scale_mode)
+    sa = scale_a.reshape(1, 1) if scale_mode == "tensor" else scale_a
+    sb = scale_b.reshape(1, 1) if scale_mode == "tensor" else scale_b
+    K._mm_fp8_kernel[_launch_grid(m, n, t)](
+        a, b, c, sa, sb, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0),
+        sa.stride(0), sa.stride(1), sb.stride(0), sb.stride(1),
+        MODE=_MODES[scale_mode], BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, GROUP_M=t.group_m,
+        UPCAST=UPCAST, num_warps=t.num_warps, num_stages=t.num_stages,
+    )
+    return c
+
+
+def grouped_mm(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    rows, k = a.shape
+    groups, _, n = b.shape
+    c = torch.empty((rows, n), dtype=a.dtype, device=a.device)
+    if rows == 0 or n == 0:
+        return c
+    if k == 0:
+        return c.zero_()
+    t = mm_tiles(max(rows // max(groups, 1), 1), n, k, a.dtype)
+    grid = (triton.cdiv(rows, t.block_m) + groups, triton.cdiv(n, t.block_n))
+    K._grouped_mm_kernel[grid](a, b, c, offsets, groups, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                               b.stride(2), c.stride(0), BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
+                               GROUPS_P2=triton.next_power_of_2(groups), UPCAST=UPCAST,
+                               IEEE=a.dtype == torch.float32, num_warps=t.num_warps, num_stages=t.num_stages)
+    return c
+
+
+# -- capabilities and costs -----------------------------------------------------------------------
+def _cost(problem: Any) -> float:
+    m, n, k = problem.m, problem.n, problem.k
+    size_in = problem.dtype.itemsize
+    nbytes = (m * k + k * n * (problem.groups or 1)) * size_in + m * n * problem.out_dtype.itemsize
+    return compute_bound(problem, 2.0 * m * n * k, nbytes, problem.dtype)
+
+
+_FEATURES = frozenset({"cuda_graph", "deterministic"})
 
 
 def kernels() -> list[Kernel]:
-    return []
+    return [
+        Kernel("gemm.mm", "mm", BACKEND, Capability(devices=DEVICES, dtypes=DTYPES, features=_FEATURES), mm,
+               priority=PRIORITY, cost=_cost, doc="grouped-order tiled matmul, fixed tiles by shape, fp32 accumulation"),
+        Kernel("gemm.mm_fp8", "mm_fp8", BACKEND,
+               Capability(devices=DEVICES, min_cc=(8, 9), dtypes=FP8, out_dtypes=FP8_OUT, features=_FEATURES,
+                          allowed={"scale_mode": frozenset({"tensor", "row_col", "block"})}),
+               mm_fp8, priority=PRIORITY, cost=_cost,
+               doc="e4m3 matmul; block scales applied per 128-wide K step in the accumulation loop"),
+        Kernel("gemm.grouped_mm", "grouped_mm", BACKEND,
+               Capability(devices=DEVICES, dtypes=DTYPES, features=_FEATURES), grouped_mm, priority=PRIORITY,
+               cost=_cost, doc="row-segment grouped matmul; group of each tile found in-kernel (no host sync)"),
+    ]

@@ -1,0 +1,101 @@
+"""Benchmark: Triton bf16 mm and fp8 block-scaled mm at 8192^3, against torch.mm and torch._scaled_mm.
+
+    python packages/backend-triton/benchmarks/gemm.py          # on a GPU
+
+``bench_gemm(device) -> list[dict]``: rows with ``ms``, ``tflops`` and ``rel_err`` (Frobenius, against a
+float32 product of the same operands), plus ``vs`` = TFLOP/s over the baseline measured in the same run
+(cuBLAS bf16 for mm, torch._scaled_mm per-tensor for fp8). Every row is checked before it is timed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+SIZE = 8192
+
+
+def _time_ms(fn: Callable[[], Any]) -> float:
+    """Median ms with CUDA events (L2 flushed) on a GPU; one wall-clock call elsewhere (smoke runs)."""
+    if not torch.cuda.is_available():
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=10, rep=100, return_mode="median"))
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.float() - want).norm() / want.norm())
+
+
+def _row(workload: str, impl: str, fn: Callable[[], Any], want: torch.Tensor, flops: float,
+         max_rel: float = 2e-2) -> dict[str, Any]:
+    row: dict[str, Any] = {"workload": workload, "impl": impl}
+    try:
+        row["rel_err"] = round(_rel(fn(), want), 6)
+        if not row["rel_err"] < max_rel:
+            raise AssertionError(f"relative error {row['rel_err']} above {max_rel}")
+        ms = _time_ms(fn)
+        row.update(ms=round(ms, 4), tflops=round(flops / (ms * 1e-3) / 1e12, 1))
+    except Exception as exc:  # a benchmark row reports, never aborts the run
+        row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    return row
+
+
+def _ratio(rows: list[dict[str, Any]], base: str) -> list[dict[str, Any]]:
+    ref = next((r.get("tflops") for r in rows if r["impl"] == base), None)
+    for r in rows:
+        if ref and r.get("tflops"):
+            r["vs"] = f"{r['tflops'] / ref:.2f}x {base}"
+        print(r, flush=True)
+    return rows
+
+
+def _fp8(x: torch.Tensor, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    from kernel_switchboard.testing.cases.gemm import quantize_fp8
+
+    return quantize_fp8(x, rows, cols)
+
+
+def bench_gemm(device: str | torch.device = "cuda") -> list[dict[str, Any]]:
+    from kernel_switchboard_triton import gemm
+
+    dev = torch.device(device)
+    n = SIZE
+    flops = 2.0 * n**3
+    g = torch.Generator(device=dev).manual_seed(0)
+    a32 = torch.randn(n, n, device=dev, generator=g)
+    w32 = torch.randn(n, n, device=dev, generator=g) * n**-0.5  # (N, K) weight; b = w.t()
+    a, b = a32.bfloat16(), w32.bfloat16().t()
+    want = a.float() @ b.float()
+    rows = [_row("mm bf16 8192^3", "triton", lambda: gemm.mm(a, b), want, flops),
+            _row("mm bf16 8192^3", "torch.mm (cuBLAS)", lambda: torch.mm(a, b), want, flops)]
+    out = _ratio(rows, "torch.mm (cuBLAS)")
+
+    qa, sa = _fp8(a32, 1, 128)
+    qw, sw = _fp8(w32, 128, 128)
+    qb, sb = qw.t(), sw.t()
+    want_b = (qa.float() * sa.repeat_interleave(128, 1)) @ (qw.float() * sw.repeat_interleave(128, 0)
+                                                             .repeat_interleave(128, 1)).t()
+    ta, tsa = _fp8(a32, n, n)
+    tw, tsw = _fp8(w32, n, n)
+    tsa, tsw = tsa.reshape(()), tsw.reshape(())
+    want_t = (ta.float() @ tw.float().t()) * (tsa * tsw)
+    rows = [
+        _row("mm fp8 e4m3 8192^3", "triton block 128x128", lambda: gemm.mm_fp8(qa, qb, sa, sb, "block", torch.bfloat16),
+             want_b, flops),
+        _row("mm fp8 e4m3 8192^3", "triton per-tensor",
+             lambda: gemm.mm_fp8(ta, tw.t(), tsa, tsw, "tensor", torch.bfloat16), want_t, flops),
+        _row("mm fp8 e4m3 8192^3", "torch._scaled_mm per-tensor",
+             lambda: torch._scaled_mm(ta, tw.t(), scale_a=tsa, scale_b=tsw, out_dtype=torch.bfloat16), want_t, flops),
+    ]
+    return out + _ratio(rows, "torch._scaled_mm per-tensor")
+
+
+if __name__ == "__main__":
+    bench_gemm("cuda")

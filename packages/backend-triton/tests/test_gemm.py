@@ -1,0 +1,106 @@
+"""Triton GEMMs against the reference: conformance cases, strides, ragged edges, fp8 scale modes, groups."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernel_switchboard as ksb
+from kernel_switchboard.availability import triton_interpreting
+from kernel_switchboard.testing import assert_close, conformance_test, tolerance
+from kernel_switchboard.testing.cases.gemm import quantize_fp8
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.skipif(DEVICE == "cpu" and not triton_interpreting(),
+                                reason="Triton kernels need a CUDA GPU or TRITON_INTERPRET=1")
+
+test_conformance = conformance_test("triton", ops=("gemm.mm", "gemm.mm_fp8", "gemm.grouped_mm"))
+
+
+def _randn(*shape: int, seed: int = 0, scale: float = 1.0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (scale * torch.randn(*shape, generator=g)).to(DEVICE)
+
+
+def _check(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
+    atol, rtol = tolerance(dtype)
+    assert_close(got, want, atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_mm_strided_views_and_ragged_edges(dtype: torch.dtype) -> None:
+    # a: every other column of a wider matrix; b: a transposed view; sizes off the tile grid
+    base = _randn(70, 2 * 45, seed=1).to(dtype)
+    a = base[:, ::2]
+    b = _randn(33, 45, seed=2, scale=45**-0.5).to(dtype).t()
+    got = ksb.gemm.mm(a, b, backend="triton")
+    assert got.is_contiguous() and got.dtype == dtype
+    _check(got, ksb.gemm.mm(a, b, backend="reference"), dtype)
+    torch.testing.assert_close(got.float(), (a.double() @ b.double()).float(), atol=5e-2, rtol=5e-2)
+
+
+def test_mm_empty_and_k_zero() -> None:
+    a, b = _randn(0, 8).half(), _randn(8, 5).half()
+    assert ksb.gemm.mm(a, b, backend="triton").shape == (0, 5)
+    z = ksb.gemm.mm(_randn(4, 0).half(), _randn(0, 6).half(), backend="triton")
+    assert z.shape == (4, 6) and not z.any()
+
+
+@pytest.mark.parametrize("mode", ["tensor", "row_col", "block"])
+@pytest.mark.parametrize(("m", "n", "k"), [(33, 200, 300), (5, 130, 129)])
+def test_fp8_scale_modes_off_the_128_grid(mode: str, m: int, n: int, k: int) -> None:
+    groups = {"tensor": ((m, k), (k, n)), "row_col": ((1, k), (k, 1)), "block": ((1, 128), (128, 128))}[mode]
+    qa, sa = quantize_fp8(_randn(m, k, seed=3), *groups[0])
+    qb, sb = quantize_fp8(_randn(k, n, seed=4, scale=k**-0.5), *groups[1])
+    if mode == "tensor":
+        sa, sb = sa.reshape(()), sb.reshape(())
+    for out in (torch.bfloat16, torch.float32):
+        got = ksb.gemm.mm_fp8(qa, qb, sa, sb, out_dtype=out, backend="triton")
+        want = ksb.gemm.mm_fp8(qa, qb, sa, sb, out_dtype=out, backend="reference")
+        _check(got, want, torch.float8_e4m3fn if out == torch.float32 else out)
+
+
+def test_fp8_column_major_b_as_from_a_transposed_weight() -> None:
+    qa, sa = quantize_fp8(_randn(40, 256, seed=5), 1, 128)
+    w = _randn(192, 256, seed=6, scale=256**-0.5)  # (N, K) weight, used as b = w.t()
+    qw, sw = quantize_fp8(w, 128, 128)
+    got = ksb.gemm.mm_fp8(qa, qw.t(), sa, sw.t(), backend="triton")
+    _check(got, ksb.gemm.mm_fp8(qa, qw.t(), sa, sw.t(), backend="reference"), torch.bfloat16)
+
+
+@pytest.mark.parametrize("sizes", [(0, 0, 40, 0, 3), (1, 1, 1, 1, 1, 1, 1), (70,)])
+def test_grouped_mm_empty_groups_and_tiny_groups(sizes: tuple[int, ...]) -> None:
+    t, k, n = sum(sizes), 24, 40
+    a = _randn(t, k, seed=7).half()
+    b = _randn(len(sizes), n, k, seed=8, scale=k**-0.5).half().transpose(1, 2)  # (G, K, N) column-major slices
+    offsets = torch.tensor([0, *sizes]).cumsum(0).to(torch.int32).to(DEVICE)
+    got = ksb.gemm.grouped_mm(a, b, offsets, backend="triton")
+    _check(got, ksb.gemm.grouped_mm(a, b, offsets, backend="reference"), torch.float16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(8192, 8192, 8192), (1, 4096, 4096), (77, 11008, 4096), (4096, 1000, 333)])
+def test_gpu_mm_real_sizes(shape: tuple[int, int, int]) -> None:
+    m, n, k = shape
+    a, b = _randn(m, k, seed=1).bfloat16(), _randn(k, n, seed=2, scale=k**-0.5).bfloat16()
+    got = ksb.gemm.mm(a, b, backend="triton")
+    want = (a.float() @ b.float())
+    rel = ((got.float() - want).norm() / want.norm()).item()
+    assert rel < 1e-2, rel
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["tensor", "row_col", "block"])
+def test_gpu_fp8_real_sizes(mode: str) -> None:
+    m = n = k = 4096
+    groups = {"tensor": ((m, k), (k, n)), "row_col": ((1, k), (k, 1)), "block": ((1, 128), (128, 128))}[mode]
+    qa, sa = quantize_fp8(_randn(m, k, seed=3), *groups[0])
+    w = _randn(n, k, seed=4, scale=k**-0.5)
+    qw, sw = quantize_fp8(w, *groups[1][::-1])
+    qb, sb = qw.t(), sw.t()
+    if mode == "tensor":
+        sa, sb = sa.reshape(()), sb.reshape(())
+    got = ksb.gemm.mm_fp8(qa, qb, sa, sb, backend="triton").float()
+    want = ksb.gemm.mm_fp8(qa, qb, sa, sb, out_dtype=torch.float32, backend="reference")
+    rel = ((got - want).norm() / want.norm()).item()
+    assert rel < 1e-2, rel
