@@ -191,6 +191,10 @@ def externals(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[st
 
 
 def _flashinfer_externals(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Callable[[], Any]]:
+    import os
+
+    if os.environ.get("KSB_BENCH_FLASHINFER", "1") == "0":  # its JIT costs 12-100 s per module on first use
+        return {}
     try:
         flashinfer = importlib.import_module("flashinfer")
     except Exception:
