@@ -1,9 +1,136 @@
-"""Triton moe kernels (being written)."""
+"""Triton fused mixture-of-experts: token sort by expert, gate/up grouped GEMM with a fused SiLU-and-mul
+epilogue, down GEMM with the routing weight, then the sum over each token's experts.
+
+Signature: :mod:`kernel_switchboard.ops.moe` (``moe.fused_moe``; routing stays with ``moe.route``'s
+kernels). The sort is a handful of torch ops on the device (count, stable argsort, scatter), so the
+whole call is free of host syncs and CUDA-graph capturable. Weights: x's dtype, or float8_e4m3fn
+with 128x128 block scales (converted tile by tile to x's dtype; activations are not quantized).
+The intermediate and the per-assignment outputs are rounded to x's dtype; the final sum over the
+top-k slots is taken in float32 by torch.
+"""
 
 from __future__ import annotations
 
-from kernel_switchboard import Kernel
+from typing import Any, NamedTuple
+
+import torch
+import triton
+
+from kernel_switchboard import Capability, Kernel
+from kernel_switchboard.availability import triton_interpreting
+
+from . import _moe_kernels as K
+from ._common import BACKEND, DEVICES, PRIORITY
+from ._perf import compute_bound
+
+DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
+UPCAST = triton_interpreting()
+
+
+class MoeTiles(NamedTuple):
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+def moe_tiles(assignments: int, experts: int, fp32: bool) -> MoeTiles:
+    """Tiles by the mean number of assignments per expert (decode-sized batches take short blocks)."""
+    if triton_interpreting():
+        return MoeTiles(16, 32, 32, 4, 1)
+    per_expert = assignments / max(experts, 1)
+    block_m = 16 if per_expert <= 16 else 32 if per_expert <= 32 else 64 if per_expert <= 96 else 128
+    if fp32:
+        return MoeTiles(min(block_m, 64), 64, 32, 4, 3)
+    if block_m <= 32:
+        return MoeTiles(block_m, 64, 128, 4, 4)
+    return MoeTiles(block_m, 128, 64, 8 if block_m == 128 else 4, 3)
+
+
+def sort_by_expert(topk_ids: torch.Tensor, experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sorted assignment ids padded per expert to ``block_m`` with T*k, expert of each block), no host sync.
+
+    Launches ``ceil(T*k / block_m) + E`` blocks: enough for any split of the assignments among experts;
+    blocks past the used ones get expert E and exit.
+    """
+    flat = topk_ids.reshape(-1).long()
+    n = flat.numel()
+    dev = flat.device
+    counts = torch.zeros(experts, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + block_m - 1) // block_m * block_m
+    padded_end = torch.cumsum(padded, 0)
+    order = torch.argsort(flat, stable=True)
+    e_sorted = flat[order]
+    rank = torch.arange(n, device=dev) - (torch.cumsum(counts, 0) - counts)[e_sorted]
+    pos = (padded_end - padded)[e_sorted] + rank
+    num_blocks = triton.cdiv(n, block_m) + experts
+    sorted_ids = torch.full((num_blocks * block_m,), n, dtype=torch.int32, device=dev)
+    sorted_ids[pos] = order.to(torch.int32)
+    starts = torch.arange(num_blocks, device=dev) * block_m
+    block_expert = torch.searchsorted(padded_end, starts, right=True).to(torch.int32)
+    return sorted_ids, block_expert
+
+
+def fused_moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor,
+              w2: torch.Tensor, w13_scale: torch.Tensor | None, w2_scale: torch.Tensor | None) -> torch.Tensor:
+    tokens, hidden = x.shape
+    experts, two_i, _ = w13.shape
+    inter = two_i // 2
+    top_k = topk_ids.shape[1]
+    n = tokens * top_k
+    if n == 0:
+        return torch.zeros_like(x)
+    fp8 = w13_scale is not None
+    fp32 = x.dtype == torch.float32
+    t = moe_tiles(n, experts, fp32)
+    sorted_ids, block_expert = sort_by_expert(topk_ids, experts, t.block_m)
+    num_blocks = block_expert.numel()
+    w13c, w2c = w13.contiguous(), w2.contiguous()
+    s13 = w13_scale if fp8 else w13c
+    s2 = w2_scale if fp8 else w2c
+    s13_strides = (s13.stride(0), s13.stride(1), s13.stride(2)) if fp8 else (0, 0, 0)
+    s2_strides = (s2.stride(0), s2.stride(1), s2.stride(2)) if fp8 else (0, 0, 0)
+    h = torch.empty((n, inter), dtype=x.dtype, device=x.device)
+    K._moe_gate_up_kernel[(num_blocks, triton.cdiv(inter, t.block_n))](
+        x, w13c, s13, h, sorted_ids, block_expert, experts, inter, hidden, top_k, n,
+        w13c.stride(0), w13c.stride(1), *s13_strides,
+        FP8=fp8, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, UPCAST=UPCAST, IEEE=fp32,
+        num_warps=t.num_warps, num_stages=t.num_stages,
+    )
+    y = torch.empty((n, hidden), dtype=x.dtype, device=x.device)
+    K._moe_down_kernel[(num_blocks, triton.cdiv(hidden, t.block_n))](
+        h, w2c, s2, y, topk_weights.reshape(-1), sorted_ids, block_expert, experts, inter, hidden, n,
+        w2c.stride(0), w2c.stride(1), *s2_strides,
+        FP8=fp8, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, UPCAST=UPCAST, IEEE=fp32,
+        num_warps=t.num_warps, num_stages=t.num_stages,
+    )
+    if top_k == 1:
+        return y
+    return y.view(tokens, top_k, hidden).sum(dim=1, dtype=torch.float32).to(x.dtype)
+
+
+# -- capability and cost ----------------------------------------------------------------------------
+def _cost(problem: Any) -> float:
+    assign = problem.tokens * problem.top_k
+    flops = 2.0 * assign * 3 * problem.hidden * problem.intermediate
+    weights = problem.num_experts * 3 * problem.hidden * problem.intermediate * problem.w_dtype.itemsize
+    acts = assign * (problem.hidden * 3 + problem.intermediate * 2) * problem.dtype.itemsize
+    return compute_bound(problem, flops, weights + acts, problem.dtype, launches=10)
+
+
+def _fp8_needs_sm89(problem: Any) -> list[str]:
+    if problem.quant == "fp8_block" and problem.cc is not None and problem.cc < (8, 9):
+        return [f"float8_e4m3fn weights need compute capability >= 8.9 (got {problem.cc[0]}.{problem.cc[1]})"]
+    return []
+
+
+_CAP = Capability(devices=DEVICES, dtypes=DTYPES, features=frozenset({"cuda_graph", "deterministic"}),
+                  allowed={"quant": frozenset({"none", "fp8_block"})}, check=_fp8_needs_sm89)
 
 
 def kernels() -> list[Kernel]:
-    return []
+    return [
+        Kernel("moe.fused_moe", "fused_moe", BACKEND, _CAP, fused_moe, priority=PRIORITY, cost=_cost,
+               doc="expert-sorted blocks; gate/up GEMM with fused SiLU-and-mul, down GEMM with routing weight"),
+    ]
