@@ -123,6 +123,16 @@ def test_seeded_runs_repeat_and_different_seeds_differ() -> None:
     assert not torch.equal(draws[0], draws[2])
 
 
+def test_column_strided_input_is_accepted() -> None:
+    x = _zipf_rows(3, 40, seed=9).to(DEVICE)
+    xt = x.t().contiguous().t()  # same values, column-major
+    assert_close(ksb.sampling.renorm(xt, 5, 0.9, backend="triton"), ksb.sampling.renorm(x, 5, 0.9, backend="reference"),
+                 atol=1e-6, rtol=1e-5)
+    tok = ksb.sampling.top_k_top_p(xt, 5, 0.9, backend="triton").cpu()
+    keep = ksb.sampling.renorm(x, 5, 0.9, backend="reference").cpu() > 0
+    assert bool(keep.gather(1, tok[:, None]).all())
+
+
 def test_bad_rows_still_give_in_range_tokens() -> None:
     x = torch.rand(4, 40)
     x[0] = float("nan")

@@ -81,6 +81,8 @@ def top_k_top_p(x: torch.Tensor, top_k: Any, top_p: Any, min_p: Any, is_logits: 
     out = torch.empty(batch, dtype=torch.int64, device=x.device)
     if batch == 0:
         return out
+    if x.stride(1) != 1:  # the kernel walks rows with unit stride
+        x = x.contiguous()
     cfg = _config(batch, vocab)
     has_k, k_rows, k_t, k_v = _split(top_k, torch.int32, x.device)
     has_p, p_rows, p_t, p_v = _split(top_p, torch.float32, x.device)
@@ -103,6 +105,8 @@ def renorm(probs: torch.Tensor, top_k: Any, top_p: Any, min_p: Any) -> torch.Ten
     out = torch.empty((batch, vocab), dtype=torch.float32, device=probs.device)
     if batch == 0:
         return out
+    if probs.stride(1) != 1:
+        probs = probs.contiguous()
     cfg = _config(batch, vocab)
     has_k, k_rows, k_t, k_v = _split(top_k, torch.int32, probs.device)
     has_p, p_rows, p_t, p_v = _split(top_p, torch.float32, probs.device)
