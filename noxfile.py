@@ -69,10 +69,18 @@ def tests_triton(session: nox.Session) -> None:
     session.run(*PYTEST, "packages/backend-triton/tests", *session.posargs, env={"TRITON_INTERPRET": "1"})
 
 
+#: extra installs per vendor-backend session. CUTLASS: only the C++ headers inside the nvidia-cutlass wheel
+#: are used (the CPU test emits and nvcc-compiles one sm_90a GEMM); its Python deps serve the unused
+#: cutlass_cppgen, hence --no-deps.
+EXTRA = {"cutlass": ("--no-deps", "nvidia-cutlass>=4.2,<5")}
+
+
 def _backend_session(name: str) -> None:
     @nox.session(name=f"tests-{name}")
     def _session(session: nox.Session) -> None:
         _install(session, CORE, f"packages/backend-{name}")
+        if name in EXTRA:
+            session.install(*EXTRA[name])
         session.run(*PYTEST, f"packages/backend-{name}/tests", *session.posargs)
 
     _session.__doc__ = f"Core + the {name} backend (on a CPU: gating, capabilities, conversions, errors)."
