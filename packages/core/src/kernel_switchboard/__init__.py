@@ -17,6 +17,7 @@ from .hookspecs import hookimpl
 from .ops import activation, attention, comm, gemm, kv_cache, moe, norm, rope, sampling
 from .paged import PagedKVCache, PageTable
 from .registry import Backend, Kernel, registry
+from .variants import Variant
 
 __all__ = [
     "Backend",
@@ -29,6 +30,7 @@ __all__ = [
     "PagedKVCache",
     "Selection",
     "SwitchboardError",
+    "Variant",
     "__version__",
     "activation",
     "attention",

@@ -29,6 +29,7 @@ seq_lens) back once per call (use :func:`plan_prefill` to pay that once per step
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -43,6 +44,7 @@ from ..device import is_capturing
 from ..dispatch import Selection, select, select_kernel
 from ..errors import fail
 from ..paged import FP8_DTYPES, KV_DTYPES, LAYOUTS, PagedKVCache, PageTable
+from ..variants import BoundVariant, bind
 from ._common import (
     FLOAT_DTYPES,
     BackendArg,
@@ -71,7 +73,7 @@ class AttnParams:
     return_lse: bool
     max_q_len: int  # upper bound on any request's query count
     max_kv_len: int  # upper bound on any request's KV length
-    variant: object | None = None  # custom attention variant (issue 9)
+    variant: BoundVariant | None = None  # custom attention variant and its call-time args (variants.py)
 
 
 class DecodeProblem(NamedTuple):
@@ -91,6 +93,7 @@ class DecodeProblem(NamedTuple):
     batch: int  # bucketed
     max_kv_len: int  # bucketed
     features: frozenset[str]
+    variant: str | None = None  # Variant.key of a custom attention variant
 
 
 class PrefillProblem(NamedTuple):
@@ -111,6 +114,7 @@ class PrefillProblem(NamedTuple):
     max_q_len: int  # bucketed
     max_kv_len: int  # bucketed
     features: frozenset[str]
+    variant: str | None = None  # Variant.key of a custom attention variant
 
 
 class RaggedPrefillProblem(NamedTuple):
@@ -131,6 +135,7 @@ class RaggedPrefillProblem(NamedTuple):
     max_q_len: int  # bucketed
     max_kv_len: int  # bucketed
     features: frozenset[str]
+    variant: str | None = None  # Variant.key of a custom attention variant
 
 
 class MLADecodeProblem(NamedTuple):
@@ -194,6 +199,19 @@ def _params_cached(head_dim: int, sm_scale: Any, cap: Any, window: Any, causal: 
         raise fail("window_left", window, "an int >= -1 (-1 = no window) or None")
     return AttnParams(float(sm_scale), None if cap is None else float(cap), int(window), bool(causal),
                       bool(return_lse), max_q, max_kv)
+
+
+def _with_variant(p: AttnParams, bound: BoundVariant | None) -> AttnParams:
+    return p if bound is None else dataclasses.replace(p, variant=bound)
+
+
+def _variant_key(p: AttnParams) -> str | None:
+    return None if p.variant is None else p.variant.variant.key
+
+
+def _eager_only(fn: Any) -> Any:
+    """``fn`` run outside torch.compile tracing (variant calls are not custom ops: a graph break)."""
+    return torch.compiler.disable(fn)
 
 
 def _features(base: tuple[str, ...], p: AttnParams, fp8: bool, dims_differ: bool, device: str,
@@ -338,13 +356,20 @@ def _empty_lse() -> _Tensor:
 # -- decode ----------------------------------------------------------------------------------------
 def decode(q: _Tensor, cache: PagedKVCache, table: PageTable, *, sm_scale: float | None = None,
            logits_soft_cap: float | None = None, window_left: int | None = None, return_lse: bool = False,
+           variant: Any = None, variant_args: Any = None,
            backend: BackendArg = None) -> _Tensor | tuple[_Tensor, _Tensor]:
     """Paged decode: one query token per request against its cached K/V.
 
     q (B, Hq, D) fp16/bf16/fp32; cache :class:`PagedKVCache` (same dtype as q, or fp8 with scales);
     table :class:`PageTable` of B requests. Returns out (B, Hq, Dv) in q's dtype, and lse (B, Hq)
-    float32 when ``return_lse``.
+    float32 when ``return_lse``. ``variant``: a :class:`~kernel_switchboard.variants.Variant`, with
+    its parameters in ``variant_args``.
     """
+    if variant is not None:
+        run = _eager_only(_decode_eager) if compiling() else _decode_eager
+        out, lse = run(q, cache, table, sm_scale, logits_soft_cap, window_left, return_lse, backend, variant,
+                       variant_args)
+        return _result(out, lse, return_lse)
     if compiling():
         out, lse = _decode_op(q, cache.k_pages, cache.v_pages, cache.layout, cache.k_scale, cache.v_scale,
                               table.block_table, table.seq_lens, table.max_seq_len, sm_scale, logits_soft_cap,
@@ -359,7 +384,7 @@ def _decode_problem(dev: str, cc: Any, dtype: torch.dtype, cache_dims: tuple[Any
     kv_dtype, head_dim, head_dim_v, page_size, layout, num_kv_heads = cache_dims
     feats = _features(("paged",), p, kv_dtype in FP8_DTYPES, head_dim != head_dim_v, dev) | extra
     return DecodeProblem(dev, cc, dtype, kv_dtype, head_dim, head_dim_v, page_size, layout, num_q_heads, num_kv_heads,
-                         num_q_heads // num_kv_heads, bucket(batch), bucket(p.max_kv_len), feats)
+                         num_q_heads // num_kv_heads, bucket(batch), bucket(p.max_kv_len), feats, _variant_key(p))
 
 
 def _cache_dims(cache: PagedKVCache) -> tuple[Any, ...]:
@@ -367,12 +392,14 @@ def _cache_dims(cache: PagedKVCache) -> tuple[Any, ...]:
 
 
 def _decode_eager(q: _Tensor, cache: PagedKVCache, table: PageTable, sm_scale: Any, cap: Any, window: Any,
-                  return_lse: bool, backend: BackendArg) -> tuple[_Tensor, _Tensor | None]:
+                  return_lse: bool, backend: BackendArg, variant: Any = None, variant_args: Any = None
+                  ) -> tuple[_Tensor, _Tensor | None]:
     _check_q(q, "q", 3)
     dims = _check_cache(cache, q)
     b, hq, d = q.shape
     max_kv = _check_table(table, dims[3], cache.num_pages, b, q)
-    p = _params(d, sm_scale, cap, window, True, return_lse, 1, max_kv)
+    p = _with_variant(_params(d, sm_scale, cap, window, True, return_lse, 1, max_kv),
+                      bind(variant, variant_args, q.device))
     dev, cc = device_key(q)
     problem = _decode_problem(dev, cc, q.dtype, dims, hq, b, p)
     return select_kernel("attention.decode", problem, backend).run(q, cache, table, p)  # type: ignore[no-any-return]
@@ -407,13 +434,20 @@ _decode_op = custom_op("attention_decode", _decode_impl, _decode_fake)
 # -- prefill (paged) ---------------------------------------------------------------------------------
 def prefill(q: _Tensor, qo_indptr: _Tensor, cache: PagedKVCache, table: PageTable, *, causal: bool = True,
             sm_scale: float | None = None, logits_soft_cap: float | None = None, window_left: int | None = None,
-            return_lse: bool = False, backend: BackendArg = None) -> _Tensor | tuple[_Tensor, _Tensor]:
+            return_lse: bool = False, variant: Any = None, variant_args: Any = None,
+            backend: BackendArg = None) -> _Tensor | tuple[_Tensor, _Tensor]:
     """Paged prefill, append (qo_len < kv_len) and mixed prefill/decode batches.
 
     q (Tq, Hq, D) packed: request b owns rows ``qo_indptr[b]:qo_indptr[b+1]``; qo_indptr (B+1,)
     int32; the cache already holds every request's new tokens (``table.seq_lens`` counts them).
     Returns out (Tq, Hq, Dv) in q's dtype, and lse (Tq, Hq) float32 when ``return_lse``.
+    ``variant`` / ``variant_args``: a custom attention variant, as in :func:`decode`.
     """
+    if variant is not None:
+        run = _eager_only(_prefill_eager) if compiling() else _prefill_eager
+        out, lse = run(q, qo_indptr, cache, table, causal, sm_scale, logits_soft_cap, window_left, return_lse, backend,
+                       variant, variant_args)
+        return _result(out, lse, return_lse)
     if compiling():
         out, lse = _prefill_op(q, qo_indptr, cache.k_pages, cache.v_pages, cache.layout, cache.k_scale, cache.v_scale,
                                table.block_table, table.seq_lens, table.max_seq_len, causal, sm_scale,
@@ -430,7 +464,8 @@ def _prefill_problem(dev: str, cc: Any, dtype: torch.dtype, cache_dims: tuple[An
     base = ("paged", "causal") if p.causal else ("paged",)
     feats = _features(base, p, kv_dtype in FP8_DTYPES, head_dim != head_dim_v, dev, mixed) | extra
     return PrefillProblem(dev, cc, dtype, kv_dtype, head_dim, head_dim_v, page_size, layout, num_q_heads, num_kv_heads,
-                          num_q_heads // num_kv_heads, bucket(batch), bucket(p.max_q_len), bucket(p.max_kv_len), feats)
+                          num_q_heads // num_kv_heads, bucket(batch), bucket(p.max_q_len), bucket(p.max_kv_len), feats,
+                          _variant_key(p))
 
 
 def _check_prefill(q: _Tensor, qo_indptr: _Tensor, cache: PagedKVCache, table: PageTable, causal: bool
@@ -449,9 +484,11 @@ def _check_prefill(q: _Tensor, qo_indptr: _Tensor, cache: PagedKVCache, table: P
 
 
 def _prefill_eager(q: _Tensor, qo_indptr: _Tensor, cache: PagedKVCache, table: PageTable, causal: bool, sm_scale: Any,
-                   cap: Any, window: Any, return_lse: bool, backend: BackendArg) -> tuple[_Tensor, _Tensor | None]:
+                   cap: Any, window: Any, return_lse: bool, backend: BackendArg, variant: Any = None,
+                   variant_args: Any = None) -> tuple[_Tensor, _Tensor | None]:
     max_q, max_kv, mixed = _check_prefill(q, qo_indptr, cache, table, bool(causal))
-    p = _params(q.shape[2], sm_scale, cap, window, bool(causal), bool(return_lse), max_q, max_kv)
+    p = _with_variant(_params(q.shape[2], sm_scale, cap, window, bool(causal), bool(return_lse), max_q, max_kv),
+                      bind(variant, variant_args, q.device))
     dev, cc = device_key(q)
     problem = _prefill_problem(dev, cc, q.dtype, _cache_dims(cache), q.shape[1], table.batch_size, p, mixed)
     kernel = select_kernel("attention.prefill", problem, backend)
@@ -483,13 +520,20 @@ _prefill_op = custom_op("attention_prefill", _prefill_impl, _prefill_fake)
 # -- prefill (ragged K/V) ------------------------------------------------------------------------------
 def prefill_ragged(q: _Tensor, k: _Tensor, v: _Tensor, qo_indptr: _Tensor, kv_indptr: _Tensor, *, causal: bool = True,
                    sm_scale: float | None = None, logits_soft_cap: float | None = None, window_left: int | None = None,
-                   return_lse: bool = False, backend: BackendArg = None) -> _Tensor | tuple[_Tensor, _Tensor]:
+                   return_lse: bool = False, variant: Any = None, variant_args: Any = None,
+                   backend: BackendArg = None) -> _Tensor | tuple[_Tensor, _Tensor]:
     """Prefill over contiguous variable-length K/V (no cache).
 
     q (Tq, Hq, D), k (Tk, Hkv, D), v (Tk, Hkv, Dv), same dtype; request b owns q rows
     ``qo_indptr[b]:qo_indptr[b+1]`` and K/V rows ``kv_indptr[b]:kv_indptr[b+1]`` (both (B+1,) int32).
     Returns out (Tq, Hq, Dv) in q's dtype, and lse (Tq, Hq) float32 when ``return_lse``.
+    ``variant`` / ``variant_args``: a custom attention variant, as in :func:`decode`.
     """
+    if variant is not None:
+        run = _eager_only(_ragged_eager) if compiling() else _ragged_eager
+        out, lse = run(q, k, v, qo_indptr, kv_indptr, causal, sm_scale, logits_soft_cap, window_left, return_lse,
+                       backend, variant, variant_args)
+        return _result(out, lse, return_lse)
     if compiling():
         out, lse = _ragged_op(q, k, v, qo_indptr, kv_indptr, causal, sm_scale, logits_soft_cap, window_left,
                               return_lse, backend_to_str(backend))
@@ -500,8 +544,8 @@ def prefill_ragged(q: _Tensor, k: _Tensor, v: _Tensor, qo_indptr: _Tensor, kv_in
 
 
 def _ragged_eager(q: _Tensor, k: _Tensor, v: _Tensor, qo_indptr: _Tensor, kv_indptr: _Tensor, causal: bool,
-                  sm_scale: Any, cap: Any, window: Any, return_lse: bool, backend: BackendArg
-                  ) -> tuple[_Tensor, _Tensor | None]:
+                  sm_scale: Any, cap: Any, window: Any, return_lse: bool, backend: BackendArg, variant: Any = None,
+                  variant_args: Any = None) -> tuple[_Tensor, _Tensor | None]:
     _check_q(q, "q", 3)
     for name, t in (("k", k), ("v", v)):
         _check_q(t, name, 3)
@@ -526,13 +570,14 @@ def _ragged_eager(q: _Tensor, k: _Tensor, v: _Tensor, qo_indptr: _Tensor, kv_ind
     else:
         max_q, max_kv_host, mixed = _prefill_host(qo_indptr, kv_indptr, q.shape[0], causal, True, k.shape[0])
         max_kv = max_kv_host or 0
-    p = _params(q.shape[2], sm_scale, cap, window, causal, bool(return_lse), max_q, max_kv)
+    p = _with_variant(_params(q.shape[2], sm_scale, cap, window, causal, bool(return_lse), max_q, max_kv),
+                      bind(variant, variant_args, q.device))
     dev, cc = device_key(q)
     base = ("ragged", "causal") if causal else ("ragged",)
     feats = _features(base, p, False, k.shape[-1] != v.shape[-1], dev, mixed)
     problem = RaggedPrefillProblem(dev, cc, q.dtype, k.dtype, k.shape[-1], v.shape[-1], None, None, q.shape[1],
                                    k.shape[1], q.shape[1] // k.shape[1], bucket(batch), bucket(max_q), bucket(max_kv),
-                                   feats)
+                                   feats, _variant_key(p))
     kernel = select_kernel("attention.prefill_ragged", problem, backend)
     return kernel.run(q, k, v, qo_indptr, kv_indptr, p)  # type: ignore[no-any-return]
 
@@ -823,16 +868,19 @@ def plan_decode(table: PageTable, *, num_q_heads: int, num_kv_heads: int, head_d
                 dtype: torch.dtype, kv_dtype: torch.dtype | None = None, layout: str = "NHD", page_size: int,
                 sm_scale: float | None = None, logits_soft_cap: float | None = None, window_left: int | None = None,
                 return_lse: bool = False, max_kv_len: int | None = None, capturable: bool = True,
-                backend: BackendArg = None) -> DecodePlan:
+                variant: Any = None, variant_args: Any = None, backend: BackendArg = None) -> DecodePlan:
     """Plan :func:`decode` for this table: validation, kernel selection and the kernel's own plan,
     once. ``plan.run(q, cache)`` then does no host synchronisation (CUDA-graph capturable; on a
     GPU the selection requires the ``cuda_graph`` feature unless ``capturable=False``).
 
     ``max_kv_len`` bounds the sequence lengths the plan will see (default: the table's now).
+    ``variant`` / ``variant_args`` as in :func:`decode`; tensors in ``variant_args`` are read at every
+    run, so they may be updated in place between runs.
     """
     dims, max_kv = _check_plan_args(table, num_q_heads, num_kv_heads, head_dim, head_dim_v, dtype, kv_dtype, layout,
                                     page_size, max_kv_len)
-    p = _params(head_dim, sm_scale, logits_soft_cap, window_left, True, bool(return_lse), 1, max_kv)
+    p = _with_variant(_params(head_dim, sm_scale, logits_soft_cap, window_left, True, bool(return_lse), 1, max_kv),
+                      bind(variant, variant_args, table.block_table.device))
     device = table.block_table.device
     dev, cc = device_key(table.block_table)
     problem = _decode_problem(dev, cc, dtype, dims, num_q_heads, table.batch_size, p, _plan_extra(device, capturable))
@@ -846,7 +894,8 @@ def plan_prefill(table: PageTable, qo_indptr: _Tensor, *, num_q_heads: int, num_
                  head_dim_v: int | None = None, dtype: torch.dtype, kv_dtype: torch.dtype | None = None,
                  layout: str = "NHD", page_size: int, causal: bool = True, sm_scale: float | None = None,
                  logits_soft_cap: float | None = None, window_left: int | None = None, return_lse: bool = False,
-                 max_kv_len: int | None = None, capturable: bool = True, backend: BackendArg = None) -> PrefillPlan:
+                 max_kv_len: int | None = None, capturable: bool = True, variant: Any = None, variant_args: Any = None,
+                 backend: BackendArg = None) -> PrefillPlan:
     """Plan :func:`prefill` for this table and ``qo_indptr`` (B+1,) int32 (read back once, here).
     ``plan.run(q, cache)`` with q (qo_indptr[-1], Hq, D) does no host synchronisation."""
     dims, max_kv = _check_plan_args(table, num_q_heads, num_kv_heads, head_dim, head_dim_v, dtype, kv_dtype, layout,
@@ -859,7 +908,8 @@ def plan_prefill(table: PageTable, qo_indptr: _Tensor, *, num_q_heads: int, num_
         raise fail("qo_indptr", "non-contiguous", "a contiguous tensor")
     total = int(qo_indptr[-1])
     max_q, _, mixed = _prefill_host(qo_indptr, table.seq_lens, total, bool(causal), False, 0)
-    p = _params(head_dim, sm_scale, logits_soft_cap, window_left, bool(causal), bool(return_lse), max_q, max_kv)
+    p = _with_variant(_params(head_dim, sm_scale, logits_soft_cap, window_left, bool(causal), bool(return_lse), max_q,
+                              max_kv), bind(variant, variant_args, table.block_table.device))
     device = table.block_table.device
     dev, cc = device_key(table.block_table)
     problem = _prefill_problem(dev, cc, dtype, dims, num_q_heads, table.batch_size, p, mixed,

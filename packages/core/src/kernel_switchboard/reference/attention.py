@@ -26,13 +26,16 @@ _CHUNK_ELEMS = 1 << 27
 
 # -- the math -----------------------------------------------------------------------------------
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, kv_len: torch.Tensor,
-           p: Any) -> tuple[torch.Tensor, torch.Tensor]:
+           p: Any, batch0: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Masked softmax attention of padded batches, in the dtype of q (float32 or float64).
 
     q (B, M, Hq, D), k (B, L, Hkv, D), v (B, L, Hkv, Dv); q_pos (B, M) int64: each query's KV
     position; kv_len (B,) int64. Returns out (B, M, Hq, Dv) and lse (B, M, Hq) float32
-    (natural log; rows with nothing to attend get out 0 and lse -inf).
+    (natural log; rows with nothing to attend get out 0 and lse -inf). ``batch0``: the request
+    index of row 0 (batch chunks), seen by a custom variant's hooks.
     """
+    if getattr(p, "variant", None) is not None:
+        return _attend_variant(q, k, v, q_pos, kv_len, p, batch0)
     b, m, hq, d = q.shape
     hkv = k.shape[2]
     qg = q.view(b, m, hkv, hq // hkv, d)
@@ -53,6 +56,55 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tenso
     out = torch.einsum("bhgml,blhd->bmhgd", e / torch.where(total > 0, total, torch.ones_like(total)), v)
     lse = (torch.log(total) + mx).squeeze(-1)  # (B, Hkv, G, M); log(0) = -inf
     return out.reshape(b, m, hq, v.shape[-1]), lse.permute(0, 3, 1, 2).reshape(b, m, hq).float()
+
+
+def _attend_variant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, kv_len: torch.Tensor,
+                    p: Any, batch0: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`attend` with the torch definitions of ``p.variant`` (see kernel_switchboard.variants)."""
+    var, args = p.variant.variant, p.variant.args
+    b, _, hq, _ = q.shape
+    hkv, length = k.shape[2], k.shape[1]
+    g = hq // hkv
+    kh = k.repeat_interleave(g, dim=2) if g > 1 else k  # (B, L, Hq, D): q head h reads kv head h // G
+    vh = v.repeat_interleave(g, dim=2) if g > 1 else v
+    s = torch.einsum("bmhd,blhd->bhml", q, kh) * p.sm_scale
+    if p.logits_soft_cap is not None:
+        s = torch.tanh(s / p.logits_soft_cap) * p.logits_soft_cap
+    dev = q.device
+    qp = q_pos[:, None, :, None]  # (B, 1, M, 1)
+    kp = torch.arange(length, device=dev)[None, None, None, :]  # (1, 1, 1, L)
+    head = torch.arange(hq, device=dev)[None, :, None, None]  # (1, H, 1, 1)
+    batch = torch.arange(batch0, batch0 + b, device=dev)[:, None, None, None]  # (B, 1, 1, 1)
+    args = tuple(a.to(s.dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+    if var.torch_score_mod is not None:
+        s = var.torch_score_mod(s, qp, kp, head, batch, args).to(s.dtype)
+    keep = kp < kv_len[:, None, None, None]
+    if p.causal:
+        keep = keep & (kp <= qp)
+    if p.window_left >= 0:
+        keep = keep & (kp >= qp - p.window_left)
+    if var.torch_mask_mod is not None:
+        keep = keep & var.torch_mask_mod(qp, kp, head, batch, args)
+    keep = keep.expand(s.shape)
+    if var.softmax:
+        s = s.masked_fill(~keep, float("-inf"))
+        mx = s.amax(dim=-1, keepdim=True)
+        mx = torch.where(torch.isfinite(mx), mx, torch.zeros_like(mx))
+        w = torch.exp(s - mx)
+    else:
+        w = torch.where(keep, s, torch.zeros_like(s))
+        mx = torch.zeros_like(s[..., :1])
+    total = w.sum(dim=-1, keepdim=True)  # (B, H, M, 1)
+    acc = torch.einsum("bhml,blhd->bhmd", w, vh)
+    if var.torch_output_mod is not None:
+        out = var.torch_output_mod(acc, total, mx, head, batch, args).to(acc.dtype)
+    elif var.softmax:
+        out = acc / torch.where(total > 0, total, torch.ones_like(total))
+    else:
+        out = acc
+    out = torch.where(total != 0, out, torch.zeros_like(out))  # nothing attended: out 0
+    lse = torch.log(total) + mx  # log(0) = -inf
+    return out.permute(0, 2, 1, 3), lse[..., 0].permute(0, 2, 1).float()
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -111,7 +163,7 @@ def _paged_attend(q_pad: torch.Tensor, q_pos: torch.Tensor, cache: PagedKVCache,
         hi = min(b, lo + step)
         pages, slots = paged_slots(table.block_table[lo:hi], table.seq_lens[lo:hi], cache.page_size, length)
         k, v = gather_pages(cache, pages, slots, q_pad.dtype)
-        o, s = attend(q_pad[lo:hi], k, v, q_pos[lo:hi], seq_lens[lo:hi], p)
+        o, s = attend(q_pad[lo:hi], k, v, q_pos[lo:hi], seq_lens[lo:hi], p, lo)
         outs.append(o)
         lses.append(s)
     return _cat(outs), _cat(lses)
@@ -187,7 +239,8 @@ def prefill_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr:
         hi = min(b, lo + step)
         valid = pos[None, :] < kv_len[lo:hi, None]
         tok = torch.where(valid, kv_ind[lo:hi, None] + pos[None, :], torch.zeros_like(valid, dtype=torch.int64))
-        o, s = attend(q_pad[lo:hi], k[tok].to(q_pad.dtype), v[tok].to(q_pad.dtype), q_pos[lo:hi], kv_len[lo:hi], p)
+        o, s = attend(q_pad[lo:hi], k[tok].to(q_pad.dtype), v[tok].to(q_pad.dtype), q_pos[lo:hi], kv_len[lo:hi], p,
+                      lo)
         outs.append(o)
         lses.append(s)
     out, lse = _cat(outs), _cat(lses)

@@ -1,0 +1,134 @@
+"""Shipped attention variants, each a few lines on :class:`kernel_switchboard.Variant` (needs triton).
+
+Each name below is a :class:`~kernel_switchboard.variants.Variant`; pass it with its parameters:
+``ksb.attention.decode(q, cache, table, variant=ALIBI, variant_args=(slopes,))``.
+
+- ``ALIBI``: ``s + slopes[head] * (kv_pos - q_pos)``; slopes (Hq,) float32 (:func:`alibi_slopes`).
+- ``SOFT_CAP``: ``cap * tanh(s / cap)``; cap a float.
+- ``SLIDING_WINDOW``: keeps ``q_pos - window <= kv_pos``; window an int.
+- ``SINKS``: a learnable logit per head added to the softmax denominator (gpt-oss):
+  ``out = acc / (l + exp(sinks[head] - m))``; sinks (Hq,) float32.
+- ``SIGMOID``: FlashSigmoid, ``out = sum_j sigmoid(s_j + bias) v_j`` (no softmax); bias a float.
+- ``PREFIX_LM``: bidirectional within the first ``prefix_lens[batch]`` positions, causal after
+  (call with ``causal=False``); prefix_lens (B,) int32.
+- ``REL_POS_BIAS``: ``s + table[head, clamp(q_pos - kv_pos, 0, max_distance)]``; table
+  (Hq, max_distance + 1) float32 contiguous, max_distance an int.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .variants import Variant
+
+
+# -- ALiBi ---------------------------------------------------------------------------------------
+@triton.jit
+def _alibi_score(s, q_pos, kv_pos, head, batch, args):
+    return s + tl.load(args[0] + head) * (kv_pos - q_pos).to(tl.float32)
+
+
+def _alibi_score_torch(s, q_pos, kv_pos, head, batch, args):  # type: ignore[no-untyped-def]
+    return s + args[0][head] * (kv_pos - q_pos)
+
+
+ALIBI = Variant("alibi", score_mod=_alibi_score, torch_score_mod=_alibi_score_torch, params=("slopes",))
+
+
+def alibi_slopes(num_heads: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The ALiBi paper's per-head slopes, (num_heads,) float32 (negative: farther keys score lower)."""
+    n = 2 ** math.floor(math.log2(num_heads))
+    base = [2.0 ** (-8.0 * (i + 1) / n) for i in range(n)]
+    extra = [2.0 ** (-4.0 * (2 * i + 1) / n) for i in range(num_heads - n)]
+    return -torch.tensor(base + extra, dtype=torch.float32, device=device)
+
+
+# -- logits soft cap -----------------------------------------------------------------------------
+@triton.jit
+def _soft_cap_score(s, q_pos, kv_pos, head, batch, args):
+    cap = args[0]
+    return cap * (2.0 * tl.sigmoid(2.0 * s / cap) - 1.0)  # cap * tanh(s / cap)
+
+
+def _soft_cap_score_torch(s, q_pos, kv_pos, head, batch, args):  # type: ignore[no-untyped-def]
+    return args[0] * torch.tanh(s / args[0])
+
+
+SOFT_CAP = Variant("soft_cap", score_mod=_soft_cap_score, torch_score_mod=_soft_cap_score_torch, params=("cap",))
+
+
+# -- sliding window --------------------------------------------------------------------------------
+@triton.jit
+def _window_mask(q_pos, kv_pos, head, batch, args):
+    return kv_pos >= q_pos - args[0]
+
+
+def _window_mask_torch(q_pos, kv_pos, head, batch, args):  # type: ignore[no-untyped-def]
+    return kv_pos >= q_pos - args[0]
+
+
+SLIDING_WINDOW = Variant("sliding_window", mask_mod=_window_mask, torch_mask_mod=_window_mask_torch, params=("window",))
+
+
+# -- attention sinks ---------------------------------------------------------------------------------
+@triton.jit
+def _sinks_output(acc, denom, row_max, head, batch, args):
+    return acc / (denom + tl.exp(tl.load(args[0] + head) - row_max))
+
+
+def _sinks_output_torch(acc, denom, row_max, head, batch, args):  # type: ignore[no-untyped-def]
+    return acc / (denom + torch.exp(args[0][head] - row_max))
+
+
+SINKS = Variant("sinks", output_mod=_sinks_output, torch_output_mod=_sinks_output_torch, params=("sinks",))
+
+
+# -- sigmoid attention ---------------------------------------------------------------------------------
+@triton.jit
+def _sigmoid_score(s, q_pos, kv_pos, head, batch, args):
+    return tl.sigmoid(s + args[0])
+
+
+def _sigmoid_score_torch(s, q_pos, kv_pos, head, batch, args):  # type: ignore[no-untyped-def]
+    return torch.sigmoid(s + args[0])
+
+
+SIGMOID = Variant("sigmoid", score_mod=_sigmoid_score, torch_score_mod=_sigmoid_score_torch, softmax=False,
+                  params=("bias",))
+
+
+# -- prefix-LM / document mask ---------------------------------------------------------------------------
+@triton.jit
+def _prefix_mask(q_pos, kv_pos, head, batch, args):
+    return (kv_pos <= q_pos) | (kv_pos < tl.load(args[0] + batch))
+
+
+def _prefix_mask_torch(q_pos, kv_pos, head, batch, args):  # type: ignore[no-untyped-def]
+    return (kv_pos <= q_pos) | (kv_pos < args[0][batch].long())
+
+
+PREFIX_LM = Variant("prefix_lm", mask_mod=_prefix_mask, torch_mask_mod=_prefix_mask_torch, params=("prefix_lens",))
+
+
+# -- relative position bias from a table ---------------------------------------------------------------
+@triton.jit
+def _rel_bias_score(s, q_pos, kv_pos, head, batch, args):
+    max_distance = args[1]
+    dist = tl.minimum(tl.maximum(q_pos - kv_pos, 0), max_distance)
+    return s + tl.load(args[0] + head * (max_distance + 1) + dist)
+
+
+def _rel_bias_score_torch(s, q_pos, kv_pos, head, batch, args):  # type: ignore[no-untyped-def]
+    table, max_distance = args
+    return s + table[head, torch.clamp(q_pos - kv_pos, 0, max_distance)]
+
+
+REL_POS_BIAS = Variant("rel_pos_bias", score_mod=_rel_bias_score, torch_score_mod=_rel_bias_score_torch,
+                       params=("table", "max_distance"))
+
+#: every shipped variant, by name
+VARIANTS = {v.name: v for v in (ALIBI, SOFT_CAP, SLIDING_WINDOW, SINKS, SIGMOID, PREFIX_LM, REL_POS_BIAS)}
