@@ -138,3 +138,18 @@ def test_tp_nccl_tokens_identical_to_one_gpu(tmp_path: Path, dtype: str) -> None
     same = sum(a == b for p, q in zip(tokens, ref) for a, b in zip(p, q))
     assert [p[:4] for p in tokens] == [p[:4] for p in ref]
     assert same >= 0.9 * sum(len(p) for p in tokens), (tokens, ref)
+
+
+def test_bench_smoke_gloo(tmp_path: Path) -> None:
+    """tp_bench on 2 gloo processes at tiny sizes: both paths run and agree (float32: same sum, same norm)."""
+    import json
+
+    from kernel_switchboard.engine import tp_bench
+
+    out = tmp_path / "bench.json"
+    tp_bench.main(["--nproc", "2", "--smoke", "--rows", "1,16", "--iters", "2", "--out", str(out)])
+    rows = json.loads(out.read_text())
+    assert [r["rows"] for r in rows] == [1, 16] and all(r["world"] == 2 for r in rows)
+    for r in rows:
+        assert r["fused_ms"] > 0 and r["pair_ms"] > 0 and r["kernel"].endswith("all_reduce_fused_rms_norm")
+        assert r["max_diff"] < 1e-4
