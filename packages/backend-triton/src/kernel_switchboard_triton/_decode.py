@@ -19,6 +19,7 @@ import triton.language as tl
 from kernel_switchboard.errors import fail
 
 from ._attn_common import _tanh, cc_major, choose_splits, interpreting, resident_ctas, sm_count, soft_cap_args
+from ._prefill import variant_finish, variant_launch, variant_scores
 
 
 @triton.jit
@@ -48,6 +49,7 @@ def _decode_split_kernel(
     cap_log2,  # soft cap * log2 e (SOFT_CAP only)
     v_scale,  # output multiplier (fp8 V scale, else 1.0)
     window_left,  # keep KV positions >= seq_len - 1 - window_left; negative = no window
+    vargs,  # variant call-time args tuple (a trailing 0 keeps it non-empty)
     GROUP: tl.constexpr,  # query heads per KV head
     BLOCK_H: tl.constexpr,  # query-head rows per program (>= GROUP, >= 16)
     HEAD_DIM: tl.constexpr,  # q/k head dim
@@ -59,6 +61,13 @@ def _decode_split_kernel(
     NUM_SPLITS: tl.constexpr,  # KV splits per request (grid dim 2)
     SOFT_CAP: tl.constexpr,  # apply the logits soft cap
     DOT_FP32: tl.constexpr,  # upcast dot operands to float32 (interpreter)
+    SCORE_MOD: tl.constexpr,  # variant score hook (kernel_switchboard.variants) or None
+    MASK_MOD: tl.constexpr,  # variant mask hook or None
+    OUTPUT_MOD: tl.constexpr,  # variant output hook or None (needs NUM_SPLITS == 1)
+    HAS_SCORE_MOD: tl.constexpr,  # apply SCORE_MOD
+    HAS_MASK_MOD: tl.constexpr,  # apply MASK_MOD
+    HAS_OUTPUT_MOD: tl.constexpr,  # apply OUTPUT_MOD
+    SOFTMAX: tl.constexpr,  # softmax weights (else the variant's scores are the weights; NUM_SPLITS == 1)
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -79,13 +88,15 @@ def _decode_split_kernel(
     mask_d = offs_d < HEAD_DIM
     mask_dv = offs_dv < HEAD_DIM_V
     heads = kvh * GROUP + offs_h
+    head2 = tl.where(mask_h, heads, 0)[:, None]  # (BLOCK_H, 1) for variant hooks; padding rows read head 0
+    q_pos2 = tl.zeros([BLOCK_H, 1], dtype=tl.int32) + (seq_len - 1)
 
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=mask_h[:, None] & mask_d[None, :], other=0.0)
     if DOT_FP32:
         q = q.to(tl.float32)
 
-    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    m_i = tl.full([BLOCK_H], -1.0e30, dtype=tl.float32)  # finite: a fully masked tile keeps alpha finite
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
 
@@ -105,20 +116,30 @@ def _decode_split_kernel(
         s = tl.dot(q, tl.trans(k)) * qk_scale
         if SOFT_CAP:
             s = cap_log2 * _tanh(s)
-        s = tl.where(mask_n[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if DOT_FP32:
-            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32))
+        s = variant_scores(s, q_pos2, tok[None, :], head2, b, vargs, SCORE_MOD, HAS_SCORE_MOD, SOFTMAX)
+        keep = mask_n[None, :]
+        if HAS_MASK_MOD:
+            keep = keep & MASK_MOD(q_pos2, tok[None, :], head2, b, vargs)
+        if SOFTMAX:
+            s = tl.where(keep, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            if DOT_FP32:
+                acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32))
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
+            m_i = m_new
         else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
-        m_i = m_new
+            p = tl.where(keep, s, 0.0)
+            l_i = l_i + tl.sum(p, 1)
+            if DOT_FP32:
+                acc = acc + tl.dot(p, v.to(tl.float32))
+            else:
+                acc = acc + tl.dot(p.to(q.dtype), v.to(q.dtype))
 
-    empty = l_i == 0.0
-    out = acc * (v_scale / tl.where(empty, 1.0, l_i))[:, None]
-    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+    out, lse = variant_finish(acc, m_i, l_i, head2, b, vargs, v_scale, OUTPUT_MOD, HAS_OUTPUT_MOD, SOFTMAX)
     o_ptrs = o_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + split * stride_os + offs_dv[None, :]
     tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=mask_h[:, None] & mask_dv[None, :])
     tl.store(lse_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh + split, lse, mask=mask_h)
@@ -208,12 +229,15 @@ class DecodePlan:
     def __init__(self, table: Any, *, num_q_heads: int, num_kv_heads: int, head_dim: int, head_dim_v: int,
                  sm_scale: float, logits_soft_cap: float | None, window_left: int, max_kv_len: int,
                  num_splits: int | None = None, cfg: DecodeConfig | None = None,
-                 dtype: torch.dtype | None = None) -> None:
+                 dtype: torch.dtype | None = None, variant: Any = None) -> None:
         device = table.block_table.device
+        self.variant = variant
+        if variant is not None and variant.variant.needs_single_split:
+            num_splits = 1  # an output transform / non-softmax state cannot be merged by LSE
         batch = table.block_table.shape[0]
         self.table = table
         self.group = num_q_heads // num_kv_heads
-        if cfg is None:
+        if cfg is None or (num_splits == 1 and cfg.num_splits != 1):
             cfg = decode_config(device, batch, num_kv_heads, self.group, head_dim, round_len(max_kv_len), num_splits)
         self.cfg = cfg
         self.sm_scale, self.soft_cap, self.window_left = sm_scale, logits_soft_cap, window_left
@@ -232,7 +256,7 @@ class DecodePlan:
         if out is None:
             raise fail("out", None, "an output tensor (B, Hq, Dv), or a plan made with dtype=")
         launch_decode(q, cache, self.table, out, lse, self.part_out, self.part_lse, self.cfg, self.group,
-                      self.sm_scale, self.soft_cap, self.window_left)
+                      self.sm_scale, self.soft_cap, self.window_left, self.variant)
         return out, lse
 
 
@@ -243,7 +267,7 @@ def round_len(n: int) -> int:
 
 def launch_decode(q: torch.Tensor, cache: Any, table: Any, out: torch.Tensor, lse: torch.Tensor,
                   part_out: torch.Tensor | None, part_lse: torch.Tensor | None, cfg: DecodeConfig, group: int,
-                  sm_scale: float, soft_cap: float | None, window_left: int) -> None:
+                  sm_scale: float, soft_cap: float | None, window_left: int, variant: Any = None) -> None:
     """Launch the split kernel (writing ``out``/``lse`` directly when there is one split) and the merge."""
     if q.shape[0] == 0:
         return
@@ -263,16 +287,17 @@ def launch_decode(q: torch.Tensor, cache: Any, table: Any, out: torch.Tensor, ls
         o, lp = part_out, part_lse
         osb, osh, oss = part_out.stride(0), part_out.stride(1), part_out.stride(2)
         lsb, lsh = part_lse.stride(0), part_lse.stride(1)
+    vargs, hooks = variant_launch(variant)
     _decode_split_kernel[(batch, kv_heads, splits)](
         q, k, v, bt, table.seq_lens, o, lp,
         q.stride(0), q.stride(1), k.stride(0), ks, kh, v.stride(0), vs, vh, bt.stride(0),
         osb, osh, oss, lsb, lsh,
-        qk_scale, cap_log2, cache.v_scale if fp8 else 1.0, window_left,
+        qk_scale, cap_log2, cache.v_scale if fp8 else 1.0, window_left, vargs,
         GROUP=group, BLOCK_H=cfg.block_h, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v,
         BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_DV=triton.next_power_of_2(head_dim_v),
         PAGE_SIZE=cache.page_size, BLOCK_N=cfg.block_n, NUM_SPLITS=splits, SOFT_CAP=soft_cap is not None,
         DOT_FP32=cfg.dot_fp32 and q.dtype == torch.bfloat16,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **hooks,
     )
     if splits > 1:
         launch_merge_splits(part_out, part_lse, out, lse)
@@ -294,7 +319,7 @@ def decode(q: torch.Tensor, cache: Any, table: Any, p: Any) -> tuple[torch.Tenso
     """The ``attention.decode`` kernel: q (B, Hq, D) -> (out (B, Hq, Dv), lse (B, Hq) float32 or None)."""
     plan = DecodePlan(table, num_q_heads=q.shape[1], num_kv_heads=cache.num_kv_heads, head_dim=q.shape[2],
                       head_dim_v=cache.head_dim_v, sm_scale=p.sm_scale, logits_soft_cap=p.logits_soft_cap,
-                      window_left=p.window_left, max_kv_len=p.max_kv_len)
+                      window_left=p.window_left, max_kv_len=p.max_kv_len, variant=getattr(p, "variant", None))
     out = q.new_empty(q.shape[0], q.shape[1], cache.head_dim_v)
     lse = q.new_empty(q.shape[0], q.shape[1], dtype=torch.float32) if p.return_lse else None
     plan.run(q, cache, out, lse)
@@ -306,4 +331,4 @@ def plan_decode(problem: Any, table: Any, p: Any, num_splits: int | None = None,
     return DecodePlan(table, num_q_heads=problem.num_q_heads, num_kv_heads=problem.num_kv_heads,
                       head_dim=problem.head_dim, head_dim_v=problem.head_dim_v, sm_scale=p.sm_scale,
                       logits_soft_cap=p.logits_soft_cap, window_left=p.window_left, max_kv_len=p.max_kv_len,
-                      num_splits=num_splits, dtype=problem.dtype)
+                      num_splits=num_splits, dtype=problem.dtype, variant=getattr(p, "variant", None))

@@ -27,6 +27,52 @@ import triton.language as tl
 from ._attn_common import _tanh, cc_major, interpreting, soft_cap_args, split_dim
 
 
+def variant_launch(bound: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Kernel arguments of a custom variant (``AttnParams.variant``, a BoundVariant or None):
+    (the ``vargs`` tuple: its call-time args plus a trailing 0, so it is never empty; the hook
+    constexprs). Triton compiles one kernel per set of hook functions and caches it."""
+    if bound is None:
+        return (0,), {"SCORE_MOD": None, "MASK_MOD": None, "OUTPUT_MOD": None, "HAS_SCORE_MOD": False,
+                      "HAS_MASK_MOD": False, "HAS_OUTPUT_MOD": False, "SOFTMAX": True}
+    var = bound.variant
+    return (*bound.args, 0), {"SCORE_MOD": var.score_mod, "MASK_MOD": var.mask_mod, "OUTPUT_MOD": var.output_mod,
+                              "HAS_SCORE_MOD": var.score_mod is not None, "HAS_MASK_MOD": var.mask_mod is not None,
+                              "HAS_OUTPUT_MOD": var.output_mod is not None, "SOFTMAX": var.softmax}
+
+
+@triton.jit
+def variant_scores(s, q_pos, kv_pos, head, batch, vargs, SCORE_MOD: tl.constexpr, HAS_SCORE_MOD: tl.constexpr,
+                   SOFTMAX: tl.constexpr):
+    """log2-unit scores -> the variant's scores: log2 units (SOFTMAX) or natural weights (not SOFTMAX)."""
+    if HAS_SCORE_MOD or not SOFTMAX:
+        s = s * 0.6931471805599453
+        if HAS_SCORE_MOD:
+            s = SCORE_MOD(s, q_pos, kv_pos, head, batch, vargs)
+        if SOFTMAX:
+            s = s * 1.4426950408889634
+    return s
+
+
+@triton.jit
+def variant_finish(acc, m_i, l_i, head, batch, vargs, v_scale, OUTPUT_MOD: tl.constexpr,
+                   HAS_OUTPUT_MOD: tl.constexpr, SOFTMAX: tl.constexpr):
+    """Final (out, lse) of one row block from the running state (acc, m_i log2 units, l_i)."""
+    empty = l_i == 0.0
+    if SOFTMAX:
+        m_out = m_i
+    else:
+        m_out = tl.zeros_like(m_i)
+    if HAS_OUTPUT_MOD:
+        out = OUTPUT_MOD(acc * v_scale, l_i[:, None], (m_out * 0.6931471805599453)[:, None], head, batch, vargs)
+        out = tl.where(empty[:, None], 0.0, out)
+    elif SOFTMAX:
+        out = acc * (v_scale / tl.where(empty, 1.0, l_i))[:, None]
+    else:
+        out = acc * v_scale
+    lse = tl.where(empty, float("-inf"), (m_out + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+    return out, lse
+
+
 @triton.jit
 def _tile(
     acc,  # (BLOCK_M, BLOCK_DV) float32 running output
@@ -48,6 +94,14 @@ def _tile(
     stride_vs,  # V stride over tokens (slots in a page when PAGED)
     qk_scale,  # log2-unit score scale, or sm_scale / cap with SOFT_CAP
     cap_log2,  # soft cap * log2 e (SOFT_CAP only)
+    head2,  # (BLOCK_M, 1) query head of each row (variant hooks)
+    batch_id,  # request index (variant hooks)
+    vargs,  # variant call-time args tuple (variant hooks)
+    SCORE_MOD: tl.constexpr,  # variant score hook (HAS_SCORE_MOD)
+    MASK_MOD: tl.constexpr,  # variant mask hook (HAS_MASK_MOD)
+    HAS_SCORE_MOD: tl.constexpr,  # apply SCORE_MOD
+    HAS_MASK_MOD: tl.constexpr,  # apply MASK_MOD
+    SOFTMAX: tl.constexpr,  # softmax weights (else the variant's scores are the weights)
     MASK: tl.constexpr,  # apply length / causal / window masks in this tile
     CAUSAL: tl.constexpr,  # causal mask
     WINDOW: tl.constexpr,  # sliding-window mask
@@ -94,18 +148,29 @@ def _tile(
     s = s * qk_scale
     if SOFT_CAP:
         s = cap_log2 * _tanh(s)
+    s = variant_scores(s, row_pos[:, None], tok[None, :], head2, batch_id, vargs, SCORE_MOD, HAS_SCORE_MOD, SOFTMAX)
+    keep = in_len[None, :]
     if MASK:
-        keep = in_len[None, :]
         if CAUSAL:
             keep = keep & (tok[None, :] <= row_pos[:, None])
         if WINDOW:
             keep = keep & (tok[None, :] >= row_pos[:, None] - window_left)
-        s = tl.where(keep, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
+    if HAS_MASK_MOD:
+        keep = keep & MASK_MOD(row_pos[:, None], tok[None, :], head2, batch_id, vargs)
+    if SOFTMAX:
+        if MASK or HAS_MASK_MOD:
+            s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
+    else:
+        m_new = m_i
+        if MASK or HAS_MASK_MOD:
+            s = tl.where(keep, s, 0.0)
+        l_i = l_i + tl.sum(s, 1)
+        acc = acc + tl.dot(s.to(q.dtype), v.to(q.dtype))
     return acc, m_new, l_i
 
 
@@ -138,6 +203,7 @@ def _prefill_kernel(
     v_scale,  # output multiplier (fp8 V scale, else 1.0)
     window_left,  # window size (WINDOW only)
     batch,  # requests B
+    vargs,  # variant call-time args tuple (a trailing 0 keeps it non-empty)
     GROUP: tl.constexpr,  # query heads per KV head
     BLOCK_M: tl.constexpr,  # packed (token, head) rows per program
     BLOCK_N: tl.constexpr,  # KV tokens per tile
@@ -153,6 +219,13 @@ def _prefill_kernel(
     RETURN_LSE: tl.constexpr,  # write lse
     LOG_B: tl.constexpr,  # binary-search steps, >= log2(B) + 1
     DOT_FP32: tl.constexpr,  # float32 dot operands (interpreter)
+    SCORE_MOD: tl.constexpr,  # variant score hook (kernel_switchboard.variants) or None
+    MASK_MOD: tl.constexpr,  # variant mask hook or None
+    OUTPUT_MOD: tl.constexpr,  # variant output hook or None
+    HAS_SCORE_MOD: tl.constexpr,  # apply SCORE_MOD
+    HAS_MASK_MOD: tl.constexpr,  # apply MASK_MOD
+    HAS_OUTPUT_MOD: tl.constexpr,  # apply OUTPUT_MOD
+    SOFTMAX: tl.constexpr,  # softmax weights (else the variant's scores are the weights)
 ):
     slot_id = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -184,6 +257,7 @@ def _prefill_kernel(
         mask_m = offs_m < rows
         tok_q = offs_m // GROUP
         head = kvh * GROUP + offs_m % GROUP
+        head2 = head[:, None]
         row_pos = kv_len - qo_len + tok_q
         q_rows = (q_start + tok_q).to(tl.int64) * stride_qt + head * stride_qh
         offs_d = tl.arange(0, HEAD_MAIN)
@@ -223,28 +297,29 @@ def _prefill_kernel(
         v_base = v_ptr + kvh.to(tl.int64) * stride_vh
         for n0 in range(begin, full_lo, BLOCK_N):
             acc, m_i, l_i = _tile(acc, m_i, l_i, q, q_tail, k_base, v_base, bt_row, kv_start, n0, kv_len, row_pos,
-                                  window_left, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, cap_log2,
+                                  window_left, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, cap_log2, head2, b,
+                                  vargs, SCORE_MOD, MASK_MOD, HAS_SCORE_MOD, HAS_MASK_MOD, SOFTMAX,
                                   True, CAUSAL, WINDOW, SOFT_CAP, PAGED, PAGE_SIZE, BLOCK_N, HEAD_MAIN, HEAD_TAIL,
                                   HEAD_DIM_V, BLOCK_DV, DOT_FP32)
         for n0 in range(full_lo, full_hi, BLOCK_N):
             acc, m_i, l_i = _tile(acc, m_i, l_i, q, q_tail, k_base, v_base, bt_row, kv_start, n0, kv_len, row_pos,
-                                  window_left, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, cap_log2,
+                                  window_left, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, cap_log2, head2, b,
+                                  vargs, SCORE_MOD, MASK_MOD, HAS_SCORE_MOD, HAS_MASK_MOD, SOFTMAX,
                                   False, CAUSAL, WINDOW, SOFT_CAP, PAGED, PAGE_SIZE, BLOCK_N, HEAD_MAIN, HEAD_TAIL,
                                   HEAD_DIM_V, BLOCK_DV, DOT_FP32)
         for n0 in range(full_hi, end, BLOCK_N):
             acc, m_i, l_i = _tile(acc, m_i, l_i, q, q_tail, k_base, v_base, bt_row, kv_start, n0, kv_len, row_pos,
-                                  window_left, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, cap_log2,
+                                  window_left, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, cap_log2, head2, b,
+                                  vargs, SCORE_MOD, MASK_MOD, HAS_SCORE_MOD, HAS_MASK_MOD, SOFTMAX,
                                   True, CAUSAL, WINDOW, SOFT_CAP, PAGED, PAGE_SIZE, BLOCK_N, HEAD_MAIN, HEAD_TAIL,
                                   HEAD_DIM_V, BLOCK_DV, DOT_FP32)
 
-        empty = l_i == 0.0
-        out = acc * (v_scale / tl.where(empty, 1.0, l_i))[:, None]
+        out, lse = variant_finish(acc, m_i, l_i, head2, b, vargs, v_scale, OUTPUT_MOD, HAS_OUTPUT_MOD, SOFTMAX)
         offs_dv = tl.arange(0, BLOCK_DV)
         o_rows = (q_start + tok_q).to(tl.int64) * stride_ot + head * stride_oh
         tl.store(o_ptr + o_rows[:, None] + offs_dv[None, :], out.to(o_ptr.dtype.element_ty),
                  mask=mask_m[:, None] & (offs_dv < HEAD_DIM_V)[None, :])
         if RETURN_LSE:
-            lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
             tl.store(lse_ptr + (q_start + tok_q).to(tl.int64) * stride_lt + head * stride_lh, lse, mask=mask_m)
 
 
@@ -305,16 +380,17 @@ def launch_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr:
     if tq == 0:
         return
     lse_t = lse if lse is not None else out
+    vargs, hooks = variant_launch(getattr(p, "variant", None))
     _prefill_kernel[(slots, kv_heads)](
         q, k, v, qo_indptr, kvi, bt, lens, out, lse_t,
         q.stride(0), q.stride(1), kp, ks, kh, vp, vs, vh, bt_stride,
         out.stride(0), out.stride(1), lse_t.stride(0), lse_t.stride(1),
-        qk_scale, cap_log2, v_scale, p.window_left, batch,
+        qk_scale, cap_log2, v_scale, p.window_left, batch, vargs,
         GROUP=group, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_MAIN=main, HEAD_TAIL=tail, HEAD_DIM_V=dv,
         BLOCK_DV=triton.next_power_of_2(dv), PAGE_SIZE=page_size, PAGED=paged, CAUSAL=bool(p.causal),
         WINDOW=p.window_left >= 0, SOFT_CAP=p.logits_soft_cap is not None, RETURN_LSE=lse is not None,
         LOG_B=max(1, batch.bit_length()), DOT_FP32=cfg.dot_fp32 and q.dtype == torch.bfloat16,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **hooks,
     )
 
 

@@ -7,7 +7,9 @@ and ``_merge.py`` (merge_states). Capabilities state exactly what the kernels do
 - q/out dtypes fp16 and bf16 (dots on tensor cores, float32 accumulation and softmax);
 - KV dtypes: q's dtype, or fp8 e4m3 with scales (dequantised in registers);
 - head dims 64, 128, 192, 256 (192 = a 128 + 64 split of the qk dot); any page size; NHD and HND;
-- soft cap, sliding window, LSE, and CUDA-graph capturable runs; deterministic (no atomics).
+- soft cap, sliding window, LSE, and CUDA-graph capturable runs; deterministic (no atomics);
+- custom variants (``kernel_switchboard.Variant``) in decode / prefill / ragged prefill: the hooks
+  are ``tl.constexpr`` kernel arguments, so Triton compiles and caches one kernel per variant.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from ._prefill import PrefillPlan, prefill, prefill_ragged
 
 _HALF = frozenset({torch.float16, torch.bfloat16})
 _DIMS = frozenset({64, 128, 192, 256})
-_COMMON = frozenset({"sliding_window", "soft_cap", "return_lse", "qk_v_dims_differ", "cuda_graph", "deterministic"})
+_COMMON = frozenset({"sliding_window", "soft_cap", "return_lse", "qk_v_dims_differ", "cuda_graph", "deterministic",
+                     "custom_variant"})
 
 DECODE = Capability(
     devices=DEVICES, min_cc=(8, 0), dtypes=_HALF, kv_dtypes=_HALF | {torch.float8_e4m3fn}, head_dims=_DIMS,
