@@ -51,6 +51,7 @@ class AttnSpec:
     window: int | None = None
     lse: bool = False
     kv_dtype: torch.dtype | None = None  # fp8 dtype for a quantised cache
+    variant: str | None = None  # a shipped custom variant (kernel_switchboard.variants_lib.VARIANTS)
 
     @property
     def dv(self) -> int:
@@ -70,6 +71,8 @@ class AttnSpec:
             bits.append("lse")
         if self.kv_dtype is not None:
             bits.append(_SHORT[self.kv_dtype])
+        if self.variant is not None:
+            bits.append(f"var-{self.variant}")
         return "-".join(bits)
 
     def tol(self) -> tuple[float, float] | None:
@@ -132,8 +135,31 @@ def indptr(lens: tuple[int, ...] | list[int], device: torch.device | str) -> tor
     return out.to(device)
 
 
-def _kwargs(spec: AttnSpec, prefill: bool) -> dict[str, Any]:
+def variant_kwargs(name: str, q_heads: int, kv_lens: tuple[int, ...], g: torch.Generator,
+                   device: torch.device | str) -> dict[str, Any]:
+    """``variant=`` and ``variant_args=`` of a shipped variant, with random parameters (needs triton)."""
+    from ... import variants_lib as lib
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g, device=g.device).to(device)
+
+    args: dict[str, tuple[Any, ...]] = {
+        "alibi": (lib.alibi_slopes(q_heads, device),),
+        "soft_cap": (3.0,),
+        "sliding_window": (5,),
+        "sinks": (randn(q_heads),),
+        "sigmoid": (-0.5,),
+        "prefix_lm": (torch.tensor([n // 2 for n in kv_lens], dtype=torch.int32, device=device),),
+        "rel_pos_bias": (randn(q_heads, 9), 8),
+    }
+    return {"variant": lib.VARIANTS[name], "variant_args": args[name]}
+
+
+def _kwargs(spec: AttnSpec, prefill: bool, g: torch.Generator | None = None,
+            device: torch.device | str = "cpu") -> dict[str, Any]:
     kw: dict[str, Any] = {}
+    if spec.variant is not None and g is not None:
+        kw.update(variant_kwargs(spec.variant, spec.q_heads, spec.kv_lens, g, device))
     if prefill:
         kw["causal"] = spec.causal
     if spec.soft_cap is not None:
@@ -149,7 +175,7 @@ def decode_case(spec: AttnSpec, device: torch.device | str, seed: int | torch.Ge
     g = generator(seed)
     cache, table = paged_kv(g, spec, device)
     q = torch.randn(len(spec.kv_lens), spec.q_heads, spec.head_dim, generator=g, device=g.device).to(device, spec.dtype)
-    return Case("attention.decode", spec.tag("decode"), (q, cache, table), _kwargs(spec, False), spec.dtype,
+    return Case("attention.decode", spec.tag("decode"), (q, cache, table), _kwargs(spec, False, g, device), spec.dtype,
                 spec.tol())
 
 
@@ -159,7 +185,7 @@ def prefill_case(spec: AttnSpec, device: torch.device | str, seed: int | torch.G
     cache, table = paged_kv(g, spec, device)
     q = torch.randn(sum(spec.q_lens), spec.q_heads, spec.head_dim, generator=g, device=g.device).to(device, spec.dtype)
     return Case("attention.prefill", spec.tag("prefill"), (q, indptr(spec.q_lens, device), cache, table),
-                _kwargs(spec, True), spec.dtype, spec.tol())
+                _kwargs(spec, True, g, device), spec.dtype, spec.tol())
 
 
 def ragged_case(spec: AttnSpec, device: torch.device | str, seed: int | torch.Generator = 0) -> Case:
@@ -171,7 +197,7 @@ def ragged_case(spec: AttnSpec, device: torch.device | str, seed: int | torch.Ge
     q = torch.randn(sum(spec.q_lens), spec.q_heads, spec.head_dim, generator=g, device=g.device).to(device, spec.dtype)
     args = (q, k, v, indptr(spec.q_lens, device), indptr(spec.kv_lens, device))
     tag = spec.tag("ragged").replace(f"-{spec.layout}-p{spec.page_size}", "")
-    return Case("attention.prefill_ragged", tag, args, _kwargs(spec, True), spec.dtype)
+    return Case("attention.prefill_ragged", tag, args, _kwargs(spec, True, g, device), spec.dtype)
 
 
 def mla_case(dtype: torch.dtype, kv_lens: tuple[int, ...], heads: int, page_size: int, device: torch.device | str,
@@ -223,6 +249,27 @@ def _small_specs() -> list[AttnSpec]:
     ]
 
 
+def _variant_specs(size: str) -> list[AttnSpec]:
+    """One spec per shipped variant (none when triton, which the variant hooks need, is missing)."""
+    try:
+        from ...variants_lib import VARIANTS
+    except ImportError:
+        return []
+    f16, bf16, f32 = torch.float16, torch.bfloat16, torch.float32
+    out = []
+    for i, name in enumerate(VARIANTS):
+        if size == "small":
+            spec = AttnSpec(f16, ("NHD", "HND")[i % 2], (16, 1)[i % 2], 4, 2, kv_lens=((0, 1, 37), (13, 40))[i % 2],
+                            lse=i % 3 == 0, variant=name)
+        else:
+            spec = AttnSpec(bf16, ("NHD", "HND")[i % 2], 16, 32, 8, 128, kv_lens=(2048, 1, 0, 700, 1500, 33),
+                            lse=i % 3 == 0, variant=name)
+        out.append(spec)
+        if size == "small" and i % 3 == 1:  # float32 / bfloat16 through the same hooks
+            out.append(replace(spec, dtype=f32 if i % 2 else bf16, lse=True))
+    return out
+
+
 def _large_specs(rng: random.Random) -> list[AttnSpec]:
     f16, bf16, e4m3 = torch.float16, torch.bfloat16, torch.float8_e4m3fn
     base = [
@@ -263,6 +310,12 @@ def _with_queries(spec: AttnSpec, rng: random.Random, max_q: int, mixed: bool, c
 
 
 def _prefill_specs(size: str, rng: random.Random) -> list[AttnSpec]:
+    return _plain_prefill_specs(size, rng) + [
+        _with_queries(s, rng, 40 if size == "small" else 512, mixed=i % 2 == 0, causal=s.variant != "prefix_lm")
+        for i, s in enumerate(_variant_specs(size))]
+
+
+def _plain_prefill_specs(size: str, rng: random.Random) -> list[AttnSpec]:
     if size == "small":
         specs = _small_specs()
         out = [_with_queries(s, rng, 40, mixed=i % 2 == 0, causal=i != 3) for i, s in enumerate(specs)]
@@ -282,7 +335,7 @@ def _prefill_specs(size: str, rng: random.Random) -> list[AttnSpec]:
 def cases(op: str, device: torch.device, size: str) -> list[Case]:
     rng = random.Random(0)
     if op == "attention.decode":
-        specs = _small_specs() if size == "small" else _large_specs(rng)
+        specs = (_small_specs() if size == "small" else _large_specs(rng)) + _variant_specs(size)
         return [decode_case(s, device, seed=i) for i, s in enumerate(specs)]
     if op == "attention.prefill":
         return [prefill_case(s, device, seed=i) for i, s in enumerate(_prefill_specs(size, rng))]
