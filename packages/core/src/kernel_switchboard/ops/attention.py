@@ -365,7 +365,7 @@ def decode(q: _Tensor, cache: PagedKVCache, table: PageTable, *, sm_scale: float
     float32 when ``return_lse``. ``variant``: a :class:`~kernel_switchboard.variants.Variant`, with
     its parameters in ``variant_args``.
     """
-    if variant is not None:
+    if variant is not None or variant_args is not None:
         run = _eager_only(_decode_eager) if compiling() else _decode_eager
         out, lse = run(q, cache, table, sm_scale, logits_soft_cap, window_left, return_lse, backend, variant,
                        variant_args)
@@ -443,7 +443,7 @@ def prefill(q: _Tensor, qo_indptr: _Tensor, cache: PagedKVCache, table: PageTabl
     Returns out (Tq, Hq, Dv) in q's dtype, and lse (Tq, Hq) float32 when ``return_lse``.
     ``variant`` / ``variant_args``: a custom attention variant, as in :func:`decode`.
     """
-    if variant is not None:
+    if variant is not None or variant_args is not None:
         run = _eager_only(_prefill_eager) if compiling() else _prefill_eager
         out, lse = run(q, qo_indptr, cache, table, causal, sm_scale, logits_soft_cap, window_left, return_lse, backend,
                        variant, variant_args)
@@ -529,7 +529,7 @@ def prefill_ragged(q: _Tensor, k: _Tensor, v: _Tensor, qo_indptr: _Tensor, kv_in
     Returns out (Tq, Hq, Dv) in q's dtype, and lse (Tq, Hq) float32 when ``return_lse``.
     ``variant`` / ``variant_args``: a custom attention variant, as in :func:`decode`.
     """
-    if variant is not None:
+    if variant is not None or variant_args is not None:
         run = _eager_only(_ragged_eager) if compiling() else _ragged_eager
         out, lse = run(q, k, v, qo_indptr, kv_indptr, causal, sm_scale, logits_soft_cap, window_left, return_lse,
                        backend, variant, variant_args)
