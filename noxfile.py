@@ -64,9 +64,11 @@ def tests_core(session: nox.Session) -> None:
 
 @nox.session(name="tests-triton")
 def tests_triton(session: nox.Session) -> None:
-    """Core + the Triton backend, kernels run by Triton's CPU interpreter."""
+    """Core + the Triton backend, kernels run by Triton's CPU interpreter; the engine on Triton vs the reference."""
     _install(session, CORE, "packages/backend-triton")
-    session.run(*PYTEST, "packages/backend-triton/tests", *session.posargs, env={"TRITON_INTERPRET": "1"})
+    session.install("transformers>=4.45")
+    session.run(*PYTEST, "packages/backend-triton/tests", "tests/test_engine_backends.py", *session.posargs,
+                env={"TRITON_INTERPRET": "1"})
 
 
 #: extra installs per vendor-backend session. CUTLASS: only the C++ headers inside the nvidia-cutlass wheel
