@@ -202,3 +202,16 @@ def test_bad_variant_definitions():
         ksb.Variant("nothing")
     with pytest.raises(InvalidArgumentError, match="params"):
         ksb.Variant("x", softmax=False, params="slopes")
+
+
+def test_variant_under_torch_compile():
+    """Variant calls run eagerly inside a compiled function (a graph break, not a custom op)."""
+    spec = AttnSpec(torch.float32, "NHD", 16, HQ, HKV, D, kv_lens=(13, 5))
+    cache, table = paged_kv(torch.Generator().manual_seed(0), spec, "cpu")
+    q = torch.randn(2, HQ, D, generator=torch.Generator().manual_seed(1))
+    slopes = lib.alibi_slopes(HQ)
+
+    def step(x):
+        return ksb.attention.decode(x, cache, table, variant=lib.ALIBI, variant_args=(slopes,)) * 2
+
+    assert_close(torch.compile(step, backend="eager")(q), step(q), atol=0, rtol=0)
