@@ -51,7 +51,7 @@ def alibi_slopes(num_heads: int, device: torch.device | str = "cpu") -> torch.Te
 @triton.jit
 def _soft_cap_score(s, q_pos, kv_pos, head, batch, args):
     cap = args[0]
-    return cap * (2.0 * tl.sigmoid(2.0 * s / cap) - 1.0)  # cap * tanh(s / cap)
+    return cap * (1.0 - 2.0 / (tl.exp2(s * (2.8853900817779268 / cap)) + 1.0))  # cap * tanh(s / cap), via exp2
 
 
 def _soft_cap_score_torch(s, q_pos, kv_pos, head, batch, args):  # type: ignore[no-untyped-def]
