@@ -53,10 +53,10 @@ _HOOKS = ("score_mod", "mask_mod", "output_mod")
 
 def _hook_id(fn: Any) -> str:
     """A stable identity of one hook: its qualified name and a hash of its source when it has one."""
-    src = getattr(fn, "src", None)  # triton JITFunction
+    src: Any = getattr(fn, "src", None)  # triton JITFunction
     if src is None:
         src = getattr(getattr(fn, "__code__", None), "co_code", b"")
-    digest = hashlib.sha1(src.encode() if isinstance(src, str) else bytes(src)).hexdigest()[:8]
+    digest = hashlib.sha1(src.encode() if isinstance(src, str) else bytes(src or b"")).hexdigest()[:8]
     inner = getattr(fn, "fn", fn)
     return f"{getattr(inner, '__module__', '?')}.{getattr(inner, '__qualname__', repr(inner))}#{digest}"
 
