@@ -21,16 +21,17 @@ FAMILIES = ("attention", "kv_cache", "sampling", "norm", "rope", "activation", "
 
 @hookimpl
 def ksb_backend() -> Backend:
-    reason, install = missing_module("triton", "triton", minimum="3.2"), INSTALL
-    if reason is None and not triton_interpreting():
-        reason, install = missing_cuda(min_cc=(8, 0)), NEEDS_GPU
     providers = {"triton": _triton_version()}
-    if reason is not None:
-        return Backend("triton", __version__, [], unavailable=reason, install=install, providers=providers)
+    missing = missing_module("triton", "triton", minimum="3.2")
+    if missing is not None:  # the kernel modules import triton: nothing to list
+        return Backend("triton", __version__, [], unavailable=missing, install=INSTALL, providers=providers)
     kernels: list[Kernel] = []
     for family in FAMILIES:
         kernels.extend(importlib.import_module(f"{__package__}.{family}").kernels())
-    return Backend("triton", __version__, kernels, providers=providers)
+    no_gpu = None if triton_interpreting() else missing_cuda(min_cc=(8, 0))
+    # without a GPU the kernels stay listed, unavailable with the reason (the registry marks them)
+    return Backend("triton", __version__, kernels, unavailable=no_gpu, install=NEEDS_GPU if no_gpu else None,
+                   providers=providers)
 
 
 def _triton_version() -> str | None:
