@@ -245,15 +245,40 @@ def run_point(preset: str, point: Point, device: torch.device, reps_ms: float) -
     for cand in sel.candidates:
         if cand.eligible:
             timed(cand.kernel.id, lambda k=cand.kernel.id: fn(*case.args, backend=k, **case.kwargs))
+            if point.op == "attention.decode" and device.type == "cuda":
+                try:
+                    calls = _decode_plan_calls(cand.kernel.id, case.args, case.kwargs)
+                except Exception as exc:  # noqa: BLE001 - the eager row stands; say why the plan row is missing
+                    rows.append(Row(preset, point.op, point.label, f"{cand.kernel.id} [plan]", None,
+                                    error=f"{type(exc).__name__}: {exc}"[:300]))
+                    calls = {}
+                for name, call in calls.items():
+                    timed(name, call)
     timed(f"auto -> {sel.kernel.id}", lambda: fn(*case.args, **case.kwargs), auto=True)
     for name, call in externals(point.op, case.args, case.kwargs).items():
         timed(f"[ext] {name}", call)
-    best = min((r.ms for r in rows if r.ms is not None and not r.auto and not r.kernel.startswith("[ext]")),
-               default=None)
+    best = min((r.ms for r in rows if r.ms is not None and not r.auto and not r.kernel.startswith("[ext]")
+                and "[" not in r.kernel), default=None)  # regret compares eager calls with eager calls
     for r in rows:
         if r.auto and r.ms is not None and best:
             r.regret = r.ms / best
     return rows
+
+
+def _decode_plan_calls(kernel_id: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Callable[[], Any]]:
+    """How an engine calls decode: through a plan (host work once) and a CUDA graph of ``plan.run``."""
+    from .ops.attention import plan_decode
+
+    q, cache, table = args[0], args[1], args[2]
+    plan = plan_decode(table, num_q_heads=q.shape[1], num_kv_heads=cache.num_kv_heads, head_dim=cache.head_dim,
+                       head_dim_v=cache.head_dim_v, dtype=q.dtype, kv_dtype=cache.dtype, layout=cache.layout,
+                       page_size=cache.page_size, backend=kernel_id, **kwargs)
+    plan.run(q, cache)  # warm up (compiles, builds graphs) outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        plan.run(q, cache)
+    return {f"{kernel_id} [plan]": lambda: plan.run(q, cache), f"{kernel_id} [graph]": graph.replay}
 
 
 def _print_table(rows: list[Row], ceil: dict[str, float]) -> None:
