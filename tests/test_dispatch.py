@@ -202,3 +202,28 @@ def test_example_third_party_backend_registers_and_conforms(register) -> None:
     for case in cases:
         case.compare(sel.kernel.id)
 
+
+
+def test_explain_in_one_thread_never_disturbs_ops_in_another() -> None:
+    import threading
+
+    x, w = torch.randn(4, 64), torch.randn(64)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def worker() -> None:
+        try:
+            while not stop.is_set():
+                ksb.norm.rms_norm(x, w)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    try:
+        for _ in range(200):
+            ksb.explain("norm.rms_norm", x, w)
+    finally:
+        stop.set()
+        t.join()
+    assert errors == []

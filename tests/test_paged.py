@@ -56,3 +56,24 @@ def test_attention_through_a_csr_table_equals_the_block_table() -> None:
     csr_table = ksb.PageTable.from_csr(indptr, indices, last, cache.page_size)
     torch.testing.assert_close(ksb.attention.decode(q, cache, csr_table), ksb.attention.decode(q, cache, table),
                                atol=0, rtol=0)
+
+
+def test_table_written_in_place_is_read_again() -> None:
+    """An engine that grows seq_lens in place between eager calls gets the new lengths, not stale ones."""
+    import kernel_switchboard as ksb
+
+    torch.manual_seed(0)
+    k = torch.randn(4, 4, 2, 16)
+    v = torch.randn(4, 4, 2, 16)
+    cache = ksb.PagedKVCache(k, v)
+    seq_lens = torch.tensor([3], dtype=torch.int32)
+    table = ksb.PageTable(torch.tensor([[0, 1, 2, 3]], dtype=torch.int32), seq_lens)
+    q = torch.randn(1, 4, 16)
+    ksb.attention.decode(q, cache, table)
+    seq_lens.fill_(10)
+    fresh = ksb.PageTable(table.block_table.clone(), seq_lens.clone())
+    assert table.max_seq_len == 10
+    torch.testing.assert_close(ksb.attention.decode(q, cache, table), ksb.attention.decode(q, cache, fresh))
+    seq_lens.fill_(17)  # more than 4 pages of 4 tokens: the check runs again and names the argument
+    with pytest.raises(ksb.InvalidArgumentError, match="seq_lens"):
+        ksb.attention.decode(q, cache, table)

@@ -82,3 +82,11 @@ def test_tuned_winner_outranks_cost_and_explain_says_so(cache_file, two_kernels)
     assert "autotune cache" in str(sel)
     # an explicit choice is never overridden by the cache
     assert ksb.explain("norm.rms_norm", x, w, backend="tt:a").kernel.id == "tt:a"
+
+
+def test_cache_off_writes_nothing(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("KSB_TUNE_CACHE", "off")
+    assert tuning.store("op.x", "p", {"k:a": 2.0, "k:b": 1.0}) == "k:b"
+    assert list(tmp_path.iterdir()) == []
+    assert tuning.lookup("op.x", "p") is None

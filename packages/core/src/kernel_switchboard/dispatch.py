@@ -11,7 +11,8 @@ Ranking of the eligible kernels (those whose ``reasons`` are empty), first key f
 Automatic tuning (opt-in: ``KSB_AUTOTUNE=1`` or ``with ksb.autotune():``): the first call of an untuned
 GPU problem with several eligible kernels times the shortlisted kernels on the call's own arguments,
 stores the winner in the persistent cache and returns the winner's result. It never happens for an
-explicit choice, for in-place ops, or inside CUDA-graph capture.
+explicit choice, for in-place ops, for sampling ops (timing runs would consume the caller's random
+stream), inside CUDA-graph capture, or with ``KSB_TUNE_CACHE=off``.
 
 Selections are cached by ``(op, problem, preferences, registry generation, tuning generation)``.
 """
@@ -128,16 +129,19 @@ def use(*backends: str) -> Iterator[None]:
 def autotune(enabled: bool = True) -> Iterator[None]:
     """Tune untuned GPU problems on first use inside the ``with`` block (see the module docstring)."""
     token = _autotune.set(enabled)
-    clear_cache()
     try:
         yield
     finally:
         _autotune.reset(token)
-        clear_cache()
+
+
+def _env_autotune() -> bool:
+    return os.environ.get("KSB_AUTOTUNE", "0") == "1" and os.environ.get("KSB_TUNE_CACHE") != "off"
 
 
 def _autotune_on() -> bool:
-    return _autotune.get() or os.environ.get("KSB_AUTOTUNE", "0") == "1"
+    """Automatic tuning is on in this context (``ksb.autotune()``) or process-wide (``KSB_AUTOTUNE=1``)."""
+    return _AUTOTUNE_ENV or (_autotune.get() and os.environ.get("KSB_TUNE_CACHE") != "off")
 
 
 def _env_prefer() -> tuple[str, ...]:
@@ -152,6 +156,7 @@ def current_preferences(backend: str | Sequence[str] | None = None) -> tuple[tup
 
 
 _ENV_PREFER = _env_prefer()
+_AUTOTUNE_ENV = _env_autotune()
 
 
 def _matches(kernel: Kernel, pref: str) -> bool:
@@ -164,14 +169,15 @@ def select(op: str, problem: Any, backend: str | Sequence[str] | None = None) ->
         prefs, strict = _scoped.get() or _ENV_PREFER, False
     else:
         prefs, strict = ((backend,) if isinstance(backend, str) else tuple(backend)), True
-    key = (op, problem, prefs, strict, registry.generation, tuning._state["generation"])
+    key = (op, problem, prefs, strict, registry.generation, tuning._state["generation"],
+           _AUTOTUNE_ENV or _autotune.get())
     sel = _cache.get(key)
     if sel is None:
         sel = _select_cold(op, problem, prefs, strict)
         if len(_cache) >= _CACHE_MAX:
             _cache.clear()
         _cache[key] = sel
-    if _explain_depth:
+    if _explaining.get():
         raise _Explained(sel)
     return sel
 
@@ -183,9 +189,9 @@ def select_kernel(op: str, problem: Any, backend: str | Sequence[str] | None = N
 
 def clear_cache() -> None:
     """Forget every cached selection (the registry and tuning generations also invalidate it)."""
-    global _ENV_PREFER
+    global _ENV_PREFER, _AUTOTUNE_ENV
     _cache.clear()
-    _ENV_PREFER = _env_prefer()
+    _ENV_PREFER, _AUTOTUNE_ENV = _env_prefer(), _env_autotune()
 
 
 def _select_cold(op: str, problem: Any, prefs: tuple[str, ...], strict: bool) -> Selection:
@@ -242,8 +248,10 @@ def _select_cold(op: str, problem: Any, prefs: tuple[str, ...], strict: bool) ->
         source = "priority"
     sel = Selection(op, problem, best.kernel, eligible + ineligible, source, prefs)
     features: frozenset[str] = getattr(problem, "features", frozenset())
+    # never for random ops (timing runs would consume the caller's generator) or in-place ones
     if (source in ("cost", "priority") and len(eligible) > 1 and getattr(problem, "device", None) == "cuda"
-            and not features & {"cuda_graph", "in_place"} and _autotune_on()):
+            and not op.startswith("sampling.") and not features & {"cuda_graph", "in_place", "generator"}
+            and _autotune_on()):
         shortlist = [c.kernel for c in eligible if not c.needs_build][:AUTOTUNE_SHORTLIST]
         if len(shortlist) > 1:
             sel.kernel = _AutotuneKernel(op, problem, shortlist)  # type: ignore[assignment]
@@ -300,7 +308,8 @@ class _Explained(Exception):
         self.selection = selection
 
 
-_explain_depth = 0
+#: set while ``explain`` runs a public function in this context (thread / task): select() then reports
+_explaining: contextvars.ContextVar[bool] = contextvars.ContextVar("ksb_explaining", default=False)
 
 
 def explain(op: str, *args: Any, **kwargs: Any) -> Selection:
@@ -315,12 +324,11 @@ def explain(op: str, *args: Any, **kwargs: Any) -> Selection:
         fn = getattr(importlib.import_module(f"kernel_switchboard.ops.{family}"), name)
     except (ImportError, AttributeError):
         raise NoEligibleKernelError(f"unknown op {op!r}; known ops: {', '.join(registry.ops())}") from None
-    global _explain_depth
-    _explain_depth += 1
+    token = _explaining.set(True)
     try:
         fn(*args, **kwargs)
     except _Explained as done:
         return done.selection
     finally:
-        _explain_depth -= 1
+        _explaining.reset(token)
     raise RuntimeError(f"{op}: the public function returned without selecting a kernel")

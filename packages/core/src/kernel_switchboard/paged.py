@@ -99,9 +99,11 @@ class PageTable:
 
     Construction reads the largest sequence length back to the host once (a device sync on a
     GPU) unless ``max_seq_len`` is given or a CUDA graph is being captured; plans do this once.
+    Tensors written in place after construction are noticed (their version counters) and read
+    again at the next eager call; a ``max_seq_len`` given by the caller is trusted as an upper bound.
     """
 
-    __slots__ = ("_checked", "block_table", "max_seq_len", "seq_lens")
+    __slots__ = ("_checked", "_given", "_max_seq_len", "_versions", "block_table", "seq_lens")
 
     def __init__(self, block_table: torch.Tensor, seq_lens: torch.Tensor, max_seq_len: int | None = None) -> None:
         check(isinstance(block_table, torch.Tensor) and block_table.dim() == 2, "block_table",
@@ -117,11 +119,31 @@ class PageTable:
         check(block_table.stride(-1) == 1, "block_table.stride", block_table.stride(), "unit stride in the last dim")
         check(seq_lens.is_contiguous(), "seq_lens", "non-contiguous", "a contiguous tensor")
         self.block_table, self.seq_lens = block_table, seq_lens
-        if max_seq_len is None and not is_capturing():
-            max_seq_len = int(seq_lens.max()) if seq_lens.numel() else 0
-            check(seq_lens.numel() == 0 or int(seq_lens.min()) >= 0, "seq_lens", "negative entries", "lengths >= 0")
-        self.max_seq_len = max_seq_len
+        self._given = max_seq_len is not None
+        self._max_seq_len = max_seq_len
+        self._versions = (_version(block_table), _version(seq_lens))
         self._checked: set[tuple[int, int]] = set()
+        if max_seq_len is None and not is_capturing():
+            self._measure()
+
+    def _measure(self) -> None:
+        seq_lens = self.seq_lens
+        self._max_seq_len = int(seq_lens.max()) if seq_lens.numel() else 0
+        check(seq_lens.numel() == 0 or int(seq_lens.min()) >= 0, "seq_lens", "negative entries", "lengths >= 0")
+
+    @property
+    def max_seq_len(self) -> int | None:
+        """Host bound on the sequence lengths. When the table's tensors were written in place since it
+        was last read (and the bound was not given by the caller), it is read again (one sync)."""
+        if torch.compiler.is_compiling():  # traced code passes the bound to the custom op as it is
+            return self._max_seq_len
+        versions = (_version(self.block_table), _version(self.seq_lens))
+        if versions != self._versions and not is_capturing():
+            self._versions = versions
+            self._checked.clear()
+            if not self._given:
+                self._measure()
+        return self._max_seq_len
 
     @property
     def batch_size(self) -> int:
@@ -136,11 +158,12 @@ class PageTable:
 
         Reads values back from the device once per (page_size, num_pages); skipped in capture.
         """
+        max_seq_len = self.max_seq_len  # re-reads the lengths if they were written in place
         key = (page_size, num_pages)
         if key in self._checked or is_capturing():
             return
-        if self.max_seq_len is not None and self.max_seq_len > self.max_pages * page_size:
-            raise fail("seq_lens", f"max {self.max_seq_len}",
+        if max_seq_len is not None and max_seq_len > self.max_pages * page_size:
+            raise fail("seq_lens", f"max {max_seq_len}",
                        f"at most max_pages * page_size = {self.max_pages} * {page_size} = {self.max_pages * page_size}")
         if self.batch_size and self.max_pages:
             used = torch.arange(self.max_pages, device=self.block_table.device)[None, :] * page_size < self.seq_lens[:, None]
@@ -187,6 +210,14 @@ class PageTable:
 
     def __repr__(self) -> str:
         return f"PageTable(batch={self.batch_size}, max_pages={self.max_pages}, max_seq_len={self.max_seq_len})"
+
+
+def _version(t: torch.Tensor) -> int:
+    """The tensor's in-place write counter (inference tensors have none: 0)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return 0
 
 
 def _shape(t: Any) -> Any:

@@ -63,6 +63,8 @@ def _load() -> dict[str, Any]:
     if _state["entries"] is not None and _state["path"] == path:
         return _state["entries"]  # type: ignore[no-any-return]
     entries: dict[str, Any] = {}
+    if _state["path"] is not None and _state["path"] != path:
+        _state["generation"] += 1  # another file: selections made from the old one are stale
     if path.exists():
         try:
             data = json.loads(path.read_text())
@@ -102,6 +104,8 @@ def store(op: str, problem: Any, times: dict[str, float]) -> str:
     if not times:
         raise ValueError("store() needs at least one measured kernel")
     best = min(times, key=times.__getitem__)
+    if os.environ.get("KSB_TUNE_CACHE") == "off":
+        return best
     with _lock:
         data = _load()
         key = problem_key(problem)

@@ -118,7 +118,7 @@ def _float_param(v: Any, name: str, x: torch.Tensor, lo: float, hi: float, lo_op
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise fail(name, v, allowed)
     f = float(v)
-    ok = (lo < f if lo_open else lo <= f) and f <= hi
+    ok = (lo < f if lo_open else lo <= f) and f <= hi and math.isfinite(f)
     if not ok:
         raise fail(name, v, allowed)
     return None if f == neutral else f
