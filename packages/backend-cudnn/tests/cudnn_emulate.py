@@ -58,6 +58,14 @@ def emulate(spec: SdpaSpec, feeds: dict[str, torch.Tensor]) -> None:
         nq, nk = int(seq_q[b]), int(seq_kv[b])
         if nq == 0:
             continue
+        if nk == 0:  # cuDNN leaves rows without keys undefined: write NaN so a backend that trusts them fails
+            _rows(spec.o, feeds, "o", b, nq).fill_(float("nan"))
+            if spec.stats is not None:
+                st = spec.stats
+                t = feeds["stats"]
+                torch.as_strided(t, (st.dims[1], nq), (st.strides[1], st.strides[2]),
+                                 t.storage_offset() + b * st.strides[0]).fill_(float("nan"))
+            continue
         q = _rows(spec.q, feeds, "q", b, nq).double()
         if spec.table is not None:
             k = _paged(spec.k, spec.table, feeds["k"], feeds["k_table"], b, nk).double()

@@ -226,6 +226,8 @@ PREFILL_SPECS = [
     AttnSpec(BF16, "NHD", 8, 4, 4, 32, kv_lens=(9, 30, 12), q_lens=(9, 7, 1), causal=False, lse=True),
     AttnSpec(F16, "HND", 4, 6, 3, 64, kv_lens=(40, 25), q_lens=(13, 25), window=5, lse=True),
     AttnSpec(F16, "NHD", 16, 4, 2, 64, head_dim_v=32, kv_lens=(21, 3), q_lens=(21, 2)),
+    # non-causal queries of a request with no keys: out 0, lse -inf (cuDNN leaves those rows undefined)
+    AttnSpec(F16, "HND", 8, 4, 2, 64, kv_lens=(0, 11), q_lens=(3, 4), causal=False, lse=True),
 ]
 
 

@@ -102,6 +102,17 @@ def _zero_empty_requests(seq_lens: torch.Tensor, out: torch.Tensor, lse: torch.T
         lse.masked_fill_(empty[:, None], float("-inf"))
 
 
+def _zero_empty_rows(kv_lens: torch.Tensor, qo_indptr: torch.Tensor, total: int, out: torch.Tensor,
+                     lse: torch.Tensor | None) -> None:
+    """Query tokens of requests with no keys: out 0, lse -inf (cuDNN leaves them undefined). Device ops,
+    no host sync (``output_size`` is the known token count), capturable."""
+    qo_lens = qo_indptr[1:] - qo_indptr[:-1]
+    empty = torch.repeat_interleave(kv_lens == 0, qo_lens, output_size=total)
+    out.masked_fill_(empty[:, None, None], 0.0)
+    if lse is not None:
+        lse.masked_fill_(empty[:, None], float("-inf"))
+
+
 def _decode_feeds(built: graphs.Built, q: torch.Tensor, cache: PagedKVCache, table: PageTable, out: torch.Tensor,
                   lse: torch.Tensor | None) -> dict[str, torch.Tensor]:
     k, v = pages_hnd(cache)
@@ -209,6 +220,7 @@ def prefill(q: torch.Tensor, qo_indptr: torch.Tensor, cache: PagedKVCache, table
     built = graphs.get(prefill_spec(q, cache, table, p, s_q), q.device)
     packed = _PackedQueries(qo_indptr, total, s_q, q.stride(0), hq * dv)
     _prefill_execute(built, graphs.workspace(built, q.device), q, cache, table, packed, out, lse, s_q)
+    _zero_empty_rows(table.seq_lens, qo_indptr, total, out, lse)
     return out, lse
 
 
@@ -245,6 +257,7 @@ class PrefillPlan:
         _prefill_execute(entry[0], entry[1], q, cache, self.table, packed, o, lse, self.s_q)
         if o is not out:
             out.copy_(o)
+        _zero_empty_rows(self.table.seq_lens, self.qo_indptr, self.total, out, lse)
 
 
 # -- ragged prefill --------------------------------------------------------------------------------------------
@@ -275,6 +288,7 @@ def prefill_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr:
     graphs.execute(built, feeds, graphs.workspace(built, q.device), q.device)
     if lse is not None and stats is not None:
         _gather_lse(stats, lse_gather_index(qo_indptr, total, s_q), lse)
+    _zero_empty_rows(kv_indptr[1:] - kv_indptr[:-1], qo_indptr, total, out, lse)
     return out, lse
 
 
