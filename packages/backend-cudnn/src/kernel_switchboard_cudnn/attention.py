@@ -193,14 +193,17 @@ def _gather_lse(stats: torch.Tensor, gather: torch.Tensor, lse: torch.Tensor) ->
 
 
 def _prefill_execute(built: graphs.Built, ws: torch.Tensor, q: torch.Tensor, cache: PagedKVCache, table: PageTable,
-                     packed: _PackedQueries, out: torch.Tensor, lse: torch.Tensor | None, s_q: int) -> None:
+                     packed: _PackedQueries, out: torch.Tensor, lse: torch.Tensor | None, s_q: int,
+                     stats: torch.Tensor | None = None) -> None:
+    """Execute the graph; ``stats`` (B, s_q, Hq) float32 is the LSE scratch (a plan owns one)."""
     k, v = pages_hnd(cache)
     bt = table_4d(table.block_table)
     feeds = {"q": q, "k": k, "v": v, "o": out, "seq_q": packed.seq_q, "seq_kv": lengths_4d(table.seq_lens),
              "k_table": bt, "v_table": bt, "q_off": packed.q_off, "o_off": packed.o_off}
-    stats = None
     if lse is not None:
-        stats = feeds["stats"] = torch.empty((table.batch_size, s_q, q.shape[1]), dtype=torch.float32, device=q.device)
+        if stats is None:
+            stats = torch.empty((table.batch_size, s_q, q.shape[1]), dtype=torch.float32, device=q.device)
+        feeds["stats"] = stats
     graphs.execute(built, feeds, ws, q.device)
     if lse is not None and stats is not None:
         _gather_lse(stats, packed.gather, lse)
@@ -239,6 +242,7 @@ class PrefillPlan:
             if p.return_lse:
                 self._packed.gather.numel()  # the LSE gather index, made now too
         self._entries: dict[tuple[Any, ...], tuple[graphs.Built, torch.Tensor]] = {}
+        self._stats: torch.Tensor | None = None  # LSE scratch, made once (at the first run with LSE)
 
     def run(self, q: torch.Tensor, cache: PagedKVCache, out: torch.Tensor, lse: torch.Tensor | None) -> None:
         if self.total == 0 or self.table.batch_size == 0 or _no_pages(cache, self.table, out, lse):
@@ -254,7 +258,9 @@ class PrefillPlan:
             built = graphs.get(prefill_spec(q, cache, self.table, self.p, self.s_q), q.device)
             entry = self._entries[key] = (built, graphs.workspace(built, q.device))
         o = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
-        _prefill_execute(entry[0], entry[1], q, cache, self.table, packed, o, lse, self.s_q)
+        if lse is not None and self._stats is None:
+            self._stats = torch.empty((self.table.batch_size, self.s_q, hq), dtype=torch.float32, device=q.device)
+        _prefill_execute(entry[0], entry[1], q, cache, self.table, packed, o, lse, self.s_q, self._stats)
         if o is not out:
             out.copy_(o)
         _zero_empty_rows(self.table.seq_lens, self.qo_indptr, self.total, out, lse)
