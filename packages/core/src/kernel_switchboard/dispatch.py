@@ -148,13 +148,6 @@ def _env_prefer() -> tuple[str, ...]:
     return tuple(s.strip() for s in os.environ.get("KSB_PREFER", "").split(",") if s.strip())
 
 
-def current_preferences(backend: str | Sequence[str] | None = None) -> tuple[tuple[str, ...], bool]:
-    """The preference list in force and whether it is strict (a per-call ``backend=``)."""
-    if backend is not None:
-        return ((backend,) if isinstance(backend, str) else tuple(backend)), True
-    return _scoped.get() or _ENV_PREFER, False
-
-
 _ENV_PREFER = _env_prefer()
 _AUTOTUNE_ENV = _env_autotune()
 
@@ -164,7 +157,10 @@ def _matches(kernel: Kernel, pref: str) -> bool:
 
 
 def select(op: str, problem: Any, backend: str | Sequence[str] | None = None) -> Selection:
-    """Rank every kernel of ``op`` for ``problem``; cached. Raises when nothing can run it."""
+    """Rank every kernel of ``op`` for ``problem``; cached. Raises when nothing can run it.
+
+    Preferences: a per-call ``backend`` (strict), else the innermost :func:`use` scope, else ``KSB_PREFER``.
+    """
     if backend is None:
         prefs, strict = _scoped.get() or _ENV_PREFER, False
     else:
