@@ -367,6 +367,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     presets = args.preset or (["dispatch"] if device.type == "cpu" and not args.op else ["attention"])
+    if device.type == "cpu" and set(presets) - {"dispatch"} and args.device != "cpu":
+        print("bench: the workload presets are model-sized GPU workloads; on a CPU use --preset dispatch, an ad-hoc "
+              "--op/--param point, or force them with --device cpu", file=sys.stderr)
+        return 2
     points: list[tuple[str, Point]] = []
     rows: list[Row] = []
     if "dispatch" in presets:
