@@ -366,7 +366,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", help="cpu or cuda")
     args = p.parse_args(argv)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    presets = args.preset or (["dispatch"] if device.type == "cpu" and not args.op else ["attention"])
+    if args.preset:
+        presets = args.preset
+    elif args.op:
+        presets = []
+    else:
+        presets = ["dispatch"] if device.type == "cpu" else ["attention"]
     if device.type == "cpu" and set(presets) - {"dispatch"} and args.device != "cpu":
         print("bench: the workload presets are model-sized GPU workloads; on a CPU use --preset dispatch, an ad-hoc "
               "--op/--param point, or force them with --device cpu", file=sys.stderr)
