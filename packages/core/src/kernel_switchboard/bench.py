@@ -55,10 +55,11 @@ class Row:
 
 
 def _decode_points(batches: tuple[int, ...], lens: tuple[int, ...], pages: tuple[int, ...], q: int = 32,
-                   kv: int = 8, d: int = 128) -> list[Point]:
+                   kv: int = 8, d: int = 128, layouts: tuple[str, ...] = ("NHD", "HND")) -> list[Point]:
+    """Decode points; both page layouts, since some kernels take only one (cuDNN: HND)."""
     return [Point("attention.decode", {"batch": b, "kv_len": n, "page_size": p, "num_q_heads": q, "num_kv_heads": kv,
-                                       "head_dim": d, "dtype": "bfloat16", "layout": "NHD"},
-                  f"B={b} L={n} p{p}") for p in pages for b in batches for n in lens]
+                                       "head_dim": d, "dtype": "bfloat16", "layout": lay},
+                  f"B={b} L={n} p{p} {lay}") for p in pages for b in batches for n in lens for lay in layouts]
 
 
 def _prefill_points(shapes: tuple[tuple[int, int], ...], q: int = 32, kv: int = 8, d: int = 128) -> list[Point]:
