@@ -28,6 +28,7 @@ from ..paged import PageTable
 from . import calls
 from .cache import StepBatch
 from .llama import dense_mlp
+from .model import PagedModel
 from .weights import DeepseekWeights, DenseMLP, MLALayer, MoEWeights
 
 
@@ -102,22 +103,14 @@ def _plan_rows(batch: StepBatch, page_size: int) -> tuple[_DecodeRows | None, _P
     return decode, prefill
 
 
-class DeepseekModel:
+class DeepseekModel(PagedModel):
     """Forward passes of a DeepSeek-V3-family model over paged MLA latents. ``weights``: :class:`DeepseekWeights`."""
 
     family = "deepseek"
 
     def __init__(self, weights: DeepseekWeights) -> None:
-        self.w = weights
-        self.spec = weights.spec
-
-    @property
-    def device(self) -> torch.device:
-        return self.w.embed.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.w.embed.dtype
+        super().__init__(weights)
+        self.w: DeepseekWeights = weights
 
     def new_cache(self, num_pages: int, page_size: int) -> MLACache:
         s = self.spec

@@ -17,6 +17,7 @@ import torch
 from ..paged import PagedKVCache, PageTable
 from . import calls
 from .cache import StepBatch
+from .model import PagedModel
 from .weights import DenseMLP, LlamaLayer, LlamaWeights
 
 
@@ -42,22 +43,14 @@ def dense_mlp(mlp: DenseMLP, h: torch.Tensor) -> torch.Tensor:
     return calls.mm(calls.silu_and_mul(calls.mm(h, mlp.w_gate_up)), mlp.w_down)
 
 
-class LlamaModel:
+class LlamaModel(PagedModel):
     """Forward passes of a Llama-family model over a paged KV cache. ``weights``: :class:`LlamaWeights`."""
 
     family = "llama"
 
     def __init__(self, weights: LlamaWeights) -> None:
-        self.w = weights
-        self.spec = weights.spec
-
-    @property
-    def device(self) -> torch.device:
-        return self.w.embed.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.w.embed.dtype
+        super().__init__(weights)
+        self.w: LlamaWeights = weights
 
     def new_cache(self, num_pages: int, page_size: int) -> LlamaKVCache:
         s = self.spec
