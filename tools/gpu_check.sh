@@ -2,13 +2,13 @@
 # One-call GPU check on a lent H200 (see ../shared/DEVICE.md): install the project offline, run every
 # GPU test, run the benchmarks, write logs and tables under $OUT. Usage, from the project root:
 #   source .gpu/core/setup.sh && bash tools/gpu_check.sh [stage ...]
-# Stages (default: all): install tests backend-bench bench. Each stage has its own time limit so one hang
+# Stages (default: all): install smoke tests backend-bench bench. Each stage has its own time limit so one hang
 # cannot eat the whole call.
 set -u
 OUT=${OUT:-/tmp/ksb-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 KSB_TUNE_CACHE="$OUT/tune.json"
-stages=${*:-install tests backend-bench bench}
+stages=${*:-install smoke tests backend-bench bench}
 log() { echo "[gpu_check $(date +%T)] $*"; }
 
 if [[ " $stages " == *" install "* ]]; then
@@ -20,18 +20,28 @@ if [[ " $stages " == *" install "* ]]; then
   timeout 120 switchboard doctor > "$OUT/doctor.txt" 2>&1; cat "$OUT/doctor.txt" | head -60
 fi
 
+if [[ " $stages " == *" smoke "* ]]; then
+  log "smoke"
+  timeout -s INT -k 10 ${KSB_SMOKE_TIMEOUT:-150} python3 tools/gpu_smoke.py 2>&1 | tee "$OUT/smoke.txt"
+fi
+
 if [[ " $stages " == *" tests "* ]]; then
-  log "gpu tests"
+  log "gpu tests (folders in parallel)"
   export KSB_TEST_DEVICE=cuda
-  # one pytest per folder: the packages' test files share basenames (test_norm.py ...)
+  # one pytest per folder: the packages' test files share basenames (test_norm.py ...). SIGINT at the
+  # time limit makes pytest print its summary (failures so far) instead of dying silently.
+  run_folder() {
+    local d=$1 log="$OUT/pytest-gpu-${1//\//_}.log"
+    timeout -s INT -k 20 ${KSB_TEST_TIMEOUT:-300} python3 -m pytest -q -m gpu --maxfail=30 --no-header -rfE \
+      -p no:cacheprovider --durations=8 "$d" ${KSB_PYTEST_ARGS:-} > "$log" 2>&1
+    echo "$d: exit $? :: $(grep -E '(passed|failed|error)' "$log" | tail -1)" >> "$OUT/pytest-gpu.log"
+  }
   for d in ${KSB_TEST_DIRS:-tests packages/backend-triton/tests packages/backend-cudnn/tests packages/backend-fa/tests packages/backend-cutlass/tests packages/backend-trtllm/tests}; do
-    [ -d "$d" ] || continue
-    log "pytest -m gpu $d"
-    timeout ${KSB_TEST_TIMEOUT:-300} python3 -m pytest -q -m gpu --maxfail=30 --no-header -rfE -p no:cacheprovider \
-      "$d" ${KSB_PYTEST_ARGS:-} > "$OUT/pytest-gpu-${d//\//_}.log" 2>&1
-    echo "$d: exit $? :: $(tail -1 "$OUT/pytest-gpu-${d//\//_}.log")" | tee -a "$OUT/pytest-gpu.log"
-    grep -E "^(FAILED|ERROR)" "$OUT/pytest-gpu-${d//\//_}.log" | head -25
+    [ -d "$d" ] && run_folder "$d" &
   done
+  wait
+  cat "$OUT/pytest-gpu.log"
+  grep -hE "^(FAILED|ERROR)" "$OUT"/pytest-gpu-*.log | head -40
 fi
 
 if [[ " $stages " == *" backend-bench "* ]]; then
