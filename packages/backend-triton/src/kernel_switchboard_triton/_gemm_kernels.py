@@ -106,7 +106,8 @@ def _mm_fp8_kernel(
             s_b = tl.load(sb_col + kb * stride_sbk)
             acc += tl.dot(a, b) * (s_a[:, None] * s_b)
         else:
-            acc = tl.dot(a, b, acc)
+            # sm_90 fp8 MMAs accumulate in reduced precision: fold into float32 once per BLOCK_K
+            acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
     if MODE == 0:

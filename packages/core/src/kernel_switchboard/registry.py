@@ -52,6 +52,9 @@ class Kernel:
     #: builds it ahead of time for a problem (``switchboard build``)
     build: Callable[[Any], None] | None = None
     doc: str = ""
+    #: the dtype the kernel computes in for a problem, where lower than the inputs' (XQA on an fp8 cache
+    #: quantises Q and P to fp8); conformance tests then allow that dtype's tolerance
+    math_dtype: Callable[[Any], Any] | None = None
 
     @property
     def id(self) -> str:

@@ -21,11 +21,15 @@ def _targets(table: PageTable, batch_indices: torch.Tensor, positions: torch.Ten
 
 
 def quantize(x: torch.Tensor, dtype: torch.dtype, scale: float | None) -> torch.Tensor:
-    """``x`` as stored in pages of ``dtype``: fp8 stores x / scale saturated to the fp8 range."""
+    """``x`` as stored in pages of ``dtype``: fp8 stores x * (1 / scale) saturated to the fp8 range.
+
+    The reciprocal is taken once in float32, as CUDA's division by a scalar does, so that CPU and GPU
+    store the same bytes."""
     if scale is None:
         return x.to(dtype)
     limit = torch.finfo(dtype).max
-    return (x.float() / scale).clamp(-limit, limit).to(dtype)
+    inv = torch.tensor(1.0 / scale, dtype=torch.float32).item()
+    return (x.float() * inv).clamp(-limit, limit).to(dtype)
 
 
 def append(k: torch.Tensor, v: torch.Tensor, cache: PagedKVCache, table: PageTable, batch_indices: torch.Tensor,

@@ -56,8 +56,9 @@ class Case:
         args, kwargs = clone_args(self.args), clone_args(self.kwargs)
         return args, self.function(*args, backend=backend, **kwargs)
 
-    def compare(self, kernel_id: str) -> None:
-        """Run ``kernel_id`` and the reference and assert that their outputs agree."""
+    def compare(self, kernel_id: str, computes_in: torch.dtype | None = None) -> None:
+        """Run ``kernel_id`` and the reference and assert that their outputs agree; ``computes_in``: a
+        lower dtype the kernel declares it computes in (``Kernel.math_dtype``), whose tolerance then applies."""
         if self.check is not None:
             self.check(lambda backend=kernel_id: self.run(backend)[1])  # run() = the kernel under test
             return
@@ -65,6 +66,8 @@ class Case:
         want = self._outputs(*self.run("reference"))
         assert len(got) == len(want), f"{kernel_id} returned {len(got)} outputs, the reference {len(want)}"
         atol, rtol = self.tol or tolerance(self.dtype)
+        if computes_in is not None:
+            atol, rtol = max(atol, tolerance(computes_in)[0]), max(rtol, tolerance(computes_in)[1])
         for i, (g, w) in enumerate(zip(got, want)):
             assert_close(g, w, atol=atol, rtol=rtol, what=f"{self.op}[{self.id}] output {i} of {kernel_id}")
 

@@ -76,7 +76,12 @@ def conformance_test(backend: str, device: str | None = None, size: str | None =
         if case is None:
             pytest.fail(f"{kernel.id}: no conformance case of {kernel.op} on {dev} lies inside its declared "
                         f"capability, so the declaration is untested")
-        case.compare(kernel.id)
+        computes_in = None
+        if kernel.math_dtype is not None and case.check is None:
+            from ..dispatch import explain
+
+            computes_in = kernel.math_dtype(explain(case.op, *case.args, **case.kwargs).problem)
+        case.compare(kernel.id, computes_in=computes_in)
 
     return test_conformance
 

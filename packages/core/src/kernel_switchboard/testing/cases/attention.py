@@ -76,10 +76,23 @@ class AttnSpec:
         return "-".join(bits)
 
     def tol(self) -> tuple[float, float] | None:
-        if self.kv_dtype is None:
+        if self.kv_dtype is None and not self.unnormalised():
             return None
         a, r = tolerance(self.dtype)
-        return max(a, 2e-2), max(r, 2e-2)  # a kernel may compute with the fp8 values in 16-bit
+        if self.kv_dtype is not None:
+            a, r = max(a, 2e-2), max(r, 2e-2)  # a kernel may compute with the fp8 values in 16-bit
+        if self.unnormalised():
+            # no softmax: an output is a sum of up to L weighted values, of typical size ~sqrt(L)/2
+            a *= max(1.0, 0.5 * max(self.kv_lens, default=1) ** 0.5)
+        return a, r
+
+    def unnormalised(self) -> bool:
+        """True for a variant without softmax (sigmoid attention): outputs are sums, not averages."""
+        if self.variant is None:
+            return False
+        from ... import variants_lib
+
+        return not variants_lib.VARIANTS[self.variant].softmax
 
 
 # -- builders (also used by the tests) --------------------------------------------------------------------
@@ -197,7 +210,7 @@ def ragged_case(spec: AttnSpec, device: torch.device | str, seed: int | torch.Ge
     q = torch.randn(sum(spec.q_lens), spec.q_heads, spec.head_dim, generator=g, device=g.device).to(device, spec.dtype)
     args = (q, k, v, indptr(spec.q_lens, device), indptr(spec.kv_lens, device))
     tag = spec.tag("ragged").replace(f"-{spec.layout}-p{spec.page_size}", "")
-    return Case("attention.prefill_ragged", tag, args, _kwargs(spec, True, g, device), spec.dtype)
+    return Case("attention.prefill_ragged", tag, args, _kwargs(spec, True, g, device), spec.dtype, spec.tol())
 
 
 def mla_case(dtype: torch.dtype, kv_lens: tuple[int, ...], heads: int, page_size: int, device: torch.device | str,
