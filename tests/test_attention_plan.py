@@ -11,7 +11,14 @@ import torch
 import kernel_switchboard as ksb
 from kernel_switchboard.capability import FEATURES, Capability
 from kernel_switchboard.reference import attention as ref_attention
-from kernel_switchboard.testing.cases.attention import AttnSpec, decode_case, indptr, prefill_case, random_pages
+from kernel_switchboard.testing.cases.attention import (
+    AttnSpec,
+    decode_case,
+    indptr,
+    prefill_case,
+    ragged_case,
+    random_pages,
+)
 
 F16, F32 = torch.float16, torch.float32
 
@@ -63,6 +70,28 @@ def test_plan_prefill_run_equals_prefill(causal: bool) -> None:
     want, want_lse = ksb.attention.prefill(q, qo, cache, table, causal=causal, window_left=6, return_lse=True)
     torch.testing.assert_close(out, want, atol=0, rtol=0)
     torch.testing.assert_close(lse, want_lse, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_plan_prefill_ragged_run_equals_prefill_ragged(causal: bool) -> None:
+    spec = AttnSpec(F32, q_heads=4, kv_heads=2, head_dim=32, head_dim_v=16, kv_lens=(7, 1, 20, 0), q_lens=(7, 1, 5, 0),
+                    causal=causal)
+    q, k, v, qo, kv = ragged_case(spec, "cpu").args
+    plan = ksb.attention.plan_prefill_ragged(qo, kv, num_q_heads=4, num_kv_heads=2, head_dim=32, head_dim_v=16,
+                                             dtype=F32, causal=causal, logits_soft_cap=3.0, return_lse=True)
+    assert plan.kernel.id == "reference:prefill_ragged"
+    assert plan.params.max_q_len == 7 and plan.params.max_kv_len == 20 and "mixed_batch" in plan.problem.features
+    out, lse = plan.run(q, k, v)
+    want, want_lse = ksb.attention.prefill_ragged(q, k, v, qo, kv, causal=causal, logits_soft_cap=3.0, return_lse=True)
+    torch.testing.assert_close(out, want, atol=0, rtol=0)
+    torch.testing.assert_close(lse, want_lse, atol=0, rtol=0)
+    with pytest.raises(ksb.InvalidArgumentError, match=r"k="):
+        plan.run(q, k[:-1], v)
+    with pytest.raises(ksb.InvalidArgumentError, match=r"kv_indptr\.shape"):
+        ksb.attention.plan_prefill_ragged(qo, kv[:-1], num_q_heads=4, num_kv_heads=2, head_dim=32, dtype=F32)
+    with pytest.raises(ksb.InvalidArgumentError, match=r"kv_indptr=.*non-decreasing"):
+        ksb.attention.plan_prefill_ragged(qo, torch.tensor([0, 9, 3, 20, 28], dtype=torch.int32), num_q_heads=4,
+                                          num_kv_heads=2, head_dim=32, dtype=F32, causal=False)
 
 
 def test_plan_bad_arguments_name_the_argument() -> None:

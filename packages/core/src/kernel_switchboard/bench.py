@@ -243,43 +243,85 @@ def run_point(preset: str, point: Point, device: torch.device, reps_ms: float) -
         except Exception as exc:
             rows.append(Row(preset, point.op, point.label, name, None, error=f"{type(exc).__name__}: {exc}"[:300]))
 
+    plans = point.op in _PLANNERS
     for cand in sel.candidates:
         if cand.eligible:
             timed(cand.kernel.id, lambda k=cand.kernel.id: fn(*case.args, backend=k, **case.kwargs))
-            if point.op == "attention.decode" and device.type == "cuda":
-                try:
-                    calls = _decode_plan_calls(cand.kernel.id, case.args, case.kwargs)
-                except Exception as exc:  # noqa: BLE001 - the eager row stands; say why the plan row is missing
-                    rows.append(Row(preset, point.op, point.label, f"{cand.kernel.id} [plan]", None,
-                                    error=f"{type(exc).__name__}: {exc}"[:300]))
-                    calls = {}
-                for name, call in calls.items():
-                    timed(name, call)
+            if plans:
+                _timed_plans(timed, rows, preset, point, cand.kernel.id, case.args, case.kwargs)
     timed(f"auto -> {sel.kernel.id}", lambda: fn(*case.args, **case.kwargs), auto=True)
+    if plans:
+        _timed_plans(timed, rows, preset, point, None, case.args, case.kwargs)
     for name, call in externals(point.op, case.args, case.kwargs).items():
         timed(f"[ext] {name}", call)
-    best = min((r.ms for r in rows if r.ms is not None and not r.auto and not r.kernel.startswith("[ext]")
-                and "[" not in r.kernel), default=None)  # regret compares eager calls with eager calls
+    best: dict[str, float] = {}  # regret compares eager calls with eager calls, plans with plans
     for r in rows:
-        if r.auto and r.ms is not None and best:
-            r.regret = r.ms / best
+        if r.ms is not None and not r.auto and not r.kernel.startswith("[ext]"):
+            best[_call_kind(r.kernel)] = min(best.get(_call_kind(r.kernel), r.ms), r.ms)
+    for r in rows:
+        if r.auto and r.ms is not None and _call_kind(r.kernel) in best:
+            r.regret = r.ms / best[_call_kind(r.kernel)]
     return rows
 
 
-def _decode_plan_calls(kernel_id: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Callable[[], Any]]:
-    """How an engine calls decode: through a plan (host work once) and a CUDA graph of ``plan.run``."""
+def _call_kind(name: str) -> str:
+    """``eager``, ``plan`` or ``graph``: how a row's kernel was called."""
+    return "plan" if name.endswith("[plan]") else "graph" if name.endswith("[graph]") else "eager"
+
+
+def _timed_plans(timed: Callable[..., None], rows: list[Row], preset: str, point: Point, kernel_id: str | None,
+                 args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Rows for ``kernel_id`` (None: the automatic choice) called the way an engine calls it: a plan made
+    once per step, and for decode a CUDA graph of ``plan.run``."""
+    try:
+        plan, call = _PLANNERS[point.op](kernel_id, args, kwargs)
+    except Exception as exc:  # noqa: BLE001 - the eager row stands; say why the plan row is missing
+        rows.append(Row(preset, point.op, point.label, f"{kernel_id or 'auto'} [plan]", None,
+                        error=f"{type(exc).__name__}: {exc}"[:300]))
+        return
+    name = kernel_id or f"auto -> {plan.kernel.id}"
+    call()  # warm up (compiles, builds graphs) outside capture
+    timed(f"{name} [plan]", call, auto=kernel_id is None)
+    if point.op == "attention.decode" and args[0].is_cuda:
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            call()
+        timed(f"{name} [graph]", graph.replay, auto=kernel_id is None)
+
+
+def _decode_plan(kernel_id: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Callable[[], Any]]:
     from .ops.attention import plan_decode
 
-    q, cache, table = args[0], args[1], args[2]
+    q, cache, table = args
     plan = plan_decode(table, num_q_heads=q.shape[1], num_kv_heads=cache.num_kv_heads, head_dim=cache.head_dim,
                        head_dim_v=cache.head_dim_v, dtype=q.dtype, kv_dtype=cache.dtype, layout=cache.layout,
                        page_size=cache.page_size, backend=kernel_id, **kwargs)
-    plan.run(q, cache)  # warm up (compiles, builds graphs) outside capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        plan.run(q, cache)
-    return {f"{kernel_id} [plan]": lambda: plan.run(q, cache), f"{kernel_id} [graph]": graph.replay}
+    return plan, lambda: plan.run(q, cache)
+
+
+def _prefill_plan(kernel_id: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Callable[[], Any]]:
+    from .ops.attention import plan_prefill
+
+    q, qo_indptr, cache, table = args
+    plan = plan_prefill(table, qo_indptr, num_q_heads=q.shape[1], num_kv_heads=cache.num_kv_heads,
+                        head_dim=cache.head_dim, head_dim_v=cache.head_dim_v, dtype=q.dtype, kv_dtype=cache.dtype,
+                        layout=cache.layout, page_size=cache.page_size, backend=kernel_id, **kwargs)
+    return plan, lambda: plan.run(q, cache)
+
+
+def _ragged_plan(kernel_id: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Callable[[], Any]]:
+    from .ops.attention import plan_prefill_ragged
+
+    q, k, v, qo_indptr, kv_indptr = args
+    plan = plan_prefill_ragged(qo_indptr, kv_indptr, num_q_heads=q.shape[1], num_kv_heads=k.shape[1],
+                               head_dim=q.shape[2], head_dim_v=v.shape[2], dtype=q.dtype, backend=kernel_id, **kwargs)
+    return plan, lambda: plan.run(q, k, v)
+
+
+#: op -> (kernel id or None, case args, case kwargs) -> (plan, call)
+_PLANNERS: dict[str, Callable[..., tuple[Any, Callable[[], Any]]]] = {
+    "attention.decode": _decode_plan, "attention.prefill": _prefill_plan, "attention.prefill_ragged": _ragged_plan}
 
 
 def _print_table(rows: list[Row], ceil: dict[str, float]) -> None:

@@ -1,6 +1,6 @@
 """Attention ops: ``attention.decode``, ``attention.prefill``, ``attention.prefill_ragged``,
 ``attention.mla_decode``, ``attention.merge_states``; the :func:`cascade` helper; and plans
-(:func:`plan_decode`, :func:`plan_prefill`) for repeated steps and CUDA graphs.
+(:func:`plan_decode`, :func:`plan_prefill`, :func:`plan_prefill_ragged`) for repeated steps and CUDA graphs.
 
 Kernel ``run`` signatures (canonical, validated arguments; see docs/ops.md), each returning
 ``(out, lse_or_None)``:
@@ -24,7 +24,7 @@ fp8 caches are dequantised as ``stored * scale``.
 
 Eager calls validate on the host. ``decode`` reads nothing back from the device once a
 :class:`PageTable` has been checked; ``prefill`` and ``prefill_ragged`` read the indptrs (and
-seq_lens) back once per call (use :func:`plan_prefill` to pay that once per step).
+seq_lens) back once per call (use :func:`plan_prefill` / :func:`plan_prefill_ragged` to pay that once per step).
 """
 
 from __future__ import annotations
@@ -918,3 +918,78 @@ def plan_prefill(table: PageTable, qo_indptr: _Tensor, *, num_q_heads: int, num_
     runner = _runner(selection.kernel, problem, table, p, (qo_indptr,), qo_indptr=qo_indptr)
     return PrefillPlan(problem, p, selection, table, runner, (total, num_q_heads, head_dim),
                        (total, num_q_heads, dims[2]))
+
+
+class RaggedPrefillPlan:
+    """A planned :func:`prefill_ragged`: ``run(q, k, v)`` with q (Tq, Hq, D), k (Tk, Hkv, D) and
+    v (Tk, Hkv, Dv) packed by the planned indptrs; no host synchronisation (capturable)."""
+
+    __slots__ = ("_expect", "indptrs", "params", "problem", "selection")
+
+    def __init__(self, problem: RaggedPrefillProblem, params: AttnParams, selection: Selection,
+                 indptrs: tuple[_Tensor, _Tensor], expect: tuple[Any, ...]) -> None:
+        self.problem, self.params, self.selection, self.indptrs, self._expect = problem, params, selection, indptrs, expect
+
+    @property
+    def kernel(self) -> Any:
+        return self.selection.kernel
+
+    def run(self, q: _Tensor, k: _Tensor, v: _Tensor) -> _Tensor | tuple[_Tensor, _Tensor]:
+        """out (Tq, Hq, Dv) in q's dtype [, lse (Tq, Hq) float32]."""
+        for name, t, shape in zip(("q", "k", "v"), (q, k, v), self._expect[:3]):
+            if not isinstance(t, torch.Tensor) or t.shape != shape or t.dtype != self.problem.dtype \
+                    or t.device != self._expect[3] or t.stride(-1) != 1:
+                got = f"{tuple(t.shape)} {t.dtype} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
+                raise fail(name, got, f"{shape} {self.problem.dtype} on {self._expect[3]}, unit last stride, as planned")
+        out, lse = self.kernel.run(q, k, v, *self.indptrs, self.params)
+        return _result(out, lse, self.params.return_lse)
+
+    def __repr__(self) -> str:
+        return f"RaggedPrefillPlan(kernel={self.kernel.id}, problem={self.problem})"
+
+
+def plan_prefill_ragged(qo_indptr: _Tensor, kv_indptr: _Tensor, *, num_q_heads: int, num_kv_heads: int,
+                        head_dim: int, head_dim_v: int | None = None, dtype: torch.dtype, causal: bool = True,
+                        sm_scale: float | None = None, logits_soft_cap: float | None = None,
+                        window_left: int | None = None, return_lse: bool = False, capturable: bool = True,
+                        variant: Any = None, variant_args: Any = None,
+                        backend: BackendArg = None) -> RaggedPrefillPlan:
+    """Plan :func:`prefill_ragged` for these (B+1,) int32 indptrs (read back once, here): validation,
+    selection and the lengths the kernels need are settled once per step, so ``plan.run(q, k, v)``
+    (shared by every layer) does no host synchronisation and can be captured in a CUDA graph."""
+    for name, value in (("num_q_heads", num_q_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
+        if not (isinstance(value, int) and value >= 1):
+            raise fail(name, value, "a positive int")
+    if num_q_heads % num_kv_heads:
+        raise fail("num_q_heads", num_q_heads, f"a multiple of num_kv_heads ({num_kv_heads})")
+    head_dim_v = head_dim if head_dim_v is None else head_dim_v
+    if not (isinstance(head_dim_v, int) and head_dim_v >= 1):
+        raise fail("head_dim_v", head_dim_v, "a positive int or None (= head_dim)")
+    if dtype not in FLOAT_DTYPES:
+        raise fail("dtype", dtype, "torch.float16, torch.bfloat16 or torch.float32")
+    check_tensor(qo_indptr, "qo_indptr", dims=1, dtypes=_INT32)
+    batch = qo_indptr.shape[0] - 1
+    if batch < 0:
+        raise fail("qo_indptr.shape", tuple(qo_indptr.shape), "(batch + 1,) with batch >= 0")
+    check_tensor(kv_indptr, "kv_indptr", dims=1, dtypes=_INT32)
+    if kv_indptr.shape != qo_indptr.shape:
+        raise fail("kv_indptr.shape", tuple(kv_indptr.shape), f"{tuple(qo_indptr.shape)} as qo_indptr")
+    check_same_device("kv_indptr", kv_indptr, "qo_indptr", qo_indptr)
+    for name, ind in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr)):
+        if not ind.is_contiguous():
+            raise fail(name, "non-contiguous", "a contiguous tensor")
+    total_q, total_kv = (int(x) for x in torch.stack((qo_indptr[-1], kv_indptr[-1])).tolist())
+    max_q, max_kv, mixed = _prefill_host(qo_indptr, kv_indptr, total_q, bool(causal), True, total_kv)
+    device = qo_indptr.device
+    p = _with_variant(_params(head_dim, sm_scale, logits_soft_cap, window_left, bool(causal), bool(return_lse), max_q,
+                              max_kv or 0), bind(variant, variant_args, device))
+    dev, cc = device_key(qo_indptr)
+    base = ("ragged", "causal") if causal else ("ragged",)
+    feats = _features(base, p, False, head_dim != head_dim_v, dev, mixed) | _plan_extra(device, capturable)
+    problem = RaggedPrefillProblem(dev, cc, dtype, dtype, head_dim, head_dim_v, None, None, num_q_heads, num_kv_heads,
+                                   num_q_heads // num_kv_heads, bucket(batch), bucket(max_q), bucket(max_kv or 0),
+                                   feats, _variant_key(p))
+    selection = select("attention.prefill_ragged", problem, backend)
+    expect = ((total_q, num_q_heads, head_dim), (total_kv, num_kv_heads, head_dim),
+              (total_kv, num_kv_heads, head_dim_v), device)
+    return RaggedPrefillPlan(problem, p, selection, (qo_indptr, kv_indptr), expect)
