@@ -9,7 +9,8 @@ mixed batch cost one small tile each.
 Work items need no host work: request b owns the slots ``[start(b), start(b+1))`` with
 ``start(b) = (qo_indptr[b] * group) // BLOCK_M + b`` (enough for its ``cdiv(qo_len * group,
 BLOCK_M)`` tiles; extra slots exit at once). A program finds its request by binary search over
-``qo_indptr``; the grid is ``(Tq * group // BLOCK_M + B, num_kv_heads)``, known on the host.
+``qo_indptr``; the grid is ``((Tq * group // BLOCK_M + B) * num_kv_heads,)``, known on the host, with the
+KV head varying fastest so that the heavy (late causal) tiles of every head run before the light ones.
 
 The KV loop runs in three parts: masked tiles at the window's start, unmasked tiles, then
 masked tiles at the causal diagonal / the end of the sequence.
@@ -205,6 +206,7 @@ def _prefill_kernel(
     batch,  # requests B
     vargs,  # variant call-time args tuple (a trailing 0 keeps it non-empty)
     GROUP: tl.constexpr,  # query heads per KV head
+    NUM_KV_HEADS: tl.constexpr,  # KV heads (the fast-varying part of the grid)
     BLOCK_M: tl.constexpr,  # packed (token, head) rows per program
     BLOCK_N: tl.constexpr,  # KV tokens per tile
     HEAD_MAIN: tl.constexpr,  # power-of-two part of the qk head dim
@@ -227,8 +229,8 @@ def _prefill_kernel(
     HAS_OUTPUT_MOD: tl.constexpr,  # apply OUTPUT_MOD
     SOFTMAX: tl.constexpr,  # softmax weights (else the variant's scores are the weights)
 ):
-    slot_id = tl.program_id(0)
-    kvh = tl.program_id(1)
+    kvh = tl.program_id(0) % NUM_KV_HEADS
+    slot_id = tl.program_id(0) // NUM_KV_HEADS
 
     # request of this slot: the last b with start(b) <= slot_id
     lo = 0
@@ -381,12 +383,12 @@ def launch_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr:
         return
     lse_t = lse if lse is not None else out
     vargs, hooks = variant_launch(getattr(p, "variant", None))
-    _prefill_kernel[(slots, kv_heads)](
+    _prefill_kernel[(slots * kv_heads,)](
         q, k, v, qo_indptr, kvi, bt, lens, out, lse_t,
         q.stride(0), q.stride(1), kp, ks, kh, vp, vs, vh, bt_stride,
         out.stride(0), out.stride(1), lse_t.stride(0), lse_t.stride(1),
         qk_scale, cap_log2, v_scale, p.window_left, batch, vargs,
-        GROUP=group, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_MAIN=main, HEAD_TAIL=tail, HEAD_DIM_V=dv,
+        GROUP=group, NUM_KV_HEADS=kv_heads, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_MAIN=main, HEAD_TAIL=tail, HEAD_DIM_V=dv,
         BLOCK_DV=triton.next_power_of_2(dv), PAGE_SIZE=page_size, PAGED=paged, CAUSAL=bool(p.causal),
         WINDOW=p.window_left >= 0, SOFT_CAP=p.logits_soft_cap is not None, RETURN_LSE=lse is not None,
         LOG_B=max(1, batch.bit_length()), DOT_FP32=cfg.dot_fp32 and q.dtype == torch.bfloat16,

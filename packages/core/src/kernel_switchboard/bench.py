@@ -71,6 +71,13 @@ def _prefill_points(shapes: tuple[tuple[int, int], ...], q: int = 32, kv: int = 
 PRESETS: dict[str, Callable[[], list[Point]]] = {
     "attention": lambda: _decode_points((1, 16, 64, 128, 256), (1024, 4096, 8192), (16, 128))
     + _prefill_points(((1, 8192), (8, 2048), (4, 4096))),
+    "variants": lambda: [
+        Point(op, {**params, "num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128, "dtype": "bfloat16", **extra},
+              f"{label} {tag}")
+        for op, params, label in (("attention.decode", {"batch": 128, "kv_len": 8192, "page_size": 16}, "B=128 L=8192"),
+                                  ("attention.prefill_ragged", {"batch": 1, "q_len": 8192, "kv_len": 8192}, "1x8192"))
+        for tag, extra in (("plain", {}), ("soft_cap=30", {"soft_cap": 30.0}), ("variant soft_cap", {"variant": "soft_cap"}),
+                           ("variant alibi", {"variant": "alibi"}))],
     "llama3-8b": lambda: _decode_points((16, 128), (2048, 8192), (16,)) + _prefill_points(((1, 8192), (8, 2048))),
     "llama3-70b": lambda: _decode_points((16, 128), (2048, 8192), (16,), q=64, kv=8)
     + _prefill_points(((1, 8192),), q=64, kv=8),
@@ -245,7 +252,7 @@ def run_point(preset: str, point: Point, device: torch.device, reps_ms: float) -
 
     plans = point.op in _PLANNERS
     for cand in sel.candidates:
-        if cand.eligible:
+        if cand.eligible and not (device.type == "cuda" and cand.kernel.backend == "reference"):  # slow by design
             timed(cand.kernel.id, lambda k=cand.kernel.id: fn(*case.args, backend=k, **case.kwargs))
             if plans:
                 _timed_plans(timed, rows, preset, point, cand.kernel.id, case.args, case.kwargs)

@@ -386,7 +386,8 @@ def example(op: str, device: torch.device | str = "cpu", **shape: Any) -> Case:
 
     batch, kv_len, q_len (prefill), q_heads (or num_q_heads / num_heads), kv_heads (or
     num_kv_heads), head_dim, head_dim_v, page_size, dtype ("bf16"...), kv_dtype ("fp8"/"e4m3" for
-    a quantised cache), layout, causal, soft_cap, window, lse, seed. MLA uses head_dim (latent, 512)
+    a quantised cache), layout, causal, soft_cap, window, lse, seed, variant (a name in
+    ``variants_lib.VARIANTS``, with random parameters). MLA uses head_dim (latent, 512)
     and head_dim_pe (64); merge_states uses tokens. Data is generated on ``device``.
     """
     batch = int(shape.get("batch", 4))
@@ -411,6 +412,7 @@ def example(op: str, device: torch.device | str = "cpu", **shape: Any) -> Case:
         soft_cap=float(shape["soft_cap"]) if shape.get("soft_cap") is not None else None,
         window=int(shape["window"]) if shape.get("window") is not None else None, lse=lse,
         kv_dtype=_dtype(kv_dtype) if kv_dtype is not None and _dtype(kv_dtype) != dtype else None,
+        variant=str(shape["variant"]) if shape.get("variant") is not None else None,
     )
     if op == "attention.decode":
         return decode_case(spec, device, g)
