@@ -2,13 +2,13 @@
 # One-call GPU check on a lent H200 (see ../shared/DEVICE.md): install the project offline, run every
 # GPU test, run the benchmarks, write logs and tables under $OUT. Usage, from the project root:
 #   source .gpu/core/setup.sh && bash tools/gpu_check.sh [stage ...]
-# Stages (default: all): install smoke tests backend-bench bench. Each stage has its own time limit so one hang
+# Stages (default: all): install smoke tests backend-bench bench pack (pack: one archive of $OUT; run it last). Each stage has its own time limit so one hang
 # cannot eat the whole call.
 set -u
 OUT=${OUT:-/tmp/ksb-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 KSB_TUNE_CACHE="$OUT/tune.json"
-stages=${*:-install smoke tests backend-bench bench}
+stages=${*:-install smoke tests backend-bench bench pack}
 log() { echo "[gpu_check $(date +%T)] $*"; }
 
 if [[ " $stages " == *" install "* ]]; then
@@ -58,6 +58,15 @@ if [[ " $stages " == *" bench "* ]]; then
   log "bench exit $?"; tail -60 "$OUT/bench.txt"
 fi
 
-# The device tool returns at most 8 files: pack everything into one archive, keep the main logs.
-tar czf /tmp/results.tgz -C "$OUT" . 2>/dev/null && find "$OUT" -mindepth 1 -delete && mv /tmp/results.tgz "$OUT/results.tgz"
-log "done: $OUT/results.tgz"
+if [[ " $stages " == *" sweep "* ]]; then
+  log "sweep (Triton prefill and MLA tiles)"
+  timeout -s INT -k 10 ${KSB_SWEEP_TIMEOUT:-240} python3 tools/gpu_sweep.py "$OUT/sweep.json" ${KSB_SWEEP_PARTS:-} \
+    > "$OUT/sweep.txt" 2>&1
+  log "sweep exit $?"; grep -v "^\s*$" "$OUT/sweep.txt" | tail -70
+fi
+
+if [[ " $stages " == *" pack "* ]]; then
+  # The device tool returns at most 8 files: pack everything into one archive.
+  tar czf /tmp/results.tgz -C "$OUT" . 2>/dev/null && find "$OUT" -mindepth 1 -delete && mv /tmp/results.tgz "$OUT/results.tgz"
+  log "done: $OUT/results.tgz"
+fi

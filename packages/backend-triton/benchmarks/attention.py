@@ -185,8 +185,8 @@ def _prefill_point(batch: int, length: int, dev: torch.device, g: torch.Generato
     lens = torch.full((batch,), length, device=dev, dtype=torch.int32)
     cfgs: list[PrefillConfig | None] = [None]
     if sweep:
-        for bm, bn, warps, stages in ((128, 128, 8, 3), (128, 64, 4, 3), (128, 64, 8, 4), (64, 64, 4, 3),
-                                      (128, 32, 4, 4), (64, 128, 4, 3)):
+        for bm, bn, warps, stages in ((128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 2), (128, 64, 4, 3),
+                                      (128, 64, 8, 4), (64, 64, 4, 3), (128, 32, 4, 4), (64, 128, 4, 3)):
             cfgs.append(PrefillConfig(bm, bn, warps, stages, False))
     for cfg in cfgs:
         name = "default" if cfg is None else f"BLOCK_M={cfg.block_m} BLOCK_N={cfg.block_n} warps={cfg.num_warps} " \
@@ -220,9 +220,9 @@ def _mla_point(dev: torch.device, g: torch.Generator, sweep: bool, batch: int = 
     base = mla_config(dev, batch, heads, round_len(length))
     cfgs = [base]
     if sweep:
-        for bh, bn, warps, stages in ((16, 32, 4, 2), (32, 32, 4, 2), (32, 64, 8, 2), (64, 32, 8, 2), (64, 16, 4, 2),
-                                      (32, 16, 4, 3)):
-            for splits in sorted({1, 2, base.num_splits}):
+        for bh, bn, warps, stages in ((64, 32, 8, 1), (64, 32, 8, 3), (64, 16, 8, 2), (64, 16, 8, 3), (64, 64, 8, 1),
+                                      (64, 32, 4, 2), (32, 32, 4, 2), (32, 64, 8, 2)):
+            for splits in sorted({1, base.num_splits}):
                 cfgs.append(MLAConfig(bh, bn, splits, warps, stages, False))
     rows = []
     for i, cfg in enumerate(cfgs):
