@@ -47,8 +47,9 @@ def test_autotune_on_first_call_stores_the_measured_winner(slow_and_fast) -> Non
         y = ksb.norm.rms_norm(x, w)
         sel = ksb.explain("norm.rms_norm", x, w)
     torch.testing.assert_close(y, torch.nn.functional.rms_norm(x, (4096,), w, 1e-6), atol=2e-2, rtol=2e-2)
-    assert sel.kernel.id == "gt:fast" and sel.source == "tuned"
-    assert tuning.lookup("norm.rms_norm", sel.problem) == "gt:fast"
+    # the winner is gt:fast, or an installed backend's kernel faster still (triton on the H200): never gt:slow
+    assert sel.kernel.id != "gt:slow" and sel.source == "tuned"
+    assert tuning.lookup("norm.rms_norm", sel.problem) == sel.kernel.id
 
 
 def test_no_tuning_inside_graph_capture(slow_and_fast) -> None:

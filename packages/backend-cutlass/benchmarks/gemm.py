@@ -40,7 +40,7 @@ SMOKE = {"n": 128, "experts": 4, "hidden": 128, "inter": 64, "tokens": 16, "top_
 
 def _sync() -> None:
     if torch.cuda.is_available():
-        _sync()
+        torch.cuda.synchronize()
 
 
 def _time_ms(fn: Callable[[], Any]) -> float:

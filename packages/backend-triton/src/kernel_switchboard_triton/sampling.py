@@ -33,9 +33,11 @@ NUM_PIVOTS = 8
 MAX_SCRATCH = 2048
 MAX_PASSES = 8
 #: widest chunk and the most elements one program holds per chunk (rows x chunk); the interpreter, whose
-#: cost is per operation and per nested call rather than per element, takes much bigger tiles
-MAX_BLOCK = 4096
-TILE = 65536 if triton_interpreting() else 4096
+#: cost is per operation and per nested call rather than per element, takes much bigger tiles.
+#: Compile time grows steeply with the chunk (top-p's (rows, chunk, candidates) tiles): for sm_90, 1024 wide
+#: ~5 s, 4096 wide ~160 s (measured on this project's CI machine).
+MAX_BLOCK = 1024
+TILE = 65536 if triton_interpreting() else 1024
 #: finish threshold searches with tl.sort; the interpreter ranks pairwise instead (its sort is very slow)
 SORT = not triton_interpreting()
 _MAX_NUMEL = 1 << 20
@@ -58,7 +60,7 @@ def _config(batch: int, vocab: int) -> _Config:
         cap = min(cap, _MAX_NUMEL // (scratch * scratch))
     rows = max(1, min(cap, triton.next_power_of_2(max(batch, 1))))
     elems = rows * block
-    num_warps = 4 if elems <= 1024 else 8 if elems <= 2048 else 16
+    num_warps = 4 if elems <= 512 else 8  # more loads in flight per program: the passes are memory-bound
     return _Config(rows, block, scratch, num_warps)
 
 

@@ -19,6 +19,11 @@ TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
 }
 
 
+#: kernels that compute in a lower dtype than their inputs (``Kernel.math_dtype``): XQA on an fp8 cache rounds
+#: Q, K and P to e4m3, and the roundings compound (H200: max abs error 0.067 on unit-scale values)
+MATH_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {torch.float8_e4m3fn: (1e-1, 1e-1)}
+
+
 def tolerance(dtype: torch.dtype) -> tuple[float, float]:
     """Default (atol, rtol) for outputs computed from inputs of ``dtype``."""
     return TOLERANCES.get(dtype, (1e-4, 1e-4))
@@ -67,7 +72,8 @@ class Case:
         assert len(got) == len(want), f"{kernel_id} returned {len(got)} outputs, the reference {len(want)}"
         atol, rtol = self.tol or tolerance(self.dtype)
         if computes_in is not None:
-            atol, rtol = max(atol, tolerance(computes_in)[0]), max(rtol, tolerance(computes_in)[1])
+            math_atol, math_rtol = MATH_TOLERANCES.get(computes_in, tolerance(computes_in))
+            atol, rtol = max(atol, math_atol), max(rtol, math_rtol)
         for i, (g, w) in enumerate(zip(got, want)):
             assert_close(g, w, atol=atol, rtol=rtol, what=f"{self.op}[{self.id}] output {i} of {kernel_id}")
 
