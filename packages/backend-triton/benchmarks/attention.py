@@ -312,7 +312,8 @@ def compile_report(arch: int = 90) -> list[dict[str, Any]]:
         dv = 128 if tail else main
         jobs.append((f"prefill d{main + tail}/{dv} BLOCK_M={bm} BLOCK_N={bn} warps={warps} stages={stages} "
                      f"{'paged' if paged else 'ragged'}", _prefill._prefill_kernel, prefill_ptrs,
-                     dict(GROUP=4, NUM_KV_HEADS=8, BLOCK_M=bm, BLOCK_N=bn, HEAD_MAIN=main, HEAD_TAIL=tail, HEAD_DIM_V=dv, BLOCK_DV=dv,
+                     dict(GROUP=4, NUM_KV_HEADS=8, BLOCK_M=bm, BLOCK_N=bn, HEAD_MAIN=main, HEAD_TAIL=tail, HEAD_DIM_V=dv,
+                          BLOCK_DV=dv,
                           PAGE_SIZE=16, PAGED=paged, CAUSAL=True, WINDOW=False, SOFT_CAP=False, RETURN_LSE=False,
                           LOG_B=4, DOT_FP32=False), warps, stages))
     for bh, bn, warps, stages in ((64, 32, 8, 2), (32, 32, 8, 2), (16, 32, 4, 2), (64, 16, 4, 2)):
