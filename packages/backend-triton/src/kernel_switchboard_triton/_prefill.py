@@ -390,7 +390,7 @@ def launch_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr:
         out.stride(0), out.stride(1), lse_t.stride(0), lse_t.stride(1),
         qk_scale, cap_log2, v_scale, p.window_left, batch, vargs,
         GROUP=group, NUM_KV_HEADS=kv_heads, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_MAIN=main, HEAD_TAIL=tail,
-        HEAD_DIM_V=dv,        BLOCK_DV=triton.next_power_of_2(dv), PAGE_SIZE=page_size, PAGED=paged, CAUSAL=bool(p.causal),
+        HEAD_DIM_V=dv, BLOCK_DV=triton.next_power_of_2(dv), PAGE_SIZE=page_size, PAGED=paged, CAUSAL=bool(p.causal),
         WINDOW=p.window_left >= 0, SOFT_CAP=soft_cap_mode(p.logits_soft_cap, q.dtype), RETURN_LSE=lse is not None,
         LOG_B=max(1, batch.bit_length()), DOT_FP32=cfg.dot_fp32 and q.dtype == torch.bfloat16,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **hooks,
