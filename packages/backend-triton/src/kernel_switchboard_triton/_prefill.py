@@ -384,7 +384,8 @@ def launch_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr:
         return
     lse_t = lse if lse is not None else out
     vargs, hooks = variant_launch(getattr(p, "variant", None))
-    _prefill_kernel[(slots * kv_heads,)](
+    launch = functools.partial(
+        _prefill_kernel[(slots * kv_heads,)],
         q, k, v, qo_indptr, kvi, bt, lens, out, lse_t,
         q.stride(0), q.stride(1), kp, ks, kh, vp, vs, vh, bt_stride,
         out.stride(0), out.stride(1), lse_t.stride(0), lse_t.stride(1),
@@ -393,8 +394,16 @@ def launch_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr:
         HEAD_DIM_V=dv, BLOCK_DV=triton.next_power_of_2(dv), PAGE_SIZE=page_size, PAGED=paged, CAUSAL=bool(p.causal),
         WINDOW=p.window_left >= 0, SOFT_CAP=soft_cap_mode(p.logits_soft_cap, q.dtype), RETURN_LSE=lse is not None,
         LOG_B=max(1, batch.bit_length()), DOT_FP32=cfg.dot_fp32 and q.dtype == torch.bfloat16,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **hooks,
+        num_warps=cfg.num_warps, **hooks,
     )
+    try:
+        launch(num_stages=cfg.num_stages)
+    except triton.runtime.errors.OutOfResources:
+        # 128x128 tiles in 3 stages use ~224 KB of the 227 KB of shared memory: a variant's extra loads may not
+        # fit; one stage fewer does (the failed compile stays cached, so the retry costs no compile)
+        if cfg.num_stages <= 1:
+            raise
+        launch(num_stages=cfg.num_stages - 1)
 
 
 def prefill(q: torch.Tensor, qo_indptr: torch.Tensor, cache: Any, table: Any, p: Any
