@@ -29,11 +29,15 @@ def device_key(t: torch.Tensor) -> tuple[str, tuple[int, int] | None]:
     return _device_key(t.device)
 
 
+_NO_FEATURES: frozenset[str] = frozenset()
+_CAPTURE_FEATURES = frozenset({"cuda_graph"})
+
+
 def graph_features(device_type: str) -> frozenset[str]:
-    """``{"cuda_graph"}`` while a CUDA graph is being captured, else empty."""
+    """``{"cuda_graph"}`` while a CUDA graph is being captured, else empty (shared constants: a hot path)."""
     if device_type == "cuda" and is_capturing():
-        return frozenset({"cuda_graph"})
-    return frozenset()
+        return _CAPTURE_FEATURES
+    return _NO_FEATURES
 
 
 def compiling() -> bool:

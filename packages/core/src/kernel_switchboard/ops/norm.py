@@ -63,7 +63,8 @@ def _validate(x: torch.Tensor, weight: torch.Tensor, eps: float, name: str = "x"
 
 def _problem(x2: torch.Tensor, gemma: bool, extra: frozenset[str] = frozenset()) -> NormProblem:
     dev, cc = device_key(x2)
-    return NormProblem(dev, cc, x2.dtype, x2.shape[1], bucket(x2.shape[0]), gemma, graph_features(dev) | extra)
+    feats = graph_features(dev)
+    return NormProblem(dev, cc, x2.dtype, x2.shape[1], bucket(x2.shape[0]), gemma, feats | extra if extra else feats)
 
 
 # -- rms_norm --------------------------------------------------------------------------------------
