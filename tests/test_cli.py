@@ -44,3 +44,16 @@ def test_bench_dispatch_overhead_on_cpu(tmp_path, capsys) -> None:
     row = data["rows"][0]
     assert row["kernel"] == "dispatch overhead" and row["unit"] == "us/call"
     assert row["extra"]["public_us"] > 0 and row["extra"]["direct_us"] > 0
+
+
+def test_bench_times_attention_through_plans_and_reports_regret_per_call_kind(tmp_path) -> None:
+    args = ["bench", "--op", "attention.prefill_ragged", "--param", "batch=2", "--param", "q_len=8", "--param",
+            "kv_len=8", "--param", "num_q_heads=4", "--param", "num_kv_heads=2", "--param", "head_dim=16", "--param",
+            "dtype=fp32", "--device", "cpu", "--reps-ms", "2", "--out", str(tmp_path)]
+    assert main(args) == 0
+    rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
+    names = [r["kernel"] for r in rows]
+    assert "reference:prefill_ragged" in names and "reference:prefill_ragged [plan]" in names
+    auto = {r["kernel"]: r for r in rows if r["auto"]}
+    assert set(auto) == {"auto -> reference:prefill_ragged", "auto -> reference:prefill_ragged [plan]"}
+    assert all(r["regret"] is not None and r["regret"] > 0 for r in auto.values())

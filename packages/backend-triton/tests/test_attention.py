@@ -192,6 +192,45 @@ def test_prefill_plan_run_equals_run() -> None:
            torch.bfloat16)
 
 
+def test_prefill_ragged_plan_run_equals_run() -> None:
+    qo, kv = [6, 1, 3], [6, 20, 9]
+    q, k, v = _randn(10, 4, 64, dtype=torch.bfloat16), _randn(35, 2, 64, dtype=torch.bfloat16, seed=2), \
+        _randn(35, 2, 64, dtype=torch.bfloat16, seed=3)
+    plan = ksb.attention.plan_prefill_ragged(_indptr(qo), _indptr(kv), num_q_heads=4, num_kv_heads=2, head_dim=64,
+                                             dtype=torch.bfloat16, logits_soft_cap=20.0, return_lse=True,
+                                             backend="triton")
+    assert plan.kernel.id == "triton:prefill_ragged"
+    want = ksb.attention.prefill_ragged(q, k, v, _indptr(qo), _indptr(kv), logits_soft_cap=20.0, return_lse=True,
+                                        backend="reference")
+    _close(plan.run(q, k, v), want, torch.bfloat16)
+
+
+def test_prefill_retries_with_fewer_stages_when_shared_memory_runs_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A config whose shared memory does not fit (OutOfResources at launch) runs with one stage fewer."""
+    import triton
+
+    from kernel_switchboard_triton import _prefill
+
+    real, stages = _prefill._prefill_kernel, []
+
+    class Tight:
+        def __getitem__(self, grid):  # noqa: ANN001, ANN204 - mimics a jit kernel's launcher
+            def launch(*args, num_stages, **kwargs):  # noqa: ANN002, ANN003, ANN202
+                stages.append(num_stages)
+                if num_stages > 1:
+                    raise triton.runtime.errors.OutOfResources(229376, 232448, "shared memory")
+                return real[grid](*args, num_stages=num_stages, **kwargs)
+            return launch
+
+    monkeypatch.setattr(_prefill, "_prefill_kernel", Tight())
+    monkeypatch.setattr(_prefill, "prefill_config",
+                        lambda *a: _prefill.PrefillConfig(16, 16, 1, 2, triton_interpreting()))
+    q, k, v = _randn(5, 2, 64), _randn(5, 1, 64, seed=2), _randn(5, 1, 64, seed=3)
+    got, want = _both(ksb.attention.prefill_ragged, q, k, v, _indptr([5]), _indptr([5]))
+    assert stages == [2, 1]
+    _close(got, want, torch.float16)
+
+
 # -- MLA ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("heads", "page_size", "lens"), [(16, 16, [40, 3]), (20, 1, [7, 33])])
 def test_mla_decode_matches_reference(heads: int, page_size: int, lens: list[int]) -> None:
