@@ -14,7 +14,8 @@ from typing import Any
 import torch
 
 DECODE_BANDWIDTH = 4.6e12
-DECODE_FIXED = 20e-6
+#: our plan's measured decode (HND, page 16; H200 run 4): 2.43 TB/s at B=16 L=2048, 4.47 at B=128 L=8192
+DECODE_FIXED = 26e-6
 PREFILL_RATE = 569e12
 PREFILL_FIXED = 34e-6
 

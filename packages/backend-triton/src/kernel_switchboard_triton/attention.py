@@ -14,6 +14,7 @@ and ``_merge.py`` (merge_states). Capabilities state exactly what the kernels do
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -21,7 +22,7 @@ import torch
 from kernel_switchboard import Capability, Kernel
 
 from . import __version__
-from ._attn_common import cost_seconds, fp8_needs_sm89, nbytes
+from ._attn_common import DECODE_BYTES_PER_S, DECODE_FIXED_S, cost_seconds, fp8_needs_sm89, is_inf_cost, nbytes
 from ._common import BACKEND, DEVICES, PRIORITY
 from ._decode import decode, plan_decode
 from ._merge import merge_states
@@ -61,7 +62,7 @@ MERGE = Capability(
 
 def _decode_cost(pr: Any) -> float:
     kv = pr.batch * pr.max_kv_len * pr.num_kv_heads * (pr.head_dim + pr.head_dim_v) * nbytes(pr.kv_dtype)
-    return cost_seconds(kv, 0.0, pr)
+    return math.inf if is_inf_cost(pr) else DECODE_FIXED_S + kv / DECODE_BYTES_PER_S
 
 
 def _prefill_cost(pr: Any) -> float:
