@@ -1,6 +1,7 @@
 """Attention ops: ``attention.decode``, ``attention.prefill``, ``attention.prefill_ragged``,
 ``attention.mla_decode``, ``attention.merge_states``; the :func:`cascade` helper; and plans
-(:func:`plan_decode`, :func:`plan_prefill`, :func:`plan_prefill_ragged`) for repeated steps and CUDA graphs.
+(:func:`plan_decode`, :func:`plan_prefill`, :func:`plan_prefill_ragged`, defined in
+:mod:`.attention_plans`) for repeated steps and CUDA graphs.
 
 Kernel ``run`` signatures (canonical, validated arguments; see docs/ops.md), each returning
 ``(out, lse_or_None)``:
@@ -41,9 +42,9 @@ import torch
 
 from ..capability import bucket
 from ..device import is_capturing
-from ..dispatch import Selection, select, select_kernel
+from ..dispatch import select_kernel
 from ..errors import fail
-from ..paged import FP8_DTYPES, KV_DTYPES, LAYOUTS, PagedKVCache, PageTable
+from ..paged import FP8_DTYPES, PagedKVCache, PageTable
 from ..variants import BoundVariant, bind
 from ._common import (
     FLOAT_DTYPES,
@@ -755,241 +756,14 @@ def cascade(q: _Tensor, qo_indptr: _Tensor, cache: PagedKVCache, prefix_table: P
 
 
 # -- plans ---------------------------------------------------------------------------------------------
-class _WrappedRun:
-    """A plan for a kernel without ``plan``: calls its ``run`` and copies into the outputs."""
+# Plans live in attention_plans.py (they build on the helpers above) and are used from this namespace.
+from .attention_plans import (  # noqa: E402, F401
+    AttentionPlan,
+    DecodePlan,
+    PrefillPlan,
+    RaggedPrefillPlan,
+    plan_decode,
+    plan_prefill,
+    plan_prefill_ragged,
+)
 
-    __slots__ = ("args", "fn", "prefix")
-
-    def __init__(self, fn: Any, prefix: tuple[Any, ...], args: tuple[Any, ...]) -> None:
-        self.fn, self.prefix, self.args = fn, prefix, args
-
-    def run(self, q: _Tensor, cache: PagedKVCache, out: _Tensor, lse: _Tensor | None) -> None:
-        o, s = self.fn(q, *self.prefix, cache, *self.args)
-        out.copy_(o)
-        if lse is not None:
-            lse.copy_(s)
-
-
-class AttentionPlan:
-    """Host work done once (validation, selection, kernel plan); :meth:`run` is capturable.
-
-    ``table``'s tensors are read on the device at every run, so they may be updated in place
-    between runs as long as no sequence exceeds ``params.max_kv_len``; ``qo_indptr`` (prefill)
-    is fixed at plan time.
-    """
-
-    __slots__ = ("_expect", "_out_shape", "_runner", "params", "problem", "selection", "table")
-
-    def __init__(self, problem: Any, params: AttnParams, selection: Selection, table: PageTable, runner: Any,
-                 q_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> None:
-        self.problem, self.params, self.selection, self.table = problem, params, selection, table
-        self._runner, self._out_shape = runner, out_shape
-        self._expect = (q_shape, problem.dtype, table.block_table.device,
-                        (problem.kv_dtype, problem.head_dim, problem.head_dim_v, problem.page_size, problem.layout,
-                         problem.num_kv_heads))
-
-    @property
-    def kernel(self) -> Any:
-        return self.selection.kernel
-
-    def run(self, q: _Tensor, cache: PagedKVCache, *, out: _Tensor | None = None,
-            lse: _Tensor | None = None) -> _Tensor | tuple[_Tensor, _Tensor]:
-        """out (shape of the plan) in q's dtype [, lse float32]; ``out``/``lse`` may be given to write into."""
-        q_shape, dtype, device, dims = self._expect
-        if q.shape != q_shape or q.dtype != dtype or q.device != device:
-            raise fail("q", f"{tuple(q.shape)} {q.dtype} on {q.device}", f"{q_shape} {dtype} on {device} as planned")
-        if not isinstance(cache, PagedKVCache) or _cache_dims(cache) != dims:
-            raise fail("cache", cache, f"(dtype, head_dim, head_dim_v, page_size, layout, kv_heads) = {dims} as planned")
-        if out is None:
-            out = torch.empty(self._out_shape, dtype=dtype, device=device)
-        if self.params.return_lse:
-            if lse is None:
-                lse = torch.empty(self._out_shape[:2], dtype=torch.float32, device=device)
-            self._runner.run(q, cache, out, lse)
-            return out, lse
-        self._runner.run(q, cache, out, None)
-        return out
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(kernel={self.kernel.id}, problem={self.problem})"
-
-
-class DecodePlan(AttentionPlan):
-    """A planned :func:`decode`; ``run(q, cache)`` with q (B, Hq, D)."""
-
-
-class PrefillPlan(AttentionPlan):
-    """A planned :func:`prefill`; ``run(q, cache)`` with q (Tq, Hq, D) packed by the planned qo_indptr."""
-
-
-def _check_plan_args(table: Any, num_q_heads: int, num_kv_heads: int, head_dim: int, head_dim_v: int | None,
-                     dtype: Any, kv_dtype: Any, layout: str, page_size: int, max_kv_len: int | None
-                     ) -> tuple[tuple[Any, ...], int]:
-    """Validate plan arguments; returns (cache dims tuple, max_kv_len)."""
-    if not isinstance(table, PageTable):
-        raise fail("table", type(table).__name__, "a PageTable")
-    for name, value in (("num_q_heads", num_q_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
-                        ("page_size", page_size)):
-        if not (isinstance(value, int) and value >= 1):
-            raise fail(name, value, "a positive int")
-    if num_q_heads % num_kv_heads:
-        raise fail("num_q_heads", num_q_heads, f"a multiple of num_kv_heads ({num_kv_heads})")
-    head_dim_v = head_dim if head_dim_v is None else head_dim_v
-    if not (isinstance(head_dim_v, int) and head_dim_v >= 1):
-        raise fail("head_dim_v", head_dim_v, "a positive int or None (= head_dim)")
-    if dtype not in FLOAT_DTYPES:
-        raise fail("dtype", dtype, "torch.float16, torch.bfloat16 or torch.float32")
-    kv_dtype = dtype if kv_dtype is None else kv_dtype
-    if kv_dtype not in KV_DTYPES or (kv_dtype != dtype and kv_dtype not in FP8_DTYPES):
-        raise fail("kv_dtype", kv_dtype, f"dtype ({dtype}), an fp8 dtype, or None")
-    if layout not in LAYOUTS:
-        raise fail("layout", layout, f"one of {LAYOUTS}")
-    table.check_against(page_size, 2**31 - 1)
-    capacity = table.max_pages * page_size
-    if max_kv_len is None:
-        max_kv_len = table.max_seq_len if table.max_seq_len is not None else capacity
-    elif not (isinstance(max_kv_len, int) and 0 <= max_kv_len <= capacity):
-        raise fail("max_kv_len", max_kv_len, f"an int in [0, max_pages * page_size = {capacity}] or None")
-    return (kv_dtype, head_dim, head_dim_v, page_size, layout, num_kv_heads), max_kv_len
-
-
-def _runner(kernel: Any, problem: Any, table: PageTable, p: AttnParams, prefix: tuple[Any, ...],
-            **static: Any) -> Any:
-    if kernel.plan is not None:
-        return kernel.plan(problem, table, p, **static)
-    return _WrappedRun(kernel.run, prefix, (table, p))
-
-
-def _plan_extra(device: torch.device, capturable: bool) -> frozenset[str]:
-    return frozenset({"cuda_graph"}) if capturable and device.type == "cuda" else frozenset()
-
-
-def plan_decode(table: PageTable, *, num_q_heads: int, num_kv_heads: int, head_dim: int, head_dim_v: int | None = None,
-                dtype: torch.dtype, kv_dtype: torch.dtype | None = None, layout: str = "NHD", page_size: int,
-                sm_scale: float | None = None, logits_soft_cap: float | None = None, window_left: int | None = None,
-                return_lse: bool = False, max_kv_len: int | None = None, capturable: bool = True,
-                variant: Any = None, variant_args: Any = None, backend: BackendArg = None) -> DecodePlan:
-    """Plan :func:`decode` for this table: validation, kernel selection and the kernel's own plan,
-    once. ``plan.run(q, cache)`` then does no host synchronisation (CUDA-graph capturable; on a
-    GPU the selection requires the ``cuda_graph`` feature unless ``capturable=False``).
-
-    ``max_kv_len`` bounds the sequence lengths the plan will see (default: the table's now).
-    ``variant`` / ``variant_args`` as in :func:`decode`; tensors in ``variant_args`` are read at every
-    run, so they may be updated in place between runs.
-    """
-    dims, max_kv = _check_plan_args(table, num_q_heads, num_kv_heads, head_dim, head_dim_v, dtype, kv_dtype, layout,
-                                    page_size, max_kv_len)
-    p = _with_variant(_params(head_dim, sm_scale, logits_soft_cap, window_left, True, bool(return_lse), 1, max_kv),
-                      bind(variant, variant_args, table.block_table.device))
-    device = table.block_table.device
-    dev, cc = device_key(table.block_table)
-    problem = _decode_problem(dev, cc, dtype, dims, num_q_heads, table.batch_size, p, _plan_extra(device, capturable))
-    selection = select("attention.decode", problem, backend)
-    runner = _runner(selection.kernel, problem, table, p, ())
-    b = table.batch_size
-    return DecodePlan(problem, p, selection, table, runner, (b, num_q_heads, head_dim), (b, num_q_heads, dims[2]))
-
-
-def plan_prefill(table: PageTable, qo_indptr: _Tensor, *, num_q_heads: int, num_kv_heads: int, head_dim: int,
-                 head_dim_v: int | None = None, dtype: torch.dtype, kv_dtype: torch.dtype | None = None,
-                 layout: str = "NHD", page_size: int, causal: bool = True, sm_scale: float | None = None,
-                 logits_soft_cap: float | None = None, window_left: int | None = None, return_lse: bool = False,
-                 max_kv_len: int | None = None, capturable: bool = True, variant: Any = None, variant_args: Any = None,
-                 backend: BackendArg = None) -> PrefillPlan:
-    """Plan :func:`prefill` for this table and ``qo_indptr`` (B+1,) int32 (read back once, here).
-    ``plan.run(q, cache)`` with q (qo_indptr[-1], Hq, D) does no host synchronisation."""
-    dims, max_kv = _check_plan_args(table, num_q_heads, num_kv_heads, head_dim, head_dim_v, dtype, kv_dtype, layout,
-                                    page_size, max_kv_len)
-    check_tensor(qo_indptr, "qo_indptr", dims=1, dtypes=_INT32)
-    if qo_indptr.shape[0] != table.batch_size + 1:
-        raise fail("qo_indptr.shape", tuple(qo_indptr.shape), f"({table.batch_size + 1},) = batch + 1")
-    check_same_device("qo_indptr", qo_indptr, "table.block_table", table.block_table)
-    if not qo_indptr.is_contiguous():
-        raise fail("qo_indptr", "non-contiguous", "a contiguous tensor")
-    total = int(qo_indptr[-1])
-    max_q, _, mixed = _prefill_host(qo_indptr, table.seq_lens, total, bool(causal), False, 0)
-    p = _with_variant(_params(head_dim, sm_scale, logits_soft_cap, window_left, bool(causal), bool(return_lse), max_q,
-                              max_kv), bind(variant, variant_args, table.block_table.device))
-    device = table.block_table.device
-    dev, cc = device_key(table.block_table)
-    problem = _prefill_problem(dev, cc, dtype, dims, num_q_heads, table.batch_size, p, mixed,
-                               _plan_extra(device, capturable))
-    selection = select("attention.prefill", problem, backend)
-    runner = _runner(selection.kernel, problem, table, p, (qo_indptr,), qo_indptr=qo_indptr)
-    return PrefillPlan(problem, p, selection, table, runner, (total, num_q_heads, head_dim),
-                       (total, num_q_heads, dims[2]))
-
-
-class RaggedPrefillPlan:
-    """A planned :func:`prefill_ragged`: ``run(q, k, v)`` with q (Tq, Hq, D), k (Tk, Hkv, D) and
-    v (Tk, Hkv, Dv) packed by the planned indptrs; no host synchronisation (capturable)."""
-
-    __slots__ = ("_expect", "indptrs", "params", "problem", "selection")
-
-    def __init__(self, problem: RaggedPrefillProblem, params: AttnParams, selection: Selection,
-                 indptrs: tuple[_Tensor, _Tensor], expect: tuple[Any, ...]) -> None:
-        self.problem, self.params, self.selection, self.indptrs, self._expect = problem, params, selection, indptrs, expect
-
-    @property
-    def kernel(self) -> Any:
-        return self.selection.kernel
-
-    def run(self, q: _Tensor, k: _Tensor, v: _Tensor) -> _Tensor | tuple[_Tensor, _Tensor]:
-        """out (Tq, Hq, Dv) in q's dtype [, lse (Tq, Hq) float32]."""
-        for name, t, shape in zip(("q", "k", "v"), (q, k, v), self._expect[:3]):
-            if not isinstance(t, torch.Tensor) or t.shape != shape or t.dtype != self.problem.dtype \
-                    or t.device != self._expect[3] or t.stride(-1) != 1:
-                got = f"{tuple(t.shape)} {t.dtype} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
-                raise fail(name, got, f"{shape} {self.problem.dtype} on {self._expect[3]}, unit last stride, as planned")
-        out, lse = self.kernel.run(q, k, v, *self.indptrs, self.params)
-        return _result(out, lse, self.params.return_lse)
-
-    def __repr__(self) -> str:
-        return f"RaggedPrefillPlan(kernel={self.kernel.id}, problem={self.problem})"
-
-
-def plan_prefill_ragged(qo_indptr: _Tensor, kv_indptr: _Tensor, *, num_q_heads: int, num_kv_heads: int,
-                        head_dim: int, head_dim_v: int | None = None, dtype: torch.dtype, causal: bool = True,
-                        sm_scale: float | None = None, logits_soft_cap: float | None = None,
-                        window_left: int | None = None, return_lse: bool = False, capturable: bool = True,
-                        variant: Any = None, variant_args: Any = None,
-                        backend: BackendArg = None) -> RaggedPrefillPlan:
-    """Plan :func:`prefill_ragged` for these (B+1,) int32 indptrs (read back once, here): validation,
-    selection and the lengths the kernels need are settled once per step, so ``plan.run(q, k, v)``
-    (shared by every layer) does no host synchronisation and can be captured in a CUDA graph."""
-    for name, value in (("num_q_heads", num_q_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
-        if not (isinstance(value, int) and value >= 1):
-            raise fail(name, value, "a positive int")
-    if num_q_heads % num_kv_heads:
-        raise fail("num_q_heads", num_q_heads, f"a multiple of num_kv_heads ({num_kv_heads})")
-    head_dim_v = head_dim if head_dim_v is None else head_dim_v
-    if not (isinstance(head_dim_v, int) and head_dim_v >= 1):
-        raise fail("head_dim_v", head_dim_v, "a positive int or None (= head_dim)")
-    if dtype not in FLOAT_DTYPES:
-        raise fail("dtype", dtype, "torch.float16, torch.bfloat16 or torch.float32")
-    check_tensor(qo_indptr, "qo_indptr", dims=1, dtypes=_INT32)
-    batch = qo_indptr.shape[0] - 1
-    if batch < 0:
-        raise fail("qo_indptr.shape", tuple(qo_indptr.shape), "(batch + 1,) with batch >= 0")
-    check_tensor(kv_indptr, "kv_indptr", dims=1, dtypes=_INT32)
-    if kv_indptr.shape != qo_indptr.shape:
-        raise fail("kv_indptr.shape", tuple(kv_indptr.shape), f"{tuple(qo_indptr.shape)} as qo_indptr")
-    check_same_device("kv_indptr", kv_indptr, "qo_indptr", qo_indptr)
-    for name, ind in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr)):
-        if not ind.is_contiguous():
-            raise fail(name, "non-contiguous", "a contiguous tensor")
-    total_q, total_kv = (int(x) for x in torch.stack((qo_indptr[-1], kv_indptr[-1])).tolist())
-    max_q, max_kv, mixed = _prefill_host(qo_indptr, kv_indptr, total_q, bool(causal), True, total_kv)
-    device = qo_indptr.device
-    p = _with_variant(_params(head_dim, sm_scale, logits_soft_cap, window_left, bool(causal), bool(return_lse), max_q,
-                              max_kv or 0), bind(variant, variant_args, device))
-    dev, cc = device_key(qo_indptr)
-    base = ("ragged", "causal") if causal else ("ragged",)
-    feats = _features(base, p, False, head_dim != head_dim_v, dev, mixed) | _plan_extra(device, capturable)
-    problem = RaggedPrefillProblem(dev, cc, dtype, dtype, head_dim, head_dim_v, None, None, num_q_heads, num_kv_heads,
-                                   num_q_heads // num_kv_heads, bucket(batch), bucket(max_q), bucket(max_kv or 0),
-                                   feats, _variant_key(p))
-    selection = select("attention.prefill_ragged", problem, backend)
-    expect = ((total_q, num_q_heads, head_dim), (total_kv, num_kv_heads, head_dim),
-              (total_kv, num_kv_heads, head_dim_v), device)
-    return RaggedPrefillPlan(problem, p, selection, (qo_indptr, kv_indptr), expect)
