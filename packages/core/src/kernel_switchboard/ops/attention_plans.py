@@ -103,14 +103,9 @@ class PrefillPlan(AttentionPlan):
     """A planned :func:`prefill`; ``run(q, cache)`` with q (Tq, Hq, D) packed by the planned qo_indptr."""
 
 
-def _check_plan_args(table: Any, num_q_heads: int, num_kv_heads: int, head_dim: int, head_dim_v: int | None,
-                     dtype: Any, kv_dtype: Any, layout: str, page_size: int, max_kv_len: int | None
-                     ) -> tuple[tuple[Any, ...], int]:
-    """Validate plan arguments; returns (cache dims tuple, max_kv_len)."""
-    if not isinstance(table, PageTable):
-        raise fail("table", type(table).__name__, "a PageTable")
-    for name, value in (("num_q_heads", num_q_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
-                        ("page_size", page_size)):
+def _check_heads(num_q_heads: int, num_kv_heads: int, head_dim: int, head_dim_v: int | None, dtype: Any) -> int:
+    """Validate a plan's head counts, head dims and query dtype; returns head_dim_v (None = head_dim)."""
+    for name, value in (("num_q_heads", num_q_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
         if not (isinstance(value, int) and value >= 1):
             raise fail(name, value, "a positive int")
     if num_q_heads % num_kv_heads:
@@ -120,6 +115,18 @@ def _check_plan_args(table: Any, num_q_heads: int, num_kv_heads: int, head_dim: 
         raise fail("head_dim_v", head_dim_v, "a positive int or None (= head_dim)")
     if dtype not in FLOAT_DTYPES:
         raise fail("dtype", dtype, "torch.float16, torch.bfloat16 or torch.float32")
+    return head_dim_v
+
+
+def _check_plan_args(table: Any, num_q_heads: int, num_kv_heads: int, head_dim: int, head_dim_v: int | None,
+                     dtype: Any, kv_dtype: Any, layout: str, page_size: int, max_kv_len: int | None
+                     ) -> tuple[tuple[Any, ...], int]:
+    """Validate plan arguments; returns (cache dims tuple, max_kv_len)."""
+    if not isinstance(table, PageTable):
+        raise fail("table", type(table).__name__, "a PageTable")
+    if not (isinstance(page_size, int) and page_size >= 1):
+        raise fail("page_size", page_size, "a positive int")
+    head_dim_v = _check_heads(num_q_heads, num_kv_heads, head_dim, head_dim_v, dtype)
     kv_dtype = dtype if kv_dtype is None else kv_dtype
     if kv_dtype not in KV_DTYPES or (kv_dtype != dtype and kv_dtype not in FP8_DTYPES):
         raise fail("kv_dtype", kv_dtype, f"dtype ({dtype}), an fp8 dtype, or None")
@@ -238,16 +245,7 @@ def plan_prefill_ragged(qo_indptr: _Tensor, kv_indptr: _Tensor, *, num_q_heads: 
     """Plan :func:`prefill_ragged` for these (B+1,) int32 indptrs (read back once, here): validation,
     selection and the lengths the kernels need are settled once per step, so ``plan.run(q, k, v)``
     (shared by every layer) does no host synchronisation and can be captured in a CUDA graph."""
-    for name, value in (("num_q_heads", num_q_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
-        if not (isinstance(value, int) and value >= 1):
-            raise fail(name, value, "a positive int")
-    if num_q_heads % num_kv_heads:
-        raise fail("num_q_heads", num_q_heads, f"a multiple of num_kv_heads ({num_kv_heads})")
-    head_dim_v = head_dim if head_dim_v is None else head_dim_v
-    if not (isinstance(head_dim_v, int) and head_dim_v >= 1):
-        raise fail("head_dim_v", head_dim_v, "a positive int or None (= head_dim)")
-    if dtype not in FLOAT_DTYPES:
-        raise fail("dtype", dtype, "torch.float16, torch.bfloat16 or torch.float32")
+    head_dim_v = _check_heads(num_q_heads, num_kv_heads, head_dim, head_dim_v, dtype)
     check_tensor(qo_indptr, "qo_indptr", dims=1, dtypes=_INT32)
     batch = qo_indptr.shape[0] - 1
     if batch < 0:
