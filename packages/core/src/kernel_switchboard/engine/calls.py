@@ -66,6 +66,20 @@ class OpTracer:
         rec.seconds += time.perf_counter() - start
         return out
 
+    def run_plan(self, plan: Any, args: tuple[Any, ...]) -> Any:
+        """``plan.run(*args)``, recorded under the plan's op with the selection it made at plan time."""
+        rec = self.records.setdefault(plan.selection.op, OpRecord(plan.selection.op))
+        rec.selections.setdefault(plan.selection.kernel.id, plan.selection)
+        if self.sync and torch.cuda.is_available():
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        out = plan.run(*args)
+        if self.sync and torch.cuda.is_available():
+            torch.cuda.synchronize()
+        rec.calls += 1
+        rec.seconds += time.perf_counter() - start
+        return out
+
 
 _tracer: OpTracer | None = None
 
@@ -131,15 +145,29 @@ def append_mla(ckv: torch.Tensor, kpe: torch.Tensor, ckv_pages: torch.Tensor, kp
           batch_indices, check_indices=check)
 
 
-def prefill(q: torch.Tensor, qo_indptr: torch.Tensor, cache: ksb.PagedKVCache, table: ksb.PageTable,
-            sm_scale: float) -> torch.Tensor:
-    return _call("attention.prefill", ksb.attention.prefill, q, qo_indptr, cache, table, causal=True, sm_scale=sm_scale)
+def plan_prefill(qo_indptr: torch.Tensor, cache: ksb.PagedKVCache, table: ksb.PageTable, num_q_heads: int,
+                 dtype: torch.dtype, sm_scale: float) -> Any:
+    """One causal ``attention.plan_prefill`` per step, run by every layer (the indptrs are read once)."""
+    return ksb.attention.plan_prefill(table, qo_indptr, num_q_heads=num_q_heads, num_kv_heads=cache.num_kv_heads,
+                                      head_dim=cache.head_dim, head_dim_v=cache.head_dim_v, dtype=dtype,
+                                      kv_dtype=cache.dtype, layout=cache.layout, page_size=cache.page_size,
+                                      causal=True, sm_scale=sm_scale, capturable=False)
 
 
-def prefill_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr: torch.Tensor,
-                   kv_indptr: torch.Tensor, sm_scale: float) -> torch.Tensor:
-    return _call("attention.prefill_ragged", ksb.attention.prefill_ragged, q, k, v, qo_indptr, kv_indptr, causal=True,
-                 sm_scale=sm_scale)
+def plan_prefill_ragged(qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, num_heads: int, head_dim: int,
+                        head_dim_v: int, dtype: torch.dtype, sm_scale: float) -> Any:
+    """One causal ``attention.plan_prefill_ragged`` per step (MHA: as many KV heads as query heads)."""
+    return ksb.attention.plan_prefill_ragged(qo_indptr, kv_indptr, num_q_heads=num_heads, num_kv_heads=num_heads,
+                                             head_dim=head_dim, head_dim_v=head_dim_v, dtype=dtype, causal=True,
+                                             sm_scale=sm_scale, capturable=False)
+
+
+def run_plan(plan: Any, *args: Any) -> Any:
+    """``plan.run(*args)`` for an attention plan, recorded by an active tracer."""
+    tracer = _tracer
+    if tracer is None or torch.compiler.is_compiling():
+        return plan.run(*args)
+    return tracer.run_plan(plan, args)
 
 
 def decode(q: torch.Tensor, cache: ksb.PagedKVCache, table: ksb.PageTable, sm_scale: float) -> torch.Tensor:

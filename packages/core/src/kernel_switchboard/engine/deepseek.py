@@ -18,7 +18,7 @@ MoE layers: router ``gemm.mm`` in float32 -> ``moe.route`` (sigmoid scores, corr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -65,6 +65,7 @@ class _PrefillRows:
     kv_indptr: torch.Tensor  # (Bp+1,) int32 over the gathered latent tokens
     kv_pages: torch.Tensor  # (Tk,) int64 page of each latent token
     kv_slots: torch.Tensor  # (Tk,) int64 slot in that page
+    plan: Any = None  # the step's attention.plan_prefill_ragged, made once and run by every layer
 
 
 def _plan_rows(batch: StepBatch, page_size: int) -> tuple[_DecodeRows | None, _PrefillRows | None]:
@@ -122,6 +123,13 @@ class DeepseekModel(PagedModel):
     def forward(self, batch: StepBatch, cache: MLACache) -> torch.Tensor:
         """Logits (N, vocab) of ``batch.logits_indices`` after writing the step's latents into ``cache``."""
         rows = _plan_rows(batch, cache.page_size)
+        decode, prefill = rows
+        if prefill is not None:  # one plan for every layer: the step's indptrs are read back once
+            s = self.spec
+            prefill = replace(prefill, plan=calls.plan_prefill_ragged(
+                prefill.qo_indptr, prefill.kv_indptr, s.num_heads, s.qk_nope_head_dim + s.qk_rope_head_dim,
+                s.v_head_dim, self.dtype, s.sm_scale))
+            rows = (decode, prefill)
         bidx = None if batch.is_decode else batch.batch_indices
         h = self._layers(batch.token_ids, batch.positions, bidx, batch.table, cache, rows, not batch.is_decode)
         return calls.mm(h[batch.logits_indices], self.w.lm_head)
@@ -219,7 +227,7 @@ class DeepseekModel(PagedModel):
         v = kv[:, :, nope:].contiguous()
         pr = rows.rows
         q = torch.cat([q_nope[pr], q_pe[pr]], dim=-1)
-        return calls.prefill_ragged(q, k, v, rows.qo_indptr, rows.kv_indptr, s.sm_scale)
+        return calls.run_plan(rows.plan, q, k, v)
 
 
 #: eps of the q_a / kv_a latent norms (transformers builds them with the RMSNorm default)

@@ -63,8 +63,12 @@ class LlamaModel(PagedModel):
     def forward(self, batch: StepBatch, cache: LlamaKVCache) -> torch.Tensor:
         """Logits (N, vocab) of ``batch.logits_indices`` after writing the step's K/V into ``cache``."""
         decode = batch.is_decode
+        plan = None
+        if not decode:  # one plan for every layer: the step's indptrs are read back once, not once per layer
+            plan = calls.plan_prefill(batch.qo_indptr, cache.layers[0], batch.table, self.spec.num_heads,
+                                      self.w.embed.dtype, self.spec.sm_scale)
         h = self._layers(batch.token_ids, batch.positions, batch.batch_indices, batch.table, cache,
-                         None if decode else batch.qo_indptr, None)
+                         None if decode else batch.qo_indptr, plan)
         return calls.mm(h[batch.logits_indices], self.w.lm_head)
 
     def decode_step(self, token_ids: torch.Tensor, positions: torch.Tensor, table: PageTable, cache: LlamaKVCache,
@@ -106,10 +110,8 @@ class LlamaModel(PagedModel):
         v = qkv[:, (s.num_heads + s.num_kv_heads) * d:].view(t, s.num_kv_heads, d)
         q, k = calls.rope(q, k, positions, s.rope_theta, s.rope_scaling, False)
         calls.append_kv(k, v, kv, table, positions, batch_indices, qo_indptr is not None)
-        if qo_indptr is not None:
-            o = calls.prefill(q, qo_indptr, kv, table, s.sm_scale)
-        elif plan is not None:
-            o = plan.run(q, kv)
+        if plan is not None:  # the step's prefill plan, or a decode plan (CUDA-graph mode)
+            o = calls.run_plan(plan, q, kv)
         else:
             o = calls.decode(q, kv, table, s.sm_scale)
         return calls.mm(o.reshape(t, s.num_heads * d), layer.w_o)
