@@ -297,6 +297,8 @@ def test_fa4_decode_plan_splits_on_sm90_only(monkeypatch: pytest.MonkeyPatch, sm
     p = _params(case, True, 1, table.max_pages * cache.page_size)
     out = torch.full((4, 4, 64), float("nan"), dtype=F16)
     lse = torch.full((4, 4), float("nan"))
+    problem = types.SimpleNamespace(num_kv_heads=cache.num_kv_heads, page_size=cache.page_size)
+    assert fa4.DecodePlan(problem, table, p).splits == splits  # settled at plan time, before any run
     plan = fa4.DecodePlan(None, table, p)
     plan.run(q, cache, out, lse)
     assert plan.splits == splits

@@ -111,11 +111,11 @@ def _decode_into(q: torch.Tensor, cache: PagedKVCache, table: PageTable, p: Any,
     return out[:, 0], (lse_batched(lse) if p.return_lse else None)
 
 
-def _auto_splits(q: torch.Tensor, cache: PagedKVCache, table: PageTable, p: Any) -> int:
-    num_sms, major = _sm_count(q.device.index or 0)
+def _auto_splits(device: torch.device, batch: int, kv_heads: int, kv_capacity: int, window_left: int) -> int:
+    num_sms, major = _sm_count(device.index or 0)
     if major != 9:
         return 1
-    return manual_splits(q.shape[0], cache.num_kv_heads, table.max_pages * cache.page_size, num_sms, p.window_left)
+    return manual_splits(batch, kv_heads, kv_capacity, num_sms, window_left)
 
 
 def decode(q: torch.Tensor, cache: PagedKVCache, table: PageTable, p: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -125,7 +125,8 @@ def decode(q: torch.Tensor, cache: PagedKVCache, table: PageTable, p: Any) -> tu
         lse = q.new_empty(q.shape[:2], dtype=torch.float32) if p.return_lse else None
         _empty(cache, table, out, lse)
         return out, lse
-    return _decode_into(q, cache, table, p, _auto_splits(q, cache, table, p))
+    splits = _auto_splits(q.device, q.shape[0], cache.num_kv_heads, table.max_pages * cache.page_size, p.window_left)
+    return _decode_into(q, cache, table, p, splits)
 
 
 class DecodePlan:
@@ -134,12 +135,16 @@ class DecodePlan:
 
     def __init__(self, problem: Any, table: PageTable, p: Any, *, splits: int | None = None, **_: Any) -> None:
         self.table, self.p, self.splits = table, p, splits
+        if splits is None and problem is not None:  # settled here, so a first run inside a capture does no host work
+            self.splits = _auto_splits(table.block_table.device, table.batch_size, problem.num_kv_heads,
+                                       table.max_pages * problem.page_size, p.window_left)
 
     def run(self, q: torch.Tensor, cache: PagedKVCache, out: torch.Tensor, lse: torch.Tensor | None) -> None:
         if q.shape[0] == 0 or _empty(cache, self.table, out, lse):
             return
-        if self.splits is None:
-            self.splits = _auto_splits(q, cache, self.table, self.p)
+        if self.splits is None:  # planned without a problem (tests): settle at the first run
+            self.splits = _auto_splits(q.device, q.shape[0], cache.num_kv_heads,
+                                       self.table.max_pages * cache.page_size, self.p.window_left)
         o, s = _decode_into(q, cache, self.table, self.p, self.splits)
         out.copy_(o)
         if lse is not None and s is not None:
