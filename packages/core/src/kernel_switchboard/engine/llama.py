@@ -1,9 +1,9 @@
 """A Llama-family decoder (GQA, RoPE with Llama-3.1 scaling, RMSNorm, SwiGLU) on switchboard ops.
 
 Per layer: ``rms_norm`` (fused with the residual add after the first) -> ``gemm.mm`` to q|k|v ->
-``rope.apply`` -> ``kv_cache.append`` into the paged cache -> ``attention.prefill`` (any mix of
-prefill chunks and decode tokens, one ``qo_indptr``) or ``attention.decode`` (every request one
-token) -> ``gemm.mm`` -> ``fused_add_rms_norm`` -> ``gemm.mm`` -> ``silu_and_mul`` -> ``gemm.mm``.
+``rope.apply`` -> ``kv_cache.append`` into the paged cache -> ``attention.prefill`` through one plan
+per step (any mix of prefill chunks and decode tokens, one ``qo_indptr``) or ``attention.decode``
+(every request one token) -> ``gemm.mm`` -> ``fused_add_rms_norm`` -> ``gemm.mm`` -> ``silu_and_mul`` -> ``gemm.mm``.
 Plain torch only gathers embeddings and reshapes.
 """
 
