@@ -5,7 +5,8 @@
 ``bench_sampling(device) -> list[dict]``: top-p (0.9) and top-k (50) + top-p (0.9) sampling timed for
 the Triton kernel (launcher called directly: seed draw + kernel), the switchboard call with
 ``check_nan=False``, the reference (torch sort + inverse CDF) and FlashInfer when it is installed.
-Before timing, every implementation's tokens are checked to lie in the filtered support.
+Before timing, every implementation's tokens are checked to lie in the filtered support; ``first_call_s``
+is the first call's wall time (the compile of a JIT kernel).
 """
 
 from __future__ import annotations
@@ -34,7 +35,12 @@ def _time_ms(fn: Callable[[], Any]) -> float:
 def _row(workload: str, impl: str, fn: Callable[[], Any], check: Callable[[torch.Tensor], None]) -> dict[str, Any]:
     row: dict[str, Any] = {"workload": f"{workload}, {BATCH}x{VOCAB} probs fp32", "impl": impl}
     try:
-        check(fn())
+        t0 = time.perf_counter()
+        first = fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        row["first_call_s"] = round(time.perf_counter() - t0, 2)  # compile + first run (JIT kernels)
+        check(first)
         row["ms"] = round(_time_ms(fn), 4)
     except Exception as exc:  # a benchmark row reports, never aborts the run
         row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
