@@ -60,29 +60,23 @@ def _moe_gate_up_kernel(
             g = tl.load(g_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
             u = tl.load(u_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
             if FP8:
-                g = g.to(x_ptr.dtype.element_ty)
-                u = u.to(x_ptr.dtype.element_ty)
+                # dequantise the weight tile (one scale per column in this K step) so the MMA accumulates in
+                # place: a separate scaled partial product per step doubled the live accumulators and spilled
+                kb = k0 // 128
+                sg = tl.load(sg_rows + kb * stride_sk, mask=n_ok, other=0.0)
+                su = tl.load(su_rows + kb * stride_sk, mask=n_ok, other=0.0)
+                g = (g.to(tl.float32) * sg[None, :]).to(x_ptr.dtype.element_ty)
+                u = (u.to(tl.float32) * su[None, :]).to(x_ptr.dtype.element_ty)
             if UPCAST:
                 a = a.to(tl.float32)
                 g = g.to(tl.float32)
                 u = u.to(tl.float32)
-            if FP8:
-                kb = k0 // 128
-                sg = tl.load(sg_rows + kb * stride_sk, mask=n_ok, other=0.0)
-                su = tl.load(su_rows + kb * stride_sk, mask=n_ok, other=0.0)
-                if IEEE:
-                    acc_g += tl.dot(a, g, input_precision="ieee") * sg[None, :]
-                    acc_u += tl.dot(a, u, input_precision="ieee") * su[None, :]
-                else:
-                    acc_g += tl.dot(a, g) * sg[None, :]
-                    acc_u += tl.dot(a, u) * su[None, :]
+            if IEEE:
+                acc_g = tl.dot(a, g, acc_g, input_precision="ieee")
+                acc_u = tl.dot(a, u, acc_u, input_precision="ieee")
             else:
-                if IEEE:
-                    acc_g = tl.dot(a, g, acc_g, input_precision="ieee")
-                    acc_u = tl.dot(a, u, acc_u, input_precision="ieee")
-                else:
-                    acc_g = tl.dot(a, g, acc_g)
-                    acc_u = tl.dot(a, u, acc_u)
+                acc_g = tl.dot(a, g, acc_g)
+                acc_u = tl.dot(a, u, acc_u)
             x_ptrs += BLOCK_K
             g_ptrs += BLOCK_K
             u_ptrs += BLOCK_K
@@ -130,22 +124,16 @@ def _moe_down_kernel(
             k_ok = rk < INTER - k0
             a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-            if FP8:
-                b = b.to(h_ptr.dtype.element_ty)
+            if FP8:  # dequantise the weight tile: the MMA then accumulates in place (see the gate/up kernel)
+                sb = tl.load(s_rows + (k0 // 128) * stride_sk, mask=n_ok, other=0.0)
+                b = (b.to(tl.float32) * sb[None, :]).to(h_ptr.dtype.element_ty)
             if UPCAST:
                 a = a.to(tl.float32)
                 b = b.to(tl.float32)
-            if FP8:
-                sb = tl.load(s_rows + (k0 // 128) * stride_sk, mask=n_ok, other=0.0)
-                if IEEE:
-                    acc += tl.dot(a, b, input_precision="ieee") * sb[None, :]
-                else:
-                    acc += tl.dot(a, b) * sb[None, :]
+            if IEEE:
+                acc = tl.dot(a, b, acc, input_precision="ieee")
             else:
-                if IEEE:
-                    acc = tl.dot(a, b, acc, input_precision="ieee")
-                else:
-                    acc = tl.dot(a, b, acc)
+                acc = tl.dot(a, b, acc)
             a_ptrs += BLOCK_K
             b_ptrs += BLOCK_K
         wt = tl.load(topw_ptr + arow, mask=row_ok, other=0.0)
