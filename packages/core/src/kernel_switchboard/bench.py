@@ -279,7 +279,7 @@ def _call_kind(name: str) -> str:
 def _timed_plans(timed: Callable[..., None], rows: list[Row], preset: str, point: Point, kernel_id: str | None,
                  args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """Rows for ``kernel_id`` (None: the automatic choice) called the way an engine calls it: a plan made
-    once per step, and for decode a CUDA graph of ``plan.run``."""
+    once per step, and on a GPU a CUDA graph of ``plan.run``."""
     try:
         plan, call = _PLANNERS[point.op](kernel_id, args, kwargs)
     except Exception as exc:  # noqa: BLE001 - the eager row stands; say why the plan row is missing
@@ -289,12 +289,18 @@ def _timed_plans(timed: Callable[..., None], rows: list[Row], preset: str, point
     name = kernel_id or f"auto -> {plan.kernel.id}"
     call()  # warm up (compiles, builds graphs) outside capture
     timed(f"{name} [plan]", call, auto=kernel_id is None)
-    if point.op == "attention.decode" and args[0].is_cuda:
+    if not args[0].is_cuda:
+        return
+    try:  # the GPU time alone: a plan whose host work outlasts the kernel shows the gap here
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             call()
-        timed(f"{name} [graph]", graph.replay, auto=kernel_id is None)
+    except Exception as exc:  # noqa: BLE001 - the plan row stands; say why the graph row is missing
+        rows.append(Row(preset, point.op, point.label, f"{name} [graph]", None,
+                        error=f"{type(exc).__name__}: {exc}"[:300]))
+        return
+    timed(f"{name} [graph]", graph.replay, auto=kernel_id is None)
 
 
 def _decode_plan(kernel_id: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Callable[[], Any]]:
