@@ -305,8 +305,13 @@ def _prefill_host(qo_indptr: _Tensor, kv_lens_src: _Tensor, total_q: int, causal
                   total_kv: int) -> tuple[int, int | None, bool]:
     """One host read of qo_indptr and seq_lens (paged) or kv_indptr (ragged): validates them and
     returns (max_q_len, max_kv_len or None, mixed prefill/decode batch)."""
-    b = qo_indptr.shape[0] - 1
-    values = torch.cat((qo_indptr, kv_lens_src)).tolist()
+    return _prefill_lengths(torch.cat((qo_indptr, kv_lens_src)).tolist(), total_q, causal, ragged, total_kv)
+
+
+def _prefill_lengths(values: list[int], total_q: int, causal: bool, ragged: bool,
+                     total_kv: int) -> tuple[int, int | None, bool]:
+    """:func:`_prefill_host` on the values already read: qo_indptr (B+1) then seq_lens (B) or kv_indptr (B+1)."""
+    b = (len(values) - 1) // 2 if ragged else len(values) // 2
     qo_lens = _lengths(values[: b + 1], "qo_indptr", total_q, "q.shape[0]")
     if ragged:
         kv_lens = _lengths(values[b + 1:], "kv_indptr", total_kv, "k.shape[0]")

@@ -27,7 +27,7 @@ from .attention import (
     _decode_problem,
     _features,
     _params,
-    _prefill_host,
+    _prefill_lengths,
     _prefill_problem,
     _result,
     _Tensor,
@@ -194,8 +194,9 @@ def plan_prefill(table: PageTable, qo_indptr: _Tensor, *, num_q_heads: int, num_
     check_same_device("qo_indptr", qo_indptr, "table.block_table", table.block_table)
     if not qo_indptr.is_contiguous():
         raise fail("qo_indptr", "non-contiguous", "a contiguous tensor")
-    total = int(qo_indptr[-1])
-    max_q, _, mixed = _prefill_host(qo_indptr, table.seq_lens, total, bool(causal), False, 0)
+    values = torch.cat((qo_indptr, table.seq_lens)).tolist()  # the one host read of the plan
+    total = values[table.batch_size]
+    max_q, _, mixed = _prefill_lengths(values, total, bool(causal), False, 0)
     p = _with_variant(_params(head_dim, sm_scale, logits_soft_cap, window_left, bool(causal), bool(return_lse), max_q,
                               max_kv), bind(variant, variant_args, table.block_table.device))
     device = table.block_table.device
@@ -257,8 +258,9 @@ def plan_prefill_ragged(qo_indptr: _Tensor, kv_indptr: _Tensor, *, num_q_heads: 
     for name, ind in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr)):
         if not ind.is_contiguous():
             raise fail(name, "non-contiguous", "a contiguous tensor")
-    total_q, total_kv = (int(x) for x in torch.stack((qo_indptr[-1], kv_indptr[-1])).tolist())
-    max_q, max_kv, mixed = _prefill_host(qo_indptr, kv_indptr, total_q, bool(causal), True, total_kv)
+    values = torch.cat((qo_indptr, kv_indptr)).tolist()  # the one host read of the plan
+    total_q, total_kv = values[batch], values[-1]
+    max_q, max_kv, mixed = _prefill_lengths(values, total_q, bool(causal), True, total_kv)
     device = qo_indptr.device
     p = _with_variant(_params(head_dim, sm_scale, logits_soft_cap, window_left, bool(causal), bool(return_lse), max_q,
                               max_kv or 0), bind(variant, variant_args, device))
