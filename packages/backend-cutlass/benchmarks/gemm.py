@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from kernel_switchboard.bench import median_ms
+
 ROWS: list[dict[str, Any]] = []
 
 
@@ -41,17 +43,6 @@ SMOKE = {"n": 128, "experts": 4, "hidden": 128, "inter": 64, "tokens": 16, "top_
 def _sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-
-
-def _time_ms(fn: Callable[[], Any]) -> float:
-    """Median ms with CUDA events (one wall-clock call off the GPU: smoke runs)."""
-    if not torch.cuda.is_available():
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
-    import triton.testing
-
-    return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
 
 
 def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -73,7 +64,7 @@ def _row(workload: str, impl: str, config: str, run: Callable[[], torch.Tensor],
             row["rel_err"] = _rel_err(out, want)
             if not math.isfinite(row["rel_err"]) or row["rel_err"] > max_err:
                 raise AssertionError(f"relative error {row['rel_err']:.3g} against the float32 product")
-        ms = _time_ms(run)
+        ms = median_ms(run, rep_ms=200, warmup=25)
         row.update(ms=round(ms, 4), tflop_s=round(flops / (ms * 1e-3) / 1e12, 1))
     except Exception as exc:  # one failing point never stops the others
         row["error"] = f"{type(exc).__name__}: {str(exc)[:400]}"

@@ -43,23 +43,14 @@ from typing import Any
 
 import torch
 
+from kernel_switchboard.bench import median_ms
+
 HQ, HKV, D, PAGE = 32, 8, 128, 16
 #: the H200 sizes; ``bench_attention(..., sizes=SMOKE)`` runs the same code on tiny shapes (CPU smoke test)
 FULL = {"heads": (HQ, HKV, D), "decode_b": (16, 128, 256), "decode_l": (1024, 2048, 8192), "nhd": (128, 8192),
         "prefill": ((1, 8192), (8, 2048)), "mla": (128, 8192, 64, 128)}
 SMOKE = {"heads": (4, 2, 64), "decode_b": (2,), "decode_l": (40,), "nhd": (1, 20), "prefill": ((1, 32),),
          "mla": (1, 20, 16, 16)}
-
-
-def _time_ms(fn: Callable[[], Any]) -> float:
-    """Median ms with CUDA events and a flushed L2 (one wall-clock call off the GPU: smoke runs)."""
-    if not torch.cuda.is_available():
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
-    import triton.testing
-
-    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
 
 
 def _sync() -> None:
@@ -79,7 +70,7 @@ def _row(workload: str, impl: str, config: str, run: Callable[[], Any], check: C
         row["max_err"] = float(check())
         if not math.isfinite(row["max_err"]) or row["max_err"] > 0.1:
             raise AssertionError(f"max abs error {row['max_err']:.3g} against the check")
-        ms = _time_ms(run)
+        ms = median_ms(run, rep_ms=100, warmup=25)
         row.update(ms=round(ms, 4), **{unit: round(amount / (ms * 1e-3) / 1e12, 3)})
     except Exception as exc:  # a benchmark row reports, never aborts the run
         row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"

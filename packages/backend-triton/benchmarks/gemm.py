@@ -9,24 +9,14 @@ float32 product of the same operands), plus ``vs`` = TFLOP/s over the baseline m
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from kernel_switchboard.bench import median_ms
+
 SIZE = 8192
-
-
-def _time_ms(fn: Callable[[], Any]) -> float:
-    """Median ms with CUDA events (L2 flushed) on a GPU; one wall-clock call elsewhere (smoke runs)."""
-    if not torch.cuda.is_available():
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
-    import triton.testing
-
-    return float(triton.testing.do_bench(fn, warmup=10, rep=100, return_mode="median"))
 
 
 def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -40,7 +30,7 @@ def _row(workload: str, impl: str, fn: Callable[[], Any], want: torch.Tensor, fl
         row["rel_err"] = round(_rel(fn(), want), 6)
         if not row["rel_err"] < max_rel:
             raise AssertionError(f"relative error {row['rel_err']} above {max_rel}")
-        ms = _time_ms(fn)
+        ms = median_ms(fn, rep_ms=100, warmup=10)
         row.update(ms=round(ms, 4), tflops=round(flops / (ms * 1e-3) / 1e12, 1))
     except Exception as exc:  # a benchmark row reports, never aborts the run
         row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"

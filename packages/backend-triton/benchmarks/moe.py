@@ -10,11 +10,11 @@ Each row is first checked against the reference (float32 per-expert GEMMs) by re
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from kernel_switchboard.bench import median_ms
 
 TOKENS = 4096
 #: name, experts, top_k, hidden, inter, fp8, routing
@@ -23,17 +23,6 @@ SHAPES: tuple[tuple[str, int, int, int, int, bool, dict[str, Any]], ...] = (
     ("deepseek-v3 fp8-block", 256, 8, 7168, 2048, True,
      {"scoring": "sigmoid", "num_expert_group": 8, "topk_group": 4, "routed_scaling_factor": 2.5}),
 )
-
-
-def _time_ms(fn: Callable[[], Any]) -> float:
-    """Median ms with CUDA events (L2 flushed) on a GPU; one wall-clock call elsewhere (smoke runs)."""
-    if not torch.cuda.is_available():
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
-    import triton.testing
-
-    return float(triton.testing.do_bench(fn, warmup=5, rep=100, return_mode="median"))
 
 
 def _weights(experts: int, hidden: int, inter: int, fp8: bool, g: torch.Generator,
@@ -65,7 +54,7 @@ def _one(name: str, experts: int, top_k: int, hidden: int, inter: int, fp8: bool
         if not row["rel_err"] < 3e-2:
             raise AssertionError(f"relative error {row['rel_err']} too large")
         del got, want
-        ms = _time_ms(run)
+        ms = median_ms(run, rep_ms=100, warmup=5)
         flops = 2.0 * TOKENS * top_k * 3 * hidden * inter
         row.update(ms=round(ms, 3), tflops=round(flops / (ms * 1e-3) / 1e12, 1))
     except Exception as exc:  # a benchmark row reports, never aborts the run

@@ -10,32 +10,22 @@ row with ``error`` instead of an exception, so one broken kernel never hides the
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from kernel_switchboard.bench import median_ms
+
 SHAPE = (8192, 8192)
 ACT_SHAPE = (8192, 2 * 14336)
-
-
-def _time_ms(fn: Callable[[], Any]) -> float:
-    """Median ms with CUDA events (L2 flushed) on a GPU; one wall-clock call elsewhere (smoke runs)."""
-    if not torch.cuda.is_available():
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
-    import triton.testing
-
-    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
 
 
 def _row(workload: str, impl: str, fn: Callable[[], Any], check: Callable[[], float], nbytes: float) -> dict[str, Any]:
     row: dict[str, Any] = {"workload": workload, "impl": impl}
     try:
         row["max_err"] = check()
-        ms = _time_ms(fn)
+        ms = median_ms(fn, rep_ms=100, warmup=25)
         row.update(ms=round(ms, 4), tb_s=round(nbytes / (ms * 1e-3) / 1e12, 3))
     except Exception as exc:  # a benchmark row reports, never aborts the run
         row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"

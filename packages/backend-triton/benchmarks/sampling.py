@@ -17,19 +17,10 @@ from typing import Any
 
 import torch
 
+from kernel_switchboard.bench import median_ms
+
 BATCH, VOCAB = 128, 128256
 WORKLOADS = (("top-p 0.9", None, 0.9), ("top-k 50 + top-p 0.9", 50, 0.9))
-
-
-def _time_ms(fn: Callable[[], Any]) -> float:
-    """Median ms with CUDA events (L2 flushed) on a GPU; one wall-clock call elsewhere (smoke runs)."""
-    if not torch.cuda.is_available():
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
-    import triton.testing
-
-    return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
 
 
 def _row(workload: str, impl: str, fn: Callable[[], Any], check: Callable[[torch.Tensor], None]) -> dict[str, Any]:
@@ -41,7 +32,7 @@ def _row(workload: str, impl: str, fn: Callable[[], Any], check: Callable[[torch
             torch.cuda.synchronize()
         row["first_call_s"] = round(time.perf_counter() - t0, 2)  # compile + first run (JIT kernels)
         check(first)
-        row["ms"] = round(_time_ms(fn), 4)
+        row["ms"] = round(median_ms(fn, rep_ms=200, warmup=25), 4)
     except Exception as exc:  # a benchmark row reports, never aborts the run
         row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
     print(row, flush=True)

@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from kernel_switchboard.bench import median_ms
+
 HEADS = (32, 8, 128)
 #: the H200 sizes; ``bench_decode(..., sizes=SMOKE)`` runs the same code on tiny shapes (CPU smoke test)
 FULL = {"decode": ((16, 2048, 64), (128, 8192, 64), (128, 8192, 16)), "heads": HEADS,
@@ -41,16 +43,6 @@ ROWS: list[dict[str, Any]] = []
 def _sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-
-
-def _time_ms(fn: Callable[[], Any]) -> float:
-    if not torch.cuda.is_available():
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
-    import triton.testing
-
-    return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
 
 
 def _row(workload: str, impl: str, run: Callable[[], torch.Tensor], want: torch.Tensor | None, amount: float,
@@ -65,7 +57,7 @@ def _row(workload: str, impl: str, run: Callable[[], torch.Tensor], want: torch.
             row["max_err"] = float((out.float() - want.float()).abs().max())
             if not math.isfinite(row["max_err"]) or row["max_err"] > max_err:
                 raise AssertionError(f"max abs error {row['max_err']:.3g} against the reference")
-        ms = _time_ms(run)
+        ms = median_ms(run, rep_ms=200, warmup=25)
         row.update(ms=round(ms, 4), **{unit: round(amount / (ms * 1e-3) / 1e12, 3)})
     except Exception as exc:  # one failing point never stops the others
         row["error"] = f"{type(exc).__name__}: {str(exc)[:400]}"

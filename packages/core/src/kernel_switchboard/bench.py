@@ -101,12 +101,22 @@ PRESETS: dict[str, Callable[[], list[Point]]] = {
 
 
 # -- timing ---------------------------------------------------------------------------------------
+def median_ms(fn: Callable[[], Any], rep_ms: float = 100.0, warmup: float = 25.0) -> float:
+    """Median ms of ``fn`` as the backends' benchmark scripts time it: ``triton.testing.do_bench`` (CUDA
+    events, L2 flushed between repetitions) when CUDA is there, else one wall-clock call (CPU smoke runs)."""
+    if not torch.cuda.is_available():
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep_ms, return_mode="median"))
+
+
 def time_ms(fn: Callable[[], Any], device: torch.device, reps_ms: float = 200.0) -> float:
     """Median milliseconds of ``fn``: CUDA events with L2 flush on a GPU, wall clock on a CPU."""
     if device.type == "cuda":
-        import triton.testing
-
-        return float(triton.testing.do_bench(fn, warmup=25, rep=reps_ms, return_mode="median"))
+        return median_ms(fn, rep_ms=reps_ms)
     fn()
     times: list[float] = []
     deadline = time.perf_counter() + reps_ms / 1e3
