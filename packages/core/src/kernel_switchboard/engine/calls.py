@@ -56,24 +56,20 @@ class OpTracer:
             rec.selections.setdefault(sel.kernel.id, sel)
         except Exception as exc:  # explain failing must never stop the engine; the call itself will raise
             rec.errors.append(f"{type(exc).__name__}: {exc}")
-        if self.sync and torch.cuda.is_available():
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        out = fn(*args, **kwargs)
-        if self.sync and torch.cuda.is_available():
-            torch.cuda.synchronize()
-        rec.calls += 1
-        rec.seconds += time.perf_counter() - start
-        return out
+        return self._timed(rec, fn, args, kwargs)
 
     def run_plan(self, plan: Any, args: tuple[Any, ...]) -> Any:
         """``plan.run(*args)``, recorded under the plan's op with the selection it made at plan time."""
         rec = self.records.setdefault(plan.selection.op, OpRecord(plan.selection.op))
         rec.selections.setdefault(plan.selection.kernel.id, plan.selection)
+        return self._timed(rec, plan.run, args, {})
+
+    def _timed(self, rec: OpRecord, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run ``fn`` and add one call and its seconds to ``rec`` (device time when ``sync``)."""
         if self.sync and torch.cuda.is_available():
             torch.cuda.synchronize()
         start = time.perf_counter()
-        out = plan.run(*args)
+        out = fn(*args, **kwargs)
         if self.sync and torch.cuda.is_available():
             torch.cuda.synchronize()
         rec.calls += 1
