@@ -258,6 +258,38 @@ def _select(
 
 
 @triton.jit
+def _draw_in_chunk(
+    x_ptr,  # (B, V) input
+    row_off,  # (ROWS, 1) int64 row offsets
+    rmask,  # (ROWS,) real rows
+    V,  # vocabulary size
+    m, c,  # logit max and log2(e)/T per row (logits only)
+    chunk,  # (ROWS,) int32 chunk the candidate's reservoir chose (-1: none)
+    u,  # (ROWS,) uniforms in [0, 1)
+    floor,  # (ROWS,) weights below are out
+    above,  # (ROWS,) weights <= this are out
+    IS_LOGITS: tl.constexpr,  # x holds logits
+    BLOCK: tl.constexpr,  # chunk width
+):
+    """Inverse-CDF draw of one candidate per row inside its chosen chunk: (token, weight), (ROWS,) each;
+    token -1 and weight 0 where there is no chunk."""
+    offs = tl.arange(0, BLOCK)
+    base = tl.maximum(chunk, 0) * BLOCK
+    cols = base[:, None] + offs[None, :]
+    valid = rmask[:, None] & (chunk >= 0)[:, None] & (cols < V)
+    w = _weights(x_ptr, row_off, cols, valid, m, c, IS_LOGITS)
+    w = tl.where((w >= floor[:, None]) & (w > above[:, None]), w, 0.0)
+    cs = tl.cumsum(w, axis=1)
+    tgt = u * tl.sum(w, axis=1)
+    i = tl.sum((cs <= tgt[:, None]).to(tl.int32), axis=1)
+    last = tl.max(tl.where(w > 0, offs[None, :], -1), axis=1)
+    i = tl.minimum(i, last)
+    tok = tl.where(last >= 0, base + i, -1)
+    wt = tl.sum(tl.where(offs[None, :] == i[:, None], w, 0.0), axis=1)
+    return tok, tl.where(last >= 0, wt, 0.0)
+
+
+@triton.jit
 def _draw_in_chunks(
     x_ptr,  # (B, V) input
     row_off,  # (ROWS, 1) int64 row offsets
@@ -270,28 +302,19 @@ def _draw_in_chunks(
     above,  # (ROWS,) weights <= this are out
     IS_LOGITS: tl.constexpr,  # x holds logits
     BLOCK: tl.constexpr,  # chunk width
+    J: tl.constexpr,  # candidates per row
 ):
-    """Inverse-CDF draw of every candidate inside its chosen chunk: (tokens, weights), (ROWS, J) each;
-    token -1 and weight 0 where there is no chunk."""
-    offs = tl.arange(0, BLOCK)
-    base = tl.maximum(chunk, 0) * BLOCK  # (ROWS, J)
-    cols = base[:, :, None] + offs[None, None, :]  # (ROWS, J, BLOCK)
-    valid = rmask[:, None, None] & (chunk >= 0)[:, :, None] & (cols < V)
-    x = tl.load(x_ptr + row_off[:, :, None] + cols, mask=valid, other=0.0).to(tl.float32)
-    if IS_LOGITS:
-        w = tl.exp2((x - m[:, None, None]) * c[:, None, None])
-    else:
-        w = x
-    keep = valid & (w > 0) & (w >= floor[:, None, None]) & (w > above[:, None, None])
-    w = tl.where(keep, w, 0.0)
-    cs = tl.cumsum(w, axis=2)
-    tgt = u * tl.max(cs, axis=2)
-    i = tl.sum((cs <= tgt[:, :, None]).to(tl.int32), axis=2)
-    last = tl.max(tl.where(w > 0, offs[None, None, :], -1), axis=2)
-    i = tl.minimum(i, last)
-    tok = tl.where(last >= 0, base + i, -1)
-    wt = tl.sum(tl.where(offs[None, None, :] == i[:, :, None], w, 0.0), axis=2)
-    return tok, tl.where(last >= 0, wt, 0.0)
+    """:func:`_draw_in_chunk` for each of the J candidates: (tokens, weights), (ROWS, J) each. One candidate
+    at a time keeps the tiles 2-D (a (ROWS, J, BLOCK) scan spills to the stack inside the round loop)."""
+    jj = tl.arange(0, J)
+    tok = tl.full(chunk.shape, -1, tl.int32)
+    wt = tl.zeros(chunk.shape, tl.float32)
+    for j in tl.static_range(J):
+        t1, w1 = _draw_in_chunk(x_ptr, row_off, rmask, V, m, c, _pick(chunk, jj, j), _pick(u, jj, j), floor, above,
+                                IS_LOGITS, BLOCK)
+        tok = tl.where(jj[None, :] == j, t1[:, None], tok)
+        wt = tl.where(jj[None, :] == j, w1[:, None], wt)
+    return tok, wt
 
 
 @triton.jit
@@ -426,7 +449,7 @@ def _top_k_top_p_kernel(
                     done = done | hit
             # the new candidates (from the set above every previous candidate)
             new_tok, new_w = _draw_in_chunks(x_ptr, row_off, rmask, V, m, c, chunk_of, tl.minimum(u1, 0.99999994), floor,
-                                             above, IS_LOGITS, BLOCK)
+                                             above, IS_LOGITS, BLOCK, NUM_CAND)
             empty = tl.max(new_tok, axis=1) < 0  # nothing left above the rejected candidates (bad data)
             if HAS_P:
                 cand_tok = tl.where(done[:, None], cand_tok, new_tok)

@@ -33,11 +33,14 @@ NUM_PIVOTS = 8
 MAX_SCRATCH = 2048
 MAX_PASSES = 8
 #: widest chunk and the most elements one program holds per chunk (rows x chunk); the interpreter, whose
-#: cost is per operation and per nested call rather than per element, takes much bigger tiles.
-#: Compile time grows steeply with the chunk (top-p's (rows, chunk, candidates) tiles): for sm_90, 1024 wide
-#: ~5 s, 4096 wide ~160 s (measured on this project's CI machine).
-MAX_BLOCK = 1024
-TILE = 65536 if triton_interpreting() else 1024
+#: cost is per operation and per nested call rather than per element, takes much bigger tiles. On a GPU one
+#: program walks a whole row, so the chunk sets the bytes in flight per SM: 4096 fp32 = 16 KiB per step.
+#: sm_90 compile, per kernel variant: 1024 wide 1-7 s, 4096 wide (16 warps) 2-9 s, no register spills.
+MAX_BLOCK = 4096
+TILE = 65536 if triton_interpreting() else 4096
+#: elements of a chunk per warp (4 per thread: one 16-byte load of fp32), and the warp range
+WARP_ELEMS = 128
+MIN_WARPS, MAX_WARPS = 4, 16
 #: finish threshold searches with tl.sort; the interpreter ranks pairwise instead (its sort is very slow)
 SORT = not triton_interpreting()
 _MAX_NUMEL = 1 << 20
@@ -59,8 +62,7 @@ def _config(batch: int, vocab: int) -> _Config:
     if not SORT:
         cap = min(cap, _MAX_NUMEL // (scratch * scratch))
     rows = max(1, min(cap, triton.next_power_of_2(max(batch, 1))))
-    elems = rows * block
-    num_warps = 4 if elems <= 512 else 8  # more loads in flight per program: the passes are memory-bound
+    num_warps = min(MAX_WARPS, max(MIN_WARPS, rows * block // WARP_ELEMS))
     return _Config(rows, block, scratch, num_warps)
 
 
