@@ -5,6 +5,7 @@
 ``bench_gemm(device) -> list[dict]``: rows with ``ms``, ``tflops`` and ``rel_err`` (Frobenius, against a
 float32 product of the same operands), plus ``vs`` = TFLOP/s over the baseline measured in the same run
 (cuBLAS bf16 for mm, torch._scaled_mm per-tensor for fp8). Every row is checked before it is timed.
+"pointer kernel" rows switch the TMA path off, for comparison.
 """
 
 from __future__ import annotations
@@ -52,6 +53,19 @@ def _fp8(x: torch.Tensor, rows: int, cols: int) -> tuple[torch.Tensor, torch.Ten
     return quantize_fp8(x, rows, cols)
 
 
+def _pointer_kernels(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` with the TMA path switched off (the pointer kernels, for comparison)."""
+    from kernel_switchboard_triton import gemm
+
+    def run() -> Any:
+        saved, gemm.TMA_MIN_M = gemm.TMA_MIN_M, 1 << 62
+        try:
+            return fn()
+        finally:
+            gemm.TMA_MIN_M = saved
+    return run
+
+
 def bench_gemm(device: str | torch.device = "cuda") -> list[dict[str, Any]]:
     from kernel_switchboard_triton import gemm
 
@@ -64,6 +78,7 @@ def bench_gemm(device: str | torch.device = "cuda") -> list[dict[str, Any]]:
     a, b = a32.bfloat16(), w32.bfloat16().t()
     want = a.float() @ b.float()
     rows = [_row("mm bf16 8192^3", "triton", lambda: gemm.mm(a, b), want, flops),
+            _row("mm bf16 8192^3", "triton pointer kernel", _pointer_kernels(lambda: gemm.mm(a, b)), want, flops),
             _row("mm bf16 8192^3", "torch.mm (cuBLAS)", lambda: torch.mm(a, b), want, flops)]
     out = _ratio(rows, "torch.mm (cuBLAS)")
 
@@ -79,8 +94,12 @@ def bench_gemm(device: str | torch.device = "cuda") -> list[dict[str, Any]]:
     rows = [
         _row("mm fp8 e4m3 8192^3", "triton block 128x128", lambda: gemm.mm_fp8(qa, qb, sa, sb, "block", torch.bfloat16),
              want_b, flops),
+        _row("mm fp8 e4m3 8192^3", "triton block 128x128 pointer kernel",
+             _pointer_kernels(lambda: gemm.mm_fp8(qa, qb, sa, sb, "block", torch.bfloat16)), want_b, flops),
         _row("mm fp8 e4m3 8192^3", "triton per-tensor",
              lambda: gemm.mm_fp8(ta, tw.t(), tsa, tsw, "tensor", torch.bfloat16), want_t, flops),
+        _row("mm fp8 e4m3 8192^3", "triton per-tensor pointer kernel",
+             _pointer_kernels(lambda: gemm.mm_fp8(ta, tw.t(), tsa, tsw, "tensor", torch.bfloat16)), want_t, flops),
         _row("mm fp8 e4m3 8192^3", "torch._scaled_mm per-tensor",
              lambda: torch._scaled_mm(ta, tw.t(), scale_a=tsa, scale_b=tsw, out_dtype=torch.bfloat16), want_t, flops),
     ]

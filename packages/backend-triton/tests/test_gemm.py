@@ -9,6 +9,7 @@ import kernel_switchboard as ksb
 from kernel_switchboard.availability import triton_interpreting
 from kernel_switchboard.testing import assert_close, conformance_test, tolerance
 from kernel_switchboard.testing.cases.gemm import quantize_fp8
+from kernel_switchboard_triton import gemm
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(DEVICE == "cpu" and not triton_interpreting(),
@@ -39,6 +40,18 @@ def test_mm_strided_views_and_ragged_edges(dtype: torch.dtype) -> None:
     torch.testing.assert_close(got.float(), (a.double() @ b.double()).float(), atol=5e-2, rtol=5e-2)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("b_kmajor", [True, False])
+def test_mm_tma_path_off_the_tile_grid(dtype: torch.dtype, b_kmajor: bool) -> None:
+    # 16-byte aligned rows: the persistent TMA kernel, whose edge tiles are zero-filled loads and clipped stores
+    m, n, k = 100, 72, 56
+    a = _randn(m, k, seed=3).to(dtype)
+    b = _randn(n, k, seed=4, scale=k**-0.5).to(dtype).t() if b_kmajor else _randn(k, n, seed=4, scale=k**-0.5).to(dtype)
+    assert gemm._b_layout(b) is b_kmajor and gemm._row_major_for_tma(a) and m >= gemm.TMA_MIN_M
+    got = ksb.gemm.mm(a, b, backend="triton")
+    _check(got, ksb.gemm.mm(a, b, backend="reference"), dtype)
+
+
 def test_mm_empty_and_k_zero() -> None:
     a, b = _randn(0, 8).half(), _randn(8, 5).half()
     assert ksb.gemm.mm(a, b, backend="triton").shape == (0, 5)
@@ -60,10 +73,16 @@ def test_fp8_scale_modes_off_the_128_grid(mode: str, m: int, n: int, k: int) -> 
         _check(got, want, torch.float8_e4m3fn if out == torch.float32 else out)
 
 
-def test_fp8_column_major_b_as_from_a_transposed_weight() -> None:
-    qa, sa = quantize_fp8(_randn(40, 256, seed=5), 1, 128)
-    w = _randn(192, 256, seed=6, scale=256**-0.5)  # (N, K) weight, used as b = w.t()
-    qw, sw = quantize_fp8(w, 128, 128)
+@pytest.mark.parametrize("mode", ["tensor", "row_col", "block"])
+def test_fp8_column_major_b_as_from_a_transposed_weight(mode: str) -> None:
+    # b = w.t() with 16-byte aligned rows of w: the persistent TMA kernel, N and K off the 128 grid
+    m, n, k = 40, 208, 272
+    groups = {"tensor": ((m, k), (n, k)), "row_col": ((1, k), (1, k)), "block": ((1, 128), (128, 128))}[mode]
+    qa, sa = quantize_fp8(_randn(m, k, seed=5), *groups[0])
+    qw, sw = quantize_fp8(_randn(n, k, seed=6, scale=k**-0.5), *groups[1])  # (N, K) weight, used as b = w.t()
+    if mode == "tensor":
+        sa, sw = sa.reshape(()), sw.reshape(())
+    assert gemm._b_layout(qw.t()) is True and m >= gemm.TMA_MIN_M
     got = ksb.gemm.mm_fp8(qa, qw.t(), sa, sw.t(), backend="triton")
     _check(got, ksb.gemm.mm_fp8(qa, qw.t(), sa, sw.t(), backend="reference"), torch.bfloat16)
 

@@ -170,3 +170,89 @@ def _grouped_mm_kernel(
             b_ptrs += BLOCK_K * stride_bk
         tl.store(c_ptr + rm.to(tl.int64)[:, None] * stride_cm + rn[None, :], acc.to(c_ptr.dtype.element_ty),
                  mask=m_ok[:, None] & (rn[None, :] < N))
+
+
+@triton.jit
+def _load_b_tma(b_desc, k0, n0, B_KMAJOR: tl.constexpr):
+    """(BLOCK_K, BLOCK_N) tile of b at (k0, n0); a K-major b is described by its (N, K) transpose."""
+    if B_KMAJOR:
+        b = b_desc.load([n0, k0]).T
+    else:
+        b = b_desc.load([k0, n0])
+    return b
+
+
+@triton.jit
+def _mm_tma_kernel(
+    a_desc,  # TMA descriptor of a (M, K) fp16/bf16, row-major, block (BLOCK_M, BLOCK_K)
+    b_desc,  # TMA descriptor of b (K, N), block (BLOCK_K, BLOCK_N); of b.T (N, K) when B_KMAJOR
+    c_desc,  # TMA descriptor of c (M, N) in a's dtype, block (BLOCK_M, BLOCK_N)
+    M, N, K,  # problem sizes
+    BLOCK_M: tl.constexpr,  # output tile rows
+    BLOCK_N: tl.constexpr,  # output tile columns
+    BLOCK_K: tl.constexpr,  # reduction step
+    GROUP_M: tl.constexpr,  # tile rows per group (L2 reuse)
+    B_KMAJOR: tl.constexpr,  # b is a transposed (N, K) row-major matrix (an nn.Linear weight)
+    NUM_PROGRAMS: tl.constexpr,  # persistent programs (one per SM); each walks tiles with this stride
+    UPCAST: tl.constexpr,  # cast dot operands to float32 (interpreter only)
+):
+    """Persistent matmul with TMA loads and stores: edges are zero-filled on load and clipped on store."""
+    tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    for tile in tl.range(tl.program_id(0), tiles, NUM_PROGRAMS, flatten=True):
+        pid_m, pid_n = _tile_coords(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            a = a_desc.load([pid_m * BLOCK_M, k0])
+            b = _load_b_tma(b_desc, k0, pid_n * BLOCK_N, B_KMAJOR)
+            if UPCAST:
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc)
+        c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_desc.dtype))
+
+
+@triton.jit
+def _mm_fp8_tma_kernel(
+    a_desc,  # TMA descriptor of a (M, K) float8_e4m3fn, row-major, block (BLOCK_M, BLOCK_K)
+    b_desc,  # TMA descriptor of b.T (N, K) float8_e4m3fn (b is K-major), block (BLOCK_N, BLOCK_K)
+    c_desc,  # TMA descriptor of c (M, N) in out_dtype, block (BLOCK_M, BLOCK_N)
+    sa_ptr, sb_ptr,  # scales as in _mm_fp8_kernel
+    M, N, K,  # problem sizes
+    stride_sam, stride_sak,  # scale_a strides (row, K-block)
+    stride_sbk, stride_sbn,  # scale_b strides (K-block, column or N-block)
+    MODE: tl.constexpr,  # 0 per-tensor, 1 row_col, 2 block (128x128)
+    BLOCK_M: tl.constexpr,  # output tile rows
+    BLOCK_N: tl.constexpr,  # output tile columns (block mode: divides 128)
+    BLOCK_K: tl.constexpr,  # reduction step (block mode: 128)
+    GROUP_M: tl.constexpr,  # tile rows per group
+    NUM_PROGRAMS: tl.constexpr,  # persistent programs
+    UPCAST: tl.constexpr,  # cast dot operands to float32 (interpreter only)
+):
+    """Persistent fp8 matmul with TMA; scales applied as in :func:`_mm_fp8_kernel`."""
+    tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    for tile in tl.range(tl.program_id(0), tiles, NUM_PROGRAMS, flatten=True):
+        pid_m, pid_n = _tile_coords(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        m_ok = rm < M
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            a = a_desc.load([pid_m * BLOCK_M, k0])
+            b = b_desc.load([pid_n * BLOCK_N, k0]).T
+            if UPCAST:
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            if MODE == 2:
+                kb = k0 // 128
+                s_a = tl.load(sa_ptr + rm * stride_sam + kb * stride_sak, mask=m_ok, other=0.0)
+                s_b = tl.load(sb_ptr + kb * stride_sbk + ((pid_n * BLOCK_N) // 128) * stride_sbn)
+                acc += tl.dot(a, b) * (s_a[:, None] * s_b)
+            else:
+                acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
+        if MODE == 0:
+            acc = acc * (tl.load(sa_ptr) * tl.load(sb_ptr))
+        elif MODE == 1:
+            s_a = tl.load(sa_ptr + rm * stride_sam, mask=m_ok, other=0.0)
+            s_b = tl.load(sb_ptr + rn * stride_sbn, mask=rn < N, other=0.0)
+            acc = acc * s_a[:, None] * s_b[None, :]
+        c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_desc.dtype))

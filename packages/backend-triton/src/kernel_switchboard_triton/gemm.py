@@ -1,8 +1,10 @@
 """Triton GEMM kernels: bf16/fp16 ``mm``, fp8 ``mm_fp8`` (per-tensor, row/column and DeepSeek 128x128
 block scales, applied per K block inside the accumulation loop) and ``grouped_mm`` over row segments.
 
-Signatures: :mod:`kernel_switchboard.ops.gemm`. Fixed tile configurations chosen by shape (no
-autotuning at run time); float32 accumulation; any operand strides. float32 operands use exact
+Signatures: :mod:`kernel_switchboard.ops.gemm`. Operands TMA can describe (unit stride along a row of
+a, of c and of b or of b's transpose; 16-byte aligned rows; at least ``TMA_MIN_M`` rows) take persistent
+TMA kernels, one program per SM; other strides take the pointer kernels. Fixed tile configurations chosen
+by shape (no autotuning at run time); float32 accumulation; any operand strides. float32 operands use exact
 float32 products (``input_precision="ieee"``, CUDA cores, no TF32), so they rank below cuBLAS. ``grouped_mm`` launches
 ``ceil(T / BLOCK_M) + G`` row tiles, which bounds the tiles of any split of T rows into G groups,
 so it needs no host sync; extra programs exit at once.
@@ -10,10 +12,12 @@ so it needs no host sync; extra programs exit at once.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import torch
 import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernel_switchboard import Capability, Kernel
 from kernel_switchboard.availability import triton_interpreting
@@ -69,6 +73,47 @@ def _launch_grid(m: int, n: int, t: Tiles) -> tuple[int]:
     return (triton.cdiv(m, t.block_m) * triton.cdiv(n, t.block_n),)
 
 
+# -- TMA path: persistent kernels over tensor descriptors (row-major or K-major operands) ---------------------
+#: rows below which the pointer kernels' small-M tiles are used (decode-sized GEMMs are memory-bound)
+TMA_MIN_M = 16 if triton_interpreting() else 65
+
+
+@functools.lru_cache(maxsize=8)
+def _programs(device_index: int | None) -> int:
+    """Persistent programs: one per SM (four when interpreted)."""
+    if triton_interpreting() or device_index is None:
+        return 4
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _row_major_for_tma(t: torch.Tensor) -> bool:
+    """TMA can describe ``t`` as it is: unit last stride, 16-byte aligned row stride and base."""
+    size = t.element_size()
+    return (t.stride(1) == 1 and (t.stride(0) * size) % 16 == 0 and t.data_ptr() % 16 == 0
+            and t.stride(0) >= t.shape[1])
+
+
+def _b_layout(b: torch.Tensor) -> bool | None:
+    """True when b (K, N) is K-major (its transpose is TMA-ready), False when b itself is, None otherwise."""
+    if _row_major_for_tma(b.t()):
+        return True
+    if _row_major_for_tma(b):
+        return False
+    return None
+
+
+def _tma_grid(m: int, n: int, t: Tiles, device: torch.device) -> tuple[int]:
+    return (min(_programs(device.index if device.type == "cuda" else None), triton.cdiv(m, t.block_m) *
+                triton.cdiv(n, t.block_n)),)
+
+
+def _descriptors(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, t: Tiles, b_kmajor: bool) -> tuple[Any, Any, Any]:
+    b_desc = (TensorDescriptor.from_tensor(b.t(), [t.block_n, t.block_k]) if b_kmajor
+              else TensorDescriptor.from_tensor(b, [t.block_k, t.block_n]))
+    return (TensorDescriptor.from_tensor(a, [t.block_m, t.block_k]), b_desc,
+            TensorDescriptor.from_tensor(c, [t.block_m, t.block_n]))
+
+
 def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     m, k = a.shape
     n = b.shape[1]
@@ -78,6 +123,15 @@ def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if k == 0:
         return c.zero_()
     t = mm_tiles(m, n, k, a.dtype)
+    b_kmajor = _b_layout(b)
+    if a.dtype != torch.float32 and m >= TMA_MIN_M and b_kmajor is not None and _row_major_for_tma(a) \
+            and _row_major_for_tma(c):
+        a_desc, b_desc, c_desc = _descriptors(a, b, c, t, b_kmajor)
+        grid = _tma_grid(m, n, t, a.device)
+        K._mm_tma_kernel[grid](a_desc, b_desc, c_desc, m, n, k, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
+                               BLOCK_K=t.block_k, GROUP_M=t.group_m, B_KMAJOR=b_kmajor, NUM_PROGRAMS=grid[0],
+                               UPCAST=UPCAST, num_warps=t.num_warps, num_stages=t.num_stages)
+        return c
     K._mm_kernel[_launch_grid(m, n, t)](a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0),
                                         BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, GROUP_M=t.group_m,
                                         UPCAST=UPCAST, IEEE=a.dtype == torch.float32, num_warps=t.num_warps,
@@ -100,6 +154,15 @@ def mm_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: tor
     t = fp8_tiles(m, n, k, scale_mode)
     sa = scale_a.reshape(1, 1) if scale_mode == "tensor" else scale_a
     sb = scale_b.reshape(1, 1) if scale_mode == "tensor" else scale_b
+    if m >= TMA_MIN_M and _b_layout(b) is True and _row_major_for_tma(a) and _row_major_for_tma(c):
+        a_desc, b_desc, c_desc = _descriptors(a, b, c, t, True)
+        grid = _tma_grid(m, n, t, a.device)
+        K._mm_fp8_tma_kernel[grid](
+            a_desc, b_desc, c_desc, sa, sb, m, n, k, sa.stride(0), sa.stride(1), sb.stride(0), sb.stride(1),
+            MODE=_MODES[scale_mode], BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, GROUP_M=t.group_m,
+            NUM_PROGRAMS=grid[0], UPCAST=UPCAST, num_warps=t.num_warps, num_stages=t.num_stages,
+        )
+        return c
     K._mm_fp8_kernel[_launch_grid(m, n, t)](
         a, b, c, sa, sb, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0),
         sa.stride(0), sa.stride(1), sb.stride(0), sb.stride(1),
