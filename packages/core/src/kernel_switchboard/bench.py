@@ -421,6 +421,19 @@ def dispatch_overhead(n: int = 5000, rounds: int = 9) -> list[Row]:
                 "us/call", extra={"public_us": public * 1e6, "direct_us": direct * 1e6})]
 
 
+def _write_tables(out: Path, rows: list[Row], ceil: dict[str, float], environment: dict[str, Any]) -> None:
+    """bench.json (rows, ceilings, environment) and bench.csv (rows without their extras) under ``out``."""
+    payload = {"environment": environment, "ceilings": ceil, "rows": [asdict(r) for r in rows]}
+    (out / "bench.json").write_text(json.dumps(payload, indent=1, default=str))
+    with open(out / "bench.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[k for k in asdict(rows[0]) if k != "extra"] if rows else ["op"])
+        writer.writeheader()
+        for r in rows:
+            d = asdict(r)
+            d.pop("extra")
+            writer.writerow(d)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="switchboard bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -459,9 +472,13 @@ def main(argv: list[str] | None = None) -> int:
         params = _parse_params(args.param)
         points.append(("adhoc", Point(args.op, params, " ".join(args.param) or args.op)))
     ceil = ceilings(device)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    environment = fingerprint()
     for i, (preset, point) in enumerate(points):
         print(f"\rbench [{i + 1}/{len(points)}] {point.op} {point.label}".ljust(80), end="", file=sys.stderr, flush=True)
         rows.extend(run_point(preset, point, device, args.reps_ms))
+        _write_tables(out, rows, ceil, environment)  # after every point: a cut-short run keeps what it measured
         if device.type == "cuda":
             torch.cuda.empty_cache()
     if points:
@@ -469,17 +486,7 @@ def main(argv: list[str] | None = None) -> int:
     if ceil:
         print(f"ceilings: device copy {ceil['copy_tbs']:.2f} TB/s, bf16 matmul {ceil['mm_tflops']:.0f} TFLOP/s")
     _print_table(rows, ceil)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    payload = {"environment": fingerprint(), "ceilings": ceil, "rows": [asdict(r) for r in rows]}
-    (out / "bench.json").write_text(json.dumps(payload, indent=1, default=str))
-    with open(out / "bench.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=[k for k in asdict(rows[0]) if k != "extra"] if rows else ["op"])
-        writer.writeheader()
-        for r in rows:
-            d = asdict(r)
-            d.pop("extra")
-            writer.writerow(d)
+    _write_tables(out, rows, ceil, environment)
     plots = _plots(rows, out) if device.type == "cuda" else []
     print(f"bench: wrote {out / 'bench.json'}, {out / 'bench.csv'}" + (f" and {len(plots)} plots" if plots else ""))
     return 0
