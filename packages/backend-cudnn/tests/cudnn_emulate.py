@@ -51,8 +51,11 @@ def _paged(ts: TensorSpec, table_spec: TensorSpec, pool: torch.Tensor, table: to
 
 def emulate(spec: SdpaSpec, feeds: dict[str, torch.Tensor]) -> None:
     """Compute the graph into the fed output buffers (float64 math)."""
-    seq_q = feeds["seq_q"].reshape(-1).tolist()
-    seq_kv = feeds["seq_kv"].reshape(-1).tolist()
+    if spec.padding:
+        seq_q = feeds["seq_q"].reshape(-1).tolist()
+        seq_kv = feeds["seq_kv"].reshape(-1).tolist()
+    else:  # no padding mask: every request has the full S of its tensors
+        seq_q, seq_kv = [spec.q.dims[2]] * spec.batch, [spec.k.dims[2]] * spec.batch
     hq = spec.q.dims[1]
     for b in range(spec.batch):
         nq, nk = int(seq_q[b]), int(seq_kv[b])

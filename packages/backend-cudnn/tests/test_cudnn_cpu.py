@@ -259,6 +259,34 @@ def test_ragged_conversions_match_the_reference(monkeypatch: pytest.MonkeyPatch,
            ref.prefill_ragged(q, k, v, qo_indptr, kv_indptr, p), spec.dtype)
 
 
+RAGGED_PLAN_SPECS = [
+    AttnSpec(F16, "NHD", 16, 8, 2, 64, kv_lens=(37, 20, 0, 5), q_lens=(37, 3, 2, 0), lse=True),  # ragged, one empty
+    AttnSpec(BF16, "NHD", 16, 8, 2, 64, kv_lens=(48,), q_lens=(48,), lse=True),  # one request: dense
+    AttnSpec(F16, "NHD", 16, 4, 4, 64, kv_lens=(30, 30, 30), q_lens=(30, 30, 30), lse=True),  # uniform: dense
+    AttnSpec(F16, "NHD", 16, 4, 2, 64, kv_lens=(40, 40), q_lens=(9, 9), causal=False),  # uniform, q < kv: dense
+    AttnSpec(F16, "NHD", 16, 4, 2, 64, kv_lens=(40, 40), q_lens=(9, 9), lse=True),  # causal q < kv: ragged
+]
+
+
+@pytest.mark.parametrize("spec", RAGGED_PLAN_SPECS, ids=lambda s: s.tag("ragged-plan"))
+def test_ragged_plan_matches_the_reference(monkeypatch: pytest.MonkeyPatch, spec: AttnSpec) -> None:
+    """The ragged plan's graphs (dense without padding mask for uniform batches) through the core plan."""
+    install(monkeypatch)
+    case = ragged_case(spec, "cpu", seed=11)
+    q, k, v, qo_indptr, kv_indptr = case.args
+    p = _params(case, spec.causal, max(spec.q_lens or (0,)), max(spec.kv_lens))
+    qo, kv = qo_indptr.tolist(), kv_indptr.tolist()
+    plan = attention.RaggedPrefillPlan(None, None, p, qo_indptr=qo_indptr, kv_indptr=kv_indptr, host_indptrs=(qo, kv))
+    uniform = len(set(spec.q_lens)) == 1 and len(set(spec.kv_lens)) == 1 and (not spec.causal or spec.q_lens == spec.kv_lens)
+    assert plan.uniform is uniform and plan.has_empty is (0 in spec.kv_lens)
+    want = ref.prefill_ragged(q, k, v, qo_indptr, kv_indptr, p)
+    _close(plan.run(q, k, v), want, spec.dtype)
+    _close(plan.run(q, k, v), want, spec.dtype)  # the second run reuses the graph and side tensors
+    if uniform:
+        built = next(iter(plan._entries.values()))[0]
+        assert not built.spec.padding and built.spec.q.ragged is None and "seq_q" not in convert.int_specs(built.spec)
+
+
 def test_strided_views_are_passed_by_strides_not_copied(monkeypatch: pytest.MonkeyPatch) -> None:
     """q, k, v as column slices of one fused qkv projection (token stride 3 * H * D)."""
     install(monkeypatch)

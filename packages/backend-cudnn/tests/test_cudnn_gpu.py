@@ -153,6 +153,45 @@ def test_prefill_plan_captures_and_replays_new_inputs() -> None:
     assert_close(lse, want_lse, atol=1e-3, rtol=1e-3, what="replayed lse")
 
 
+RAGGED_PLANS = [*RAGGED, AttnSpec(BF16, "NHD", 16, 32, 8, 128, kv_lens=(2048,) * 4, q_lens=(2048,) * 4, lse=True),
+                AttnSpec(F16, "NHD", 16, 32, 8, 128, kv_lens=(4096,), q_lens=(4096,)),
+                AttnSpec(BF16, "NHD", 16, 32, 8, 128, kv_lens=(1000, 1000), q_lens=(100, 100), causal=False, lse=True)]
+
+
+@pytest.mark.parametrize("spec", RAGGED_PLANS, ids=lambda s: s.tag("ragged-plan"))
+def test_ragged_plan_space(spec: AttnSpec) -> None:
+    """Planned ragged prefill (uniform batches take the dense graph without padding mask) against the reference."""
+    case = ragged_case(spec, "cuda")
+    q, k, v, qo_indptr, kv_indptr = case.args
+    plan = ksb.attention.plan_prefill_ragged(qo_indptr, kv_indptr, num_q_heads=spec.q_heads, num_kv_heads=spec.kv_heads,
+                                             head_dim=spec.head_dim, head_dim_v=v.shape[2], dtype=spec.dtype,
+                                             backend="cudnn", **case.kwargs)
+    want = ksb.attention.prefill_ragged(q, k, v, qo_indptr, kv_indptr, backend="reference", **case.kwargs)
+    got = plan.run(q, k, v)
+    atol, rtol = tolerance(spec.dtype)
+    for name, g, w in zip(("out", "lse"), got if spec.lse else (got,), want if spec.lse else (want,)):
+        assert_close(g, w, atol=atol if name == "out" else 1e-3, rtol=rtol if name == "out" else 1e-3,
+                     what=f"{name} {_versions()}")
+
+
+def test_uniform_ragged_plan_captures_and_replays_new_inputs() -> None:
+    spec = AttnSpec(BF16, "NHD", 16, 32, 8, 128, kv_lens=(1024,) * 3, q_lens=(1024,) * 3, lse=True)
+    q, k, v, qo_indptr, kv_indptr = ragged_case(spec, "cuda").args
+    plan = ksb.attention.plan_prefill_ragged(qo_indptr, kv_indptr, num_q_heads=32, num_kv_heads=8, head_dim=128,
+                                             dtype=BF16, return_lse=True, backend="cudnn")
+    static_q = q.clone()
+    graph, (out, lse) = _capture(lambda: plan.run(static_q, k, v))  # type: ignore[misc]
+    static_q.copy_(torch.randn_like(q))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    want, want_lse = ksb.attention.prefill_ragged(static_q, k, v, qo_indptr, kv_indptr, return_lse=True,
+                                                  backend="reference")
+    atol, rtol = tolerance(BF16)
+    assert_close(out, want, atol=atol, rtol=rtol, what="replayed out")
+    assert_close(lse, want_lse, atol=1e-3, rtol=1e-3, what="replayed lse")
+
+
 def test_untuned_dispatch_ranks_cudnn_decode() -> None:
     """cuDNN's paged decode is eligible for HND bf16 decode and ranks above the reference (printed: the ranking)."""
     spec = AttnSpec(BF16, "HND", 16, 32, 8, 128, kv_lens=(2048,) * 16)

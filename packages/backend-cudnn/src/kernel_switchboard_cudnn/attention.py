@@ -8,6 +8,7 @@ Capabilities come from :class:`~.support.Support` (the installed cuDNN version a
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
@@ -28,6 +29,7 @@ from .convert import (
     ragged_offsets,
     ragged_spec,
     table_4d,
+    uniform_spec,
 )
 from .cost import decode_cost, prefill_cost
 from .support import Support
@@ -298,6 +300,81 @@ def prefill_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr:
     return out, lse
 
 
+class RaggedPrefillPlan:
+    """A planned ragged prefill. From the indptrs' values (read by the core at plan time): a batch whose
+    requests all have the same query and key counts, packed from offset 0, runs as a dense graph (no
+    ragged offsets, no padding mask: cuDNN's faster path); others get their lengths, offsets and LSE
+    gather index made here. The zeroing of requests with queries but no keys (a full pass over ``out``)
+    runs only when the plan has one. The graph is built at the first run (warm a plan before capturing it)."""
+
+    def __init__(self, problem: Any, table: None, p: Any, *, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
+                 host_indptrs: tuple[list[int], list[int]], **_: Any) -> None:
+        qo, kv = host_indptrs
+        self.p, self.qo_indptr, self.kv_indptr = p, qo_indptr, kv_indptr
+        self.batch, self.total = len(qo) - 1, qo[-1]  # q has qo[-1] rows
+        q_lens = [b - a for a, b in itertools.pairwise(qo)]
+        kv_lens = [b - a for a, b in itertools.pairwise(kv)]
+        self.has_empty = any(n > 0 and m == 0 for n, m in zip(q_lens, kv_lens))
+        self.uniform = (self.batch > 0 and qo[0] == 0 and kv[0] == 0 and len(set(q_lens)) == 1
+                        and len(set(kv_lens)) == 1 and q_lens[0] > 0 and kv_lens[0] > 0 and p.window_left < 0
+                        and (not p.causal or q_lens[0] == kv_lens[0]))
+        if self.uniform:
+            self.s_q, self.s_kv = q_lens[0], kv_lens[0]
+        else:
+            self.s_q, self.s_kv = q_bucket(p.max_q_len), q_bucket(p.max_kv_len)
+            self.seq = {"seq_q": indptr_lengths(qo_indptr), "seq_kv": indptr_lengths(kv_indptr)}
+            self.gather = lse_gather_index(qo_indptr, self.total, self.s_q) if p.return_lse else None
+        self._entries: dict[tuple[Any, ...], tuple[graphs.Built, torch.Tensor, dict[str, torch.Tensor]]] = {}
+        self._stats: torch.Tensor | None = None
+
+    def _entry(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+               ) -> tuple[graphs.Built, torch.Tensor, dict[str, torch.Tensor]]:
+        key = (q.stride(), k.stride(), v.stride())
+        entry = self._entries.get(key)
+        if entry is None:
+            if self.uniform:
+                spec, side = uniform_spec(q, k, v, self.batch, self.p, self.s_q, self.s_kv), {}
+            else:
+                for name, t in (("q", q), ("k", k), ("v", v)):
+                    check_offsets(t, name)
+                spec = ragged_spec(q, k, v, self.batch, self.p, self.s_q, self.s_kv)
+                side = {**self.seq, "q_off": ragged_offsets(self.qo_indptr, q.stride(0)),
+                        "o_off": ragged_offsets(self.qo_indptr, q.shape[1] * v.shape[2]),
+                        "k_off": ragged_offsets(self.kv_indptr, k.stride(0)),
+                        "v_off": ragged_offsets(self.kv_indptr, v.stride(0))}
+            built = graphs.get(spec, q.device)
+            entry = self._entries[key] = (built, graphs.workspace(built, q.device), side)
+        return entry
+
+    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """q (Tq, Hq, D), k (Tk, Hkv, D), v (Tk, Hkv, Dv) -> out (Tq, Hq, Dv), lse (Tq, Hq) float32 or None."""
+        total, hq, dv = q.shape[0], q.shape[1], v.shape[2]
+        out = q.new_empty((total, hq, dv))
+        lse = q.new_empty((total, hq), dtype=torch.float32) if self.p.return_lse else None
+        if total == 0 or self.batch == 0:
+            return out, lse
+        if k.shape[0] == 0:  # nothing to attend anywhere
+            out.zero_()
+            if lse is not None:
+                lse.fill_(float("-inf"))
+            return out, lse
+        built, ws, side = self._entry(q, k, v)
+        feeds = {"q": q, "k": k, "v": v, "o": out, **side}
+        if lse is not None:
+            if self.uniform:  # (B, Hq, S, 1) stats with token-major strides are the packed (T, Hq) lse itself
+                feeds["stats"] = lse
+            else:
+                if self._stats is None:
+                    self._stats = torch.empty((self.batch, self.s_q, hq), dtype=torch.float32, device=q.device)
+                feeds["stats"] = self._stats
+        graphs.execute(built, feeds, ws, q.device)
+        if lse is not None and not self.uniform and self._stats is not None and self.gather is not None:
+            _gather_lse(self._stats, self.gather, lse)
+        if self.has_empty:
+            _zero_empty_rows(self.kv_indptr[1:] - self.kv_indptr[:-1], self.qo_indptr, total, out, lse)
+        return out, lse
+
+
 # -- records ---------------------------------------------------------------------------------------------------
 def kernels(s: Support, version: str) -> list[Kernel]:
     """The cuDNN attention kernels for support row ``s``; ``version`` names cuDNN and the frontend."""
@@ -311,7 +388,7 @@ def kernels(s: Support, version: str) -> list[Kernel]:
                plan=PrefillPlan, cost=prefill_cost, unavailable=prefill_reason, install=UPGRADE if prefill_reason else None,
                doc="cuDNN SDPA, packed (ragged) queries over paged K/V, bottom-right causal"),
         Kernel("attention.prefill_ragged", "sdpa_ragged_prefill", BACKEND, caps["attention.prefill_ragged"],
-               prefill_ragged, version=version, cost=prefill_cost, unavailable=ragged_reason,
+               prefill_ragged, version=version, plan=RaggedPrefillPlan, cost=prefill_cost, unavailable=ragged_reason,
                install=UPGRADE if ragged_reason else None,
-               doc="cuDNN SDPA over packed (THD) Q/K/V with ragged offsets"),
+               doc="cuDNN SDPA over packed (THD) Q/K/V with ragged offsets; plans of uniform batches: dense, no padding mask"),
     ]

@@ -58,6 +58,8 @@ class SdpaSpec:
     scale: float
     causal: bool
     left_bound: int | None
+    #: seq_q / seq_kv padding mask; off only for dense uniform batches (every length is the full S)
+    padding: bool = True
 
     @property
     def paged(self) -> bool:
@@ -179,10 +181,26 @@ def ragged_spec(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: int, p
                     left_bound(p.window_left))
 
 
+def uniform_spec(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: int, p: Any, s_q: int, s_kv: int
+                 ) -> SdpaSpec:
+    """Ragged prefill whose requests all have s_q queries and s_kv keys: plain strided (B, H, S, D) views,
+    no ragged offsets and no padding mask (cuDNN's faster path; torch SDPA's)."""
+    hq, dv = q.shape[1], v.shape[2]
+
+    def dense(t: torch.Tensor, s: int) -> TensorSpec:
+        tok, head, dim = t.stride()
+        return TensorSpec((batch, t.shape[1], s, t.shape[2]), (s * tok, head, tok, dim), t.dtype)
+
+    os_ = TensorSpec((batch, hq, s_q, dv), (s_q * hq * dv, dv, hq * dv, 1), q.dtype)
+    stats = TensorSpec((batch, hq, s_q, 1), (s_q * hq, 1, hq, 1), torch.float32) if p.return_lse else None
+    return SdpaSpec(dense(q, s_q), dense(k, s_kv), dense(v, s_kv), os_, stats, batch, None, None, p.sm_scale, p.causal,
+                    left_bound(p.window_left), padding=False)
+
+
 def int_specs(spec: SdpaSpec) -> dict[str, TensorSpec]:
     """The int32 side tensors of a spec: lengths and ragged offsets, by role."""
     b = spec.batch
-    out = {"seq_q": _int_spec((b, 1, 1, 1)), "seq_kv": _int_spec((b, 1, 1, 1))}
+    out = {"seq_q": _int_spec((b, 1, 1, 1)), "seq_kv": _int_spec((b, 1, 1, 1))} if spec.padding else {}
     for t in (spec.q, spec.k, spec.v, spec.o):
         if t.ragged is not None:
             out[t.ragged] = _int_spec((b + 1, 1, 1, 1))

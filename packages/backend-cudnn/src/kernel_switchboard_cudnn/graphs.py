@@ -104,7 +104,8 @@ def describe(spec: SdpaSpec) -> str:
     def t(ts: TensorSpec) -> str:
         return f"{list(ts.dims)}/{list(ts.strides)}{' ragged' if ts.ragged else ''}"
 
-    mask = ("causal" if spec.causal else "no causal") + (f", left_bound {spec.left_bound}" if spec.left_bound else "")
+    mask = ("causal" if spec.causal else "no causal") + (f", left_bound {spec.left_bound}" if spec.left_bound else "") \
+        + ("" if spec.padding else ", no padding mask")
     paged = f"paged (table {list(spec.table.dims)}, max_seq_len_kv {spec.max_seq_len_kv})" if spec.table else "ragged K/V"
     return (f"q {t(spec.q)} k {t(spec.k)} v {t(spec.v)} o {t(spec.o)} {str(spec.q.dtype)[6:]}, {paged}, {mask}, "
             f"stats {'yes' if spec.stats else 'no'}")
@@ -152,9 +153,10 @@ def _build(spec: SdpaSpec, device: torch.device) -> Built:
             t[role].set_ragged_offset(t[ts.ragged])
     kwargs: dict[str, Any] = dict(
         q=t["q"], k=t["k"], v=t["v"], attn_scale=spec.scale, generate_stats=spec.stats is not None,
-        use_padding_mask=True, seq_len_q=t["seq_q"], seq_len_kv=t["seq_kv"], compute_data_type=cudnn.data_type.FLOAT,
-        name="sdpa",
+        compute_data_type=cudnn.data_type.FLOAT, name="sdpa",
     )
+    if spec.padding:
+        kwargs.update(use_padding_mask=True, seq_len_q=t["seq_q"], seq_len_kv=t["seq_kv"])
     if spec.table is not None:
         t["k_table"] = _tensor(cudnn, g, "k_table", spec.table)
         t["v_table"] = _tensor(cudnn, g, "v_table", spec.table)

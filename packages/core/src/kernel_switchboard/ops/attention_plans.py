@@ -213,11 +213,12 @@ class RaggedPrefillPlan:
     """A planned :func:`prefill_ragged`: ``run(q, k, v)`` with q (Tq, Hq, D), k (Tk, Hkv, D) and
     v (Tk, Hkv, Dv) packed by the planned indptrs; no host synchronisation (capturable)."""
 
-    __slots__ = ("_expect", "indptrs", "params", "problem", "selection")
+    __slots__ = ("_expect", "_runner", "indptrs", "params", "problem", "selection")
 
     def __init__(self, problem: RaggedPrefillProblem, params: AttnParams, selection: Selection,
-                 indptrs: tuple[_Tensor, _Tensor], expect: tuple[Any, ...]) -> None:
+                 indptrs: tuple[_Tensor, _Tensor], expect: tuple[Any, ...], runner: Any = None) -> None:
         self.problem, self.params, self.selection, self.indptrs, self._expect = problem, params, selection, indptrs, expect
+        self._runner = runner
 
     @property
     def kernel(self) -> Any:
@@ -230,7 +231,10 @@ class RaggedPrefillPlan:
                     or t.device != self._expect[3] or t.stride(-1) != 1:
                 got = f"{tuple(t.shape)} {t.dtype} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
                 raise fail(name, got, f"{shape} {self.problem.dtype} on {self._expect[3]}, unit last stride, as planned")
-        out, lse = self.kernel.run(q, k, v, *self.indptrs, self.params)
+        if self._runner is not None:
+            out, lse = self._runner.run(q, k, v)
+        else:
+            out, lse = self.kernel.run(q, k, v, *self.indptrs, self.params)
         return _result(out, lse, self.params.return_lse)
 
     def __repr__(self) -> str:
@@ -273,4 +277,7 @@ def plan_prefill_ragged(qo_indptr: _Tensor, kv_indptr: _Tensor, *, num_q_heads: 
     selection = select("attention.prefill_ragged", problem, backend)
     expect = ((total_q, num_q_heads, head_dim), (total_kv, num_kv_heads, head_dim),
               (total_kv, num_kv_heads, head_dim_v), device)
-    return RaggedPrefillPlan(problem, p, selection, (qo_indptr, kv_indptr), expect)
+    kernel = selection.kernel
+    runner = None if kernel.plan is None else kernel.plan(problem, None, p, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
+                                                          host_indptrs=(values[:batch + 1], values[batch + 1:]))
+    return RaggedPrefillPlan(problem, p, selection, (qo_indptr, kv_indptr), expect, runner)
