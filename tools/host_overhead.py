@@ -1,0 +1,71 @@
+"""Host time of one planned decode run per backend, and where the Triton plan's host time goes (GPU).
+
+Small decode problems (B=1, L=1024) are bound by the host: the time per ``plan.run`` with no sync in
+the loop is the host's. Prints microseconds per run for each eligible backend and FlashInfer's wrapper,
+then a cProfile of the Triton plan's runs.
+
+    python3 tools/host_overhead.py
+"""
+
+from __future__ import annotations
+
+import cProfile
+import pstats
+import time
+
+import torch
+
+import kernel_switchboard as ksb
+from kernel_switchboard.testing.cases.attention import AttnSpec, decode_case
+
+RUNS = 2000
+
+
+def host_us(fn) -> float:
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(RUNS):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / RUNS * 1e6
+
+
+def main() -> int:
+    spec = AttnSpec(torch.bfloat16, "NHD", 16, 32, 8, 128, kv_lens=(1024,))
+    q, cache, table = decode_case(spec, "cuda").args
+    plans = {}
+    for backend in ("triton", "trtllm", "fa", "cudnn"):
+        try:
+            plans[backend] = ksb.attention.plan_decode(table, num_q_heads=32, num_kv_heads=8, head_dim=128,
+                                                       dtype=torch.bfloat16, layout="NHD", page_size=16, backend=backend)
+        except Exception as exc:  # noqa: BLE001 - a backend that cannot plan this is reported
+            print(f"{backend}: no plan ({type(exc).__name__}: {str(exc)[:120]})")
+    for backend, plan in plans.items():
+        print(f"{backend:8s} plan.run  {host_us(lambda plan=plan: plan.run(q, cache)):7.1f} us/run", flush=True)
+    print(f"{'torch':8s} empty+add {host_us(lambda: torch.empty_like(q).add_(1)):7.1f} us/run")
+    try:
+        import flashinfer
+
+        indptr, indices, last = table.to_csr(cache.page_size)
+        w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device="cuda"), "NHD")
+        w.plan(indptr, indices, last, 32, 8, 128, 16, q_data_type=q.dtype, kv_data_type=q.dtype)
+        kv = (cache.k_pages, cache.v_pages)
+        print(f"{'flashinfer':8s} run {host_us(lambda: w.run(q, kv)):7.1f} us/run")
+    except Exception as exc:  # noqa: BLE001
+        print(f"flashinfer: {type(exc).__name__}: {str(exc)[:120]}")
+    if "triton" in plans:
+        plan = plans["triton"]
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(500):
+            plan.run(q, cache)
+        prof.disable()
+        torch.cuda.synchronize()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(22)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
