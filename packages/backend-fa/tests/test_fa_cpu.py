@@ -184,11 +184,11 @@ def test_torch_flash_is_declared_for_one_dense_request() -> None:
 def test_costs_follow_the_h200_measurements() -> None:
     fa4_decode, fa4_prefill = cost.decode_cost("fa4"), cost.prefill_cost("fa4")
     small = _decode(batch=16, max_kv_len=2048)
-    cudnn_small = 20e-6 + cost.kv_bytes(small) / 4.6e12  # the cuDNN backend's fit: 2.71 TB/s measured
-    assert fa4_decode(small) > 2 * cudnn_small  # FA4 measured 1.02 TB/s here: ranked below cuDNN
+    cudnn_small = 19.5e-6 + cost.kv_bytes(small) / 4.25e12  # the cuDNN backend's fit
+    assert fa4_decode(small) > 2 * cudnn_small  # FA4 measured 1.02 TB/s eager here: ranked below cuDNN
     big16, big128 = _decode(batch=128, max_kv_len=8192), _decode(batch=128, max_kv_len=8192, page_size=128)
-    assert 3.7e12 < cost.kv_bytes(big16) / fa4_decode(big16) < 4.1e12  # 3.90 measured
-    assert 4.2e12 < cost.kv_bytes(big128) / fa4_decode(big128) < 4.6e12  # 4.44 measured
+    assert 3.4e12 < cost.kv_bytes(big16) / fa4_decode(big16) < 3.8e12  # 3.63 measured (run 6, graph)
+    assert 4.0e12 < cost.kv_bytes(big128) / fa4_decode(big128) < 4.4e12  # 4.26 measured
     long = _prefill()
     assert 580e12 < cost.attention_flops(long) / fa4_prefill(long) < 650e12  # 614 measured
     torch_rate = cost.attention_flops(_ragged()) / cost.prefill_cost("torch-flash")(_ragged())

@@ -389,11 +389,12 @@ def test_benchmark_smoke() -> None:
 
 
 def test_decode_cost_follows_the_h200_measurements() -> None:
-    """XQA was measured faster than cuDNN at B=16 L=2048 page 64 and slower at B=128 L=8192: the estimates agree."""
+    """XQA's GPU time on the H200 grid (run 6, page 128): 3.09 TB/s at B=16 L=4096, 4.28 at B=128 L=8192; page 16
+    is slower (3.82 at B=128 L=8192): the estimates agree within 5%."""
     (dec,) = _by_op()["attention.decode"]
-    small = _decode_problem(batch=16, max_kv_len=2048, page_size=64)
-    big = _decode_problem(batch=128, max_kv_len=8192, page_size=64)
-    gb = 16 * 2048 * 8 * 256 * 2
-    assert gb / dec.cost(small) == pytest.approx(2.83e12, rel=0.03)
-    assert (32 * gb) / dec.cost(big) == pytest.approx(4.30e12, rel=0.03)
-    assert dec.cost(big._replace(page_size=16)) > dec.cost(big)
+    small = _decode_problem(batch=16, max_kv_len=4096, page_size=128)
+    big = _decode_problem(batch=128, max_kv_len=8192, page_size=128)
+    gb = 16 * 4096 * 8 * 256 * 2
+    assert gb / dec.cost(small) == pytest.approx(3.09e12, rel=0.05)
+    assert (16 * gb) / dec.cost(big) == pytest.approx(4.28e12, rel=0.05)
+    assert (16 * gb) / dec.cost(big._replace(page_size=16)) == pytest.approx(3.82e12, rel=0.05)

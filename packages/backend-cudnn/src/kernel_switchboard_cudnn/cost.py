@@ -13,9 +13,10 @@ from typing import Any
 
 import torch
 
-DECODE_BANDWIDTH = 4.6e12
-#: our plan's measured decode (HND, page 16; H200 run 4): 2.43 TB/s at B=16 L=2048, 4.47 at B=128 L=8192
-DECODE_FIXED = 26e-6
+#: paged decode GPU time (CUDA-graph replays of our plan) fitted on the H200 issue 7 grid (HND, pages 16 and 128,
+#: B 1-256, L 1024-8192; notes/gpu-runs.md run 6): 19.5 us + bytes / 4.25 TB/s, within 14% of every point
+DECODE_BANDWIDTH = 4.25e12
+DECODE_FIXED = 19.5e-6
 PREFILL_RATE = 569e12
 PREFILL_FIXED = 34e-6
 

@@ -4,9 +4,9 @@
 prefill does; ``host`` is the Python time one eager call spends before the GPU is the bottleneck.
 Fitted on the H200 (``../shared/DEVICE.md``, Llama-3-8B heads, bf16):
 
-- FA4 paged decode: 3.90 TB/s at page 16 and 4.44 at page 128 (B=128 L=8192), 3.80 at B=64
-  L=4096, but 1.02 TB/s at B=16 L=2048: a ~130 us per-call floor (its interface is Python-heavy;
-  sm_90 has no split-KV), which ranks it below cuDNN (2.71 TB/s there) for small batches;
+- FA4 paged decode, GPU time over the issue 7 grid (CUDA-graph replays; notes/gpu-runs.md run 6): 34 us
+  plus 3.65 TB/s at page 16, 4.3 TB/s at page 128; an eager call has a ~130 us floor (its interface is
+  Python-heavy; sm_90 has no split-KV), which ranks it below the others for small batches;
 - FA4 causal prefill 614 TFLOP/s (1x8192) and 529 (8x2048): 649 TFLOP/s plus 48 us;
 - torch's flash SDPA (FA2) 311 / 300 TFLOP/s: 315 TFLOP/s plus 23 us; FA2 likewise;
 - FA3 (FlashInfer's FA3 path measured 615 / 524 TFLOP/s): 640 TFLOP/s plus 45 us;
@@ -39,7 +39,7 @@ class Rates:
 
 
 RATES = {
-    "fa4": Rates(3.93e12, 4.5e12, 128, 9e-6, 649e12, 48e-6, 130e-6, soft_cap=0.45),
+    "fa4": Rates(3.65e12, 4.3e12, 128, 34e-6, 649e12, 48e-6, 130e-6, soft_cap=0.45),
     "fa3": Rates(3.9e12, 3.9e12, None, 15e-6, 640e12, 45e-6, 40e-6, soft_cap=0.84),
     "fa2": Rates(3.0e12, 3.0e12, None, 15e-6, 315e12, 25e-6, 30e-6, soft_cap=0.8),
     "torch-flash": Rates(0.0, 0.0, None, 0.0, 315e12, 23e-6, 25e-6),

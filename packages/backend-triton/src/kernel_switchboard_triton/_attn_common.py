@@ -22,10 +22,11 @@ HBM_BYTES_PER_S = 4.0e12
 TENSOR_FLOPS = 4.5e14
 #: fixed cost of one launch, seconds
 LAUNCH_S = 6e-6
-#: paged decode through a plan, fitted on the H200 (Llama-3-8B heads, page 16): 2.64 TB/s at B=16 L=2048,
-#: 3.84 at B=16 L=8192, 4.21 at B=128 L=2048, 4.47 at B=128 L=8192 -> fixed + bytes / rate
-DECODE_FIXED_S = 21.7e-6
-DECODE_BYTES_PER_S = 4.57e12
+#: paged decode, GPU time (CUDA-graph replays of plan.run), fitted on the H200 over the issue 7 grid (B 1-256,
+#: L 1024-8192, pages 16 and 128, NHD and HND, Llama-3-8B heads; notes/gpu-runs.md run 6): fixed + bytes / rate,
+#: 13 us + 4.3 TB/s, within 14% of every point. Every backend's decode cost is fitted on the same grid.
+DECODE_FIXED_S = 13e-6
+DECODE_BYTES_PER_S = 4.3e12
 
 #: Triton dtypes the fp8 KV paths read
 FP8_KV = frozenset({torch.float8_e4m3fn})

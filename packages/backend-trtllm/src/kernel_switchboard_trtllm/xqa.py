@@ -31,8 +31,10 @@ XQA_MAJORS = (9, 10, 12)
 WORKSPACE_BYTES = 128 << 20
 #: ``fixed + K/V bytes / rate`` fitted to XQA on the H200 (Llama-3-8B heads, bf16; ../shared/DEVICE.md):
 #: 2.83 TB/s at B=16 L=2048 and 4.30 at B=128 L=8192 with pages of 64, 3.90 with pages of 16
-DECODE_FIXED_S = 16.7e-6
-DECODE_RATE = {16: 3.96e12, 32: 4.15e12}  # by page size; 4.37e12 for pages of 64 and 128
+#: GPU time of XQA's paged decode fitted on the H200 issue 7 grid (notes/gpu-runs.md run 6, CUDA-graph replays):
+#: 22 us + bytes / rate, rate by page size (3.8 TB/s at 16, 4.22 at 128; 32 and 64 interpolated), within 10%
+DECODE_FIXED_S = 22e-6
+DECODE_RATE = {16: 3.8e12, 32: 3.95e12, 64: 4.1e12}  # by page size; 4.22e12 for pages of 128 and more
 
 _workspaces: dict[tuple[int, int], torch.Tensor] = {}
 _ws_lock = threading.Lock()
@@ -90,7 +92,7 @@ def _decode_cost(problem: Any) -> float:
         return float("inf")
     kv_item = 1 if problem.kv_dtype == torch.float8_e4m3fn else 2
     nbytes = problem.batch * problem.max_kv_len * problem.num_kv_heads * (problem.head_dim + problem.head_dim_v) * kv_item
-    return DECODE_FIXED_S + nbytes / DECODE_RATE.get(problem.page_size, 4.37e12)
+    return DECODE_FIXED_S + nbytes / DECODE_RATE.get(problem.page_size, 4.22e12)
 
 
 #: a request with no cached tokens must give out = 0 (the op's contract); XQA's result for it is not
