@@ -64,6 +64,19 @@ def _mm_kernel(
 
 
 @triton.jit
+def _scale_epilogue(acc, sa_ptr, sb_ptr, rm, rn, m_ok, N, stride_sam, stride_sbn, MODE: tl.constexpr):
+    """The fp8 accumulator (BLOCK_M, BLOCK_N) times its per-tensor (MODE 0) or row / column (MODE 1) scales;
+    block scales (MODE 2) were applied per K step."""
+    if MODE == 0:
+        acc = acc * (tl.load(sa_ptr) * tl.load(sb_ptr))
+    elif MODE == 1:
+        s_a = tl.load(sa_ptr + rm * stride_sam, mask=m_ok, other=0.0)
+        s_b = tl.load(sb_ptr + rn * stride_sbn, mask=rn < N, other=0.0)
+        acc = acc * s_a[:, None] * s_b[None, :]
+    return acc
+
+
+@triton.jit
 def _mm_fp8_kernel(
     a_ptr,  # (M, K) float8_e4m3fn, any strides
     b_ptr,  # (K, N) float8_e4m3fn, any strides
@@ -110,12 +123,7 @@ def _mm_fp8_kernel(
             acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
-    if MODE == 0:
-        acc = acc * (tl.load(sa_ptr) * tl.load(sb_ptr))
-    elif MODE == 1:
-        s_a = tl.load(sa_ptr + rm * stride_sam, mask=m_ok, other=0.0)
-        s_b = tl.load(sb_ptr + rn * stride_sbn, mask=rn < N, other=0.0)
-        acc = acc * s_a[:, None] * s_b[None, :]
+    acc = _scale_epilogue(acc, sa_ptr, sb_ptr, rm, rn, m_ok, N, stride_sam, stride_sbn, MODE)
     tl.store(c_ptr + rm.to(tl.int64)[:, None] * stride_cm + rn[None, :], acc.to(c_ptr.dtype.element_ty),
              mask=m_ok[:, None] & (rn[None, :] < N))
 
@@ -249,10 +257,5 @@ def _mm_fp8_tma_kernel(
                 acc += tl.dot(a, b) * (s_a[:, None] * s_b)
             else:
                 acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
-        if MODE == 0:
-            acc = acc * (tl.load(sa_ptr) * tl.load(sb_ptr))
-        elif MODE == 1:
-            s_a = tl.load(sa_ptr + rm * stride_sam, mask=m_ok, other=0.0)
-            s_b = tl.load(sb_ptr + rn * stride_sbn, mask=rn < N, other=0.0)
-            acc = acc * s_a[:, None] * s_b[None, :]
+        acc = _scale_epilogue(acc, sa_ptr, sb_ptr, rm, rn, m_ok, N, stride_sam, stride_sbn, MODE)
         c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_desc.dtype))
