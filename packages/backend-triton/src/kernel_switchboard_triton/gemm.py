@@ -2,8 +2,8 @@
 block scales, applied per K block inside the accumulation loop) and ``grouped_mm`` over row segments.
 
 Signatures: :mod:`kernel_switchboard.ops.gemm`. Operands TMA can describe (unit stride along a row of
-a, of c and of b or of b's transpose; 16-byte aligned rows; at least ``TMA_MIN_M`` rows) take persistent
-TMA kernels, one program per SM; other strides take the pointer kernels. Fixed tile configurations chosen
+a, of c and of b or of b's transpose; 16-byte aligned rows; at least ``TMA_MIN_M`` rows) on Hopper or newer
+take persistent TMA kernels, one program per SM; other strides take the pointer kernels. Fixed tile configurations chosen
 by shape (no autotuning at run time); float32 accumulation; any operand strides. float32 operands use exact
 float32 products (``input_precision="ieee"``, CUDA cores, no TF32), so they rank below cuBLAS. ``grouped_mm`` launches
 ``ceil(T / BLOCK_M) + G`` row tiles, which bounds the tiles of any split of T rows into G groups,
@@ -86,6 +86,12 @@ def _programs(device_index: int | None) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+@functools.lru_cache(maxsize=8)
+def _has_tma(device: torch.device) -> bool:
+    """TMA needs Hopper or newer (the interpreter emulates it)."""
+    return triton_interpreting() or (device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9)
+
+
 def _row_major_for_tma(t: torch.Tensor) -> bool:
     """TMA can describe ``t`` as it is: unit last stride, 16-byte aligned row stride and base."""
     size = t.element_size()
@@ -125,7 +131,7 @@ def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     t = mm_tiles(m, n, k, a.dtype)
     b_kmajor = _b_layout(b)
     if a.dtype != torch.float32 and m >= TMA_MIN_M and b_kmajor is not None and _row_major_for_tma(a) \
-            and _row_major_for_tma(c):
+            and _row_major_for_tma(c) and _has_tma(a.device):
         a_desc, b_desc, c_desc = _descriptors(a, b, c, t, b_kmajor)
         grid = _tma_grid(m, n, t, a.device)
         K._mm_tma_kernel[grid](a_desc, b_desc, c_desc, m, n, k, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
@@ -154,7 +160,8 @@ def mm_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: tor
     t = fp8_tiles(m, n, k, scale_mode)
     sa = scale_a.reshape(1, 1) if scale_mode == "tensor" else scale_a
     sb = scale_b.reshape(1, 1) if scale_mode == "tensor" else scale_b
-    if m >= TMA_MIN_M and _b_layout(b) is True and _row_major_for_tma(a) and _row_major_for_tma(c):
+    if m >= TMA_MIN_M and _b_layout(b) is True and _row_major_for_tma(a) and _row_major_for_tma(c) \
+            and _has_tma(a.device):
         a_desc, b_desc, c_desc = _descriptors(a, b, c, t, True)
         grid = _tma_grid(m, n, t, a.device)
         K._mm_fp8_tma_kernel[grid](
