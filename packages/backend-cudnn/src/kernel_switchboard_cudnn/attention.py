@@ -269,27 +269,45 @@ class PrefillPlan:
 
 
 # -- ragged prefill --------------------------------------------------------------------------------------------
-def prefill_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
-                   p: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """q (Tq, Hq, D), k (Tk, Hkv, D), v (Tk, Hkv, Dv) packed by the indptrs -> out (Tq, Hq, Dv), lse or None."""
-    total, hq, dv = q.shape[0], q.shape[1], v.shape[2]
-    batch = qo_indptr.shape[0] - 1
-    out = q.new_empty((total, hq, dv))
+def _ragged_outputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: int, p: Any
+                    ) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
+    """(out (Tq, Hq, Dv), lse (Tq, Hq) float32 or None, trivial): trivial when there is nothing to compute
+    (no queries; or no keys anywhere: out 0, lse -inf, the op's convention, without a zero-size graph)."""
+    total, hq = q.shape[0], q.shape[1]
+    out = q.new_empty((total, hq, v.shape[2]))
     lse = q.new_empty((total, hq), dtype=torch.float32) if p.return_lse else None
     if total == 0 or batch == 0:
-        return out, lse
-    if k.shape[0] == 0:  # nothing to attend anywhere: the op's convention, without a zero-size graph
+        return out, lse, True
+    if k.shape[0] == 0:
         out.zero_()
         if lse is not None:
             lse.fill_(float("-inf"))
-        return out, lse
+        return out, lse, True
+    return out, lse, False
+
+
+def _ragged_offset_feeds(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr: torch.Tensor,
+                         kv_indptr: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The ragged offsets of packed q, k, v and of the (Tq, Hq, Dv) output, by graph role (int32: checked)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_offsets(t, name)
+    return {"q_off": ragged_offsets(qo_indptr, q.stride(0)), "o_off": ragged_offsets(qo_indptr, q.shape[1] * v.shape[2]),
+            "k_off": ragged_offsets(kv_indptr, k.stride(0)), "v_off": ragged_offsets(kv_indptr, v.stride(0))}
+
+
+def prefill_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
+                   p: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """q (Tq, Hq, D), k (Tk, Hkv, D), v (Tk, Hkv, Dv) packed by the indptrs -> out (Tq, Hq, Dv), lse or None."""
+    total, hq = q.shape[0], q.shape[1]
+    batch = qo_indptr.shape[0] - 1
+    out, lse, trivial = _ragged_outputs(q, k, v, batch, p)
+    if trivial:
+        return out, lse
+    offsets = _ragged_offset_feeds(q, k, v, qo_indptr, kv_indptr)
     s_q, s_kv = q_bucket(p.max_q_len), q_bucket(p.max_kv_len)
     built = graphs.get(ragged_spec(q, k, v, batch, p, s_q, s_kv), q.device)
     feeds = {"q": q, "k": k, "v": v, "o": out, "seq_q": indptr_lengths(qo_indptr), "seq_kv": indptr_lengths(kv_indptr),
-             "q_off": ragged_offsets(qo_indptr, q.stride(0)), "o_off": ragged_offsets(qo_indptr, hq * dv),
-             "k_off": ragged_offsets(kv_indptr, k.stride(0)), "v_off": ragged_offsets(kv_indptr, v.stride(0))}
+             **offsets}
     stats = None
     if lse is not None:
         stats = feeds["stats"] = torch.empty((batch, s_q, hq), dtype=torch.float32, device=q.device)
@@ -335,29 +353,18 @@ class RaggedPrefillPlan:
             if self.uniform:
                 spec, side = uniform_spec(q, k, v, self.batch, self.p, self.s_q, self.s_kv), {}
             else:
-                for name, t in (("q", q), ("k", k), ("v", v)):
-                    check_offsets(t, name)
+                side = {**self.seq, **_ragged_offset_feeds(q, k, v, self.qo_indptr, self.kv_indptr)}
                 spec = ragged_spec(q, k, v, self.batch, self.p, self.s_q, self.s_kv)
-                side = {**self.seq, "q_off": ragged_offsets(self.qo_indptr, q.stride(0)),
-                        "o_off": ragged_offsets(self.qo_indptr, q.shape[1] * v.shape[2]),
-                        "k_off": ragged_offsets(self.kv_indptr, k.stride(0)),
-                        "v_off": ragged_offsets(self.kv_indptr, v.stride(0))}
             built = graphs.get(spec, q.device)
             entry = self._entries[key] = (built, graphs.workspace(built, q.device), side)
         return entry
 
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """q (Tq, Hq, D), k (Tk, Hkv, D), v (Tk, Hkv, Dv) -> out (Tq, Hq, Dv), lse (Tq, Hq) float32 or None."""
-        total, hq, dv = q.shape[0], q.shape[1], v.shape[2]
-        out = q.new_empty((total, hq, dv))
-        lse = q.new_empty((total, hq), dtype=torch.float32) if self.p.return_lse else None
-        if total == 0 or self.batch == 0:
+        out, lse, trivial = _ragged_outputs(q, k, v, self.batch, self.p)
+        if trivial:
             return out, lse
-        if k.shape[0] == 0:  # nothing to attend anywhere
-            out.zero_()
-            if lse is not None:
-                lse.fill_(float("-inf"))
-            return out, lse
+        total, hq = q.shape[0], q.shape[1]
         built, ws, side = self._entry(q, k, v)
         feeds = {"q": q, "k": k, "v": v, "o": out, **side}
         if lse is not None:
