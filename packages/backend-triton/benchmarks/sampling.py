@@ -3,8 +3,8 @@
     python packages/backend-triton/benchmarks/sampling.py          # on a GPU
 
 ``bench_sampling(device) -> list[dict]``: top-p (0.9) and top-k (50) + top-p (0.9) sampling timed for
-the Triton kernel (launcher called directly: seed draw + kernel; the default chunk width and the
-``SWEEP_BLOCKS``), the switchboard call with
+the Triton kernel (launcher called directly: seed draw + kernel; the default launch and the ``SWEEP``
+variants), the switchboard call with
 ``check_nan=False``, the reference (torch sort + inverse CDF) and FlashInfer when it is installed.
 Before timing, every implementation's tokens are checked to lie in the filtered support; ``first_call_s``
 is the first call's wall time (the compile of a JIT kernel).
@@ -22,7 +22,8 @@ from kernel_switchboard.bench import median_ms
 
 BATCH, VOCAB = 128, 128256
 WORKLOADS = (("top-p 0.9", None, 0.9), ("top-k 50 + top-p 0.9", 50, 0.9))
-SWEEP_BLOCKS = (1024, 2048)  # besides the default chunk width
+#: (chunk width, (load pipeline stages, most warps)) besides the default launch
+SWEEP = ((4096, (1, 16)), (4096, (3, 8)), (4096, (1, 8)), (2048, (3, 8)), (8192, (3, 8)))
 
 
 def _row(workload: str, impl: str, fn: Callable[[], Any], check: Callable[[torch.Tensor], None]) -> dict[str, Any]:
@@ -77,13 +78,14 @@ def bench_sampling(device: str | torch.device = "cuda") -> list[dict[str, Any]]:
         def ref(top_k: int | None = top_k, top_p: float = top_p) -> torch.Tensor:
             return reference.top_k_top_p(probs, top_k, top_p, None, False, None, None, False)
 
-        out.append(_row(name, f"triton kernel (chunk {sampling.MAX_BLOCK})", kernel, check))
-        default_block = sampling.MAX_BLOCK
-        for block in SWEEP_BLOCKS:  # the chunk width sets the bytes in flight per program
-            sampling.MAX_BLOCK = block
+        saved = (sampling.MAX_BLOCK, sampling.SEARCH_WALK, sampling.TOP_P_WALK)
+        default = (sampling.MAX_BLOCK, sampling.SEARCH_WALK if top_k else sampling.TOP_P_WALK)
+        for i, (block, walk) in enumerate((default, *SWEEP)):  # chunk width x pipeline: bytes in flight per program
+            sampling.MAX_BLOCK, sampling.SEARCH_WALK, sampling.TOP_P_WALK = block, walk, walk
             sampling._config.cache_clear()
-            out.append(_row(name, f"triton kernel (chunk {block})", kernel, check))
-        sampling.MAX_BLOCK = default_block
+            label = f"chunk {block}, stages {walk[0]}, <= {walk[1]} warps" + (", sweep" if i else "")
+            out.append(_row(name, f"triton kernel ({label})", kernel, check))
+        sampling.MAX_BLOCK, sampling.SEARCH_WALK, sampling.TOP_P_WALK = saved
         sampling._config.cache_clear()
         out.append(_row(name, "triton via ksb.sampling (check_nan=False)", api, check))
         out.append(_row(name, "reference (torch sort)", ref, check))

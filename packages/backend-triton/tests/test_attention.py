@@ -232,17 +232,34 @@ def test_prefill_retries_with_fewer_stages_when_shared_memory_runs_out(monkeypat
 
 
 # -- MLA ----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize(("heads", "page_size", "lens"), [(16, 16, [40, 3]), (20, 1, [7, 33])])
-def test_mla_decode_matches_reference(heads: int, page_size: int, lens: list[int]) -> None:
+@pytest.mark.parametrize(("heads", "page_size", "lens", "tma_interpreted"),
+                         [(16, 16, [40, 3], True), (20, 32, [100, 31, 0], True), (20, 1, [7, 33], False)])
+def test_mla_decode_matches_reference(heads: int, page_size: int, lens: list[int], tma_interpreted: bool,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Page tiles by TMA (tiles within a page) or by pointer gathers; unwritten slots hold NaN and must not leak."""
+    from kernel_switchboard_triton import _mla
+
+    routes = []
+    real = _mla._tma_descriptors
+    monkeypatch.setattr(_mla, "_tma_descriptors", lambda *a: routes.append(real(*a)) or routes[-1])
     g = _gen(5)
     width = max(math.ceil(n / page_size) for n in lens)
     pages = len(lens) * width + 8
     ckv = (torch.randn(pages, page_size, 512, generator=g) * 0.3).to(DEVICE, torch.bfloat16)
     kpe = torch.randn(pages, page_size, 64, generator=g).to(DEVICE, torch.bfloat16)
     bt = torch.randperm(pages, generator=g)[: len(lens) * width].view(len(lens), width).to(DEVICE, torch.int32)
+    written = torch.zeros(pages, page_size, dtype=torch.bool, device=DEVICE)
+    for i, n in enumerate(lens):
+        pos = torch.arange(n, device=DEVICE)
+        written[bt[i, pos // page_size].long(), pos % page_size] = True
+    ckv[~written] = float("nan")
+    kpe[~written] = float("nan")
     table = PageTable(bt, torch.tensor(lens, dtype=torch.int32, device=DEVICE))
     qn, qp = _randn(len(lens), heads, 512, dtype=torch.bfloat16), _randn(len(lens), heads, 64, dtype=torch.bfloat16)
     got, want = _both(ksb.attention.mla_decode, qn, qp, ckv, kpe, table, sm_scale=0.04, return_lse=True)
+    if triton_interpreting():  # 16-token tiles: pages of 16 and 32 take the TMA kernel
+        assert [r is not None for r in routes] == [tma_interpreted]
+    assert not got[0].isnan().any()
     _close(got, want, torch.bfloat16)
 
 

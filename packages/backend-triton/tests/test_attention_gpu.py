@@ -116,7 +116,7 @@ def test_prefill_fp8_hnd() -> None:
            ksb.attention.prefill(*args, return_lse=True, backend="reference"), FP8)
 
 
-@pytest.mark.parametrize("page_size", [1, 16, 64])
+@pytest.mark.parametrize("page_size", [1, 16, 64, 128])
 def test_mla_decode_deepseek_shape(page_size: int) -> None:
     lens = [5000, 1, 2049, 700]
     g = _gen(4)
@@ -125,6 +125,12 @@ def test_mla_decode_deepseek_shape(page_size: int) -> None:
     ckv = (torch.randn(pages, page_size, 512, device="cuda", generator=g) * 0.3).to(torch.bfloat16)
     kpe = torch.randn(pages, page_size, 64, device="cuda", generator=g).to(torch.bfloat16)
     bt = torch.randperm(pages, device="cuda", generator=g)[: len(lens) * width].view(len(lens), width).to(torch.int32)
+    written = torch.zeros(pages, page_size, dtype=torch.bool, device="cuda")
+    for i, n in enumerate(lens):
+        pos = torch.arange(n, device="cuda")
+        written[bt[i, pos // page_size].long(), pos % page_size] = True
+    ckv[~written] = float("nan")  # unwritten slots must not reach the output (page 64: the TMA kernel's tail)
+    kpe[~written] = float("nan")
     table = PageTable(bt, torch.tensor(lens, dtype=torch.int32, device="cuda"))
     qn, qp = _q(len(lens), 128, 512), _q(len(lens), 128, 64, seed=5)
     args = (qn, qp, ckv, kpe, table)

@@ -10,6 +10,7 @@ from kernel_switchboard.availability import triton_interpreting
 from kernel_switchboard.testing import assert_close, conformance_test, tolerance
 from kernel_switchboard.testing.cases.gemm import quantize_fp8
 from kernel_switchboard_triton import gemm
+from kernel_switchboard_triton._common import row_major_for_tma
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(DEVICE == "cpu" and not triton_interpreting(),
@@ -47,7 +48,7 @@ def test_mm_tma_path_off_the_tile_grid(dtype: torch.dtype, b_kmajor: bool) -> No
     m, n, k = 100, 72, 56
     a = _randn(m, k, seed=3).to(dtype)
     b = _randn(n, k, seed=4, scale=k**-0.5).to(dtype).t() if b_kmajor else _randn(k, n, seed=4, scale=k**-0.5).to(dtype)
-    assert gemm._b_layout(b) is b_kmajor and gemm._row_major_for_tma(a) and m >= gemm.TMA_MIN_M
+    assert gemm._b_layout(b) is b_kmajor and row_major_for_tma(a) and m >= gemm.TMA_MIN_M
     got = ksb.gemm.mm(a, b, backend="triton")
     _check(got, ksb.gemm.mm(a, b, backend="reference"), dtype)
 

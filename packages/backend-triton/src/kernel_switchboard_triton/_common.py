@@ -1,6 +1,10 @@
-"""What every Triton kernel module shares: the device set and rank for this environment."""
+"""What every Triton kernel module shares: the device set and rank for this environment, TMA checks."""
 
 from __future__ import annotations
+
+import functools
+
+import torch
 
 from kernel_switchboard.availability import triton_interpreting
 
@@ -9,3 +13,16 @@ DEVICES = frozenset({"cuda", "cpu"}) if triton_interpreting() else frozenset({"c
 #: priority: above the reference on a GPU, far below it when interpreted on the CPU
 PRIORITY = -1000 if triton_interpreting() else 10
 BACKEND = "triton"
+
+
+@functools.lru_cache(maxsize=8)
+def has_tma(device: torch.device) -> bool:
+    """TMA needs Hopper or newer (the interpreter emulates it)."""
+    return triton_interpreting() or (device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9)
+
+
+def row_major_for_tma(t: torch.Tensor) -> bool:
+    """TMA can describe the 2-D ``t`` as it is: unit last stride, 16-byte aligned row stride and base."""
+    size = t.element_size()
+    return (t.stride(1) == 1 and (t.stride(0) * size) % 16 == 0 and t.data_ptr() % 16 == 0
+            and t.stride(0) >= t.shape[1])

@@ -4,6 +4,10 @@ Each program takes ``BLOCK_H`` query heads of one request and one KV split; ever
 ``ckv (BLOCK_N, Dc)`` serves as K (with ``kpe (BLOCK_N, Dr)``) and as V. Head tiles of the same
 request and split are adjacent in launch order (grid dim 0), so a latent tile read from HBM by
 one is found in L2 by the others. Partials are merged by the decode merge kernel.
+
+Two kernels: ``_mla_split_kernel`` gathers tiles with pointer loads (any page size);
+``_mla_tma_kernel`` loads whole page tiles with TMA (Hopper, tiles that never cross a page), so the loads
+run asynchronously ahead of the dots and no address tensors occupy registers.
 """
 
 from __future__ import annotations
@@ -14,8 +18,10 @@ from typing import Any, NamedTuple
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._attn_common import LOG2E, cc_major, choose_splits, interpreting, resident_ctas, sm_count
+from ._common import has_tma, row_major_for_tma
 from ._decode import launch_merge_splits, round_len
 
 
@@ -104,6 +110,113 @@ def _mla_split_kernel(
     tl.store(lse_ptr + b.to(tl.int64) * stride_lb + offs_h * stride_lh + split, lse, mask=mask_h)
 
 
+@triton.jit
+def _mla_tma_step(qn_lo, qn_hi, qp, ckv_desc, kpe_desc, row, valid, m_i, l_i, acc_lo, acc_hi, qk_scale,
+                  HALF: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
+    """One latent tile (rows ``row .. row+BLOCK_N`` of the flattened pages) of the online softmax.
+
+    MASKED: only the first ``valid`` rows are keys; the rest (unwritten slots, possibly NaN) are zeroed.
+    """
+    c_lo = ckv_desc.load([row, 0]).to(qn_lo.dtype)
+    c_hi = ckv_desc.load([row, HALF]).to(qn_lo.dtype)
+    pe = kpe_desc.load([row, 0]).to(qn_lo.dtype)
+    if MASKED:
+        keep = tl.arange(0, BLOCK_N) < valid
+        c_lo = tl.where(keep[:, None], c_lo, 0.0)
+        c_hi = tl.where(keep[:, None], c_hi, 0.0)
+        pe = tl.where(keep[:, None], pe, 0.0)
+    s = tl.dot(qn_lo, tl.trans(c_lo))
+    s = tl.dot(qn_hi, tl.trans(c_hi), s)
+    s = tl.dot(qp, tl.trans(pe), s) * qk_scale
+    if MASKED:
+        s = tl.where(keep[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    p = p.to(qn_lo.dtype)
+    acc_lo = tl.dot(p, c_lo, acc_lo * alpha[:, None])
+    acc_hi = tl.dot(p, c_hi, acc_hi * alpha[:, None])
+    return m_new, l_i, acc_lo, acc_hi
+
+
+@triton.jit
+def _mla_tma_kernel(
+    qn_ptr,  # (B, H, Dc) q_nope
+    qp_ptr,  # (B, H, Dr) q_pe
+    ckv_desc,  # TMA descriptor of the latent pages flattened to (P * S, Dc), block (BLOCK_N, Dc / 2)
+    kpe_desc,  # TMA descriptor of the rope-key pages flattened to (P * S, Dr), block (BLOCK_N, Dr)
+    block_table_ptr,  # (B, max_pages) int32
+    seq_lens_ptr,  # (B,) int32
+    o_ptr,  # out: (B, H, Dc) final when NUM_SPLITS == 1, else float32 partials (B, H, NUM_SPLITS, Dc)
+    lse_ptr,  # float32 natural-log LSE: (B, H) or partials (B, H, NUM_SPLITS)
+    heads,  # H
+    stride_qnb,  # q_nope stride over batch
+    stride_qnh,  # q_nope stride over heads
+    stride_qpb,  # q_pe stride over batch
+    stride_qph,  # q_pe stride over heads
+    stride_bt,  # block_table row stride
+    stride_ob,  # out stride over batch
+    stride_oh,  # out stride over heads
+    stride_os,  # out stride over splits
+    stride_lb,  # lse stride over batch
+    stride_lh,  # lse stride over heads (split stride 1)
+    qk_scale,  # sm_scale * log2 e
+    HEAD_DIM: tl.constexpr,  # Dc (latent dim, 512)
+    HEAD_DIM_PE: tl.constexpr,  # Dr (rope dim, 64)
+    BLOCK_H: tl.constexpr,  # heads per program (>= 16)
+    PAGE_SIZE: tl.constexpr,  # tokens per page, a multiple of BLOCK_N
+    BLOCK_N: tl.constexpr,  # KV tokens per tile
+    NUM_SPLITS: tl.constexpr,  # KV splits per request (grid dim 2)
+    DOT_FP32: tl.constexpr,  # float32 dot operands (interpreter)
+):
+    HALF: tl.constexpr = HEAD_DIM // 2
+    offs_h = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)
+    b = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + b)
+    chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * chunk
+    end = tl.minimum(start + chunk, seq_len)
+    full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
+
+    offs_c = tl.arange(0, HALF)
+    offs_r = tl.arange(0, HEAD_DIM_PE)
+    mask_h = offs_h < heads
+    qn_rows = qn_ptr + b.to(tl.int64) * stride_qnb + offs_h[:, None] * stride_qnh
+    qn_lo = tl.load(qn_rows + offs_c[None, :], mask=mask_h[:, None], other=0.0)
+    qn_hi = tl.load(qn_rows + HALF + offs_c[None, :], mask=mask_h[:, None], other=0.0)
+    qp = tl.load(qp_ptr + b.to(tl.int64) * stride_qpb + offs_h[:, None] * stride_qph + offs_r[None, :],
+                 mask=mask_h[:, None], other=0.0)
+    if DOT_FP32:
+        qn_lo = qn_lo.to(tl.float32)
+        qn_hi = qn_hi.to(tl.float32)
+        qp = qp.to(tl.float32)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc_lo = tl.zeros([BLOCK_H, HALF], dtype=tl.float32)
+    acc_hi = tl.zeros([BLOCK_H, HALF], dtype=tl.float32)
+    bt_row = block_table_ptr + b.to(tl.int64) * stride_bt
+    for n0 in range(start, full_end, BLOCK_N):
+        row = tl.load(bt_row + n0 // PAGE_SIZE) * PAGE_SIZE + n0 % PAGE_SIZE
+        m_i, l_i, acc_lo, acc_hi = _mla_tma_step(qn_lo, qn_hi, qp, ckv_desc, kpe_desc, row, BLOCK_N, m_i, l_i,
+                                                 acc_lo, acc_hi, qk_scale, HALF, BLOCK_N, False)
+    if full_end < end:
+        row = tl.load(bt_row + full_end // PAGE_SIZE) * PAGE_SIZE + full_end % PAGE_SIZE
+        m_i, l_i, acc_lo, acc_hi = _mla_tma_step(qn_lo, qn_hi, qp, ckv_desc, kpe_desc, row, end - full_end, m_i,
+                                                 l_i, acc_lo, acc_hi, qk_scale, HALF, BLOCK_N, True)
+
+    empty = l_i == 0.0
+    inv_l = 1.0 / tl.where(empty, 1.0, l_i)
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+    o_rows = o_ptr + b.to(tl.int64) * stride_ob + offs_h[:, None] * stride_oh + split * stride_os
+    tl.store(o_rows + offs_c[None, :], (acc_lo * inv_l[:, None]).to(o_ptr.dtype.element_ty), mask=mask_h[:, None])
+    tl.store(o_rows + HALF + offs_c[None, :], (acc_hi * inv_l[:, None]).to(o_ptr.dtype.element_ty),
+             mask=mask_h[:, None])
+    tl.store(lse_ptr + b.to(tl.int64) * stride_lb + offs_h * stride_lh + split, lse, mask=mask_h)
+
+
 class MLAConfig(NamedTuple):
     """Static launch choices of one MLA decode shape."""
 
@@ -114,6 +227,8 @@ class MLAConfig(NamedTuple):
     num_stages: int
     #: interpreter: float32 dot operands for bf16 inputs (its bf16 tl.dot is wrong; fp16 runs natively)
     dot_fp32: bool
+    #: load page tiles with TMA where the pages allow it (see ``_tma_descriptors``)
+    tma: bool = False
 
 
 @functools.lru_cache(maxsize=512)
@@ -122,18 +237,38 @@ def mla_config(device: torch.device, batch: int, heads: int, kv_len: int,
     """Tiles and split count for an MLA decode shape (``kv_len``: the longest KV length, rounded)."""
     if interpreting():
         splits = num_splits or (2 if kv_len > 32 else 1)
-        return MLAConfig(16, 16, splits, 1, 1, True)
+        return MLAConfig(16, 16, splits, 1, 1, True, True)
     hopper = cc_major(device) >= 9
     # sm_90: 64 heads per program run the dots on wgmma; below 64 rows Triton falls back to mma.sync and
-    # every latent tile is re-read more often. H200 sweep (B=128 L=8192 H=128): BLOCK_N 64, one stage
-    # 0.75 TB/s; BLOCK_N 32 with 2 / 3 stages 0.67 / 0.70; 32-head tiles 0.60.
+    # every latent tile is re-read more often. Two stages of 64-token tiles (216 KB of shared memory with
+    # the queries) let the next tile's loads (TMA where pages allow) run under this tile's dots. H200 sweep
+    # (B=128 L=8192 H=128 p64), pointer loads: BLOCK_N 64, one stage 0.75 TB/s; BLOCK_N 32 with 2 / 3
+    # stages 0.67 / 0.70; 32-head tiles 0.60.
     block_h = 64 if hopper and heads >= 64 else (32 if heads >= 32 else 16)
-    block_n, warps, stages = (64, 8, 1) if hopper else (32, 8, 1)
+    block_n, warps, stages = (64, 8, 2) if hopper else (32, 8, 1)
     if num_splits is None:
         smem = stages * block_n * (512 + 64) * 2 + block_h * (512 + 64) * 2
         slots = sm_count(device) * resident_ctas(device, smem, warps, 255 if block_h == 64 else 192)
         num_splits = choose_splits(batch * triton.cdiv(heads, block_h), kv_len, block_n, slots)
-    return MLAConfig(block_h, block_n, num_splits, warps, stages, False)
+    return MLAConfig(block_h, block_n, num_splits, warps, stages, False, has_tma(device))
+
+
+def _tma_descriptors(ckv: torch.Tensor, kpe: torch.Tensor, cfg: MLAConfig) -> tuple[Any, Any] | None:
+    """TMA descriptors of the pages flattened to token rows, (P * S, Dc) and (P * S, Dr), or None when a
+    tile would cross a page, Dc / 2 exceeds a TMA box (256), or TMA cannot describe the pages' strides."""
+    pages, page_size, dc = ckv.shape
+    if not cfg.tma or page_size % cfg.block_n or dc % 2 or dc // 2 > 256 or not has_tma(ckv.device):
+        return None
+    rows = []
+    for t in (ckv, kpe):
+        if t.stride(2) != 1 or t.stride(0) != page_size * t.stride(1):
+            return None
+        flat = t.as_strided((pages * page_size, t.shape[2]), (t.stride(1), 1))
+        if not row_major_for_tma(flat):
+            return None
+        rows.append(flat)
+    return (TensorDescriptor.from_tensor(rows[0], [cfg.block_n, dc // 2]),
+            TensorDescriptor.from_tensor(rows[1], [cfg.block_n, kpe.shape[2]]))
 
 
 def launch_mla(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv: torch.Tensor, kpe: torch.Tensor, table: Any,
@@ -147,15 +282,22 @@ def launch_mla(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv: torch.Tensor, kpe:
     else:
         o, lp, oss = part_out, part_lse, part_out.stride(2)
     bt = table.block_table
-    _mla_split_kernel[(triton.cdiv(heads, cfg.block_h), batch, splits)](
-        q_nope, q_pe, ckv, kpe, bt, table.seq_lens, o, lp, heads,
-        q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1),
-        ckv.stride(0), ckv.stride(1), kpe.stride(0), kpe.stride(1), bt.stride(0),
-        o.stride(0), o.stride(1), oss, lp.stride(0), lp.stride(1), sm_scale * LOG2E,
-        HEAD_DIM=dc, HEAD_DIM_PE=q_pe.shape[2], BLOCK_H=cfg.block_h, PAGE_SIZE=ckv.shape[1], BLOCK_N=cfg.block_n,
-        NUM_SPLITS=splits, DOT_FP32=cfg.dot_fp32 and q_nope.dtype == torch.bfloat16,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+    grid = (triton.cdiv(heads, cfg.block_h), batch, splits)
+    shared = dict(HEAD_DIM=dc, HEAD_DIM_PE=q_pe.shape[2], BLOCK_H=cfg.block_h, PAGE_SIZE=ckv.shape[1],
+                  BLOCK_N=cfg.block_n, NUM_SPLITS=splits, DOT_FP32=cfg.dot_fp32 and q_nope.dtype == torch.bfloat16,
+                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    descriptors = _tma_descriptors(ckv, kpe, cfg)
+    if descriptors is not None:
+        _mla_tma_kernel[grid](
+            q_nope, q_pe, *descriptors, bt, table.seq_lens, o, lp, heads,
+            q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), bt.stride(0),
+            o.stride(0), o.stride(1), oss, lp.stride(0), lp.stride(1), sm_scale * LOG2E, **shared)
+    else:
+        _mla_split_kernel[grid](
+            q_nope, q_pe, ckv, kpe, bt, table.seq_lens, o, lp, heads,
+            q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1),
+            ckv.stride(0), ckv.stride(1), kpe.stride(0), kpe.stride(1), bt.stride(0),
+            o.stride(0), o.stride(1), oss, lp.stride(0), lp.stride(1), sm_scale * LOG2E, **shared)
     if splits > 1:
         launch_merge_splits(part_out, part_lse, out, lse)
 

@@ -55,9 +55,10 @@ def _row_max(
     V,  # vocabulary size
     ROWS: tl.constexpr,  # rows per program
     BLOCK: tl.constexpr,  # chunk width
+    STAGES: tl.constexpr,  # software-pipeline depth of the walks over the vocabulary (loads run ahead)
 ):
     acc = tl.full((ROWS, BLOCK), float("-inf"), tl.float32)
-    for start in range(0, V, BLOCK):
+    for start in tl.range(0, V, BLOCK, num_stages=STAGES):
         cols = start + tl.arange(0, BLOCK)
         valid = rmask[:, None] & (cols[None, :] < V)
         x = tl.load(x_ptr + row_off + cols[None, :], mask=valid, other=float("-inf")).to(tl.float32)
@@ -76,11 +77,12 @@ def _stats(
     IS_LOGITS: tl.constexpr,  # x holds logits
     ROWS: tl.constexpr,  # rows per program
     BLOCK: tl.constexpr,  # chunk width
+    STAGES: tl.constexpr,  # software-pipeline depth of the walks over the vocabulary (loads run ahead)
 ):
     """(max weight, total weight) of each row."""
     mx = tl.zeros((ROWS, BLOCK), tl.float32)
     tot = tl.zeros((ROWS, BLOCK), tl.float32)
-    for start in range(0, V, BLOCK):
+    for start in tl.range(0, V, BLOCK, num_stages=STAGES):
         cols = start + tl.arange(0, BLOCK)
         valid = rmask[:, None] & (cols[None, :] < V)
         w = _weights(x_ptr, row_off, cols[None, :], valid, m, c, IS_LOGITS)
@@ -156,6 +158,7 @@ def _select(
     USE_MASS: tl.constexpr,  # F(v) = mass of weights >= v (else their count)
     ROWS: tl.constexpr,  # rows per program
     BLOCK: tl.constexpr,  # chunk width
+    STAGES: tl.constexpr,  # software-pipeline depth of the walks over the vocabulary (loads run ahead)
     NP: tl.constexpr,  # pivots per pass (the first is the bracket's low end)
     SCRATCH: tl.constexpr,  # workspace slots per row (power of two)
     MAX_PASSES: tl.constexpr,  # bound on refinement passes
@@ -200,7 +203,7 @@ def _select(
             mas = tl.zeros((ROWS, NP), tl.float32)
             nb = tl.zeros((ROWS,), tl.int32)
             mx = tl.zeros((ROWS,), tl.float32)
-            for start in range(0, V, BLOCK):
+            for start in tl.range(0, V, BLOCK, num_stages=STAGES):
                 cols = start + tl.arange(0, BLOCK)
                 valid = rmask[:, None] & (cols[None, :] < V)
                 w = _weights(x_ptr, row_off, cols[None, :], valid, m, c, IS_LOGITS)
@@ -341,6 +344,7 @@ def _top_k_top_p_kernel(
     HAS_T: tl.constexpr, T_ROWS: tl.constexpr,  # temperature given; per row
     ROWS: tl.constexpr,  # rows per program
     BLOCK: tl.constexpr,  # chunk width
+    STAGES: tl.constexpr,  # software-pipeline depth of the walks over the vocabulary (loads run ahead)
     NUM_CAND: tl.constexpr,  # candidates drawn per pass (power of two)
     MAX_ROUNDS: tl.constexpr,  # bound on candidate passes
     NP: tl.constexpr,  # pivots per top-k search pass
@@ -359,7 +363,7 @@ def _top_k_top_p_kernel(
     m = tl.zeros((ROWS,), tl.float32)
     c = tl.full((ROWS,), LOG2E, tl.float32)
     if IS_LOGITS:
-        m = _row_max(x_ptr, row_off, rmask, V, ROWS, BLOCK)
+        m = _row_max(x_ptr, row_off, rmask, V, ROWS, BLOCK, STAGES)
         if HAS_T:
             if T_ROWS:
                 t = tl.load(t_ptr + rows, mask=rmask, other=1.0)
@@ -380,7 +384,7 @@ def _top_k_top_p_kernel(
         kf = tl.minimum(tl.where(k > 0, k, V), V).to(tl.float32)
         floor, mass_k, _total, wmax_k = _select(x_ptr, row_off, rmask, V, m, c, kf, k_on, floor,
                                                 tl.full((ROWS,), 1.0, tl.float32), scratch_ptr,
-                                                rows.to(tl.int64) * SCRATCH, IS_LOGITS, False, ROWS, BLOCK, NP,
+                                                rows.to(tl.int64) * SCRATCH, IS_LOGITS, False, ROWS, BLOCK, STAGES, NP,
                                                 SCRATCH, MAX_PASSES, SORT)
         if not IS_LOGITS:
             wmax = wmax_k
@@ -391,7 +395,7 @@ def _top_k_top_p_kernel(
             mp = tl.zeros((ROWS,), tl.float32) + minp_val
         if not IS_LOGITS:
             if not HAS_K:
-                wmax, _tot = _stats(x_ptr, row_off, rmask, V, m, c, IS_LOGITS, ROWS, BLOCK)
+                wmax, _tot = _stats(x_ptr, row_off, rmask, V, m, c, IS_LOGITS, ROWS, BLOCK, STAGES)
         floor = tl.maximum(floor, tl.minimum(tl.maximum(mp, 0.0), 1.0) * wmax)
     if HAS_P:
         if P_ROWS:
@@ -418,7 +422,7 @@ def _top_k_top_p_kernel(
             chunk_of = tl.full((ROWS, NUM_CAND), -1, tl.int32)
             rbase = (rows * MAX_ROUNDS + r) * nch
             u1 = tl.zeros((ROWS, NUM_CAND), tl.float32)
-            for ci in range(0, nch):
+            for ci in tl.range(0, nch, num_stages=STAGES):
                 cols = ci * BLOCK + tl.arange(0, BLOCK)
                 valid = rmask[:, None] & (cols[None, :] < V)
                 w = _weights(x_ptr, row_off, cols[None, :], valid, m, c, IS_LOGITS)
@@ -483,6 +487,7 @@ def _renorm_kernel(
     HAS_MINP: tl.constexpr, MINP_ROWS: tl.constexpr,  # min-p given; per row
     ROWS: tl.constexpr,  # rows per program
     BLOCK: tl.constexpr,  # chunk width
+    STAGES: tl.constexpr,  # software-pipeline depth of the walks over the vocabulary (loads run ahead)
     NP: tl.constexpr,  # pivots per search pass
     SCRATCH: tl.constexpr,  # workspace slots per row
     MAX_PASSES: tl.constexpr,  # bound on search passes
@@ -504,9 +509,9 @@ def _renorm_kernel(
         k_on = (k > 0) & (k < V) & rmask
         kf = tl.minimum(tl.where(k > 0, k, V), V).to(tl.float32)
         tau, mass_k, total, wmax = _select(x_ptr, row_off, rmask, V, m, c, kf, k_on, tau, ones, scratch_ptr, scr_off,
-                                           False, False, ROWS, BLOCK, NP, SCRATCH, MAX_PASSES, SORT)
+                                           False, False, ROWS, BLOCK, STAGES, NP, SCRATCH, MAX_PASSES, SORT)
     else:
-        wmax, total = _stats(x_ptr, row_off, rmask, V, m, c, False, ROWS, BLOCK)
+        wmax, total = _stats(x_ptr, row_off, rmask, V, m, c, False, ROWS, BLOCK, STAGES)
         mass_k = total
     if HAS_P:
         if P_ROWS:
@@ -516,7 +521,7 @@ def _renorm_kernel(
         pp = tl.minimum(tl.maximum(pp, 1e-30), 1.0)
         p_on = (pp < 1.0) & rmask
         tau_p, _m, _t, _x = _select(x_ptr, row_off, rmask, V, m, c, pp * mass_k, p_on, tau, wmax, scratch_ptr, scr_off,
-                                    False, True, ROWS, BLOCK, NP, SCRATCH, MAX_PASSES, SORT)
+                                    False, True, ROWS, BLOCK, STAGES, NP, SCRATCH, MAX_PASSES, SORT)
         tau = tl.maximum(tau, tau_p)
     if HAS_MINP:
         if MINP_ROWS:
@@ -525,13 +530,13 @@ def _renorm_kernel(
             mp = tl.zeros((ROWS,), tl.float32) + minp_val
         tau = tl.maximum(tau, tl.minimum(tl.maximum(mp, 0.0), 1.0) * wmax)
     kept = tl.zeros((ROWS, BLOCK), tl.float32)
-    for start in range(0, V, BLOCK):
+    for start in tl.range(0, V, BLOCK, num_stages=STAGES):
         cols = start + tl.arange(0, BLOCK)
         valid = rmask[:, None] & (cols[None, :] < V)
         w = _weights(x_ptr, row_off, cols[None, :], valid, m, c, False)
         kept += tl.where(w >= tau[:, None], w, 0.0)
     inv = 1.0 / tl.maximum(tl.sum(kept, axis=1), 1e-30)
-    for start in range(0, V, BLOCK):
+    for start in tl.range(0, V, BLOCK, num_stages=STAGES):
         cols = start + tl.arange(0, BLOCK)
         valid = rmask[:, None] & (cols[None, :] < V)
         w = _weights(x_ptr, row_off, cols[None, :], valid, m, c, False)
@@ -553,6 +558,7 @@ def _chain_speculative_kernel(
     V,  # vocabulary size
     ROWS: tl.constexpr,  # rows per program
     BLOCK: tl.constexpr,  # chunk width
+    STAGES: tl.constexpr,  # software-pipeline depth of the walks over the vocabulary
 ):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rmask = rows < B
@@ -577,7 +583,7 @@ def _chain_speculative_kernel(
     has_draft = emitted < N
     offs = tl.arange(0, BLOCK)
     res_acc = tl.zeros((ROWS, BLOCK), tl.float32)
-    for start in range(0, V, BLOCK):
+    for start in tl.range(0, V, BLOCK, num_stages=STAGES):
         cols = start + offs
         valid = rmask[:, None] & (cols[None, :] < V)
         pt = tl.maximum(tl.load(t_row[:, None] + cols[None, :], mask=valid, other=0.0).to(tl.float32), 0.0)
@@ -588,7 +594,7 @@ def _chain_speculative_kernel(
     # inverse CDF over the residual (or the target when the residual is all zero), float32 running sum
     u_last = tl.load(u_ptr + r64 * (N + 1) + N, mask=rmask, other=0.0).to(tl.float32)
     tot_acc = tl.zeros((ROWS, BLOCK), tl.float32)
-    for start in range(0, V, BLOCK):
+    for start in tl.range(0, V, BLOCK, num_stages=STAGES):
         cols = start + offs
         valid = rmask[:, None] & (cols[None, :] < V)
         pt = tl.maximum(tl.load(t_row[:, None] + cols[None, :], mask=valid, other=0.0).to(tl.float32), 0.0)
@@ -599,7 +605,7 @@ def _chain_speculative_kernel(
     run = tl.zeros((ROWS,), tl.float32)
     tok = tl.full((ROWS,), -1, tl.int32)
     last_pos = tl.full((ROWS,), -1, tl.int32)
-    for start in range(0, V, BLOCK):
+    for start in tl.range(0, V, BLOCK, num_stages=STAGES):
         cols = start + offs
         valid = rmask[:, None] & (cols[None, :] < V)
         pt = tl.maximum(tl.load(t_row[:, None] + cols[None, :], mask=valid, other=0.0).to(tl.float32), 0.0)

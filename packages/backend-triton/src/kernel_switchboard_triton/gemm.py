@@ -23,7 +23,7 @@ from kernel_switchboard import Capability, Kernel
 from kernel_switchboard.availability import triton_interpreting
 
 from . import _gemm_kernels as K
-from ._common import BACKEND, DEVICES, PRIORITY
+from ._common import BACKEND, DEVICES, PRIORITY, has_tma, row_major_for_tma
 from ._perf import compute_bound
 
 DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
@@ -86,24 +86,11 @@ def _programs(device_index: int | None) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-@functools.lru_cache(maxsize=8)
-def _has_tma(device: torch.device) -> bool:
-    """TMA needs Hopper or newer (the interpreter emulates it)."""
-    return triton_interpreting() or (device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9)
-
-
-def _row_major_for_tma(t: torch.Tensor) -> bool:
-    """TMA can describe ``t`` as it is: unit last stride, 16-byte aligned row stride and base."""
-    size = t.element_size()
-    return (t.stride(1) == 1 and (t.stride(0) * size) % 16 == 0 and t.data_ptr() % 16 == 0
-            and t.stride(0) >= t.shape[1])
-
-
 def _b_layout(b: torch.Tensor) -> bool | None:
     """True when b (K, N) is K-major (its transpose is TMA-ready), False when b itself is, None otherwise."""
-    if _row_major_for_tma(b.t()):
+    if row_major_for_tma(b.t()):
         return True
-    if _row_major_for_tma(b):
+    if row_major_for_tma(b):
         return False
     return None
 
@@ -130,8 +117,8 @@ def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return c.zero_()
     t = mm_tiles(m, n, k, a.dtype)
     b_kmajor = _b_layout(b)
-    if a.dtype != torch.float32 and m >= TMA_MIN_M and b_kmajor is not None and _row_major_for_tma(a) \
-            and _row_major_for_tma(c) and _has_tma(a.device):
+    if a.dtype != torch.float32 and m >= TMA_MIN_M and b_kmajor is not None and row_major_for_tma(a) \
+            and row_major_for_tma(c) and has_tma(a.device):
         a_desc, b_desc, c_desc = _descriptors(a, b, c, t, b_kmajor)
         grid = _tma_grid(m, n, t, a.device)
         K._mm_tma_kernel[grid](a_desc, b_desc, c_desc, m, n, k, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
@@ -160,8 +147,8 @@ def mm_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: tor
     t = fp8_tiles(m, n, k, scale_mode)
     sa = scale_a.reshape(1, 1) if scale_mode == "tensor" else scale_a
     sb = scale_b.reshape(1, 1) if scale_mode == "tensor" else scale_b
-    if m >= TMA_MIN_M and _b_layout(b) is True and _row_major_for_tma(a) and _row_major_for_tma(c) \
-            and _has_tma(a.device):
+    if m >= TMA_MIN_M and _b_layout(b) is True and row_major_for_tma(a) and row_major_for_tma(c) \
+            and has_tma(a.device):
         a_desc, b_desc, c_desc = _descriptors(a, b, c, t, True)
         grid = _tma_grid(m, n, t, a.device)
         K._mm_fp8_tma_kernel[grid](

@@ -35,12 +35,19 @@ MAX_PASSES = 8
 #: widest chunk and the most elements one program holds per chunk (rows x chunk); the interpreter, whose
 #: cost is per operation and per nested call rather than per element, takes much bigger tiles. On a GPU one
 #: program walks a whole row, so the chunk sets the bytes in flight per SM: 4096 fp32 = 16 KiB per step.
-#: sm_90 compile, per kernel variant: 1024 wide 1-7 s, 4096 wide (16 warps) 2-9 s, no register spills.
+#: sm_90 compile, per kernel variant: 1-10 s; the pipelined top-p walk (8 warps) keeps ~500 B of stack.
 MAX_BLOCK = 4096
 TILE = 65536 if triton_interpreting() else 4096
-#: elements of a chunk per warp (4 per thread: one 16-byte load of fp32), and the warp range
+#: elements of a chunk per warp (4 per thread: one 16-byte load of fp32), and the fewest warps
 WARP_ELEMS = 128
-MIN_WARPS, MAX_WARPS = 4, 16
+MIN_WARPS = 4
+#: (load pipeline stages, most warps) of the walks over the vocabulary. Stages > 1 issue the next chunks'
+#: loads (cp.async into shared memory) while this chunk's reductions run. The top-p walk alone gains; the
+#: threshold-search walks (top-k, renorm) spill once pipelined. H200, 128 x 128256 fp32 probs, one run
+#: (notes/gpu-runs.md run 8): top-p with 16 warps and 1 / 2 / 3 stages 0.210 / 0.206 / 0.219 ms, 8 warps and
+#: 3 stages 0.179; top-k 50 + top-p with 16 warps and 1 / 2 / 3 stages 0.493 / 0.628 / 0.973, 8 warps 0.628.
+TOP_P_WALK = (3, 8)
+SEARCH_WALK = (1, 16)
 #: finish threshold searches with tl.sort; the interpreter ranks pairwise instead (its sort is very slow)
 SORT = not triton_interpreting()
 _MAX_NUMEL = 1 << 20
@@ -51,10 +58,12 @@ class _Config(NamedTuple):
     block: int
     scratch: int
     num_warps: int
+    stages: int
 
 
 @functools.lru_cache(maxsize=256)
-def _config(batch: int, vocab: int) -> _Config:
+def _config(batch: int, vocab: int, walk: tuple[int, int]) -> _Config:
+    """Launch shape of a sampling kernel; ``walk``: (load pipeline stages, most warps)."""
     block = min(triton.next_power_of_2(vocab), MAX_BLOCK)
     scratch = min(triton.next_power_of_2(vocab), MAX_SCRATCH if SORT else min(MAX_SCRATCH, 512))
     # (rows, block, pivots) tiles, and (rows, scratch, scratch) ranks without sort, stay under Triton's numel cap
@@ -62,8 +71,9 @@ def _config(batch: int, vocab: int) -> _Config:
     if not SORT:
         cap = min(cap, _MAX_NUMEL // (scratch * scratch))
     rows = max(1, min(cap, triton.next_power_of_2(max(batch, 1))))
-    num_warps = min(MAX_WARPS, max(MIN_WARPS, rows * block // WARP_ELEMS))
-    return _Config(rows, block, scratch, num_warps)
+    stages, max_warps = walk
+    num_warps = min(max_warps, max(MIN_WARPS, rows * block // WARP_ELEMS))
+    return _Config(rows, block, scratch, num_warps, stages)
 
 
 def _split(v: Any, dtype: torch.dtype, device: torch.device) -> tuple[bool, bool, Any, Any]:
@@ -87,8 +97,8 @@ def top_k_top_p(x: torch.Tensor, top_k: Any, top_p: Any, min_p: Any, is_logits: 
         return out
     if x.stride(1) != 1:  # the kernel walks rows with unit stride
         x = x.contiguous()
-    cfg = _config(batch, vocab)
     has_k, k_rows, k_t, k_v = _split(top_k, torch.int32, x.device)
+    cfg = _config(batch, vocab, SEARCH_WALK if has_k else TOP_P_WALK)
     has_p, p_rows, p_t, p_v = _split(top_p, torch.float32, x.device)
     has_m, m_rows, m_t, m_v = _split(min_p, torch.float32, x.device)
     has_t, t_rows, t_t, t_v = _split(temperature if is_logits else None, torch.float32, x.device)
@@ -98,7 +108,7 @@ def top_k_top_p(x: torch.Tensor, top_k: Any, top_p: Any, min_p: Any, is_logits: 
         int(k_v), float(p_v), float(m_v), float(t_v) if has_t else 1.0, _seed(generator, x.device), scratch,
         batch, vocab, x.stride(0),
         IS_LOGITS=is_logits, HAS_K=has_k, K_ROWS=k_rows, HAS_P=has_p, P_ROWS=p_rows, HAS_MINP=has_m,
-        MINP_ROWS=m_rows, HAS_T=has_t, T_ROWS=t_rows, ROWS=cfg.rows, BLOCK=cfg.block, NUM_CAND=NUM_CAND,
+        MINP_ROWS=m_rows, HAS_T=has_t, T_ROWS=t_rows, ROWS=cfg.rows, BLOCK=cfg.block, STAGES=cfg.stages, NUM_CAND=NUM_CAND,
         MAX_ROUNDS=MAX_ROUNDS, NP=NUM_PIVOTS, SCRATCH=cfg.scratch, MAX_PASSES=MAX_PASSES, SORT=SORT, num_warps=cfg.num_warps,
     )
     return out
@@ -111,7 +121,7 @@ def renorm(probs: torch.Tensor, top_k: Any, top_p: Any, min_p: Any) -> torch.Ten
         return out
     if probs.stride(1) != 1:
         probs = probs.contiguous()
-    cfg = _config(batch, vocab)
+    cfg = _config(batch, vocab, SEARCH_WALK)
     has_k, k_rows, k_t, k_v = _split(top_k, torch.int32, probs.device)
     has_p, p_rows, p_t, p_v = _split(top_p, torch.float32, probs.device)
     has_m, m_rows, m_t, m_v = _split(min_p, torch.float32, probs.device)
@@ -120,7 +130,8 @@ def renorm(probs: torch.Tensor, top_k: Any, top_p: Any, min_p: Any) -> torch.Ten
         probs, out, k_t if k_rows else out, p_t if p_rows else out, m_t if m_rows else out, int(k_v), float(p_v),
         float(m_v), scratch, batch, vocab, probs.stride(0),
         HAS_K=has_k, K_ROWS=k_rows, HAS_P=has_p, P_ROWS=p_rows, HAS_MINP=has_m, MINP_ROWS=m_rows, ROWS=cfg.rows,
-        BLOCK=cfg.block, NP=NUM_PIVOTS, SCRATCH=cfg.scratch, MAX_PASSES=MAX_PASSES, SORT=SORT, num_warps=cfg.num_warps,
+        BLOCK=cfg.block, STAGES=cfg.stages, NP=NUM_PIVOTS, SCRATCH=cfg.scratch, MAX_PASSES=MAX_PASSES, SORT=SORT,
+        num_warps=cfg.num_warps,
     )
     return out
 
@@ -136,10 +147,10 @@ def chain_speculative(draft_probs: torch.Tensor, draft_token_ids: torch.Tensor, 
     if batch == 0:
         return tokens, accepted, emitted
     u = torch.rand((batch, n + 1), generator=generator, device=dev, dtype=torch.float64)
-    cfg = _config(batch, vocab)
+    cfg = _config(batch, vocab, SEARCH_WALK)
     K._chain_speculative_kernel[(triton.cdiv(batch, cfg.rows),)](
         draft_probs.contiguous(), draft_token_ids.contiguous(), target_probs.contiguous(), u, tokens, accepted,
-        emitted, batch, n, vocab, ROWS=cfg.rows, BLOCK=cfg.block, num_warps=cfg.num_warps,
+        emitted, batch, n, vocab, ROWS=cfg.rows, BLOCK=cfg.block, STAGES=cfg.stages, num_warps=cfg.num_warps,
     )
     return tokens, accepted, emitted
 

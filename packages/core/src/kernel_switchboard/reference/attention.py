@@ -34,6 +34,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tenso
     (natural log; rows with nothing to attend get out 0 and lse -inf). ``batch0``: the request
     index of row 0 (batch chunks), seen by a custom variant's hooks.
     """
+    # padded positions (past kv_len) may hold anything, NaN included: they never reach the output
+    v = v.masked_fill((torch.arange(v.shape[1], device=v.device)[None, :] >= kv_len[:, None])[:, :, None, None], 0.0)
     if getattr(p, "variant", None) is not None:
         return _attend_variant(q, k, v, q_pos, kv_len, p, batch0)
     b, m, hq, d = q.shape
