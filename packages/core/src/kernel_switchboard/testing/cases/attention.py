@@ -213,12 +213,25 @@ def ragged_case(spec: AttnSpec, device: torch.device | str, seed: int | torch.Ge
     return Case("attention.prefill_ragged", tag, args, _kwargs(spec, True, g, device), spec.dtype, spec.tol())
 
 
+def unwritten_slots(block_table: torch.Tensor, seq_lens: torch.Tensor, num_pages: int, page_size: int) -> torch.Tensor:
+    """(num_pages, page_size) bool: the slots no request's first ``seq_len`` tokens occupy."""
+    written = torch.zeros(num_pages, page_size, dtype=torch.bool, device=block_table.device)
+    for b, n in enumerate(seq_lens.tolist()):
+        pos = torch.arange(n, device=block_table.device)
+        written[block_table[b, pos // page_size].long(), pos % page_size] = True
+    return ~written
+
+
 def mla_case(dtype: torch.dtype, kv_lens: tuple[int, ...], heads: int, page_size: int, device: torch.device | str,
              lse: bool = False, seed: int | torch.Generator = 0, dc: int = 512, dr: int = 64) -> Case:
+    """Latent pages whose unwritten slots hold NaN: a kernel must never let them reach the output."""
     g = generator(seed)
     block_table, seq_lens, num_pages = page_table(g, kv_lens, page_size)
-    ckv = torch.randn(num_pages, page_size, dc, generator=g, device=g.device).to(device, dtype)
-    kpe = torch.randn(num_pages, page_size, dr, generator=g, device=g.device).to(device, dtype)
+    ckv = torch.randn(num_pages, page_size, dc, generator=g, device=g.device)
+    kpe = torch.randn(num_pages, page_size, dr, generator=g, device=g.device)
+    unused = unwritten_slots(block_table, seq_lens, num_pages, page_size)
+    ckv, kpe = ckv.masked_fill(unused[..., None], float("nan")), kpe.masked_fill(unused[..., None], float("nan"))
+    ckv, kpe = ckv.to(device, dtype), kpe.to(device, dtype)
     b = len(kv_lens)
     q_nope = torch.randn(b, heads, dc, generator=g, device=g.device).to(device, dtype)
     q_pe = torch.randn(b, heads, dr, generator=g, device=g.device).to(device, dtype)
