@@ -26,6 +26,23 @@ from ._decode import launch_merge_splits, round_len
 
 
 @triton.jit
+def _split_bounds(seq_lens_ptr, b, split, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Token range [start, end) of one KV split of request ``b``; splits take whole BLOCK_N tiles."""
+    seq_len = tl.load(seq_lens_ptr + b)
+    chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * chunk
+    return start, tl.minimum(start + chunk, seq_len)
+
+
+@triton.jit
+def _finish(m_i, l_i):
+    """(1 / l, natural-log LSE) of an online-softmax state (log2 domain); an empty one gives (1, -inf)."""
+    empty = l_i == 0.0
+    safe = tl.where(empty, 1.0, l_i)
+    return 1.0 / safe, tl.where(empty, float("-inf"), (m_i + tl.log2(safe)) * 0.6931471805599453)
+
+
+@triton.jit
 def _mla_split_kernel(
     qn_ptr,  # (B, H, Dc) q_nope
     qp_ptr,  # (B, H, Dr) q_pe
@@ -62,10 +79,7 @@ def _mla_split_kernel(
     offs_h = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)
     b = tl.program_id(1)
     split = tl.program_id(2)
-    seq_len = tl.load(seq_lens_ptr + b)
-    chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = split * chunk
-    end = tl.minimum(start + chunk, seq_len)
+    start, end = _split_bounds(seq_lens_ptr, b, split, NUM_SPLITS, BLOCK_N)
 
     offs_c = tl.arange(0, HEAD_DIM)
     offs_r = tl.arange(0, HEAD_DIM_PE)
@@ -102,11 +116,9 @@ def _mla_split_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(qn.dtype), ckv)
         m_i = m_new
 
-    empty = l_i == 0.0
-    out = acc / tl.where(empty, 1.0, l_i)[:, None]
-    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+    inv_l, lse = _finish(m_i, l_i)
     tl.store(o_ptr + b.to(tl.int64) * stride_ob + offs_h[:, None] * stride_oh + split * stride_os + offs_c[None, :],
-             out.to(o_ptr.dtype.element_ty), mask=mask_h[:, None])
+             (acc * inv_l[:, None]).to(o_ptr.dtype.element_ty), mask=mask_h[:, None])
     tl.store(lse_ptr + b.to(tl.int64) * stride_lb + offs_h * stride_lh + split, lse, mask=mask_h)
 
 
@@ -174,10 +186,7 @@ def _mla_tma_kernel(
     offs_h = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)
     b = tl.program_id(1)
     split = tl.program_id(2)
-    seq_len = tl.load(seq_lens_ptr + b)
-    chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = split * chunk
-    end = tl.minimum(start + chunk, seq_len)
+    start, end = _split_bounds(seq_lens_ptr, b, split, NUM_SPLITS, BLOCK_N)
     full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
 
     offs_c = tl.arange(0, HALF)
@@ -207,9 +216,7 @@ def _mla_tma_kernel(
         m_i, l_i, acc_lo, acc_hi = _mla_tma_step(qn_lo, qn_hi, qp, ckv_desc, kpe_desc, row, end - full_end, m_i,
                                                  l_i, acc_lo, acc_hi, qk_scale, HALF, BLOCK_N, True)
 
-    empty = l_i == 0.0
-    inv_l = 1.0 / tl.where(empty, 1.0, l_i)
-    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+    inv_l, lse = _finish(m_i, l_i)
     o_rows = o_ptr + b.to(tl.int64) * stride_ob + offs_h[:, None] * stride_oh + split * stride_os
     tl.store(o_rows + offs_c[None, :], (acc_lo * inv_l[:, None]).to(o_ptr.dtype.element_ty), mask=mask_h[:, None])
     tl.store(o_rows + HALF + offs_c[None, :], (acc_hi * inv_l[:, None]).to(o_ptr.dtype.element_ty),
