@@ -5,7 +5,8 @@
 ``bench_gemm(device) -> list[dict]``: rows with ``ms``, ``tflops`` and ``rel_err`` (Frobenius, against a
 float32 product of the same operands), plus ``vs`` = TFLOP/s over the baseline measured in the same run
 (cuBLAS bf16 for mm, torch._scaled_mm per-tensor for fp8). Every row is checked before it is timed.
-"pointer kernel" rows switch the TMA path off, for comparison.
+"pointer kernel" rows switch the TMA path off, for comparison; "sweep" rows try other fp8 tiles
+(``FP8_SWEEP``: 256 x 128 fits sm_90's registers without spilling for per-tensor and row/column scales).
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ import torch
 from kernel_switchboard.bench import median_ms
 
 SIZE = 8192
+#: fp8 tiles tried besides the default, per scale mode: (block_m, block_n, block_k, group_m, warps, stages);
+#: block scales need block_n dividing 128
+FP8_SWEEP = (("block", (256, 128, 128, 8, 8, 3)), ("tensor", (256, 128, 128, 8, 8, 3)),
+             ("tensor", (128, 256, 128, 8, 8, 3)))
 
 
 def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -66,6 +71,20 @@ def _pointer_kernels(fn: Callable[[], Any]) -> Callable[[], Any]:
     return run
 
 
+def _fp8_tiles(fn: Callable[[], Any], tiles: tuple[int, ...]) -> Callable[[], Any]:
+    """``fn`` with every large fp8 matmul on ``tiles`` (a sweep row)."""
+    from kernel_switchboard_triton import gemm
+
+    def run() -> Any:
+        saved = gemm.fp8_tiles
+        gemm.fp8_tiles = lambda m, n, k, mode: gemm.Tiles(*tiles) if m > 64 else saved(m, n, k, mode)
+        try:
+            return fn()
+        finally:
+            gemm.fp8_tiles = saved
+    return run
+
+
 def bench_gemm(device: str | torch.device = "cuda") -> list[dict[str, Any]]:
     from kernel_switchboard_triton import gemm
 
@@ -91,15 +110,16 @@ def bench_gemm(device: str | torch.device = "cuda") -> list[dict[str, Any]]:
     tw, tsw = _fp8(w32, n, n)
     tsa, tsw = tsa.reshape(()), tsw.reshape(())
     want_t = (ta.float() @ tw.float().t()) * (tsa * tsw)
+    fns = {"block": lambda: gemm.mm_fp8(qa, qb, sa, sb, "block", torch.bfloat16),
+           "tensor": lambda: gemm.mm_fp8(ta, tw.t(), tsa, tsw, "tensor", torch.bfloat16)}
+    wants = {"block": want_b, "tensor": want_t}
     rows = [
-        _row("mm fp8 e4m3 8192^3", "triton block 128x128", lambda: gemm.mm_fp8(qa, qb, sa, sb, "block", torch.bfloat16),
-             want_b, flops),
-        _row("mm fp8 e4m3 8192^3", "triton block 128x128 pointer kernel",
-             _pointer_kernels(lambda: gemm.mm_fp8(qa, qb, sa, sb, "block", torch.bfloat16)), want_b, flops),
-        _row("mm fp8 e4m3 8192^3", "triton per-tensor",
-             lambda: gemm.mm_fp8(ta, tw.t(), tsa, tsw, "tensor", torch.bfloat16), want_t, flops),
-        _row("mm fp8 e4m3 8192^3", "triton per-tensor pointer kernel",
-             _pointer_kernels(lambda: gemm.mm_fp8(ta, tw.t(), tsa, tsw, "tensor", torch.bfloat16)), want_t, flops),
+        _row("mm fp8 e4m3 8192^3", "triton block 128x128", fns["block"], want_b, flops),
+        _row("mm fp8 e4m3 8192^3", "triton block 128x128 pointer kernel", _pointer_kernels(fns["block"]), want_b, flops),
+        _row("mm fp8 e4m3 8192^3", "triton per-tensor", fns["tensor"], want_t, flops),
+        _row("mm fp8 e4m3 8192^3", "triton per-tensor pointer kernel", _pointer_kernels(fns["tensor"]), want_t, flops),
+        *(_row("mm fp8 e4m3 8192^3", f"triton {mode} tiles {t[0]}x{t[1]}x{t[2]} (sweep)",
+               _fp8_tiles(fns[mode], t), wants[mode], flops) for mode, t in FP8_SWEEP),
         _row("mm fp8 e4m3 8192^3", "torch._scaled_mm per-tensor",
              lambda: torch._scaled_mm(ta, tw.t(), scale_a=tsa, scale_b=tsw, out_dtype=torch.bfloat16), want_t, flops),
     ]
