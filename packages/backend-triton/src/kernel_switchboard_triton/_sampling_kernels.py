@@ -16,8 +16,8 @@ thresholds on ``w`` (ties kept together, as the core defines them):
 
 Candidates are drawn in one pass by a chunk-level weighted reservoir (a chunk replaces the current
 pick with probability chunk mass / mass so far), then inside the chosen chunk by inverse CDF.
-Uniforms come from Philox (``tl.rand``) keyed by a seed that torch draws from the caller's generator:
-the same seed gives the same tokens, and nothing in the reduction path uses atomics.
+Uniforms come from Philox (``tl.rand4x``: four per evaluation) keyed by a seed that torch draws from
+the caller's generator: the same seed gives the same tokens, and nothing in the reduction path uses atomics.
 """
 
 from __future__ import annotations
@@ -89,6 +89,27 @@ def _stats(
         mx = tl.maximum(mx, w)
         tot += w
     return tl.max(mx, axis=1), tl.sum(tot, axis=1)
+
+
+@triton.jit
+def _sum_above(w, t):
+    """Per row, the sum of the weights of a (ROWS, BLOCK) tile strictly above t (ROWS,)."""
+    return tl.sum(tl.where(w > t[:, None], w, 0.0), axis=1)
+
+
+@triton.jit
+def _columns4(c0, c1, c2, c3, jj):
+    """Four (ROWS,) vectors as the columns of a (ROWS, 4) tile; jj = arange(4)."""
+    out = tl.where(jj[None, :] == 0, c0[:, None], c1[:, None])
+    out = tl.where(jj[None, :] == 2, c2[:, None], out)
+    return tl.where(jj[None, :] == 3, c3[:, None], out)
+
+
+@triton.jit
+def _uniform4(seed, offset, jj):
+    """(ROWS, 4) uniforms in [0, 1): one Philox evaluation per row at ``offset`` (ROWS,) int32."""
+    u0, u1, u2, u3 = tl.rand4x(seed, offset)
+    return _columns4(u0, u1, u2, u3, jj)
 
 
 @triton.jit
@@ -356,8 +377,8 @@ def _top_k_top_p_kernel(
     rmask = rows < B
     row_off = rows.to(tl.int64)[:, None] * stride_x
     seed = tl.load(seed_ptr)
+    tl.static_assert(NUM_CAND == 4, "the candidate pass carries exactly four candidates")
     jj = tl.arange(0, NUM_CAND)
-    j2 = tl.arange(0, 2)
     nch = tl.cdiv(V, BLOCK)
 
     m = tl.zeros((ROWS,), tl.float32)
@@ -420,8 +441,10 @@ def _top_k_top_p_kernel(
             tot = tl.zeros((ROWS,), tl.float32)
             mass_gt = tl.zeros((ROWS, NUM_CAND), tl.float32)
             chunk_of = tl.full((ROWS, NUM_CAND), -1, tl.int32)
-            rbase = (rows * MAX_ROUNDS + r) * nch
-            u1 = tl.zeros((ROWS, NUM_CAND), tl.float32)
+            # Philox offsets: one per (row, round, chunk) for the reservoir, one more for the in-chunk draws
+            rbase = (rows * MAX_ROUNDS + r) * (nch + 1)
+            u1 = _uniform4(seed, rbase + nch, jj)
+            cw0, cw1, cw2, cw3 = _pick(cand_w, jj, 0), _pick(cand_w, jj, 1), _pick(cand_w, jj, 2), _pick(cand_w, jj, 3)
             for ci in tl.range(0, nch, num_stages=STAGES):
                 cols = ci * BLOCK + tl.arange(0, BLOCK)
                 valid = rmask[:, None] & (cols[None, :] < V)
@@ -429,17 +452,12 @@ def _top_k_top_p_kernel(
                 ws = tl.where((w >= floor[:, None]) & (w > above[:, None]), w, 0.0)
                 mc = tl.sum(ws, axis=1)
                 acc += mc
-                if not HAS_K:
-                    tot += tl.sum(w, axis=1)
-                if HAS_P:
-                    if check:
-                        gt = w[:, :, None] > cand_w[:, None, :]
-                        mass_gt += tl.sum(tl.where(gt, w[:, :, None], 0.0), axis=1)
-                # two uniforms per candidate and chunk: the reservoir's, and the in-chunk draw's (first chunk's kept)
-                uu = tl.rand(seed, ((rbase + ci) * NUM_CAND)[:, None, None] * 2 + jj[None, :, None] * 2 + j2[None, None, :])
-                u2, u1c = tl.split(uu)
-                u1 = tl.where(ci == 0, u1c, u1)
-                take = (u2 * acc[:, None] < mc[:, None]) & (mc > 0)[:, None]
+                tot += tl.sum(w, axis=1)
+                if HAS_P:  # the mass strictly above each previous candidate (used from the second round on)
+                    mass_gt += _columns4(_sum_above(w, cw0), _sum_above(w, cw1), _sum_above(w, cw2),
+                                         _sum_above(w, cw3), jj)
+                # chunk-level weighted reservoir, one uniform per candidate
+                take = (_uniform4(seed, rbase + ci, jj) * acc[:, None] < mc[:, None]) & (mc > 0)[:, None]
                 chunk_of = tl.where(take, ci, chunk_of)
             if not HAS_K:
                 mass_k = tl.where(r == 0, tot, mass_k)
