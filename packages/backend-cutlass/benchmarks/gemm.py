@@ -9,7 +9,8 @@ float32 product of the same operands) and ``first_call_s``. Each row is checked 
 timed; a failure becomes a row with ``error``, never an exception. Rows:
 
 - bf16 mm 8192^3, b row-major ("RR") and K-major ("RC"): torch.mm (cuBLAS), CUTLASS with the shape
-  heuristic and with each tile forced (KSB_CUTLASS_MM_TILE), Triton;
+  heuristic, with each tile forced (KSB_CUTLASS_MM_TILE) and the large tile at swizzles 2 / 4 / 8
+  (KSB_CUTLASS_SWIZZLE), Triton;
 - fp8 8192^3: torch._scaled_mm per-tensor (cuBLAS), CUTLASS per-tensor, CUTLASS 1x128/128x128
   block scales, Triton block scales;
 - grouped mm, DeepSeek-V3 experts (256 x 7168 -> 2048, 4096 tokens top-8 routed uniformly at random):
@@ -151,6 +152,9 @@ def bench_gemm(device: torch.device | str = "cuda", sizes: dict[str, int] | None
         for role in ("large", "medium", "small_m"):
             _row(w, "cutlass", f"tile={role}", lambda b=b: ksb.gemm.mm(a, b, backend="cutlass"), want, flops,
                  env={"KSB_CUTLASS_MM_TILE": role})
+        for sw in ("2", "4", "8"):  # rasterisation swizzle of the persistent scheduler (L2 reuse of A and B panels)
+            _row(w, "cutlass", f"tile=large swizzle={sw}", lambda b=b: ksb.gemm.mm(a, b, backend="cutlass"), want,
+                 flops, env={"KSB_CUTLASS_MM_TILE": "large", "KSB_CUTLASS_SWIZZLE": sw})
         _row(w, "triton", "", lambda b=b: ksb.gemm.mm(a, b, backend="triton"), want, flops)
         _ratios(w, "torch.mm (cuBLAS)")
     del want
