@@ -17,6 +17,7 @@ from kernel_switchboard.availability import triton_interpreting
 from kernel_switchboard.errors import KernelUnavailableError
 from kernel_switchboard.paged import PagedKVCache, PageTable
 from kernel_switchboard.testing import assert_close, tolerance
+from kernel_switchboard.testing.cases.attention import unwritten_slots
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(DEVICE == "cpu" and not triton_interpreting(),
@@ -31,7 +32,8 @@ def _gen(seed: int) -> torch.Generator:
 def make_cache(kv_lens: list[int], page_size: int, kv_heads: int, head_dim: int, head_dim_v: int | None = None, *,
                dtype: torch.dtype = torch.float16, layout: str = "NHD", fp8: bool = False, seed: int = 0,
                spare_pages: int = 3) -> tuple[PagedKVCache, PageTable]:
-    """A cache with shuffled pages (plus unused ones full of noise) and its table."""
+    """A cache with shuffled pages and its table; every slot no request's tokens occupy (spare pages, page
+    tails) holds NaN, which no kernel may let through."""
     g = _gen(seed)
     dv = head_dim if head_dim_v is None else head_dim_v
     max_pages = max(1, max(math.ceil(n / page_size) for n in kv_lens))
@@ -43,6 +45,9 @@ def make_cache(kv_lens: list[int], page_size: int, kv_heads: int, head_dim: int,
         return torch.randn(shape, generator=g)
 
     k, v = pages(head_dim), pages(dv)
+    unused = unwritten_slots(block_table, torch.tensor(kv_lens), num_pages, page_size)
+    unused = unused[:, :, None, None] if layout == "NHD" else unused[:, None, :, None]
+    k, v = k.masked_fill(unused, float("nan")), v.masked_fill(unused, float("nan"))
     if fp8:
         cache = PagedKVCache((k * 2).to(FP8).to(DEVICE), (v * 2).to(FP8).to(DEVICE), layout, k_scale=0.5, v_scale=0.75)
     else:
@@ -121,7 +126,8 @@ def test_decode_empty_sequence_gives_zero_and_minus_inf() -> None:
 
 
 def test_decode_plan_run_equals_run_and_sees_table_updates() -> None:
-    cache, table = make_cache([30, 12, 50], 16, 2, 64, dtype=torch.bfloat16)
+    cache, full = make_cache([31, 13, 51], 16, 2, 64, dtype=torch.bfloat16)  # one more token each is written
+    table = PageTable(full.block_table, torch.tensor([30, 12, 50], dtype=torch.int32, device=DEVICE))
     q = _randn(3, 8, 64, dtype=torch.bfloat16)
     plan = ksb.attention.plan_decode(table, num_q_heads=8, num_kv_heads=2, head_dim=64, dtype=torch.bfloat16,
                                      page_size=16, return_lse=True, max_kv_len=64, backend="triton")

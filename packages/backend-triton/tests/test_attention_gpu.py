@@ -14,6 +14,7 @@ import torch
 import kernel_switchboard as ksb
 from kernel_switchboard.paged import PagedKVCache, PageTable
 from kernel_switchboard.testing import assert_close, tolerance
+from kernel_switchboard.testing.cases.attention import unwritten_slots
 
 pytestmark = pytest.mark.gpu
 FP8 = torch.float8_e4m3fn
@@ -37,6 +38,9 @@ def _cache(kv_lens: list[int], page_size: int, kv_heads: int, head_dim: int, hea
         return torch.randn(shape, device="cuda", generator=g)
 
     k, v = pages(head_dim), pages(dv)
+    unused = unwritten_slots(bt, torch.tensor(kv_lens), num_pages, page_size)  # NaN: no kernel may read them
+    unused = unused[:, :, None, None] if layout == "NHD" else unused[:, None, :, None]
+    k, v = k.masked_fill(unused, float("nan")), v.masked_fill(unused, float("nan"))
     if fp8:
         cache = PagedKVCache((k * 2).to(FP8), (v * 2).to(FP8), layout, k_scale=0.5, v_scale=0.75)
     else:
@@ -140,7 +144,8 @@ def test_mla_decode_deepseek_shape(page_size: int) -> None:
 
 def test_decode_plan_cuda_graph_capture_and_replay() -> None:
     lens = [100, 2000, 3990, 33]
-    cache, table = _cache(lens, 16, 8, 128, layout="HND")
+    cache, written = _cache([n + 3 for n in lens], 16, 8, 128, layout="HND")  # the three replays' tokens
+    table = PageTable(written.block_table, torch.tensor(lens, dtype=torch.int32, device="cuda"))
     plan = ksb.attention.plan_decode(table, num_q_heads=32, num_kv_heads=8, head_dim=128, dtype=torch.bfloat16,
                                      layout="HND", page_size=16, return_lse=True, max_kv_len=4000, backend="triton")
     assert plan.kernel.id == "triton:decode_splitkv"
