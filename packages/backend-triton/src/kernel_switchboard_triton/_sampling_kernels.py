@@ -452,7 +452,8 @@ def _top_k_top_p_kernel(
                 ws = tl.where((w >= floor[:, None]) & (w > above[:, None]), w, 0.0)
                 mc = tl.sum(ws, axis=1)
                 acc += mc
-                tot += tl.sum(w, axis=1)
+                if not HAS_K:  # the row's mass (with top-k it is known: the top-k mass)
+                    tot += tl.sum(w, axis=1)
                 if HAS_P:  # the mass strictly above each previous candidate (used from the second round on)
                     mass_gt += _columns4(_sum_above(w, cw0), _sum_above(w, cw1), _sum_above(w, cw2),
                                          _sum_above(w, cw3), jj)
