@@ -269,6 +269,26 @@ def test_mla_decode_matches_reference(heads: int, page_size: int, lens: list[int
     _close(got, want, torch.bfloat16)
 
 
+def test_mla_decode_reads_latent_and_rope_views_of_one_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM keeps [ckv | kpe] in one (P, S, 576) cache: the kernels take the two strided views as they are."""
+    from kernel_switchboard_triton import _mla
+
+    routes = []
+    real = _mla._tma_descriptors
+    monkeypatch.setattr(_mla, "_tma_descriptors", lambda *a: routes.append(real(*a)) or routes[-1])
+    g = _gen(8)
+    lens, page_size = [70, 5], 16
+    cache = (torch.randn(12, page_size, 576, generator=g) * 0.3).to(DEVICE, torch.bfloat16)
+    ckv, kpe = cache[..., :512], cache[..., 512:]
+    bt = torch.randperm(12, generator=g)[:10].view(2, 5).to(DEVICE, torch.int32)
+    table = PageTable(bt, torch.tensor(lens, dtype=torch.int32, device=DEVICE))
+    qn, qp = _randn(2, 16, 512, dtype=torch.bfloat16), _randn(2, 16, 64, dtype=torch.bfloat16)
+    got, want = _both(ksb.attention.mla_decode, qn, qp, ckv, kpe, table, sm_scale=0.04, return_lse=True)
+    if triton_interpreting():
+        assert routes and routes[-1] is not None  # strided views still take the TMA kernel
+    _close(got, want, torch.bfloat16)
+
+
 # -- merge_states -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_merge_states_matches_reference(dtype: torch.dtype) -> None:
