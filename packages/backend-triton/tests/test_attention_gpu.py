@@ -142,6 +142,18 @@ def test_mla_decode_deepseek_shape(page_size: int) -> None:
            ksb.attention.mla_decode(*args, sm_scale=0.07, return_lse=True, backend="reference"), torch.bfloat16)
 
 
+def test_mla_decode_on_views_of_one_latent_cache() -> None:
+    """[ckv | kpe] in one (P, 64, 576) cache (vLLM's layout): TMA descriptors over the strided views."""
+    lens = [3000, 64, 1]
+    g = _gen(11)
+    cache = (torch.randn(200, 64, 576, device="cuda", generator=g) * 0.3).to(torch.bfloat16)
+    bt = torch.randperm(200, device="cuda", generator=g)[:3 * 47].view(3, 47).to(torch.int32)
+    table = PageTable(bt, torch.tensor(lens, dtype=torch.int32, device="cuda"))
+    args = (_q(3, 128, 512), _q(3, 128, 64, seed=5), cache[..., :512], cache[..., 512:], table)
+    _close(ksb.attention.mla_decode(*args, sm_scale=0.07, return_lse=True, backend="triton"),
+           ksb.attention.mla_decode(*args, sm_scale=0.07, return_lse=True, backend="reference"), torch.bfloat16)
+
+
 def test_decode_plan_cuda_graph_capture_and_replay() -> None:
     lens = [100, 2000, 3990, 33]
     cache, written = _cache([n + 3 for n in lens], 16, 8, 128, layout="HND")  # the three replays' tokens
