@@ -103,9 +103,12 @@ def generator(seed: int | torch.Generator) -> torch.Generator:
 
 
 def random_pages(g: torch.Generator, num_pages: int, page_size: int, heads: int, dim: int, dtype: torch.dtype,
-                 scale: float | None = None) -> torch.Tensor:
-    """NHD pages (num_pages, page_size, heads, dim) of N(0, 1) values; fp8 stores value / scale."""
+                 scale: float | None = None, unused: torch.Tensor | None = None) -> torch.Tensor:
+    """NHD pages (num_pages, page_size, heads, dim) of N(0, 1) values; fp8 stores value / scale.
+    ``unused`` (num_pages, page_size) bool: slots filled with NaN (no kernel may read them)."""
     x = torch.randn(num_pages, page_size, heads, dim, generator=g, device=g.device)
+    if unused is not None:
+        x.masked_fill_(unused.to(x.device)[:, :, None, None], float("nan"))
     if scale is not None:
         return (x / scale).clamp(-448, 448).to(dtype)
     return x.to(dtype)
@@ -133,10 +136,9 @@ def paged_kv(g: torch.Generator, spec: AttnSpec, device: torch.device | str) -> 
     kv_dtype = spec.kv_dtype or spec.dtype
     fp8 = spec.kv_dtype is not None
     k_scale, v_scale = (0.5, 2.0) if fp8 else (None, None)  # powers of two: exact (de)quantisation
-    k = random_pages(g, num_pages, spec.page_size, spec.kv_heads, spec.head_dim, kv_dtype, k_scale)
-    v = random_pages(g, num_pages, spec.page_size, spec.kv_heads, spec.dv, kv_dtype, v_scale)
-    unused = unwritten_slots(block_table, seq_lens, num_pages, spec.page_size)[:, :, None, None]
-    k, v = _poisoned(k, unused), _poisoned(v, unused)  # no kernel may read them
+    unused = unwritten_slots(block_table, seq_lens, num_pages, spec.page_size)
+    k = random_pages(g, num_pages, spec.page_size, spec.kv_heads, spec.head_dim, kv_dtype, k_scale, unused)
+    v = random_pages(g, num_pages, spec.page_size, spec.kv_heads, spec.dv, kv_dtype, v_scale, unused)
     if spec.layout == "HND":
         k, v = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
     cache = PagedKVCache(k.to(device), v.to(device), spec.layout, k_scale, v_scale)
@@ -224,20 +226,14 @@ def unwritten_slots(block_table: torch.Tensor, seq_lens: torch.Tensor, num_pages
     return ~written
 
 
-def _poisoned(x: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
-    """``x`` with NaN where ``where`` (broadcast) holds; exact elsewhere for every dtype (fp8 included)."""
-    return torch.where(where, float("nan"), x.float()).to(x.dtype)
-
-
 def mla_case(dtype: torch.dtype, kv_lens: tuple[int, ...], heads: int, page_size: int, device: torch.device | str,
              lse: bool = False, seed: int | torch.Generator = 0, dc: int = 512, dr: int = 64) -> Case:
     """Latent pages whose unwritten slots hold NaN: a kernel must never let them reach the output."""
     g = generator(seed)
     block_table, seq_lens, num_pages = page_table(g, kv_lens, page_size)
-    ckv = torch.randn(num_pages, page_size, dc, generator=g, device=g.device)
-    kpe = torch.randn(num_pages, page_size, dr, generator=g, device=g.device)
-    unused = unwritten_slots(block_table, seq_lens, num_pages, page_size)[..., None]
-    ckv, kpe = _poisoned(ckv, unused), _poisoned(kpe, unused)
+    unused = unwritten_slots(block_table, seq_lens, num_pages, page_size)[:, :, None]
+    ckv = torch.randn(num_pages, page_size, dc, generator=g, device=g.device).masked_fill_(unused, float("nan"))
+    kpe = torch.randn(num_pages, page_size, dr, generator=g, device=g.device).masked_fill_(unused, float("nan"))
     ckv, kpe = ckv.to(device, dtype), kpe.to(device, dtype)
     b = len(kv_lens)
     q_nope = torch.randn(b, heads, dc, generator=g, device=g.device).to(device, dtype)
