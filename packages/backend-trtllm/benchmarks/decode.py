@@ -10,10 +10,10 @@ triton.testing.do_bench), ``tb_s`` (decode: K and V bytes read / time) or ``tflo
 Each row is checked before it is timed; a failure becomes a row with ``error``, never an exception.
 
 Decode (Llama-3-8B heads: 32 q, 8 kv, d 128, bf16, HND pages): B=16 L=2048 page 64, B=128 L=8192
-page 64 and page 16; implementations: the switchboard's trtllm plan (``plan_decode``), its eager
-``decode``, flashinfer's XQA called directly (the backend's overhead is the difference), cuDNN,
-Triton. One extra row calls XQA directly on a batch with an empty request, to report whether its
-output for that request is zero (the backend zeroes it either way).
+page 64 and page 16; implementations: the switchboard's trtllm plan (``plan_decode``, eager and replayed
+from a CUDA graph), its eager ``decode``, flashinfer's XQA called directly (eager and from a graph: the
+backend's overhead is the difference), cuDNN, Triton. One extra row calls XQA directly on a batch with
+an empty request, to report whether its output for that request is zero (the backend zeroes it either way).
 
 Fused MoE: Mixtral-8x7B (8 experts, 4096 -> 14336, top-2), 4096 tokens, bf16: the trtllm kernel with
 flashinfer's default tactic and after its autotuner ran, and our Triton fused MoE.
@@ -114,13 +114,33 @@ def _bench_decode_point(batch: int, length: int, page: int, heads: tuple[int, in
         return plan_box["plan"].run(q, cache, out=plan_box["out"])  # type: ignore[no-any-return]
 
     _row(w, "trtllm xqa (plan)", plan_run, want, nbytes, "tb_s", 0.05)
+    _row(w, "trtllm xqa (plan, CUDA graph)", _graphed(plan_run), want, nbytes, "tb_s", 0.05)
     _row(w, "trtllm xqa (decode)", lambda: ksb.attention.decode(q, cache, table, backend="trtllm"), want, nbytes,
          "tb_s", 0.05)
     _row(w, "flashinfer xqa direct", lambda: _xqa_direct(q, cache, table), want, nbytes, "tb_s", 0.05)
+    _row(w, "flashinfer xqa direct (CUDA graph)", _graphed(lambda: _xqa_direct(q, cache, table)), want, nbytes,
+         "tb_s", 0.05)
     for other in ("cudnn", "triton"):
         _row(w, other, lambda other=other: ksb.attention.decode(q, cache, table, backend=other), want, nbytes, "tb_s",
              0.05)
     _ratios(w, "tb_s", "cudnn")
+
+
+def _graphed(run: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
+    """``run`` captured once in a CUDA graph (after a warm-up call); each call replays it. Small decode batches
+    are host-bound when timed eagerly: the replay times the GPU work alone, as an engine runs it."""
+    box: dict[str, Any] = {}
+
+    def replay() -> torch.Tensor:
+        if "graph" not in box:
+            run()
+            torch.cuda.synchronize()
+            box["graph"] = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(box["graph"]):
+                box["out"] = run()
+        box["graph"].replay()
+        return box["out"]  # type: ignore[no-any-return]
+    return replay
 
 
 def _xqa_direct(q: torch.Tensor, cache: Any, table: Any) -> torch.Tensor:
