@@ -11,6 +11,7 @@ import math
 import sys
 import types
 from dataclasses import replace
+from typing import Any
 
 import pytest
 import torch
@@ -249,12 +250,16 @@ def test_prefill_conversions_match_the_reference(monkeypatch: pytest.MonkeyPatch
     _close((out, lse), want, spec.dtype)
 
 
+def _ragged(monkeypatch: pytest.MonkeyPatch, spec: AttnSpec, seed: int) -> tuple[Any, ...]:
+    """The emulated cuDNN installed, and (q, k, v, qo_indptr, kv_indptr, params) of a ragged case."""
+    install(monkeypatch)
+    case = ragged_case(spec, "cpu", seed=seed)
+    return (*case.args, _params(case, spec.causal, max(spec.q_lens or (0,)), max(spec.kv_lens)))
+
+
 @pytest.mark.parametrize("spec", PREFILL_SPECS, ids=lambda s: s.tag("ragged"))
 def test_ragged_conversions_match_the_reference(monkeypatch: pytest.MonkeyPatch, spec: AttnSpec) -> None:
-    install(monkeypatch)
-    case = ragged_case(spec, "cpu", seed=7)
-    q, k, v, qo_indptr, kv_indptr = case.args
-    p = _params(case, spec.causal, max(spec.q_lens or (0,)), max(spec.kv_lens))
+    q, k, v, qo_indptr, kv_indptr, p = _ragged(monkeypatch, spec, seed=7)
     _close(attention.prefill_ragged(q, k, v, qo_indptr, kv_indptr, p),
            ref.prefill_ragged(q, k, v, qo_indptr, kv_indptr, p), spec.dtype)
 
@@ -271,14 +276,11 @@ RAGGED_PLAN_SPECS = [
 @pytest.mark.parametrize("spec", RAGGED_PLAN_SPECS, ids=lambda s: s.tag("ragged-plan"))
 def test_ragged_plan_matches_the_reference(monkeypatch: pytest.MonkeyPatch, spec: AttnSpec) -> None:
     """The ragged plan's graphs (dense without padding mask for uniform batches) through the core plan."""
-    install(monkeypatch)
-    case = ragged_case(spec, "cpu", seed=11)
-    q, k, v, qo_indptr, kv_indptr = case.args
-    p = _params(case, spec.causal, max(spec.q_lens or (0,)), max(spec.kv_lens))
+    q, k, v, qo_indptr, kv_indptr, p = _ragged(monkeypatch, spec, seed=11)
     qo, kv = qo_indptr.tolist(), kv_indptr.tolist()
     plan = attention.RaggedPrefillPlan(None, None, p, qo_indptr=qo_indptr, kv_indptr=kv_indptr, host_indptrs=(qo, kv))
     uniform = len(set(spec.q_lens)) == 1 and len(set(spec.kv_lens)) == 1 and (not spec.causal or spec.q_lens == spec.kv_lens)
-    assert plan.uniform is uniform and plan.has_empty is (0 in spec.kv_lens)
+    assert plan.uniform is uniform and (plan.empty is not None) is (0 in spec.kv_lens)
     want = ref.prefill_ragged(q, k, v, qo_indptr, kv_indptr, p)
     _close(plan.run(q, k, v), want, spec.dtype)
     _close(plan.run(q, k, v), want, spec.dtype)  # the second run reuses the graph and side tensors

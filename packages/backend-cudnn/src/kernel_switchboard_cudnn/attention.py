@@ -104,15 +104,23 @@ def _zero_empty_requests(seq_lens: torch.Tensor, out: torch.Tensor, lse: torch.T
         lse.masked_fill_(empty[:, None], float("-inf"))
 
 
-def _zero_empty_rows(kv_lens: torch.Tensor, qo_indptr: torch.Tensor, total: int, out: torch.Tensor,
-                     lse: torch.Tensor | None) -> None:
-    """Query tokens of requests with no keys: out 0, lse -inf (cuDNN leaves them undefined). Device ops,
-    no host sync (``output_size`` is the known token count), capturable."""
-    qo_lens = qo_indptr[1:] - qo_indptr[:-1]
-    empty = torch.repeat_interleave(kv_lens == 0, qo_lens, output_size=total)
+def _empty_tokens(kv_lens: torch.Tensor, qo_indptr: torch.Tensor, total: int) -> torch.Tensor:
+    """(total,) bool: the query tokens of requests with no keys. Device ops, no host sync (``output_size``
+    is the known token count), capturable."""
+    return torch.repeat_interleave(kv_lens == 0, qo_indptr[1:] - qo_indptr[:-1], output_size=total)
+
+
+def _zero_rows(empty: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None) -> None:
+    """out 0, lse -inf on the ``empty`` query tokens (cuDNN leaves them undefined)."""
     out.masked_fill_(empty[:, None, None], 0.0)
     if lse is not None:
         lse.masked_fill_(empty[:, None], float("-inf"))
+
+
+def _zero_empty_rows(kv_lens: torch.Tensor, qo_indptr: torch.Tensor, total: int, out: torch.Tensor,
+                     lse: torch.Tensor | None) -> None:
+    """Query tokens of requests with no keys: out 0, lse -inf."""
+    _zero_rows(_empty_tokens(kv_lens, qo_indptr, total), out, lse)
 
 
 def _decode_feeds(built: graphs.Built, q: torch.Tensor, cache: PagedKVCache, table: PageTable, out: torch.Tensor,
@@ -332,7 +340,9 @@ class RaggedPrefillPlan:
         self.batch, self.total = len(qo) - 1, qo[-1]  # q has qo[-1] rows
         q_lens = [b - a for a, b in itertools.pairwise(qo)]
         kv_lens = [b - a for a, b in itertools.pairwise(kv)]
-        self.has_empty = any(n > 0 and m == 0 for n, m in zip(q_lens, kv_lens))
+        #: query tokens of requests with no keys (zeroed after each run), when there are any
+        self.empty = (_empty_tokens(kv_indptr[1:] - kv_indptr[:-1], qo_indptr, self.total)
+                      if any(n > 0 and m == 0 for n, m in zip(q_lens, kv_lens)) else None)
         self.uniform = (self.batch > 0 and qo[0] == 0 and kv[0] == 0 and len(set(q_lens)) == 1
                         and len(set(kv_lens)) == 1 and q_lens[0] > 0 and kv_lens[0] > 0 and p.window_left < 0
                         and (not p.causal or q_lens[0] == kv_lens[0]))
@@ -364,21 +374,21 @@ class RaggedPrefillPlan:
         out, lse, trivial = _ragged_outputs(q, k, v, self.batch, self.p)
         if trivial:
             return out, lse
-        total, hq = q.shape[0], q.shape[1]
         built, ws, side = self._entry(q, k, v)
         feeds = {"q": q, "k": k, "v": v, "o": out, **side}
+        stats = None  # padded (B, S, Hq) stats to gather into lse
         if lse is not None:
             if self.uniform:  # (B, Hq, S, 1) stats with token-major strides are the packed (T, Hq) lse itself
                 feeds["stats"] = lse
             else:
                 if self._stats is None:
-                    self._stats = torch.empty((self.batch, self.s_q, hq), dtype=torch.float32, device=q.device)
-                feeds["stats"] = self._stats
+                    self._stats = torch.empty((self.batch, self.s_q, q.shape[1]), dtype=torch.float32, device=q.device)
+                stats = feeds["stats"] = self._stats
         graphs.execute(built, feeds, ws, q.device)
-        if lse is not None and not self.uniform and self._stats is not None and self.gather is not None:
-            _gather_lse(self._stats, self.gather, lse)
-        if self.has_empty:
-            _zero_empty_rows(self.kv_indptr[1:] - self.kv_indptr[:-1], self.qo_indptr, total, out, lse)
+        if stats is not None:
+            _gather_lse(stats, self.gather, lse)
+        if self.empty is not None:
+            _zero_rows(self.empty, out, lse)
         return out, lse
 
 

@@ -246,7 +246,7 @@ def _mm_fp8_tma_kernel(
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             a = a_desc.load([pid_m * BLOCK_M, k0])
-            b = b_desc.load([pid_n * BLOCK_N, k0]).T
+            b = _load_b_tma(b_desc, k0, pid_n * BLOCK_N, True)
             if UPCAST:
                 a = a.to(tl.float32)
                 b = b.to(tl.float32)
