@@ -453,3 +453,29 @@ def test_decode_and_prefill_under_inference_mode() -> None:
         dec = ksb.attention.decode(q[:2].contiguous(), cache, table)
     torch.testing.assert_close(got, want, atol=0, rtol=0)
     assert dec.shape == (2, 4, 64)
+
+
+@pytest.mark.parametrize("kv_dtype", [None, torch.float8_e4m3fn])
+def test_finite_stale_slots_replace_only_the_unwritten_slots_and_are_detectable(kv_dtype: torch.dtype | None) -> None:
+    """For kernels that declare ``reads_stale_slots`` the conformance cases hold STALE_VALUE where they hold
+    NaN for the others: every written value stays, and a kernel that gave the stale slots any weight (here: the
+    reference attending the whole last page) misses the reference by far more than the tolerance."""
+    from kernel_switchboard.testing import finite_stale
+    from kernel_switchboard.testing.case import STALE_VALUE, assert_close, tolerance
+
+    spec = AttnSpec(torch.bfloat16, "HND", 16, 8, 2, 64, kv_lens=(33, 5, 16), kv_dtype=kv_dtype)
+    case = decode_case(spec, "cpu", seed=3)
+    q, cache, table = case.args
+    finite = finite_stale(cache)
+    for pages, got in ((cache.k_pages, finite.k_pages), (cache.v_pages, finite.v_pages)):
+        was_nan = pages.float().isnan()
+        assert was_nan.any() and not got.float().isnan().any()
+        assert torch.equal(got.float()[~was_nan], pages.float()[~was_nan])
+        assert (got.float()[was_nan] == STALE_VALUE).all()
+    case.compare("reference", finite_stale_slots=True)  # the reference ignores stale slots, NaN or finite
+    whole_pages = ksb.PageTable(table.block_table, (table.seq_lens + 15) // 16 * 16)
+    want = ksb.attention.decode(q, finite, table, backend="reference")[0]
+    leaky = ksb.attention.decode(q, finite, whole_pages, backend="reference")[0]
+    atol, rtol = tolerance(torch.bfloat16)
+    with pytest.raises(AssertionError, match="outside"):
+        assert_close(leaky, want, atol=atol, rtol=rtol)

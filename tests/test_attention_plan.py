@@ -18,6 +18,7 @@ from kernel_switchboard.testing.cases.attention import (
     prefill_case,
     ragged_case,
     random_pages,
+    write_positions,
 )
 
 F16, F32 = torch.float16, torch.float32
@@ -253,6 +254,7 @@ def test_decode_plan_is_captured_and_replays_with_new_inputs(backend: str | None
     with torch.cuda.graph(graph):
         out, lse = plan.run(static_q, cache)
     static_q.copy_(torch.randn_like(q))
+    write_positions(cache, table, 2, 77, 80)  # request 2 grows by three appended tokens
     table.seq_lens.copy_(torch.tensor([299, 0, 80, 512], dtype=torch.int32, device="cuda"))
     graph.replay()
     torch.cuda.synchronize()

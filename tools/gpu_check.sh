@@ -2,7 +2,7 @@
 # One-call GPU check on a lent H200 (see ../shared/DEVICE.md): install the project offline, run every
 # GPU test, run the benchmarks, write logs and tables under $OUT. Usage, from the project root:
 #   source .gpu/core/setup.sh && bash tools/gpu_check.sh [stage ...]
-# Stages (default: all): install smoke tests backend-bench bench pack (pack: one archive of $OUT; run it last). Each stage has its own time limit so one hang
+# Stages (default: install smoke tests backend-bench bench pack; also sweep, trt-decode) (pack: one archive of $OUT; run it last). Each stage has its own time limit so one hang
 # cannot eat the whole call.
 set -u
 OUT=${OUT:-/tmp/ksb-out}
@@ -54,7 +54,7 @@ fi
 if [[ " $stages " == *" bench "* ]]; then
   log "bench"
   timeout ${KSB_BENCH_TIMEOUT:-300} switchboard bench --preset ${KSB_BENCH_PRESETS:-llama3-8b} --out "$OUT/bench" \
-    --reps-ms 100 > "$OUT/bench.txt" 2>&1
+    --reps-ms ${KSB_BENCH_REPS_MS:-100} > "$OUT/bench.txt" 2>&1
   log "bench exit $?"; tail -60 "$OUT/bench.txt"
 fi
 
@@ -63,6 +63,13 @@ if [[ " $stages " == *" sweep "* ]]; then
   timeout -s INT -k 10 ${KSB_SWEEP_TIMEOUT:-240} python3 tools/gpu_sweep.py "$OUT/sweep.json" ${KSB_SWEEP_PARTS:-} \
     > "$OUT/sweep.txt" 2>&1
   log "sweep exit $?"; grep -v "^\s*$" "$OUT/sweep.txt" | tail -70
+fi
+
+if [[ " $stages " == *" trt-decode "* ]]; then
+  log "trtllm decode points (XQA eager and CUDA-graph rows; not its MoE compile)"
+  (cd packages/backend-trtllm/benchmarks && timeout ${KSB_TRT_TIMEOUT:-200} python3 -c "import torch, decode as d
+for b, l, p in d.FULL['decode']: d._bench_decode_point(b, l, p, d.HEADS, torch.device('cuda'))") > "$OUT/trt-decode.txt" 2>&1
+  log "trt-decode exit $?"; tail -30 "$OUT/trt-decode.txt"
 fi
 
 if [[ " $stages " == *" pack "* ]]; then

@@ -403,7 +403,7 @@ def kernels(s: Support, version: str) -> list[Kernel]:
                plan=DecodePlan, cost=decode_cost, doc="cuDNN SDPA over paged HND K/V, padding mask, cached graphs"),
         Kernel("attention.prefill", "sdpa_paged_prefill", BACKEND, caps["attention.prefill"], prefill, version=version,
                plan=PrefillPlan, cost=prefill_cost, unavailable=prefill_reason, install=UPGRADE if prefill_reason else None,
-               doc="cuDNN SDPA, packed (ragged) queries over paged K/V, bottom-right causal"),
+               reads_stale_slots=True, doc="cuDNN SDPA, packed (ragged) queries over paged K/V, bottom-right causal"),
         Kernel("attention.prefill_ragged", "sdpa_ragged_prefill", BACKEND, caps["attention.prefill_ragged"],
                prefill_ragged, version=version, plan=RaggedPrefillPlan, cost=prefill_cost, unavailable=ragged_reason,
                install=UPGRADE if ragged_reason else None,

@@ -142,9 +142,11 @@ def kernels(provider: Provider, version: str | None, unavailable: str | None) ->
                  install=provider.install if unavailable else None)
     return [
         Kernel("attention.decode", f"{tag}:decode", capability=caps["attention.decode"], run=make_decode(key),
-               cost=decode_cost(key), doc=f"{key.upper()} flash_attn_with_kvcache, paged", **extra),  # type: ignore[arg-type]
+               cost=decode_cost(key), doc=f"{key.upper()} flash_attn_with_kvcache, paged", reads_stale_slots=True,
+               **extra),  # type: ignore[arg-type]
         Kernel("attention.prefill", f"{tag}:prefill", capability=caps["attention.prefill"], run=make_prefill(key),
-               cost=prefill_cost(key), doc=f"{key.upper()} varlen queries over the paged pool", **extra),  # type: ignore[arg-type]
+               cost=prefill_cost(key), doc=f"{key.upper()} varlen queries over the paged pool", reads_stale_slots=True,
+               **extra),  # type: ignore[arg-type]
         Kernel("attention.prefill_ragged", f"{tag}:prefill_ragged", capability=caps["attention.prefill_ragged"],
                run=make_ragged(key), cost=prefill_cost(key), doc=f"{key.upper()} flash_attn_varlen_func",
                **extra),  # type: ignore[arg-type]

@@ -184,9 +184,9 @@ def kernels(version: str | None, unavailable: str | None) -> list[Kernel]:
     return [
         Kernel("attention.decode", f"{tag}:decode", capability=caps["attention.decode"], run=decode, plan=DecodePlan,
                cost=decode_cost("fa4"), doc="FA4 paged decode (page 128 = TMA fast path; split-KV on small batches)",
-               **extra),  # type: ignore[arg-type]
+               reads_stale_slots=True, **extra),  # type: ignore[arg-type]
         Kernel("attention.prefill", f"{tag}:prefill", capability=caps["attention.prefill"], run=prefill,
-               cost=prefill_cost("fa4"), doc="FA4 varlen queries over the paged pool", **extra),  # type: ignore[arg-type]
+               cost=prefill_cost("fa4"), doc="FA4 varlen queries over the paged pool", reads_stale_slots=True, **extra),  # type: ignore[arg-type]
         Kernel("attention.prefill_ragged", f"{tag}:prefill_ragged", capability=caps["attention.prefill_ragged"],
                run=prefill_ragged, cost=prefill_cost("fa4"), doc="FA4 varlen Q/K/V", **extra),  # type: ignore[arg-type]
     ]

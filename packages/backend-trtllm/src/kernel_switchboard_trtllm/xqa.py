@@ -179,7 +179,7 @@ def kernels(version: str | None) -> list[Kernel]:
     return [
         Kernel("attention.decode", provider_tag("trtllm-xqa", version), "trtllm", DECODE_CAP, decode, version=v,
                plan=plan, cost=_decode_cost, needs_build=jit.compiled(jit.xqa_spec), build=jit.xqa_build,
-               math_dtype=_math_dtype,
+               math_dtype=_math_dtype, reads_stale_slots=True,
                doc="TensorRT-LLM XQA paged decode (flashinfer-python JIT; first build ~10 s per configuration); "
                    "on an fp8 cache it quantises Q and P to fp8 too (relative error ~2e-2, measured on the H200)"),
         Kernel("attention.mla_decode", provider_tag("trtllm-xqa-mla", version), "trtllm", MLA_CAP, mla_decode,

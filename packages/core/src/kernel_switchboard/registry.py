@@ -55,6 +55,10 @@ class Kernel:
     #: the dtype the kernel computes in for a problem, where lower than the inputs' (XQA on an fp8 cache
     #: quantises Q and P to fp8); conformance tests then allow that dtype's tolerance
     math_dtype: Callable[[Any], Any] | None = None
+    #: True when the kernel multiplies the KV slots past a request's length (the rest of its last page) by a
+    #: zero weight instead of skipping them: those slots must then hold finite values (0 x NaN = NaN).
+    #: Conformance tests fill them with large finite values for such a kernel, with NaN for the others.
+    reads_stale_slots: bool = False
 
     @property
     def id(self) -> str:

@@ -15,7 +15,7 @@ untested); an unavailable kernel (no GPU, no vendor library) is skipped with its
 
 from __future__ import annotations
 
-from .case import Case, assert_close, clone_args, tolerance
+from .case import Case, assert_close, clone_args, finite_stale, tolerance
 from .conformance import conformance_test, kernel_cases
 
-__all__ = ["Case", "assert_close", "clone_args", "conformance_test", "kernel_cases", "tolerance"]
+__all__ = ["Case", "assert_close", "clone_args", "conformance_test", "finite_stale", "kernel_cases", "tolerance"]

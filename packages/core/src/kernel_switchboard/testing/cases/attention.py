@@ -226,6 +226,18 @@ def unwritten_slots(block_table: torch.Tensor, seq_lens: torch.Tensor, num_pages
     return ~written
 
 
+def write_positions(cache: PagedKVCache, table: PageTable, request: int, start: int, stop: int, seed: int = 0) -> None:
+    """Write random K/V (in the cache's dtype) at KV positions [start, stop) of ``request``: what an append
+    does before its ``seq_len`` grows past slots that held NaN as unwritten."""
+    g = torch.Generator().manual_seed(seed)
+    ps = cache.page_size
+    for pos in range(start, stop):
+        page, slot = int(table.block_table[request, pos // ps]), pos % ps
+        for pages in (cache.k_pages, cache.v_pages):
+            row = pages[page, :, slot] if cache.layout == "HND" else pages[page, slot]
+            row.copy_(torch.randn(row.shape, generator=g).to(row.dtype))
+
+
 def mla_case(dtype: torch.dtype, kv_lens: tuple[int, ...], heads: int, page_size: int, device: torch.device | str,
              lse: bool = False, seed: int | torch.Generator = 0, dc: int = 512, dr: int = 64) -> Case:
     """Latent pages whose unwritten slots hold NaN: a kernel must never let them reach the output."""
