@@ -37,7 +37,7 @@ if [[ " $stages " == *" tests "* ]]; then
     echo "$d: exit $? :: $(grep -E '(passed|failed|error)' "$log" | tail -1)" >> "$OUT/pytest-gpu.log"
   }
   for d in ${KSB_TEST_DIRS:-tests packages/backend-triton/tests packages/backend-cudnn/tests packages/backend-fa/tests packages/backend-cutlass/tests packages/backend-trtllm/tests}; do
-    [ -d "$d" ] && run_folder "$d" &
+    [ -e "$d" ] && run_folder "$d" &
   done
   wait
   cat "$OUT/pytest-gpu.log"

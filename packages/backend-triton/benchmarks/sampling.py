@@ -22,8 +22,8 @@ from kernel_switchboard.bench import median_ms
 
 BATCH, VOCAB = 128, 128256
 WORKLOADS = (("top-p 0.9", None, 0.9), ("top-k 50 + top-p 0.9", 50, 0.9))
-#: (chunk width, (load pipeline stages, most warps)) besides the default launch
-SWEEP = ((4096, (1, 16)), (4096, (3, 8)), (4096, (1, 8)), (2048, (3, 8)), (8192, (3, 8)))
+#: walks (chunk width, load pipeline stages, most warps) besides the default launch
+SWEEP = ((4096, 1, 16), (4096, 3, 8), (8192, 2, 8), (16384, 2, 8), (8192, 1, 8))
 
 
 def _row(workload: str, impl: str, fn: Callable[[], Any], check: Callable[[torch.Tensor], None]) -> dict[str, Any]:
@@ -79,11 +79,12 @@ def bench_sampling(device: str | torch.device = "cuda") -> list[dict[str, Any]]:
             return reference.top_k_top_p(probs, top_k, top_p, None, False, None, None, False)
 
         saved = (sampling.MAX_BLOCK, sampling.SEARCH_WALK, sampling.TOP_P_WALK)
-        default = (sampling.MAX_BLOCK, sampling.SEARCH_WALK if top_k else sampling.TOP_P_WALK)
-        for i, (block, walk) in enumerate((default, *SWEEP)):  # chunk width x pipeline: bytes in flight per program
-            sampling.MAX_BLOCK, sampling.SEARCH_WALK, sampling.TOP_P_WALK = block, walk, walk
+        default = sampling.SEARCH_WALK if top_k else sampling.TOP_P_WALK
+        for i, walk in enumerate((default, *SWEEP)):  # chunk width x pipeline: bytes in flight per program
+            sampling.MAX_BLOCK = max(saved[0], walk[0])
+            sampling.SEARCH_WALK = sampling.TOP_P_WALK = walk
             sampling._config.cache_clear()
-            label = f"chunk {block}, stages {walk[0]}, <= {walk[1]} warps" + (", sweep" if i else "")
+            label = f"chunk {walk[0]}, stages {walk[1]}, <= {walk[2]} warps" + (", sweep" if i else "")
             out.append(_row(name, f"triton kernel ({label})", kernel, check))
         sampling.MAX_BLOCK, sampling.SEARCH_WALK, sampling.TOP_P_WALK = saved
         sampling._config.cache_clear()

@@ -34,20 +34,21 @@ MAX_SCRATCH = 2048
 MAX_PASSES = 8
 #: widest chunk and the most elements one program holds per chunk (rows x chunk); the interpreter, whose
 #: cost is per operation and per nested call rather than per element, takes much bigger tiles. On a GPU one
-#: program walks a whole row, so the chunk sets the bytes in flight per SM: 4096 fp32 = 16 KiB per step.
+#: program walks a whole row, so the chunk sets the bytes in flight per SM: 8192 fp32 = 32 KiB per step.
 #: sm_90 compile, per kernel variant: 1-10 s; the pipelined top-p walk (8 warps) keeps ~500 B of stack.
-MAX_BLOCK = 4096
+MAX_BLOCK = 8192
 TILE = 65536 if triton_interpreting() else 4096
 #: elements of a chunk per warp (4 per thread: one 16-byte load of fp32), and the fewest warps
 WARP_ELEMS = 128
 MIN_WARPS = 4
-#: (load pipeline stages, most warps) of the walks over the vocabulary. Stages > 1 issue the next chunks'
-#: loads (cp.async into shared memory) while this chunk's reductions run. The top-p walk alone gains; the
-#: threshold-search walks (top-k, renorm) spill once pipelined. H200, 128 x 128256 fp32 probs, one run
-#: (notes/gpu-runs.md run 8): top-p with 16 warps and 1 / 2 / 3 stages 0.210 / 0.206 / 0.219 ms, 8 warps and
-#: 3 stages 0.179; top-k 50 + top-p with 16 warps and 1 / 2 / 3 stages 0.493 / 0.628 / 0.973, 8 warps 0.628.
-TOP_P_WALK = (3, 8)
-SEARCH_WALK = (1, 16)
+#: (chunk, load pipeline stages, most warps) of the walks over the vocabulary. Stages > 1 issue the next
+#: chunks' loads (cp.async into shared memory) while this chunk's reductions run. The top-p walk gains from
+#: stages and wide chunks; the threshold-search walks (top-k, renorm) spill once pipelined or widened.
+#: H200, 128 x 128256 fp32 probs (notes/gpu-runs.md run 10): top-p, 8 warps 3 stages, chunk 2048 / 4096 /
+#: 8192: 0.285 / 0.152 / 0.118 ms (16 warps 1 stage 4096: 0.199); top-k 50 + top-p, 1 stage, chunk 4096,
+#: 16 / 8 warps: 0.508 / 0.479 (3 stages: 0.573; chunk 8192: 4.9).
+TOP_P_WALK = (8192, 3, 8)
+SEARCH_WALK = (4096, 1, 8)
 #: finish threshold searches with tl.sort; the interpreter ranks pairwise instead (its sort is very slow)
 SORT = not triton_interpreting()
 _MAX_NUMEL = 1 << 20
@@ -62,16 +63,16 @@ class _Config(NamedTuple):
 
 
 @functools.lru_cache(maxsize=256)
-def _config(batch: int, vocab: int, walk: tuple[int, int]) -> _Config:
-    """Launch shape of a sampling kernel; ``walk``: (load pipeline stages, most warps)."""
-    block = min(triton.next_power_of_2(vocab), MAX_BLOCK)
+def _config(batch: int, vocab: int, walk: tuple[int, int, int]) -> _Config:
+    """Launch shape of a sampling kernel; ``walk``: (chunk, load pipeline stages, most warps)."""
+    chunk, stages, max_warps = walk
+    block = min(triton.next_power_of_2(vocab), chunk, MAX_BLOCK)
     scratch = min(triton.next_power_of_2(vocab), MAX_SCRATCH if SORT else min(MAX_SCRATCH, 512))
     # (rows, block, pivots) tiles, and (rows, scratch, scratch) ranks without sort, stay under Triton's numel cap
     cap = min(TILE // block, _MAX_NUMEL // (block * max(NUM_PIVOTS, NUM_CAND)))
     if not SORT:
         cap = min(cap, _MAX_NUMEL // (scratch * scratch))
     rows = max(1, min(cap, triton.next_power_of_2(max(batch, 1))))
-    stages, max_warps = walk
     num_warps = min(max_warps, max(MIN_WARPS, rows * block // WARP_ELEMS))
     return _Config(rows, block, scratch, num_warps, stages)
 
