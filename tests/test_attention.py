@@ -21,7 +21,7 @@ from kernel_switchboard.testing import conformance_test
 from kernel_switchboard.testing.cases.attention import AttnSpec, decode_case, indptr, mla_case, paged_kv, prefill_case
 
 ATTENTION_OPS = ("attention.decode", "attention.prefill", "attention.prefill_ragged", "attention.mla_decode",
-                 "attention.merge_states")
+                 "attention.merge_states", "attention.dense")
 test_reference_conformance = conformance_test("reference", device="cpu", size="small", ops=ATTENTION_OPS)
 
 F16, BF16, F32, E4M3 = torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn
@@ -479,3 +479,67 @@ def test_finite_stale_slots_replace_only_the_unwritten_slots_and_are_detectable(
     atol, rtol = tolerance(torch.bfloat16)
     with pytest.raises(AssertionError, match="outside"):
         assert_close(leaky, want, atol=atol, rtol=rtol)
+
+
+# -- attention.dense ---------------------------------------------------------------------------------------
+def _dense_loop(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, causal: bool,
+                scale: float) -> torch.Tensor:
+    """One query row at a time in float64: the keys it keeps, their softmax, the weighted values."""
+    b, hq, lq, _ = q.shape
+    hkv, lk = k.shape[1], k.shape[2]
+    full = None if bias is None else bias.expand(b, hq, lq, lk)
+    out = torch.zeros(b, hq, lq, v.shape[-1], dtype=torch.float64)
+    for bi in range(b):
+        for h in range(hq):
+            kh = h // (hq // hkv)
+            for i in range(lq):
+                logits, keys = [], []
+                for j in range(lk):
+                    if causal and j > lk - lq + i:
+                        continue
+                    s = float(q[bi, h, i].double() @ k[bi, kh, j].double()) * scale
+                    if full is not None and full.dtype == torch.bool:
+                        if not full[bi, h, i, j]:
+                            continue
+                    elif full is not None:
+                        s += float(full[bi, h, i, j])
+                    if s != float("-inf"):
+                        logits.append(s)
+                        keys.append(j)
+                if keys:
+                    w = torch.softmax(torch.tensor(logits, dtype=torch.float64), 0)
+                    out[bi, h, i] = w @ v[bi, kh, keys].double()
+    return out
+
+
+def test_dense_reference_matches_a_row_by_row_oracle() -> None:
+    from kernel_switchboard.testing.cases.attention_dense import dense_case, dense_specs
+
+    for i, spec in enumerate(dense_specs("small")):
+        q, k, v, bias = dense_case(spec, "cpu", seed=i).args
+        got = ksb.attention.dense(q, k, v, bias, causal=spec.causal, backend="reference")
+        want = _dense_loop(q, k, v, bias, spec.causal, q.shape[-1] ** -0.5)
+        atol = 1e-6 if q.dtype == F32 else 2e-2
+        torch.testing.assert_close(got.double(), want, atol=atol, rtol=atol, msg=spec.tag())
+        assert (got.abs().sum(-1) == 0).any(), f"{spec.tag()}: the case has a row that keeps nothing (out 0)"
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    (dict(k=torch.randn(2, 3, 7, 16)), r"k.shape\[1\]=3"),
+    (dict(v=torch.randn(2, 2, 6, 16)), r"v.shape=\(2, 2, 6, 16\)"),
+    (dict(attn_bias=torch.zeros(2, 4, 5, 6)), r"attn_bias.shape=\(2, 4, 5, 6\).*broadcastable to \(B, Hq, Lq, Lk\)"),
+    (dict(attn_bias=torch.zeros(5, 7, dtype=torch.float64)), r"attn_bias.dtype=torch.float64"),
+    (dict(k=torch.randn(2, 2, 7, 16, dtype=torch.float16)), r"k.dtype=torch.float16.*q's dtype"),
+])
+def test_dense_bad_arguments_name_the_argument(change: dict[str, torch.Tensor], match: str) -> None:
+    args = dict(q=torch.randn(2, 4, 5, 16), k=torch.randn(2, 2, 7, 16), v=torch.randn(2, 2, 7, 16), attn_bias=None)
+    args.update(change)
+    with pytest.raises(ValueError, match=match):
+        ksb.attention.dense(args["q"], args["k"], args["v"], args["attn_bias"])
+
+
+def test_dense_traces_under_torch_compile_as_one_custom_op() -> None:
+    q, k, v = torch.randn(1, 4, 5, 16), torch.randn(1, 2, 7, 16), torch.randn(1, 2, 7, 16)
+    mask = torch.rand(1, 1, 5, 7) > 0.3
+    compiled = torch.compile(lambda *a: ksb.attention.dense(*a, causal=True) * 2, fullgraph=True)
+    torch.testing.assert_close(compiled(q, k, v, mask), 2 * ksb.attention.dense(q, k, v, mask, causal=True))

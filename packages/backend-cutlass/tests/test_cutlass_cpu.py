@@ -46,12 +46,28 @@ def _kernels() -> dict[str, ksb.Kernel]:
 # -- gating -------------------------------------------------------------------------------------------------
 def test_backend_lists_its_kernels_unavailable_with_reason_and_command() -> None:
     backend = registry.all_backends()["cutlass"]
-    assert {k.id for k in backend.kernels} == {"cutlass:mm", "cutlass:mm_fp8", "cutlass:grouped_mm"}
+    dense = f"cutlass:sdpa_efficient@torch-{torch.__version__.split('+')[0]}"
+    assert {k.id for k in backend.kernels} == {"cutlass:mm", "cutlass:mm_fp8", "cutlass:grouped_mm", dense}
     assert backend.unavailable is not None  # no GPU here (and maybe no headers / nvcc)
     assert backend.install
     for k in backend.kernels:
         (reason,) = k.reasons(_problem())
         assert reason.startswith("unavailable: ") and "install: " in reason
+    assert "no CUDA" in next(k for k in backend.kernels if k.id == dense).unavailable
+
+
+def test_dense_attention_wrapper_keeps_the_op_conventions() -> None:
+    """The SDPA wrapper (run here on torch's CPU backends; the efficient one is CUDA-only) against the reference
+    on the core's cases: bottom-right causal folded into the mask, GQA, rows that keep nothing give 0."""
+    from kernel_switchboard.ops.attention import DenseParams
+    from kernel_switchboard.testing.cases.attention_dense import dense_case, dense_specs
+    from kernel_switchboard_cutlass.attention import sdpa_dense
+
+    for i, spec in enumerate(dense_specs("small")):
+        q, k, v, bias = (t if t is None or t.dtype == torch.bool else t.float() for t in dense_case(spec, "cpu", i).args)
+        got = sdpa_dense(q, k, v, bias, DenseParams(q.shape[-1] ** -0.5, spec.causal), backends=None)
+        want = ksb.attention.dense(q, k, v, bias, causal=spec.causal, backend="reference")
+        assert_close(got, want, atol=1e-4, rtol=1e-4, what=spec.tag())
 
 
 def test_missing_headers_reason_names_the_package_and_install_command(monkeypatch, tmp_path: Path) -> None:

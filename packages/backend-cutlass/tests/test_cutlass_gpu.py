@@ -13,7 +13,7 @@ import kernel_switchboard as ksb
 from kernel_switchboard.reference import gemm as ref
 from kernel_switchboard.testing import assert_close
 from kernel_switchboard.testing.cases.gemm import quantize_fp8
-from kernel_switchboard_cutlass import build
+from kernel_switchboard_cutlass import build, plugin
 
 pytestmark = pytest.mark.gpu
 
@@ -73,9 +73,9 @@ def gpu_calls(device: torch.device) -> list[tuple[str, tuple[Any, ...], dict[str
 
 @pytest.fixture(scope="module")
 def device() -> torch.device:
-    backend = ksb.registry.all_backends()["cutlass"]
-    if not backend.available:
-        pytest.skip(f"CUTLASS backend unavailable: {backend.unavailable}")
+    reason, _ = plugin.unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"CUTLASS GEMMs unavailable: {reason}")
     return torch.device("cuda")
 
 

@@ -167,6 +167,9 @@ def work(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[float,
         d, dv = q.shape[-1], (args[2].shape[-1] if op == "attention.prefill_ragged" else q.shape[-1])
         pairs = sum((ql * kl - (ql * (ql - 1)) / 2) if causal else ql * kl for ql, kl in zip(qlens, klens))
         return 2.0 * pairs * q.shape[1] * (d + dv), "TFLOP/s"
+    if op == "attention.dense":  # every (query, key) pair, whatever the mask keeps
+        q, v = args[0], args[2]
+        return 2.0 * q.numel() * args[1].shape[2] * (q.shape[-1] + v.shape[-1]) / q.shape[-1], "TFLOP/s"
     if op in ("gemm.mm", "gemm.mm_fp8"):
         a, b = args[0], args[1]
         return 2.0 * a.shape[0] * a.shape[1] * b.shape[1], "TFLOP/s"

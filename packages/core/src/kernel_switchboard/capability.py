@@ -36,6 +36,7 @@ FEATURES = frozenset(
         "return_lse",  # log-sum-exp output (attention)
         "fp8_kv",  # fp8 KV cache with scales (attention)
         "custom_variant",  # user attention variant (attention)
+        "attn_bias",  # an additive bias or a boolean mask (attention.dense)
         "paged",  # paged KV cache (attention)
         "ragged",  # contiguous variable-length KV (attention)
         "mixed_batch",  # prefill and decode requests in one batch

@@ -1,5 +1,6 @@
 """Attention ops: ``attention.decode``, ``attention.prefill``, ``attention.prefill_ragged``,
-``attention.mla_decode``, ``attention.merge_states``; the :func:`cascade` helper; and plans
+``attention.mla_decode``, ``attention.merge_states``, ``attention.dense`` (dense tensors with a bias or
+mask, :mod:`.attention_dense`); the :func:`cascade` helper; and plans
 (:func:`plan_decode`, :func:`plan_prefill`, :func:`plan_prefill_ragged`, defined in
 :mod:`.attention_plans`) for repeated steps and CUDA graphs.
 
@@ -759,6 +760,9 @@ def cascade(q: _Tensor, qo_indptr: _Tensor, cache: PagedKVCache, prefix_table: P
     out, lse = merge_states(out_p, lse_p, out_s, lse_s, backend=backend)
     return _result(out, lse, return_lse)
 
+
+# -- dense attention with a bias or mask: its own module, used from this namespace ----------------------
+from .attention_dense import DenseParams, DenseProblem, dense  # noqa: E402, F401
 
 # -- plans ---------------------------------------------------------------------------------------------
 # Plans live in attention_plans.py (they build on the helpers above) and are used from this namespace.

@@ -308,6 +308,28 @@ class DecodePlanRunner:
             lse.copy_(s)
 
 
+def dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_bias: torch.Tensor | None, p: Any) -> torch.Tensor:
+    """``attention.dense``: q (B, Hq, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv) -> (B, Hq, Lq, Dv)."""
+    acc = torch.float64 if q.dtype == torch.float32 else torch.float32
+    group = q.shape[1] // k.shape[1]
+    kh, vh = k.to(acc).repeat_interleave(group, dim=1), v.to(acc).repeat_interleave(group, dim=1)
+    s = torch.einsum("bhmd,bhld->bhml", q.to(acc), kh) * p.sm_scale
+    lq, lk = q.shape[2], k.shape[2]
+    keep = torch.ones(lq, lk, dtype=torch.bool, device=q.device)
+    if p.causal:  # query i sits at KV position lk - lq + i
+        keep = keep.tril(lk - lq)
+    if attn_bias is not None and attn_bias.dtype == torch.bool:
+        keep = keep & attn_bias
+    elif attn_bias is not None:
+        s = s + attn_bias.to(acc)
+    s = s.masked_fill(~keep, float("-inf"))
+    mx = s.amax(dim=-1, keepdim=True)
+    e = torch.exp(s - torch.where(torch.isfinite(mx), mx, torch.zeros_like(mx)))
+    total = e.sum(dim=-1, keepdim=True)
+    out = torch.einsum("bhml,bhld->bhmd", e / torch.where(total > 0, total, torch.ones_like(total)), vh)
+    return out.to(q.dtype)
+
+
 class PrefillPlanRunner:
     """Reference prefill plan: the packed-token -> (request, row) maps are built at plan time."""
 
@@ -333,4 +355,6 @@ KERNELS = [
     Kernel("attention.mla_decode", "mla_decode", "reference", REFERENCE_CAPTURABLE, mla_decode, priority=PRIORITY),
     Kernel("attention.merge_states", "merge_states", "reference", REFERENCE_CAPTURABLE, merge_states,
            priority=PRIORITY),
+    Kernel("attention.dense", "dense", "reference", REFERENCE_CAPTURABLE, dense, priority=PRIORITY,
+           doc="torch einsum, float32 (float64 for float32 q)"),
 ]

@@ -18,9 +18,10 @@ import torch
 
 from ...paged import PagedKVCache, PageTable
 from ..case import Case, tolerance
+from .attention_dense import DenseSpec, dense_case, dense_specs
 
 OPS = ("attention.decode", "attention.prefill", "attention.prefill_ragged", "attention.mla_decode",
-       "attention.merge_states")
+       "attention.merge_states", "attention.dense")
 
 DTYPES: dict[str, torch.dtype] = {
     "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
@@ -392,6 +393,8 @@ def cases(op: str, device: torch.device, size: str) -> list[Case]:
                 mla_case(torch.bfloat16, tuple([0, 1] + [rng.randint(1, 2048) for _ in range(30)]), 16, 64, device,
                          lse=True, seed=1),
                 mla_case(torch.float16, tuple(rng.randint(1, 1024) for _ in range(16)), 128, 16, device, seed=2)]
+    if op == "attention.dense":
+        return [dense_case(s, device, seed=i) for i, s in enumerate(dense_specs(size))]
     if op == "attention.merge_states":
         shapes = [(5, 4, 64), (1, 2, 128)] if size == "small" else [(4096, 32, 128), (77, 128, 512)]
         return [merge_case(dt, *shape, device, seed=i) for i, shape in enumerate(shapes)
@@ -416,7 +419,8 @@ def example(op: str, device: torch.device | str = "cpu", **shape: Any) -> Case:
     num_kv_heads), head_dim, head_dim_v, page_size, dtype ("bf16"...), kv_dtype ("fp8"/"e4m3" for
     a quantised cache), layout, causal, soft_cap, window, lse, seed, variant (a name in
     ``variants_lib.VARIANTS``, with random parameters). MLA uses head_dim (latent, 512)
-    and head_dim_pe (64); merge_states uses tokens. Data is generated on ``device``.
+    and head_dim_pe (64); merge_states uses tokens; dense uses q_len, kv_len and bias (none | bool |
+    float). Data is generated on ``device``.
     """
     batch = int(shape.get("batch", 4))
     kv_len = int(shape.get("kv_len", 1024))
@@ -430,6 +434,13 @@ def example(op: str, device: torch.device | str = "cpu", **shape: Any) -> Case:
     if op == "attention.merge_states":
         return merge_case(dtype, int(shape.get("tokens", batch)), q_heads or 32, int(shape.get("head_dim", 128)), device,
                           g)
+    if op == "attention.dense":
+        head_dim = int(shape.get("head_dim", 128))
+        dense_spec = DenseSpec(dtype, batch, q_heads or 32, int(shape.get("kv_heads", shape.get("num_kv_heads", 8))),
+                               int(shape.get("q_len", kv_len)), kv_len, head_dim,
+                               int(shape.get("head_dim_v") or head_dim), str(shape.get("bias", "bool")),
+                               bool(shape.get("causal", False)))
+        return dense_case(dense_spec, device, g)
     kv_dtype = shape.get("kv_dtype")
     spec = AttnSpec(
         dtype=dtype, layout=str(shape.get("layout", "NHD")), page_size=int(shape.get("page_size", 16)),

@@ -1,0 +1,68 @@
+"""Conformance cases of ``attention.dense``: random q/k/v with a bool mask, a float bias or none, causal or not,
+GQA, Lq < / = / > Lk, and rows that keep nothing (their output must be 0)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ..case import Case
+
+_SHORT = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+class DenseSpec(NamedTuple):
+    dtype: torch.dtype
+    batch: int
+    q_heads: int
+    kv_heads: int
+    q_len: int
+    kv_len: int
+    head_dim: int
+    head_dim_v: int
+    bias: str  # "none", "bool" (B, 1, Lq, Lk) or "float" (Hq, Lq, Lk) with -inf entries
+    causal: bool
+
+    def tag(self) -> str:
+        dims = f"d{self.head_dim}" + (f":{self.head_dim_v}" if self.head_dim_v != self.head_dim else "")
+        return (f"dense-{_SHORT[self.dtype]}-b{self.batch}-h{self.q_heads}:{self.kv_heads}-q{self.q_len}-k{self.kv_len}"
+                f"-{dims}-{self.bias}" + ("-causal" if self.causal else ""))
+
+
+def dense_case(spec: DenseSpec, device: torch.device | str, seed: int | torch.Generator = 0) -> Case:
+    """One ``attention.dense`` call; data drawn on the CPU (or on ``seed``'s device when it is a generator)."""
+    g = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(seed)
+    s = spec
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g, device=g.device).to(device, s.dtype)
+
+    q = randn(s.batch, s.q_heads, s.q_len, s.head_dim)
+    k = randn(s.batch, s.kv_heads, s.kv_len, s.head_dim)
+    v = randn(s.batch, s.kv_heads, s.kv_len, s.head_dim_v)
+    bias = None
+    if s.bias == "bool":
+        bias = torch.rand(s.batch, 1, s.q_len, s.kv_len, generator=g, device=g.device) < 0.7
+        bias[0, 0, 0] = False  # a query that keeps nothing: out 0
+        bias = bias.to(device)
+    elif s.bias == "float":
+        bias = torch.randn(s.q_heads, s.q_len, s.kv_len, generator=g, device=g.device) * 2
+        bias.masked_fill_(torch.rand(bias.shape, generator=g, device=g.device) < 0.1, float("-inf"))
+        bias[-1, -1] = float("-inf")  # every score of one query masked by the bias
+        bias = bias.to(device, s.dtype)
+    return Case("attention.dense", s.tag(), (q, k, v, bias), {"causal": s.causal}, s.dtype)
+
+
+def dense_specs(size: str) -> list[DenseSpec]:
+    """The sampled space: small shapes for the CPU, real ones (encoder / cross-attention sizes) on a GPU."""
+    f16, bf16, f32 = torch.float16, torch.bfloat16, torch.float32
+    if size == "small":
+        return [DenseSpec(f16, 2, 4, 2, 5, 9, 16, 16, "bool", True),
+                DenseSpec(bf16, 1, 4, 4, 7, 7, 32, 32, "float", False),
+                DenseSpec(f32, 2, 2, 1, 9, 4, 16, 8, "none", True),  # Lq > Lk: the first rows keep nothing
+                DenseSpec(f16, 1, 8, 2, 3, 12, 64, 64, "float", True)]
+    return [DenseSpec(bf16, 4, 16, 16, 512, 512, 64, 64, "bool", False),
+            DenseSpec(f16, 2, 32, 8, 1024, 1024, 128, 128, "float", True),
+            DenseSpec(bf16, 8, 12, 12, 77, 1024, 64, 64, "none", False),  # cross-attention
+            DenseSpec(f32, 2, 8, 2, 300, 200, 128, 64, "bool", True)]
