@@ -10,7 +10,10 @@ import torch
 
 import kernel_switchboard as ksb
 from kernel_switchboard import Backend, Capability, Kernel, hookimpl
+from kernel_switchboard.ops.attention import DecodeProblem
 from kernel_switchboard.ops.norm import NormProblem
+from kernel_switchboard.reference.attention import decode as ref_decode
+from kernel_switchboard.testing.cases.attention import AttnSpec, decode_case
 
 
 def _problem(**kw: Any) -> NormProblem:
@@ -227,3 +230,14 @@ def test_explain_in_one_thread_never_disturbs_ops_in_another() -> None:
         stop.set()
         t.join()
     assert errors == []
+
+
+def test_explain_warns_when_the_chosen_kernel_reads_stale_page_slots(register) -> None:
+    cap = Capability(devices=frozenset({"cpu"}), features=frozenset({"paged"}))
+    register(_plugin("t_stale", [Kernel("attention.decode", "k", "t_stale", cap, ref_decode, cost=lambda p: 1e-9,
+                                        reads_stale_slots=True)]))
+    q, cache, table = decode_case(AttnSpec(torch.float32, "NHD", 16, 4, 2, kv_lens=(5, 20)), "cpu").args
+    sel = ksb.explain("attention.decode", q, cache, table)
+    assert sel.kernel.id == "t_stale:k" and isinstance(sel.problem, DecodeProblem)
+    assert "must hold finite values" in str(sel)
+    assert "must hold finite" not in str(ksb.explain("attention.decode", q, cache, table, backend="reference"))

@@ -72,6 +72,9 @@ class Selection:
             lines.append(f"preferences {', '.join(self.preferences)}")
         lines.append(f"chosen {self.kernel.id} ({_SOURCE_TEXT[self.source]})")
         lines.extend(f"note: {n}" for n in self.notes)
+        if self.kernel.reads_stale_slots:
+            lines.append("note: it weights page slots past each request's length by zero: they must hold finite "
+                         "values (a torch.zeros cache qualifies)")
         rank = 0
         for c in self.candidates:
             if c.eligible:
