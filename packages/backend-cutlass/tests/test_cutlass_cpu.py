@@ -345,3 +345,15 @@ def test_launch_arguments_match_ctypes_declarations() -> None:
     for job in jobs:
         # the C call appends (sm_count, device, workspace, stream)
         assert len(job.args()) + 4 == len(build._SIGNATURES[job.fn]), job.fn
+
+
+def test_dense_attention_refused_by_torch_raises_a_clear_error() -> None:
+    """torch has no memory-efficient attention on a CPU: the wrapper names the kernel, shapes and a way out."""
+    from torch.nn.attention import SDPBackend
+
+    from kernel_switchboard.ops.attention import DenseParams
+    from kernel_switchboard_cutlass.attention import sdpa_dense
+
+    q = torch.randn(1, 2, 4, 16)
+    with pytest.raises(KernelUnavailableError, match=r"sdpa_efficient: .*q \(1, 2, 4, 16\).*backend='reference'"):
+        sdpa_dense(q, q, q, None, DenseParams(0.25, False), backends=[SDPBackend.EFFICIENT_ATTENTION])

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from kernel_switchboard import Capability, Kernel
+from kernel_switchboard import Capability, Kernel, KernelUnavailableError
 from kernel_switchboard.availability import missing_cuda
 
 #: the efficient kernel wants head dims in multiples of 8 (16-byte rows in half precision)
@@ -57,8 +57,15 @@ def sdpa_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_bias: tor
     if allowed is None:
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=p.sm_scale)
     else:
-        with sdpa_kernel(allowed):
-            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=p.sm_scale)
+        try:
+            with sdpa_kernel(allowed):
+                out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=p.sm_scale)
+        except RuntimeError as exc:  # torch found no kernel of the allowed backends for these inputs
+            raise KernelUnavailableError(
+                f"cutlass:sdpa_efficient: torch's memory-efficient attention refused q {tuple(q.shape)} {q.dtype}, "
+                f"v {tuple(v.shape)}, mask {None if mask is None else (tuple(mask.shape), mask.dtype)}: "
+                f"{str(exc).splitlines()[0][:300]}; pass backend='reference' (or another kernel) for this call"
+            ) from exc
     if mask is not None:
         dead = ~mask.any(-1) if mask.dtype == torch.bool else torch.isneginf(mask).all(-1)
         out = out.masked_fill(dead[..., None], 0.0)
