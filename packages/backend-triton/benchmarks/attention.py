@@ -179,12 +179,18 @@ def _prefill_point(batch: int, length: int, dev: torch.device, g: torch.Generato
         for bm, bn, warps, stages in ((128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 2), (128, 64, 4, 3),
                                       (128, 64, 8, 4), (64, 64, 4, 3), (128, 32, 4, 4), (64, 128, 4, 3)):
             cfgs.append(PrefillConfig(bm, bn, warps, stages, False))
+        # ragged K/V tiles by TMA (ptxas sm_90, 128x128 8 warps 3 stages: 212 registers, no stack; pointer loads:
+        # 255 registers and 632 B of stack)
+        for bm, bn, warps, stages in ((128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 3), (128, 64, 4, 3)):
+            cfgs.append(PrefillConfig(bm, bn, warps, stages, False, tma=True))
     for cfg in cfgs:
         name = "default" if cfg is None else f"BLOCK_M={cfg.block_m} BLOCK_N={cfg.block_n} warps={cfg.num_warps} " \
-                                              f"stages={cfg.num_stages}"
+                                              f"stages={cfg.num_stages}" + (" tma" if cfg.tma else "")
         ragged = (lambda cfg=cfg: launch_prefill(q, k, v, indptr, indptr, None, None, None, 1, out, None, p, cfg))
         rows.append(_row(workload, "triton ragged", name, ragged, lambda r=ragged: (r(), _err(out, want))[1],
                          flops, "tflop_s"))
+        if cfg is not None and cfg.tma:
+            continue  # TMA tiles are for ragged K/V only
         paged = (lambda cfg=cfg: launch_prefill(q, cache.k_pages, cache.v_pages, indptr, None, bt, lens, "NHD", PAGE,
                                                 out, None, p, cfg))
         rows.append(_row(workload, "triton paged p16", name, paged, lambda r=paged: (r(), _err(out, want))[1],

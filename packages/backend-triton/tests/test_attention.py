@@ -18,6 +18,7 @@ from kernel_switchboard.errors import KernelUnavailableError
 from kernel_switchboard.paged import PagedKVCache, PageTable
 from kernel_switchboard.testing import assert_close, tolerance
 from kernel_switchboard.testing.cases.attention import unwritten_slots
+from kernel_switchboard_triton._common import has_tma
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(DEVICE == "cpu" and not triton_interpreting(),
@@ -185,6 +186,27 @@ def test_prefill_ragged_matches_reference(case: tuple) -> None:  # type: ignore[
     k, v = _randn(sum(kv), hkv, d, dtype=dtype, seed=2), _randn(sum(kv), hkv, dv, dtype=dtype, seed=3)
     got, want = _both(ksb.attention.prefill_ragged, q, k, v, _indptr(qo), _indptr(kv), return_lse=True, **kwargs)
     _close(got, want, dtype)
+
+
+@pytest.mark.parametrize("case", [c for c in PREFILL_CASES if c[6][0] == c[6][1]], ids=lambda c: f"{str(c[0])[6:]}-{c[7]}")
+def test_prefill_ragged_tma_tiles_match_reference(case: tuple, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[type-arg]
+    """K/V tiles by TMA (opt-in ``PrefillConfig.tma``): whole tiles cross into the next request's rows, whose NaN
+    (poisoned here) must reach neither this request's scores nor its output."""
+    from kernel_switchboard_triton import _prefill
+
+    dtype, _, _, qo, kv, (hq, hkv), (d, dv), kwargs = case
+    real_config, routes, real_descriptors = _prefill.prefill_config, [], _prefill.ragged_descriptors
+    monkeypatch.setattr(_prefill, "prefill_config", lambda *a: real_config(*a)._replace(tma=True))
+    monkeypatch.setattr(_prefill, "ragged_descriptors", lambda *a: routes.append(real_descriptors(*a)) or routes[-1])
+    q = _randn(sum(qo), hq, d, dtype=dtype)
+    k, v = _randn(sum(kv), hkv, d, dtype=dtype, seed=2), _randn(sum(kv), hkv, dv, dtype=dtype, seed=3)
+    got, want = _both(ksb.attention.prefill_ragged, q, k, v, _indptr(qo), _indptr(kv), return_lse=True, **kwargs)
+    _close(got, want, dtype)
+    k[kv[0]:], v[kv[0]:] = float("nan"), float("nan")  # every request but the first: NaN
+    first = ksb.attention.prefill_ragged(q, k, v, _indptr(qo), _indptr(kv), return_lse=True, backend="triton", **kwargs)
+    _close(tuple(t[:qo[0]] for t in first), tuple(t[:qo[0]] for t in want), dtype)
+    if has_tma(torch.device(DEVICE)):
+        assert routes and all(r is not None for r in routes)
 
 
 def test_prefill_plan_run_equals_run() -> None:

@@ -24,8 +24,10 @@ from typing import Any, NamedTuple
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._attn_common import _tanh, cc_major, interpreting, soft_cap_args, soft_cap_mode, split_dim
+from ._common import has_tma, row_major_for_tma
 
 
 def variant_launch(bound: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -83,6 +85,9 @@ def _tile(
     q_tail,  # (BLOCK_M, HEAD_TAIL) query tail (ignored when HEAD_TAIL == 0)
     k_base,  # K base pointer at this KV head
     v_base,  # V base pointer at this KV head
+    k_desc,  # TMA descriptor of K as (Tk, Hkv * D) rows (TMA only)
+    v_desc,  # TMA descriptor of V as (Tk, Hkv * Dv) rows (TMA only)
+    kvh,  # this program's KV head (TMA column offsets)
     bt_row,  # block-table row of this request (PAGED)
     kv_start,  # first KV token of this request in k/v (ragged)
     n0,  # first KV position of this tile
@@ -108,6 +113,7 @@ def _tile(
     WINDOW: tl.constexpr,  # sliding-window mask
     SOFT_CAP: tl.constexpr,  # logits soft cap: 0 none, 1 exact tanh, 2 approximate tanh (soft_cap_mode)
     PAGED: tl.constexpr,  # paged (else ragged) K/V
+    TMA: tl.constexpr,  # ragged K/V tiles loaded by TMA (HEAD_TAIL 0, HEAD_DIM_V a power of two)
     PAGE_SIZE: tl.constexpr,  # tokens per page (PAGED)
     BLOCK_N: tl.constexpr,  # KV tokens per tile
     HEAD_MAIN: tl.constexpr,  # power-of-two part of the qk head dim
@@ -120,24 +126,32 @@ def _tile(
     offs_d = tl.arange(0, HEAD_MAIN)
     offs_dv = tl.arange(0, BLOCK_DV)
     in_len = tok < kv_len
-    if PAGED:
+    if TMA:
+        # whole tiles of rows kv_start + n0 ...: rows past this request's KV belong to the next one (or are the
+        # descriptor's zero fill): masked tiles mask their scores, and zero their V rows so 0 x NaN never arises
+        k = k_desc.load([kv_start + n0, kvh * HEAD_MAIN])
+        v = v_desc.load([kv_start + n0, kvh * HEAD_DIM_V])
         if MASK:
-            page = tl.load(bt_row + tok // PAGE_SIZE, mask=in_len, other=0).to(tl.int64)
+            v = tl.where(in_len[:, None], v, 0.0)
+    else:
+        if PAGED:
+            if MASK:
+                page = tl.load(bt_row + tok // PAGE_SIZE, mask=in_len, other=0).to(tl.int64)
+            else:
+                page = tl.load(bt_row + tok // PAGE_SIZE).to(tl.int64)
+            slot = tok % PAGE_SIZE
+            k_rows = page * stride_kp + slot * stride_ks
+            v_rows = page * stride_vp + slot * stride_vs
         else:
-            page = tl.load(bt_row + tok // PAGE_SIZE).to(tl.int64)
-        slot = tok % PAGE_SIZE
-        k_rows = page * stride_kp + slot * stride_ks
-        v_rows = page * stride_vp + slot * stride_vs
-    else:
-        k_rows = (kv_start + tok).to(tl.int64) * stride_ks
-        v_rows = (kv_start + tok).to(tl.int64) * stride_vs
-    if MASK:
-        k = tl.load(k_base + k_rows[:, None] + offs_d[None, :], mask=in_len[:, None], other=0.0)
-        v = tl.load(v_base + v_rows[:, None] + offs_dv[None, :], mask=in_len[:, None] & (offs_dv < HEAD_DIM_V)[None, :],
-                    other=0.0)
-    else:
-        k = tl.load(k_base + k_rows[:, None] + offs_d[None, :])
-        v = tl.load(v_base + v_rows[:, None] + offs_dv[None, :], mask=(offs_dv < HEAD_DIM_V)[None, :], other=0.0)
+            k_rows = (kv_start + tok).to(tl.int64) * stride_ks
+            v_rows = (kv_start + tok).to(tl.int64) * stride_vs
+        if MASK:
+            k = tl.load(k_base + k_rows[:, None] + offs_d[None, :], mask=in_len[:, None], other=0.0)
+            v = tl.load(v_base + v_rows[:, None] + offs_dv[None, :],
+                        mask=in_len[:, None] & (offs_dv < HEAD_DIM_V)[None, :], other=0.0)
+        else:
+            k = tl.load(k_base + k_rows[:, None] + offs_d[None, :])
+            v = tl.load(v_base + v_rows[:, None] + offs_dv[None, :], mask=(offs_dv < HEAD_DIM_V)[None, :], other=0.0)
     s = tl.dot(q, tl.trans(k.to(q.dtype)))
     if HEAD_TAIL > 0:
         offs_t = HEAD_MAIN + tl.arange(0, HEAD_TAIL)
@@ -180,6 +194,8 @@ def _prefill_kernel(
     q_ptr,  # (Tq, Hq, D) packed queries
     k_ptr,  # K: pages (PAGED, any layout through strides) or (Tk, Hkv, D) ragged
     v_ptr,  # V: like K with head dim Dv
+    k_desc,  # TMA descriptor of ragged K as (Tk, Hkv * D) rows, block (BLOCK_N, D) (TMA; else k_ptr again)
+    v_desc,  # TMA descriptor of ragged V as (Tk, Hkv * Dv) rows, block (BLOCK_N, Dv) (TMA; else v_ptr again)
     qo_indptr_ptr,  # (B+1,) int32 query offsets
     kv_indptr_ptr,  # (B+1,) int32 KV offsets (ragged only)
     block_table_ptr,  # (B, max_pages) int32 (PAGED only)
@@ -215,6 +231,7 @@ def _prefill_kernel(
     BLOCK_DV: tl.constexpr,  # next power of two of HEAD_DIM_V
     PAGE_SIZE: tl.constexpr,  # tokens per page (PAGED)
     PAGED: tl.constexpr,  # paged (else ragged) K/V
+    TMA: tl.constexpr,  # ragged K/V tiles by TMA (k_desc / v_desc)
     CAUSAL: tl.constexpr,  # causal mask
     WINDOW: tl.constexpr,  # sliding-window mask
     SOFT_CAP: tl.constexpr,  # logits soft cap: 0 none, 1 exact tanh, 2 approximate tanh (soft_cap_mode)
@@ -298,22 +315,22 @@ def _prefill_kernel(
         k_base = k_ptr + kvh.to(tl.int64) * stride_kh
         v_base = v_ptr + kvh.to(tl.int64) * stride_vh
         for n0 in range(begin, full_lo, BLOCK_N):
-            acc, m_i, l_i = _tile(acc, m_i, l_i, q, q_tail, k_base, v_base, bt_row, kv_start, n0, kv_len, row_pos,
-                                  window_left, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, cap_log2, head2, b,
-                                  vargs, SCORE_MOD, MASK_MOD, HAS_SCORE_MOD, HAS_MASK_MOD, SOFTMAX,
-                                  True, CAUSAL, WINDOW, SOFT_CAP, PAGED, PAGE_SIZE, BLOCK_N, HEAD_MAIN, HEAD_TAIL,
+            acc, m_i, l_i = _tile(acc, m_i, l_i, q, q_tail, k_base, v_base, k_desc, v_desc, kvh, bt_row, kv_start, n0,
+                                  kv_len, row_pos, window_left, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
+                                  cap_log2, head2, b, vargs, SCORE_MOD, MASK_MOD, HAS_SCORE_MOD, HAS_MASK_MOD, SOFTMAX,
+                                  True, CAUSAL, WINDOW, SOFT_CAP, PAGED, TMA, PAGE_SIZE, BLOCK_N, HEAD_MAIN, HEAD_TAIL,
                                   HEAD_DIM_V, BLOCK_DV, DOT_FP32)
         for n0 in range(full_lo, full_hi, BLOCK_N):
-            acc, m_i, l_i = _tile(acc, m_i, l_i, q, q_tail, k_base, v_base, bt_row, kv_start, n0, kv_len, row_pos,
-                                  window_left, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, cap_log2, head2, b,
-                                  vargs, SCORE_MOD, MASK_MOD, HAS_SCORE_MOD, HAS_MASK_MOD, SOFTMAX,
-                                  False, CAUSAL, WINDOW, SOFT_CAP, PAGED, PAGE_SIZE, BLOCK_N, HEAD_MAIN, HEAD_TAIL,
+            acc, m_i, l_i = _tile(acc, m_i, l_i, q, q_tail, k_base, v_base, k_desc, v_desc, kvh, bt_row, kv_start, n0,
+                                  kv_len, row_pos, window_left, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
+                                  cap_log2, head2, b, vargs, SCORE_MOD, MASK_MOD, HAS_SCORE_MOD, HAS_MASK_MOD, SOFTMAX,
+                                  False, CAUSAL, WINDOW, SOFT_CAP, PAGED, TMA, PAGE_SIZE, BLOCK_N, HEAD_MAIN, HEAD_TAIL,
                                   HEAD_DIM_V, BLOCK_DV, DOT_FP32)
         for n0 in range(full_hi, end, BLOCK_N):
-            acc, m_i, l_i = _tile(acc, m_i, l_i, q, q_tail, k_base, v_base, bt_row, kv_start, n0, kv_len, row_pos,
-                                  window_left, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale, cap_log2, head2, b,
-                                  vargs, SCORE_MOD, MASK_MOD, HAS_SCORE_MOD, HAS_MASK_MOD, SOFTMAX,
-                                  True, CAUSAL, WINDOW, SOFT_CAP, PAGED, PAGE_SIZE, BLOCK_N, HEAD_MAIN, HEAD_TAIL,
+            acc, m_i, l_i = _tile(acc, m_i, l_i, q, q_tail, k_base, v_base, k_desc, v_desc, kvh, bt_row, kv_start, n0,
+                                  kv_len, row_pos, window_left, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
+                                  cap_log2, head2, b, vargs, SCORE_MOD, MASK_MOD, HAS_SCORE_MOD, HAS_MASK_MOD, SOFTMAX,
+                                  True, CAUSAL, WINDOW, SOFT_CAP, PAGED, TMA, PAGE_SIZE, BLOCK_N, HEAD_MAIN, HEAD_TAIL,
                                   HEAD_DIM_V, BLOCK_DV, DOT_FP32)
 
         out, lse = variant_finish(acc, m_i, l_i, head2, b, vargs, v_scale, OUTPUT_MOD, HAS_OUTPUT_MOD, SOFTMAX)
@@ -335,6 +352,8 @@ class PrefillConfig(NamedTuple):
     num_stages: int
     #: interpreter: float32 dot operands for bf16 inputs (its bf16 tl.dot is wrong; fp16 runs natively)
     dot_fp32: bool
+    #: ragged K/V tiles by TMA where :func:`ragged_descriptors` can describe them (off until measured faster)
+    tma: bool = False
 
 
 @functools.lru_cache(maxsize=1024)
@@ -345,12 +364,33 @@ def prefill_config(device: torch.device, head_dim: int, head_dim_v: int, rows_bu
     big = max(head_dim, head_dim_v) > 128
     hopper = cc_major(device) >= 9
     # sm_90, d128: BLOCK_M 128 x BLOCK_N 128, 8 warps, 3 stages (wgmma, 255 regs) measured fastest on the H200
-    # (causal 1x8192 ragged 475 TFLOP/s against 435 with BLOCK_N 64; 8x2048 363 against 357).
+    # (causal 1x8192 ragged 475 TFLOP/s against 435 with BLOCK_N 64; 8x2048 363 against 357). ptxas (sm_90, on
+    # the host) gives that kernel 632 B of stack with pointer loads and none with ragged TMA tiles (212 registers):
+    # the TMA rows of tools/gpu_sweep.py decide whether ``tma`` becomes the ragged default.
     # sm_80 spills at BLOCK_M 128, so Ampere takes 64-row tiles.
     block_m = max(16, min(64 if big or not hopper else 128, rows_bucket))
     block_n = 32 if big else (128 if hopper and block_m >= 128 else 64)
     warps = 8 if block_m >= 128 or big else 4
     return PrefillConfig(block_m, block_n, warps, 3 if hopper and not big else 2, False)
+
+
+def ragged_descriptors(k: torch.Tensor, v: torch.Tensor, cfg: PrefillConfig) -> tuple[Any, Any] | None:
+    """TMA descriptors of ragged k (Tk, Hkv, D) and v (Tk, Hkv, Dv) as token rows (Tk, Hkv * D), blocks
+    (BLOCK_N, D): None unless ``cfg.tma``, the GPU has TMA, head dims are powers of two up to 256 (one box) and
+    each token's heads lie contiguous in rows TMA can describe."""
+    if not cfg.tma or not has_tma(k.device):
+        return None
+    rows = []
+    for t in (k, v):
+        d = t.shape[2]
+        if d > 256 or d & (d - 1) or t.stride(2) != 1 or t.stride(1) != d:
+            return None
+        flat = t.as_strided((t.shape[0], t.shape[1] * d), (t.stride(0), 1))
+        if not row_major_for_tma(flat):
+            return None
+        rows.append(flat)
+    return (TensorDescriptor.from_tensor(rows[0], [cfg.block_n, k.shape[2]]),
+            TensorDescriptor.from_tensor(rows[1], [cfg.block_n, v.shape[2]]))
 
 
 def launch_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr: torch.Tensor,
@@ -384,14 +424,16 @@ def launch_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr:
         return
     lse_t = lse if lse is not None else out
     vargs, hooks = variant_launch(getattr(p, "variant", None))
+    descriptors = None if paged or tail else ragged_descriptors(k, v, cfg)
     launch = functools.partial(
         _prefill_kernel[(slots * kv_heads,)],
-        q, k, v, qo_indptr, kvi, bt, lens, out, lse_t,
+        q, k, v, *(descriptors or (k, v)), qo_indptr, kvi, bt, lens, out, lse_t,
         q.stride(0), q.stride(1), kp, ks, kh, vp, vs, vh, bt_stride,
         out.stride(0), out.stride(1), lse_t.stride(0), lse_t.stride(1),
         qk_scale, cap_log2, v_scale, p.window_left, batch, vargs,
         GROUP=group, NUM_KV_HEADS=kv_heads, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_MAIN=main, HEAD_TAIL=tail,
-        HEAD_DIM_V=dv, BLOCK_DV=triton.next_power_of_2(dv), PAGE_SIZE=page_size, PAGED=paged, CAUSAL=bool(p.causal),
+        HEAD_DIM_V=dv, BLOCK_DV=triton.next_power_of_2(dv), PAGE_SIZE=page_size, PAGED=paged,
+        TMA=descriptors is not None, CAUSAL=bool(p.causal),
         WINDOW=p.window_left >= 0, SOFT_CAP=soft_cap_mode(p.logits_soft_cap, q.dtype), RETURN_LSE=lse is not None,
         LOG_B=max(1, batch.bit_length()), DOT_FP32=cfg.dot_fp32 and q.dtype == torch.bfloat16,
         num_warps=cfg.num_warps, **hooks,
