@@ -168,19 +168,21 @@ def _prefill_point(batch: int, length: int, dev: torch.device, g: torch.Generato
     workload = f"prefill causal {batch}x{length}"
     rows = [_row(workload, "torch sdpa", "", sdpa, lambda: 0.0, flops, "tflop_s")]
     out = torch.empty(total, hq, d, device=dev, dtype=torch.bfloat16)
-    # paged copy of the same K/V (pages in sequence order; page 16 NHD)
-    kp = k.view(total // PAGE, PAGE, hkv, d)
-    vp = v.view(total // PAGE, PAGE, hkv, d)
-    cache = PagedKVCache(kp, vp, "NHD")
-    bt = torch.arange(total // PAGE, device=dev, dtype=torch.int32).view(batch, length // PAGE)
+    # paged views of the same K/V (pages in sequence order, NHD): page 16, and page 128 for TMA page tiles
     lens = torch.full((batch,), length, device=dev, dtype=torch.int32)
+
+    def paged_views(page: int) -> tuple[PagedKVCache, torch.Tensor]:
+        bt = torch.arange(total // page, device=dev, dtype=torch.int32).view(batch, length // page)
+        return PagedKVCache(k.view(total // page, page, hkv, d), v.view(total // page, page, hkv, d), "NHD"), bt
+
+    pages = {PAGE: paged_views(PAGE), 128: paged_views(128)}
     cfgs: list[PrefillConfig | None] = [None]
     if sweep:
         for bm, bn, warps, stages in ((128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 2), (128, 64, 4, 3),
                                       (128, 64, 8, 4), (64, 64, 4, 3), (128, 32, 4, 4), (64, 128, 4, 3)):
             cfgs.append(PrefillConfig(bm, bn, warps, stages, False))
-        # ragged K/V tiles by TMA (ptxas sm_90, 128x128 8 warps 3 stages: 212 registers, no stack; pointer loads:
-        # 255 registers and 632 B of stack)
+        # K/V tiles by TMA (ptxas sm_90, 128x128 8 warps 3 stages: 212 registers, no stack; pointer loads: 255
+        # registers and 632 B (ragged) / 1224 B (paged) of stack); paged only where pages hold whole tiles (p128)
         for bm, bn, warps, stages in ((128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 3), (128, 64, 4, 3)):
             cfgs.append(PrefillConfig(bm, bn, warps, stages, False, tma=True))
     for cfg in cfgs:
@@ -189,12 +191,12 @@ def _prefill_point(batch: int, length: int, dev: torch.device, g: torch.Generato
         ragged = (lambda cfg=cfg: launch_prefill(q, k, v, indptr, indptr, None, None, None, 1, out, None, p, cfg))
         rows.append(_row(workload, "triton ragged", name, ragged, lambda r=ragged: (r(), _err(out, want))[1],
                          flops, "tflop_s"))
-        if cfg is not None and cfg.tma:
-            continue  # TMA tiles are for ragged K/V only
-        paged = (lambda cfg=cfg: launch_prefill(q, cache.k_pages, cache.v_pages, indptr, None, bt, lens, "NHD", PAGE,
-                                                out, None, p, cfg))
-        rows.append(_row(workload, "triton paged p16", name, paged, lambda r=paged: (r(), _err(out, want))[1],
-                         flops, "tflop_s"))
+        for page in (128,) if cfg is not None and cfg.tma else (PAGE, 128) if cfg is None else (PAGE,):
+            cache, bt = pages[page]
+            paged = (lambda cfg=cfg, cache=cache, bt=bt, page=page: launch_prefill(
+                q, cache.k_pages, cache.v_pages, indptr, None, bt, lens, "NHD", page, out, None, p, cfg))
+            rows.append(_row(workload, f"triton paged p{page}", name, paged,
+                             lambda r=paged: (r(), _err(out, want))[1], flops, "tflop_s"))
     return rows
 
 

@@ -188,16 +188,39 @@ def test_prefill_ragged_matches_reference(case: tuple) -> None:  # type: ignore[
     _close(got, want, dtype)
 
 
+def _force_tma(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Turn ``PrefillConfig.tma`` on; returns the list of descriptor pairs (or None) each launch got."""
+    from kernel_switchboard_triton import _prefill
+
+    real_config, real_descriptors, routes = _prefill.prefill_config, _prefill.tma_descriptors, []
+    monkeypatch.setattr(_prefill, "prefill_config", lambda *a: real_config(*a)._replace(tma=True))
+    monkeypatch.setattr(_prefill, "tma_descriptors", lambda *a: routes.append(real_descriptors(*a)) or routes[-1])
+    return routes
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("case", [c for c in PREFILL_CASES if c[2] % 16 == 0 and c[6][0] == c[6][1]],
+                         ids=lambda c: f"{str(c[0])[6:]}-p{c[2]}-{c[7]}")
+def test_prefill_paged_tma_tiles_match_reference(case: tuple, layout: str,  # type: ignore[type-arg]
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Page tiles by TMA (opt-in ``PrefillConfig.tma``; a tile never crosses a page): the unwritten rest of each
+    request's last page holds NaN, which must not reach the output."""
+    dtype, _, ps, qo, kv, (hq, hkv), (d, dv), kwargs = case
+    routes = _force_tma(monkeypatch)
+    cache, table = make_cache(kv, ps, hkv, d, dv, dtype=dtype, layout=layout)
+    q = _randn(sum(qo), hq, d, dtype=dtype)
+    got, want = _both(ksb.attention.prefill, q, _indptr(qo), cache, table, return_lse=True, **kwargs)
+    _close(got, want, dtype)
+    if triton_interpreting():  # 16-token tiles: every page size here holds whole tiles
+        assert routes and all(r is not None for r in routes)
+
+
 @pytest.mark.parametrize("case", [c for c in PREFILL_CASES if c[6][0] == c[6][1]], ids=lambda c: f"{str(c[0])[6:]}-{c[7]}")
 def test_prefill_ragged_tma_tiles_match_reference(case: tuple, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[type-arg]
     """K/V tiles by TMA (opt-in ``PrefillConfig.tma``): whole tiles cross into the next request's rows, whose NaN
     (poisoned here) must reach neither this request's scores nor its output."""
-    from kernel_switchboard_triton import _prefill
-
     dtype, _, _, qo, kv, (hq, hkv), (d, dv), kwargs = case
-    real_config, routes, real_descriptors = _prefill.prefill_config, [], _prefill.ragged_descriptors
-    monkeypatch.setattr(_prefill, "prefill_config", lambda *a: real_config(*a)._replace(tma=True))
-    monkeypatch.setattr(_prefill, "ragged_descriptors", lambda *a: routes.append(real_descriptors(*a)) or routes[-1])
+    routes = _force_tma(monkeypatch)
     q = _randn(sum(qo), hq, d, dtype=dtype)
     k, v = _randn(sum(kv), hkv, d, dtype=dtype, seed=2), _randn(sum(kv), hkv, dv, dtype=dtype, seed=3)
     got, want = _both(ksb.attention.prefill_ragged, q, k, v, _indptr(qo), _indptr(kv), return_lse=True, **kwargs)

@@ -85,9 +85,9 @@ def _tile(
     q_tail,  # (BLOCK_M, HEAD_TAIL) query tail (ignored when HEAD_TAIL == 0)
     k_base,  # K base pointer at this KV head
     v_base,  # V base pointer at this KV head
-    k_desc,  # TMA descriptor of K as (Tk, Hkv * D) rows (TMA only)
-    v_desc,  # TMA descriptor of V as (Tk, Hkv * Dv) rows (TMA only)
-    kvh,  # this program's KV head (TMA column offsets)
+    k_desc,  # TMA descriptor of K as token rows (TMA only; see tma_descriptors)
+    v_desc,  # TMA descriptor of V as token rows (TMA only)
+    kvh,  # this program's KV head (TMA row / column offsets)
     bt_row,  # block-table row of this request (PAGED)
     kv_start,  # first KV token of this request in k/v (ragged)
     n0,  # first KV position of this tile
@@ -113,7 +113,9 @@ def _tile(
     WINDOW: tl.constexpr,  # sliding-window mask
     SOFT_CAP: tl.constexpr,  # logits soft cap: 0 none, 1 exact tanh, 2 approximate tanh (soft_cap_mode)
     PAGED: tl.constexpr,  # paged (else ragged) K/V
-    TMA: tl.constexpr,  # ragged K/V tiles loaded by TMA (HEAD_TAIL 0, HEAD_DIM_V a power of two)
+    TMA: tl.constexpr,  # K/V tiles loaded by TMA (HEAD_TAIL 0, HEAD_DIM_V a power of two; paged: BLOCK_N | PAGE_SIZE)
+    HND: tl.constexpr,  # paged HND pages: TMA rows are (page, kv head, slot)
+    NUM_KV_HEADS: tl.constexpr,  # KV heads (HND TMA rows)
     PAGE_SIZE: tl.constexpr,  # tokens per page (PAGED)
     BLOCK_N: tl.constexpr,  # KV tokens per tile
     HEAD_MAIN: tl.constexpr,  # power-of-two part of the qk head dim
@@ -127,10 +129,18 @@ def _tile(
     offs_dv = tl.arange(0, BLOCK_DV)
     in_len = tok < kv_len
     if TMA:
-        # whole tiles of rows kv_start + n0 ...: rows past this request's KV belong to the next one (or are the
-        # descriptor's zero fill): masked tiles mask their scores, and zero their V rows so 0 x NaN never arises
-        k = k_desc.load([kv_start + n0, kvh * HEAD_MAIN])
-        v = v_desc.load([kv_start + n0, kvh * HEAD_DIM_V])
+        # whole tiles: rows past this request's KV (the rest of its page, the next request's rows, the descriptor's
+        # zero fill) may hold anything: masked tiles mask their scores and zero their V rows (0 x NaN never arises)
+        if PAGED:  # a tile never crosses a page (BLOCK_N divides PAGE_SIZE, tiles start at multiples of BLOCK_N)
+            page = tl.load(bt_row + n0 // PAGE_SIZE)
+            if HND:
+                row, k_col, v_col = (page * NUM_KV_HEADS + kvh) * PAGE_SIZE + n0 % PAGE_SIZE, 0, 0
+            else:
+                row, k_col, v_col = page * PAGE_SIZE + n0 % PAGE_SIZE, kvh * HEAD_MAIN, kvh * HEAD_DIM_V
+        else:
+            row, k_col, v_col = kv_start + n0, kvh * HEAD_MAIN, kvh * HEAD_DIM_V
+        k = k_desc.load([row, k_col])
+        v = v_desc.load([row, v_col])
         if MASK:
             v = tl.where(in_len[:, None], v, 0.0)
     else:
@@ -194,8 +204,8 @@ def _prefill_kernel(
     q_ptr,  # (Tq, Hq, D) packed queries
     k_ptr,  # K: pages (PAGED, any layout through strides) or (Tk, Hkv, D) ragged
     v_ptr,  # V: like K with head dim Dv
-    k_desc,  # TMA descriptor of ragged K as (Tk, Hkv * D) rows, block (BLOCK_N, D) (TMA; else k_ptr again)
-    v_desc,  # TMA descriptor of ragged V as (Tk, Hkv * Dv) rows, block (BLOCK_N, Dv) (TMA; else v_ptr again)
+    k_desc,  # TMA descriptor of K as token rows, block (BLOCK_N, D) (TMA; else k_ptr again): see tma_descriptors
+    v_desc,  # TMA descriptor of V as token rows, block (BLOCK_N, Dv) (TMA; else v_ptr again)
     qo_indptr_ptr,  # (B+1,) int32 query offsets
     kv_indptr_ptr,  # (B+1,) int32 KV offsets (ragged only)
     block_table_ptr,  # (B, max_pages) int32 (PAGED only)
@@ -231,7 +241,8 @@ def _prefill_kernel(
     BLOCK_DV: tl.constexpr,  # next power of two of HEAD_DIM_V
     PAGE_SIZE: tl.constexpr,  # tokens per page (PAGED)
     PAGED: tl.constexpr,  # paged (else ragged) K/V
-    TMA: tl.constexpr,  # ragged K/V tiles by TMA (k_desc / v_desc)
+    TMA: tl.constexpr,  # K/V tiles by TMA (k_desc / v_desc)
+    HND: tl.constexpr,  # paged HND pages (TMA rows)
     CAUSAL: tl.constexpr,  # causal mask
     WINDOW: tl.constexpr,  # sliding-window mask
     SOFT_CAP: tl.constexpr,  # logits soft cap: 0 none, 1 exact tanh, 2 approximate tanh (soft_cap_mode)
@@ -318,19 +329,22 @@ def _prefill_kernel(
             acc, m_i, l_i = _tile(acc, m_i, l_i, q, q_tail, k_base, v_base, k_desc, v_desc, kvh, bt_row, kv_start, n0,
                                   kv_len, row_pos, window_left, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
                                   cap_log2, head2, b, vargs, SCORE_MOD, MASK_MOD, HAS_SCORE_MOD, HAS_MASK_MOD, SOFTMAX,
-                                  True, CAUSAL, WINDOW, SOFT_CAP, PAGED, TMA, PAGE_SIZE, BLOCK_N, HEAD_MAIN, HEAD_TAIL,
+                                  True, CAUSAL, WINDOW, SOFT_CAP, PAGED, TMA, HND, NUM_KV_HEADS, PAGE_SIZE, BLOCK_N,
+                                  HEAD_MAIN, HEAD_TAIL,
                                   HEAD_DIM_V, BLOCK_DV, DOT_FP32)
         for n0 in range(full_lo, full_hi, BLOCK_N):
             acc, m_i, l_i = _tile(acc, m_i, l_i, q, q_tail, k_base, v_base, k_desc, v_desc, kvh, bt_row, kv_start, n0,
                                   kv_len, row_pos, window_left, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
                                   cap_log2, head2, b, vargs, SCORE_MOD, MASK_MOD, HAS_SCORE_MOD, HAS_MASK_MOD, SOFTMAX,
-                                  False, CAUSAL, WINDOW, SOFT_CAP, PAGED, TMA, PAGE_SIZE, BLOCK_N, HEAD_MAIN, HEAD_TAIL,
+                                  False, CAUSAL, WINDOW, SOFT_CAP, PAGED, TMA, HND, NUM_KV_HEADS, PAGE_SIZE, BLOCK_N,
+                                  HEAD_MAIN, HEAD_TAIL,
                                   HEAD_DIM_V, BLOCK_DV, DOT_FP32)
         for n0 in range(full_hi, end, BLOCK_N):
             acc, m_i, l_i = _tile(acc, m_i, l_i, q, q_tail, k_base, v_base, k_desc, v_desc, kvh, bt_row, kv_start, n0,
                                   kv_len, row_pos, window_left, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
                                   cap_log2, head2, b, vargs, SCORE_MOD, MASK_MOD, HAS_SCORE_MOD, HAS_MASK_MOD, SOFTMAX,
-                                  True, CAUSAL, WINDOW, SOFT_CAP, PAGED, TMA, PAGE_SIZE, BLOCK_N, HEAD_MAIN, HEAD_TAIL,
+                                  True, CAUSAL, WINDOW, SOFT_CAP, PAGED, TMA, HND, NUM_KV_HEADS, PAGE_SIZE, BLOCK_N,
+                                  HEAD_MAIN, HEAD_TAIL,
                                   HEAD_DIM_V, BLOCK_DV, DOT_FP32)
 
         out, lse = variant_finish(acc, m_i, l_i, head2, b, vargs, v_scale, OUTPUT_MOD, HAS_OUTPUT_MOD, SOFTMAX)
@@ -352,7 +366,7 @@ class PrefillConfig(NamedTuple):
     num_stages: int
     #: interpreter: float32 dot operands for bf16 inputs (its bf16 tl.dot is wrong; fp16 runs natively)
     dot_fp32: bool
-    #: ragged K/V tiles by TMA where :func:`ragged_descriptors` can describe them (off until measured faster)
+    #: K/V tiles by TMA where :func:`tma_descriptors` can describe them (off until measured faster)
     tma: bool = False
 
 
@@ -365,8 +379,8 @@ def prefill_config(device: torch.device, head_dim: int, head_dim_v: int, rows_bu
     hopper = cc_major(device) >= 9
     # sm_90, d128: BLOCK_M 128 x BLOCK_N 128, 8 warps, 3 stages (wgmma, 255 regs) measured fastest on the H200
     # (causal 1x8192 ragged 475 TFLOP/s against 435 with BLOCK_N 64; 8x2048 363 against 357). ptxas (sm_90, on
-    # the host) gives that kernel 632 B of stack with pointer loads and none with ragged TMA tiles (212 registers):
-    # the TMA rows of tools/gpu_sweep.py decide whether ``tma`` becomes the ragged default.
+    # the host) gives that kernel 632 B (ragged) / 1224 B (paged) of stack with pointer loads and none with TMA
+    # tiles (212 registers): the TMA rows of tools/gpu_sweep.py decide whether ``tma`` becomes the default.
     # sm_80 spills at BLOCK_M 128, so Ampere takes 64-row tiles.
     block_m = max(16, min(64 if big or not hopper else 128, rows_bucket))
     block_n = 32 if big else (128 if hopper and block_m >= 128 else 64)
@@ -374,23 +388,33 @@ def prefill_config(device: torch.device, head_dim: int, head_dim_v: int, rows_bu
     return PrefillConfig(block_m, block_n, warps, 3 if hopper and not big else 2, False)
 
 
-def ragged_descriptors(k: torch.Tensor, v: torch.Tensor, cfg: PrefillConfig) -> tuple[Any, Any] | None:
-    """TMA descriptors of ragged k (Tk, Hkv, D) and v (Tk, Hkv, Dv) as token rows (Tk, Hkv * D), blocks
-    (BLOCK_N, D): None unless ``cfg.tma``, the GPU has TMA, head dims are powers of two up to 256 (one box) and
-    each token's heads lie contiguous in rows TMA can describe."""
-    if not cfg.tma or not has_tma(k.device):
+def _token_rows(t: torch.Tensor, layout: str | None) -> torch.Tensor | None:
+    """``t`` as the 2-D rows the TMA kernel addresses, or None when its strides do not allow it:
+    ragged (T, H, D) -> (T, H * D); NHD pages (P, S, H, D) -> (P * S, H * D); HND pages (P, H, S, D) -> (P * H * S, D)."""
+    d = t.shape[-1]
+    if t.stride(-1) != 1 or d > 256 or d & (d - 1):
         return None
-    rows = []
-    for t in (k, v):
-        d = t.shape[2]
-        if d > 256 or d & (d - 1) or t.stride(2) != 1 or t.stride(1) != d:
-            return None
-        flat = t.as_strided((t.shape[0], t.shape[1] * d), (t.stride(0), 1))
-        if not row_major_for_tma(flat):
-            return None
-        rows.append(flat)
-    return (TensorDescriptor.from_tensor(rows[0], [cfg.block_n, k.shape[2]]),
-            TensorDescriptor.from_tensor(rows[1], [cfg.block_n, v.shape[2]]))
+    if layout is None and t.stride(1) == d:
+        return t.as_strided((t.shape[0], t.shape[1] * d), (t.stride(0), 1))
+    if layout == "NHD" and t.stride(2) == d and t.stride(0) == t.shape[1] * t.stride(1):
+        return t.as_strided((t.shape[0] * t.shape[1], t.shape[2] * d), (t.stride(1), 1))
+    if layout == "HND" and t.stride(1) == t.shape[2] * t.stride(2) and t.stride(0) == t.shape[1] * t.stride(1):
+        return t.as_strided((t.shape[0] * t.shape[1] * t.shape[2], d), (t.stride(2), 1))
+    return None
+
+
+def tma_descriptors(k: torch.Tensor, v: torch.Tensor, layout: str | None, page_size: int,
+                    cfg: PrefillConfig) -> tuple[Any, Any] | None:
+    """TMA descriptors of K and V as token rows (:func:`_token_rows`), blocks (BLOCK_N, D): None unless
+    ``cfg.tma``, the GPU has TMA, head dims are powers of two up to 256 (one box), pages hold whole tiles
+    (BLOCK_N divides the page size) and TMA can describe the rows."""
+    if not cfg.tma or not has_tma(k.device) or (layout is not None and page_size % cfg.block_n):
+        return None
+    rows = [_token_rows(t, layout) for t in (k, v)]
+    if any(r is None or not row_major_for_tma(r) for r in rows):
+        return None
+    return (TensorDescriptor.from_tensor(rows[0], [cfg.block_n, k.shape[-1]]),
+            TensorDescriptor.from_tensor(rows[1], [cfg.block_n, v.shape[-1]]))
 
 
 def launch_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr: torch.Tensor,
@@ -424,7 +448,7 @@ def launch_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr:
         return
     lse_t = lse if lse is not None else out
     vargs, hooks = variant_launch(getattr(p, "variant", None))
-    descriptors = None if paged or tail else ragged_descriptors(k, v, cfg)
+    descriptors = None if tail else tma_descriptors(k, v, layout if paged else None, page_size, cfg)
     launch = functools.partial(
         _prefill_kernel[(slots * kv_heads,)],
         q, k, v, *(descriptors or (k, v)), qo_indptr, kvi, bt, lens, out, lse_t,
@@ -433,7 +457,7 @@ def launch_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr:
         qk_scale, cap_log2, v_scale, p.window_left, batch, vargs,
         GROUP=group, NUM_KV_HEADS=kv_heads, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_MAIN=main, HEAD_TAIL=tail,
         HEAD_DIM_V=dv, BLOCK_DV=triton.next_power_of_2(dv), PAGE_SIZE=page_size, PAGED=paged,
-        TMA=descriptors is not None, CAUSAL=bool(p.causal),
+        TMA=descriptors is not None, HND=paged and layout == "HND", CAUSAL=bool(p.causal),
         WINDOW=p.window_left >= 0, SOFT_CAP=soft_cap_mode(p.logits_soft_cap, q.dtype), RETURN_LSE=lse is not None,
         LOG_B=max(1, batch.bit_length()), DOT_FP32=cfg.dot_fp32 and q.dtype == torch.bfloat16,
         num_warps=cfg.num_warps, **hooks,
