@@ -175,7 +175,7 @@ def _prefill_point(batch: int, length: int, dev: torch.device, g: torch.Generato
         bt = torch.arange(total // page, device=dev, dtype=torch.int32).view(batch, length // page)
         return PagedKVCache(k.view(total // page, page, hkv, d), v.view(total // page, page, hkv, d), "NHD"), bt
 
-    pages = {PAGE: paged_views(PAGE), 128: paged_views(128)}
+    pages = {page: paged_views(page) for page in (PAGE, 128) if length % page == 0}
     cfgs: list[PrefillConfig | None] = [None]
     if sweep:
         for bm, bn, warps, stages in ((128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 2), (128, 64, 4, 3),
@@ -192,6 +192,8 @@ def _prefill_point(batch: int, length: int, dev: torch.device, g: torch.Generato
         rows.append(_row(workload, "triton ragged", name, ragged, lambda r=ragged: (r(), _err(out, want))[1],
                          flops, "tflop_s"))
         for page in (128,) if cfg is not None and cfg.tma else (PAGE, 128) if cfg is None else (PAGE,):
+            if page not in pages:
+                continue
             cache, bt = pages[page]
             paged = (lambda cfg=cfg, cache=cache, bt=bt, page=page: launch_prefill(
                 q, cache.k_pages, cache.v_pages, indptr, None, bt, lens, "NHD", page, out, None, p, cfg))
