@@ -96,11 +96,10 @@ def _check_inputs(q: Any, k: Any, v: Any, attn_bias: Any) -> str:
     check_same_device("attn_bias", attn_bias, "q", q)
     want = (b, hq, q.shape[2], k.shape[2])
     try:
-        torch.broadcast_shapes(attn_bias.shape, want)
-        ok = attn_bias.dim() <= 4
-    except RuntimeError:
+        ok = attn_bias.dim() <= 4 and torch.broadcast_shapes(attn_bias.shape, want) == want
+    except RuntimeError:  # not broadcastable at all
         ok = False
-    if not ok or torch.broadcast_shapes(attn_bias.shape, want) != want:
+    if not ok:
         raise fail("attn_bias.shape", tuple(attn_bias.shape), f"broadcastable to (B, Hq, Lq, Lk) = {want}")
     return "bool" if attn_bias.dtype == torch.bool else "float"
 
