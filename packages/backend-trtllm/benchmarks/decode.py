@@ -133,10 +133,13 @@ def _graphed(run: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
 
     def replay() -> torch.Tensor:
         if "graph" not in box:
-            run()
+            side = torch.cuda.Stream()  # warm up on the capture stream: per-stream state (XQA's workspace) exists
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                run()
             torch.cuda.synchronize()
             box["graph"] = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(box["graph"]):
+            with torch.cuda.graph(box["graph"], stream=side):
                 box["out"] = run()
         box["graph"].replay()
         return box["out"]  # type: ignore[no-any-return]
