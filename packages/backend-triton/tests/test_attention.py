@@ -384,3 +384,17 @@ def test_kernel_plan_runs_without_an_output_argument() -> None:
     out, lse = kernel_plan.run(q, cache)
     assert out is kernel_plan.out  # preallocated at plan time, reused by every run
     _close((out, lse), ksb.attention.decode(q, cache, table, return_lse=True, backend="reference"), torch.bfloat16)
+
+
+# -- dense ----------------------------------------------------------------------------------------------
+def test_dense_reads_transposed_blhd_inputs_in_place_and_matches_reference() -> None:
+    """q/k/v made as (B, L, H, D) and transposed to (B, H, L, D), as after a QKV projection: the packed tokens
+    are views (no copy); no bias, causal with Lq < Lk, GQA."""
+    from kernel_switchboard_triton.dense import _packed
+
+    q = _randn(2, 12, 4, 64, dtype=torch.bfloat16).transpose(1, 2)
+    k = _randn(2, 30, 2, 64, dtype=torch.bfloat16, seed=2).transpose(1, 2)
+    v = _randn(2, 30, 2, 64, dtype=torch.bfloat16, seed=3).transpose(1, 2)
+    assert _packed(q).data_ptr() == q.data_ptr() and _packed(q)._base is not None
+    got, want = _both(ksb.attention.dense, q, k, v, causal=True)
+    _close(got, want, torch.bfloat16)

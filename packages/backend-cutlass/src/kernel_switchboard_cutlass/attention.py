@@ -21,6 +21,17 @@ HEAD_DIMS = frozenset(range(8, 513, 8))
 CAPABILITY = Capability(devices=frozenset({"cuda"}), min_cc=(5, 0), head_dims=HEAD_DIMS, head_dims_v=HEAD_DIMS,
                         features=frozenset({"causal", "attn_bias", "qk_v_dims_differ", "cuda_graph"}))
 INSTALL = "pip install torch  (a CUDA build, on a machine with an NVIDIA GPU)"
+#: H200 anchor (../shared/DEVICE.md): torch SDPA's memory-efficient backend, causal prefill 1x8192, 165 TFLOP/s
+EFFICIENT_FLOPS = 1.65e14
+
+
+def dense_cost(pr: Any) -> float:
+    """Seconds: the anchor rate for the score and value products, a full-size bias read at 4 TB/s, a launch."""
+    flops = 2.0 * pr.batch * pr.num_q_heads * pr.q_len * pr.kv_len * (pr.head_dim + pr.head_dim_v)
+    if "causal" in pr.features and pr.q_len >= pr.kv_len:
+        flops *= 0.5
+    bias = 2.0 * pr.batch * pr.num_q_heads * pr.q_len * pr.kv_len if pr.bias != "none" else 0.0
+    return 1e-5 + flops / EFFICIENT_FLOPS + bias / 4e12
 
 
 def causal_keep(q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
@@ -76,6 +87,7 @@ def kernels(version: str) -> list[Kernel]:
     """The dense attention kernel, unavailable with a reason where torch has no CUDA GPU."""
     reason = missing_cuda()
     return [Kernel("attention.dense", f"sdpa_efficient@torch-{torch.__version__.split('+')[0]}", "cutlass", CAPABILITY,
-                   sdpa_dense, version=version, unavailable=reason, install=INSTALL if reason else None,
+                   sdpa_dense, version=version, cost=dense_cost, unavailable=reason,
+                   install=INSTALL if reason else None,
                    doc="CUTLASS memory-efficient attention in torch (SDPA efficient backend): additive bias or "
                        "bool mask, bottom-right causal, GQA by repeated K/V heads")]

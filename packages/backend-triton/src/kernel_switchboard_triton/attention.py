@@ -9,7 +9,8 @@ and ``_merge.py`` (merge_states). Capabilities state exactly what the kernels do
 - head dims 64, 128, 192, 256 (192 = a 128 + 64 split of the qk dot); any page size; NHD and HND;
 - soft cap, sliding window, LSE, and CUDA-graph capturable runs; deterministic (no atomics);
 - custom variants (``kernel_switchboard.Variant``) in decode / prefill / ragged prefill: the hooks
-  are ``tl.constexpr`` kernel arguments, so Triton compiles and caches one kernel per variant.
+  are ``tl.constexpr`` kernel arguments, so Triton compiles and caches one kernel per variant;
+- ``attention.dense`` (``dense.py``): the ragged prefill kernel with the bias or mask read by a variant hook.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ._decode import decode, plan_decode
 from ._merge import merge_states
 from ._mla import mla_decode
 from ._prefill import PrefillPlan, prefill, prefill_ragged
+from .dense import dense
 
 _HALF = frozenset({torch.float16, torch.bfloat16})
 _DIMS = frozenset({64, 128, 192, 256})
@@ -53,6 +55,11 @@ MLA = Capability(
     head_dims_v=frozenset({512}), page_sizes=None,
     features=frozenset({"paged", "return_lse", "cuda_graph", "deterministic"}),
     allowed={"head_dim_pe": frozenset({64})},
+)
+DENSE = Capability(
+    devices=DEVICES, min_cc=(8, 0), dtypes=_HALF, head_dims=_DIMS, head_dims_v=_DIMS,
+    features=frozenset({"causal", "attn_bias", "qk_v_dims_differ", "cuda_graph", "deterministic"}),
+    limits={"group_size": 64},
 )
 MERGE = Capability(
     devices=DEVICES, min_cc=(8, 0), dtypes=_HALF | {torch.float32},
@@ -80,6 +87,14 @@ def _mla_cost(pr: Any) -> float:
     return cost_seconds(kv, flops, pr)  # 128 heads: compute-bound (~240 flop/byte)
 
 
+def _dense_cost(pr: Any) -> float:
+    flops = 2.0 * pr.batch * pr.num_q_heads * pr.q_len * pr.kv_len * (pr.head_dim + pr.head_dim_v)
+    if "causal" in pr.features and pr.q_len >= pr.kv_len:
+        flops *= 0.5
+    bias = pr.batch * pr.num_q_heads * pr.q_len * pr.kv_len * nbytes(pr.dtype) if pr.bias != "none" else 0
+    return cost_seconds(bias, flops, pr)  # a full-size bias is read once; a broadcast one costs less (upper bound)
+
+
 def _merge_cost(pr: Any) -> float:
     return cost_seconds(3.0 * pr.tokens * pr.num_heads * pr.head_dim * nbytes(pr.dtype), 0.0, pr)
 
@@ -100,4 +115,7 @@ def kernels() -> list[Kernel]:
                doc="absorbed MLA decode (512 + 64), split-KV, head tiles share each latent KV tile"),
         Kernel("attention.merge_states", "merge_states", BACKEND, MERGE, merge_states, version=__version__,
                cost=_merge_cost, priority=PRIORITY, doc="elementwise LSE merge"),
+        Kernel("attention.dense", "dense", BACKEND, DENSE, dense, version=__version__, cost=_dense_cost,
+               priority=PRIORITY, doc="the ragged prefill kernel on (B, H, L, D) tensors; bias / mask read by a "
+                                      "variant hook through its strides (broadcast biases in place)"),
     ]

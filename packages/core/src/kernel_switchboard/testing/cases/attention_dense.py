@@ -61,7 +61,8 @@ def dense_specs(size: str) -> list[DenseSpec]:
         return [DenseSpec(f16, 2, 4, 2, 5, 9, 16, 16, "bool", True),
                 DenseSpec(bf16, 1, 4, 4, 7, 7, 32, 32, "float", False),
                 DenseSpec(f32, 2, 2, 1, 9, 4, 16, 8, "none", True),  # Lq > Lk: the first rows keep nothing
-                DenseSpec(f16, 1, 8, 2, 3, 12, 64, 64, "float", True)]
+                DenseSpec(f16, 1, 8, 2, 3, 12, 64, 64, "float", True),
+                DenseSpec(bf16, 2, 4, 2, 20, 33, 64, 64, "bool", True)]
     return [DenseSpec(bf16, 4, 16, 16, 512, 512, 64, 64, "bool", False),
             DenseSpec(f16, 2, 32, 8, 1024, 1024, 128, 128, "float", True),
             DenseSpec(bf16, 8, 12, 12, 77, 1024, 64, 64, "none", False),  # cross-attention
