@@ -95,6 +95,13 @@ PRESETS: dict[str, Callable[[], list[Point]]] = {
                          for tag, extra in (("top-p", {}), ("top-k+top-p", {"top_k": 50}))],
     "norm": lambda: [Point("norm.rms_norm", {"rows": 8192, "hidden": 8192, "dtype": "bfloat16"}, "8192x8192"),
                      Point("norm.fused_add_rms_norm", {"rows": 8192, "hidden": 8192, "dtype": "bfloat16"}, "8192x8192")],
+    "dense": lambda: [
+        Point("attention.dense", {"batch": b, "q_len": lq, "kv_len": lk, "num_q_heads": 16, "num_kv_heads": 16,
+                                  "head_dim": 64, "dtype": "bfloat16", "bias": bias, "causal": causal}, label)
+        for b, lq, lk, bias, causal, label in ((8, 1024, 1024, "bool", False, "encoder 8x1024 mask"),
+                                               (8, 1024, 1024, "float", False, "encoder 8x1024 bias"),
+                                               (1, 4096, 4096, "float", True, "1x4096 causal + bias"),
+                                               (16, 77, 1024, "none", False, "cross-attention 77x1024"))],
     "gemm": lambda: [Point("gemm.mm", {"m": 8192, "n": 8192, "k": 8192, "dtype": "bfloat16"}, "8192^3 bf16"),
                      Point("gemm.mm_fp8", {"m": 8192, "n": 8192, "k": 8192, "scale_mode": "block"}, "8192^3 fp8 block")],
 }
