@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from kernel_switchboard import Variant
+from kernel_switchboard.device import is_capturing
 from kernel_switchboard.variants import BoundVariant
 
 from ._prefill import launch_prefill
@@ -55,13 +56,18 @@ _INDPTR: dict[tuple[int, int, torch.device], torch.Tensor] = {}
 
 
 def _indptr(batch: int, length: int, device: torch.device) -> torch.Tensor:
-    """(B + 1,) int32 offsets of B equal requests, cached (no allocation on repeated shapes)."""
+    """(B + 1,) int32 offsets of B equal requests, cached (no allocation on repeated shapes). Inside a CUDA-graph
+    capture a fresh one is made by the graph and never cached (its memory belongs to the graph's pool)."""
     key = (batch, length, device)
-    if key not in _INDPTR:
+    cached = _INDPTR.get(key)
+    if cached is not None:
+        return cached
+    offsets = torch.arange(0, (batch + 1) * length, length, dtype=torch.int32, device=device)[: batch + 1]
+    if not is_capturing():
         if len(_INDPTR) > 256:
             _INDPTR.clear()
-        _INDPTR[key] = torch.arange(0, (batch + 1) * length, length, dtype=torch.int32, device=device)[: batch + 1]
-    return _INDPTR[key]
+        _INDPTR[key] = offsets
+    return offsets
 
 
 def _packed(t: torch.Tensor) -> torch.Tensor:
