@@ -357,3 +357,15 @@ def test_dense_attention_refused_by_torch_raises_a_clear_error() -> None:
     q = torch.randn(1, 2, 4, 16)
     with pytest.raises(KernelUnavailableError, match=r"sdpa_efficient: .*q \(1, 2, 4, 16\).*backend='reference'"):
         sdpa_dense(q, q, q, None, DenseParams(0.25, False), backends=[SDPBackend.EFFICIENT_ATTENTION])
+
+
+def test_dense_attention_wrapper_on_random_shapes_and_broadcast_biases() -> None:
+    from kernel_switchboard.ops.attention import DenseParams
+    from kernel_switchboard.testing.cases.attention_dense import dense_random_cases
+    from kernel_switchboard_cutlass.attention import sdpa_dense
+
+    for q, k, v, bias, causal in dense_random_cases(40, 1, (torch.float32,), 16):
+        got = sdpa_dense(q, k, v, bias, DenseParams(0.25, causal), backends=None)
+        want = ksb.attention.dense(q, k, v, bias, causal=causal, sm_scale=0.25, backend="reference")
+        assert_close(got, want, atol=1e-4, rtol=1e-4, what=f"q {tuple(q.shape)} k {tuple(k.shape)} causal {causal} "
+                                                           f"bias {None if bias is None else tuple(bias.shape)}")

@@ -398,3 +398,13 @@ def test_dense_reads_transposed_blhd_inputs_in_place_and_matches_reference() -> 
     assert _packed(q).data_ptr() == q.data_ptr() and _packed(q)._base is not None
     got, want = _both(ksb.attention.dense, q, k, v, causal=True)
     _close(got, want, torch.bfloat16)
+
+
+def test_dense_on_random_shapes_and_broadcast_biases() -> None:
+    from kernel_switchboard.testing.cases.attention_dense import dense_random_cases
+
+    for q, k, v, bias, causal in dense_random_cases(12, 2, (torch.float16, torch.bfloat16), 64):
+        q, k, v = q.to(DEVICE), k.to(DEVICE), v.to(DEVICE)
+        bias = None if bias is None else bias.to(DEVICE)
+        got, want = _both(ksb.attention.dense, q, k, v, bias, causal=causal)
+        _close(got, want, q.dtype)

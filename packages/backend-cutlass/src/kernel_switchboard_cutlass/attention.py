@@ -64,6 +64,8 @@ def sdpa_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_bias: tor
     if group > 1:
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     mask = merged_mask(attn_bias, p.causal, q.shape[2], k.shape[2], q.device)
+    if mask is not None and mask.dim() < 4:  # SDPA wants at least (Lq, Lk): give it a 4-d view
+        mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
     allowed = [SDPBackend.EFFICIENT_ATTENTION] if backends is None and q.is_cuda else backends
     if allowed is None:
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=p.sm_scale)

@@ -3,6 +3,8 @@ GQA, Lq < / = / > Lk, and rows that keep nothing (their output must be 0)."""
 
 from __future__ import annotations
 
+import random
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import torch
@@ -67,3 +69,25 @@ def dense_specs(size: str) -> list[DenseSpec]:
             DenseSpec(f16, 2, 32, 8, 1024, 1024, 128, 128, "float", True),
             DenseSpec(bf16, 8, 12, 12, 77, 1024, 64, 64, "none", False),  # cross-attention
             DenseSpec(f32, 2, 8, 2, 300, 200, 128, 64, "bool", True)]
+
+
+def dense_random_cases(count: int, seed: int, dtypes: tuple[torch.dtype, ...], head_dim: int
+                       ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, bool]]:
+    """Random dense-attention calls: GQA, Lq vs Lk both ways, causal or not, bool / float / no bias in every
+    broadcastable shape (full, per request, per head, 1-d over keys, 2-d), -inf entries included."""
+    rng = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(count):
+        b, hkv = rng.randint(1, 3), rng.choice([1, 2])
+        hq, lq, lk = hkv * rng.choice([1, 2, 4]), rng.choice([1, 2, 7, 17]), rng.choice([1, 5, 16, 31])
+        dt = rng.choice(dtypes)
+        q, k = torch.randn(b, hq, lq, head_dim, generator=g), torch.randn(b, hkv, lk, head_dim, generator=g)
+        v = torch.randn(b, hkv, lk, rng.choice([head_dim, 2 * head_dim]), generator=g)
+        shape = rng.choice([(b, hq, lq, lk), (1, 1, lq, lk), (lk,), (hq, 1, lk), (b, 1, 1, lk), (lq, lk)])
+        kind, bias = rng.choice(["none", "bool", "float"]), None
+        if kind == "bool":
+            bias = torch.rand(shape, generator=g) < 0.6
+        elif kind == "float":
+            bias = (torch.randn(shape, generator=g) * 2).masked_fill(torch.rand(shape, generator=g) < 0.1, float("-inf"))
+            bias = bias.to(dt)
+        yield q.to(dt), k.to(dt), v.to(dt), bias, rng.random() < 0.5
