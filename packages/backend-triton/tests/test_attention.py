@@ -400,9 +400,13 @@ def test_dense_reads_transposed_blhd_inputs_in_place_and_matches_reference() -> 
     _close(got, want, torch.bfloat16)
 
 
-def test_dense_on_random_shapes_and_broadcast_biases() -> None:
+@pytest.mark.parametrize("wide", [False, True], ids=["int32-offsets", "int64-offsets"])
+def test_dense_on_random_shapes_and_broadcast_biases(wide: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     from kernel_switchboard.testing.cases.attention_dense import dense_random_cases
+    from kernel_switchboard_triton import dense
 
+    if wide:  # every bias takes the int64 offsets of biases spanning 2^31 elements or more
+        monkeypatch.setattr(dense, "WIDE_SPAN", 0)
     for q, k, v, bias, causal in dense_random_cases(12, 2, (torch.float16, torch.bfloat16), 64):
         q, k, v = q.to(DEVICE), k.to(DEVICE), v.to(DEVICE)
         bias = None if bias is None else bias.to(DEVICE)
