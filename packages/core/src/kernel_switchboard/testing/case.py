@@ -118,47 +118,42 @@ def assert_close(got: torch.Tensor, want: torch.Tensor, *, atol: float, rtol: fl
 STALE_VALUE = 64.0
 
 
+def map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``obj`` (args: tuples, lists, dicts, PagedKVCache, PageTable) rebuilt with ``fn`` applied to every tensor."""
+    from ..paged import PagedKVCache, PageTable
+
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, tuple):
+        return tuple(map_tensors(o, fn) for o in obj)
+    if isinstance(obj, list):
+        return [map_tensors(o, fn) for o in obj]
+    if isinstance(obj, dict):
+        return {k: map_tensors(v, fn) for k, v in obj.items()}
+    if isinstance(obj, PagedKVCache):
+        fp8 = obj.is_fp8
+        return PagedKVCache(fn(obj.k_pages), fn(obj.v_pages), obj.layout,
+                            obj.k_scale if fp8 else None, obj.v_scale if fp8 else None)
+    if isinstance(obj, PageTable):
+        return PageTable(fn(obj.block_table), fn(obj.seq_lens), obj.max_seq_len)
+    return obj
+
+
+def _nan_to_stale(t: torch.Tensor) -> torch.Tensor:
+    if not t.is_floating_point():
+        return t
+    wide = t if t.dtype in (torch.float32, torch.float64) else t.float()  # fp8 has no nan_to_num
+    return wide.nan_to_num(nan=STALE_VALUE).to(t.dtype)
+
+
 def finite_stale(obj: Any) -> Any:
     """A copy of ``obj`` (args as :func:`clone_args` walks them) whose floating tensors have NaN -> ``STALE_VALUE``.
 
     The paged attention cases put NaN only in the slots past each request's length, so this turns
     "no kernel may read them" into "a kernel may read them with a zero weight"."""
-    if isinstance(obj, torch.Tensor):
-        if not obj.is_floating_point():
-            return obj
-        wide = obj if obj.dtype in (torch.float32, torch.float64) else obj.float()  # fp8 has no nan_to_num
-        return wide.nan_to_num(nan=STALE_VALUE).to(obj.dtype)
-    if isinstance(obj, tuple):
-        return tuple(finite_stale(o) for o in obj)
-    if isinstance(obj, list):
-        return [finite_stale(o) for o in obj]
-    if isinstance(obj, dict):
-        return {k: finite_stale(v) for k, v in obj.items()}
-    from ..paged import PagedKVCache
-
-    if isinstance(obj, PagedKVCache):
-        fp8 = obj.is_fp8
-        return PagedKVCache(finite_stale(obj.k_pages), finite_stale(obj.v_pages), obj.layout,
-                            obj.k_scale if fp8 else None, obj.v_scale if fp8 else None)
-    return obj
+    return map_tensors(obj, _nan_to_stale)
 
 
 def clone_args(obj: Any) -> Any:
     """Deep-copy the tensors in args (tuples, lists, dicts, PagedKVCache, PageTable), keeping the rest."""
-    from ..paged import PagedKVCache, PageTable
-
-    if isinstance(obj, torch.Tensor):
-        return obj.clone()
-    if isinstance(obj, tuple):
-        return tuple(clone_args(o) for o in obj)
-    if isinstance(obj, list):
-        return [clone_args(o) for o in obj]
-    if isinstance(obj, dict):
-        return {k: clone_args(v) for k, v in obj.items()}
-    if isinstance(obj, PagedKVCache):
-        fp8 = obj.is_fp8
-        return PagedKVCache(obj.k_pages.clone(), obj.v_pages.clone(), obj.layout,
-                            obj.k_scale if fp8 else None, obj.v_scale if fp8 else None)
-    if isinstance(obj, PageTable):
-        return PageTable(obj.block_table.clone(), obj.seq_lens.clone(), obj.max_seq_len)
-    return obj
+    return map_tensors(obj, torch.Tensor.clone)
