@@ -2,12 +2,14 @@
 # One-call GPU check on a lent H200 (see ../shared/DEVICE.md): install the project offline, run every
 # GPU test, run the benchmarks, write logs and tables under $OUT. Usage, from the project root:
 #   source .gpu/core/setup.sh && bash tools/gpu_check.sh [stage ...]
-# Stages (default: install smoke tests backend-bench bench pack; also sweep, trt-decode) (pack: one archive of $OUT; run it last). Each stage has its own time limit so one hang
-# cannot eat the whole call.
+# Stages, run in this order whatever the order given (default: install smoke tests backend-bench bench pack;
+# also tune, sweep, trt-decode; pack makes one archive of $OUT). Each stage has its own time limit so one
+# hang cannot eat the whole call. KSB_TUNE_CACHE may point outside $OUT (e.g. /tmp/gpu-stash/tune.json) so
+# that a later call on the same warm machine benches with the winners a previous call's tune stage stored.
 set -u
 OUT=${OUT:-/tmp/ksb-out}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 KSB_TUNE_CACHE="$OUT/tune.json"
+export PYTHONUNBUFFERED=1 KSB_TUNE_CACHE=${KSB_TUNE_CACHE:-$OUT/tune.json}
 stages=${*:-install smoke tests backend-bench bench pack}
 log() { echo "[gpu_check $(date +%T)] $*"; }
 
@@ -37,7 +39,7 @@ if [[ " $stages " == *" tests "* ]]; then
     echo "$d: exit $? :: $(grep -E '(passed|failed|error)' "$log" | tail -1)" >> "$OUT/pytest-gpu.log"
   }
   for d in ${KSB_TEST_DIRS:-tests packages/backend-triton/tests packages/backend-cudnn/tests packages/backend-fa/tests packages/backend-cutlass/tests packages/backend-trtllm/tests}; do
-    [ -e "$d" ] && run_folder "$d" &
+    [ -e "${d%%::*}" ] && run_folder "$d" &  # a folder, a file or a test node id
   done
   wait
   cat "$OUT/pytest-gpu.log"
@@ -49,6 +51,13 @@ if [[ " $stages " == *" backend-bench "* ]]; then
   timeout ${KSB_BACKEND_BENCH_TIMEOUT:-300} python3 tools/gpu_bench.py "$OUT/backend-bench.json" ${KSB_BACKEND_BENCH_FILTER:-} \
     > "$OUT/backend-bench.txt" 2>&1
   log "backend bench exit $?"; tail -80 "$OUT/backend-bench.txt"
+fi
+
+if [[ " $stages " == *" tune "* ]]; then
+  log "tune (winners into $KSB_TUNE_CACHE)"
+  timeout ${KSB_TUNE_TIMEOUT:-300} switchboard tune --preset ${KSB_BENCH_PRESETS:-attention} \
+    --reps-ms ${KSB_TUNE_REPS_MS:-40} > "$OUT/tune.txt" 2>&1
+  log "tune exit $?"; tail -50 "$OUT/tune.txt"
 fi
 
 if [[ " $stages " == *" bench "* ]]; then
@@ -74,6 +83,7 @@ fi
 
 if [[ " $stages " == *" pack "* ]]; then
   # The device tool returns at most 8 files: pack everything into one archive.
+  [ -f "$KSB_TUNE_CACHE" ] && cp "$KSB_TUNE_CACHE" "$OUT/tune-cache.json" 2>/dev/null
   tar czf /tmp/results.tgz -C "$OUT" . 2>/dev/null && find "$OUT" -mindepth 1 -delete && mv /tmp/results.tgz "$OUT/results.tgz"
   log "done: $OUT/results.tgz"
 fi

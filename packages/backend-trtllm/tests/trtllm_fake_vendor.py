@@ -17,6 +17,9 @@ import trtllm_emulate as emu
 from kernel_switchboard_trtllm.translate import MoeArgs, XqaDecodeArgs, XqaMlaArgs
 
 CALLS: list[str] = []
+#: what the stand-in XQA writes for a request with no tokens: zeros, as XQA does on the H200
+#: (test_trtllm_gpu.py); a test sets NaN to check the backend's optional zeroing pass
+EMPTY_ROW_VALUE = 0.0
 
 
 def trtllm_batch_decode_with_kv_cache(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_seq_len,
@@ -32,7 +35,7 @@ def trtllm_batch_decode_with_kv_cache(query, kv_cache, workspace_buffer, block_t
     CALLS.append("xqa")
     result = emu.xqa_decode(XqaDecodeArgs(query, kv_cache, block_tables, seq_lens, max_seq_len, bmm1_scale, bmm2_scale,
                                           window_left, kv_layout))
-    result[seq_lens == 0] = float("nan")  # the worst a kernel could do for an empty request
+    result[seq_lens == 0] = EMPTY_ROW_VALUE
     out.copy_(result)
     return out
 
