@@ -203,7 +203,7 @@ def _force_tma(monkeypatch: pytest.MonkeyPatch) -> list[object]:
                          ids=lambda c: f"{str(c[0])[6:]}-p{c[2]}-{c[7]}")
 def test_prefill_paged_tma_tiles_match_reference(case: tuple, layout: str,  # type: ignore[type-arg]
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """Page tiles by TMA (opt-in ``PrefillConfig.tma``; a tile never crosses a page): the unwritten rest of each
+    """Page tiles by TMA (``PrefillConfig.tma``, on by default on Hopper; a tile never crosses a page): the unwritten rest of each
     request's last page holds NaN, which must not reach the output."""
     dtype, _, ps, qo, kv, (hq, hkv), (d, dv), kwargs = case
     routes = _force_tma(monkeypatch)
@@ -217,7 +217,7 @@ def test_prefill_paged_tma_tiles_match_reference(case: tuple, layout: str,  # ty
 
 @pytest.mark.parametrize("case", [c for c in PREFILL_CASES if c[6][0] == c[6][1]], ids=lambda c: f"{str(c[0])[6:]}-{c[7]}")
 def test_prefill_ragged_tma_tiles_match_reference(case: tuple, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[type-arg]
-    """K/V tiles by TMA (opt-in ``PrefillConfig.tma``): whole tiles cross into the next request's rows, whose NaN
+    """K/V tiles by TMA (``PrefillConfig.tma``, default on Hopper): whole tiles cross into the next request's rows, whose NaN
     (poisoned here) must reach neither this request's scores nor its output."""
     dtype, _, _, qo, kv, (hq, hkv), (d, dv), kwargs = case
     routes = _force_tma(monkeypatch)

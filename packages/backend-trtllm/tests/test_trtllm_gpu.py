@@ -21,7 +21,6 @@ from kernel_switchboard.reference import moe as ref_moe
 from kernel_switchboard.testing import assert_close
 from kernel_switchboard.testing.cases.attention import AttnSpec, decode_case
 from kernel_switchboard.testing.cases.moe import expert_weights
-from kernel_switchboard_trtllm import xqa
 
 pytestmark = pytest.mark.gpu
 
@@ -56,19 +55,6 @@ def test_decode_sweep(device: torch.device, spec: AttnSpec, why: str) -> None:
     case = decode_case(spec, device, seed=11)
     kernel = next(k for k in ksb.registry.all_backends()["trtllm"].kernels if k.op == "attention.decode")
     case.compare(kernel.id, computes_in=spec.kv_dtype, finite_stale_slots=kernel.reads_stale_slots)
-
-
-@pytest.mark.parametrize(("spec", "why"), [(s, w) for s, w in SWEEP if 0 in s.kv_lens],
-                         ids=[w for s, w in SWEEP if 0 in s.kv_lens])
-def test_xqa_writes_zeros_for_empty_requests(device: torch.device, spec: AttnSpec, why: str, monkeypatch) -> None:
-    """The backend skips its zeroing pass by default because XQA itself writes 0 for a request with no
-    tokens (NaN in every unwritten slot here); this is the check behind that default."""
-    monkeypatch.setattr(xqa, "ZERO_EMPTY_ROWS", False)
-    case = decode_case(spec, device, seed=13)
-    q, cache, table = case.args
-    out = ksb.attention.decode(q, cache, table, backend="trtllm", **case.kwargs)
-    empty = table.seq_lens == 0
-    assert torch.equal(out[empty], torch.zeros_like(out[empty])), f"{why}: XQA wrote {out[empty]} for empty requests"
 
 
 def test_decode_plan_replays_in_a_cuda_graph(device: torch.device) -> None:

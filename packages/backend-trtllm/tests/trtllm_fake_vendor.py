@@ -17,9 +17,8 @@ import trtllm_emulate as emu
 from kernel_switchboard_trtllm.translate import MoeArgs, XqaDecodeArgs, XqaMlaArgs
 
 CALLS: list[str] = []
-#: what the stand-in XQA writes for a request with no tokens: zeros, as XQA does on the H200
-#: (test_trtllm_gpu.py); a test sets NaN to check the backend's optional zeroing pass
-EMPTY_ROW_VALUE = 0.0
+#: what the stand-in XQA writes for a request with no tokens: NaN, as XQA does on the H200 (test_trtllm_gpu.py)
+EMPTY_ROW_VALUE = float("nan")
 
 
 def trtllm_batch_decode_with_kv_cache(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_seq_len,

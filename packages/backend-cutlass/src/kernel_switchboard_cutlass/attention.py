@@ -21,17 +21,22 @@ HEAD_DIMS = frozenset(range(8, 513, 8))
 CAPABILITY = Capability(devices=frozenset({"cuda"}), min_cc=(5, 0), head_dims=HEAD_DIMS, head_dims_v=HEAD_DIMS,
                         features=frozenset({"causal", "attn_bias", "qk_v_dims_differ", "cuda_graph"}))
 INSTALL = "pip install torch  (a CUDA build, on a machine with an NVIDIA GPU)"
-#: H200 anchor (../shared/DEVICE.md): torch SDPA's memory-efficient backend, causal prefill 1x8192, 165 TFLOP/s
-EFFICIENT_FLOPS = 1.65e14
+#: H200 (run 11, ``switchboard bench --preset dense``, head dim 64): the efficient kernel ran at 67-72 TFLOP/s with
+#: or without a mask; the causal 1x8192 anchor at head dim 128 is 165 TFLOP/s (../shared/DEVICE.md)
+EFFICIENT_FLOPS = {64: 7.0e13, 128: 1.65e14}
+#: causal with a bias: folding the causal mask into a copy of the bias, then finding the dead rows, moves ~16
+#: bytes per (query, key) pair (1x4096 causal + bias, 16 heads: 2.2 ms against 1.0 ms of attention)
+MERGE_BYTES_PER_PAIR = 16.0
 
 
 def dense_cost(pr: Any) -> float:
-    """Seconds: the anchor rate for the score and value products, a full-size bias read at 4 TB/s, a launch."""
-    flops = 2.0 * pr.batch * pr.num_q_heads * pr.q_len * pr.kv_len * (pr.head_dim + pr.head_dim_v)
-    if "causal" in pr.features and pr.q_len >= pr.kv_len:
-        flops *= 0.5
-    bias = 2.0 * pr.batch * pr.num_q_heads * pr.q_len * pr.kv_len if pr.bias != "none" else 0.0
-    return 1e-5 + flops / EFFICIENT_FLOPS + bias / 4e12
+    """Seconds: every score tile at the measured rate (the causal mask is a mask here: no tiles skipped), plus
+    the causal-mask merge when there is a bias, plus a launch."""
+    pairs = pr.batch * pr.num_q_heads * pr.q_len * pr.kv_len
+    flops = 2.0 * pairs * (pr.head_dim + pr.head_dim_v)
+    rate = EFFICIENT_FLOPS[64] if max(pr.head_dim, pr.head_dim_v) <= 64 else EFFICIENT_FLOPS[128]
+    merge = pairs * MERGE_BYTES_PER_PAIR / 4e12 if "causal" in pr.features and pr.bias != "none" else 0.0
+    return 1e-5 + flops / rate + merge
 
 
 def causal_keep(q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:

@@ -366,7 +366,7 @@ class PrefillConfig(NamedTuple):
     num_stages: int
     #: interpreter: float32 dot operands for bf16 inputs (its bf16 tl.dot is wrong; fp16 runs natively)
     dot_fp32: bool
-    #: K/V tiles by TMA where :func:`tma_descriptors` can describe them (off until measured faster)
+    #: K/V tiles by TMA where :func:`tma_descriptors` can describe them (else pointer loads)
     tma: bool = False
 
 
@@ -377,15 +377,15 @@ def prefill_config(device: torch.device, head_dim: int, head_dim_v: int, rows_bu
         return PrefillConfig(max(16, min(32, rows_bucket)), 16, 1, 1, True)
     big = max(head_dim, head_dim_v) > 128
     hopper = cc_major(device) >= 9
-    # sm_90, d128: BLOCK_M 128 x BLOCK_N 128, 8 warps, 3 stages (wgmma, 255 regs) measured fastest on the H200
-    # (causal 1x8192 ragged 475 TFLOP/s against 435 with BLOCK_N 64; 8x2048 363 against 357). ptxas (sm_90, on
-    # the host) gives that kernel 632 B (ragged) / 1224 B (paged) of stack with pointer loads and none with TMA
-    # tiles (212 registers): the TMA rows of tools/gpu_sweep.py decide whether ``tma`` becomes the default.
-    # sm_80 spills at BLOCK_M 128, so Ampere takes 64-row tiles.
+    # sm_90, d128: BLOCK_M 128 x BLOCK_N 128, 8 warps, 3 stages (wgmma) measured fastest on the H200, with K/V
+    # tiles by TMA where the layout allows (ragged; pages that hold whole tiles): causal 1x8192 ragged 487 TFLOP/s
+    # against 476 with pointer loads, 8x2048 394 against 363, paged p128 428 / 351 against 383 / 303 (run 11).
+    # ptxas (sm_90, on the host): 212 registers and no stack with TMA; 255 and 632 B (ragged) / 1224 B (paged)
+    # of stack with pointer loads. sm_80 spills at BLOCK_M 128, so Ampere takes 64-row tiles.
     block_m = max(16, min(64 if big or not hopper else 128, rows_bucket))
     block_n = 32 if big else (128 if hopper and block_m >= 128 else 64)
     warps = 8 if block_m >= 128 or big else 4
-    return PrefillConfig(block_m, block_n, warps, 3 if hopper and not big else 2, False)
+    return PrefillConfig(block_m, block_n, warps, 3 if hopper and not big else 2, False, tma=hopper)
 
 
 def _token_rows(t: torch.Tensor, layout: str | None) -> torch.Tensor | None:

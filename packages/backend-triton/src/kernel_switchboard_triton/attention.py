@@ -23,7 +23,16 @@ import torch
 from kernel_switchboard import Capability, Kernel
 
 from . import __version__
-from ._attn_common import DECODE_BYTES_PER_S, DECODE_FIXED_S, cost_seconds, fp8_needs_sm89, is_inf_cost, nbytes
+from ._attn_common import (
+    DECODE_BYTES_PER_S,
+    DECODE_FIXED_S,
+    LAUNCH_S,
+    TENSOR_FLOPS,
+    cost_seconds,
+    fp8_needs_sm89,
+    is_inf_cost,
+    nbytes,
+)
 from ._common import BACKEND, DEVICES, PRIORITY
 from ._decode import decode, plan_decode
 from ._merge import merge_states
@@ -87,12 +96,23 @@ def _mla_cost(pr: Any) -> float:
     return cost_seconds(kv, flops, pr)  # 128 heads: compute-bound (~240 flop/byte)
 
 
+#: ``attention.dense`` on the H200 (run 11, ``switchboard bench --preset dense``, head dim 64): the kernel reads
+#: a mask or bias tile per score tile at ~0.25e12 (bool) / 0.3e12 (float) elements per second, which bounds it
+#: well below the tensor cores; an eager call costs ~0.19 ms of host time at least (no plan: it packs the
+#: inputs and launches every call; cross-attention 16x77x1024 measured 0.196 ms)
+DENSE_MASK_ELEMS_PER_S = {"bool": 2.5e11, "float": 3.0e11}
+DENSE_HOST_S = 1.9e-4
+
+
 def _dense_cost(pr: Any) -> float:
+    """Seconds: the larger of the eager host floor and the tensor-core or mask-read time."""
+    if is_inf_cost(pr):
+        return math.inf
     flops = 2.0 * pr.batch * pr.num_q_heads * pr.q_len * pr.kv_len * (pr.head_dim + pr.head_dim_v)
-    if "causal" in pr.features and pr.q_len >= pr.kv_len:
-        flops *= 0.5
-    bias = pr.batch * pr.num_q_heads * pr.q_len * pr.kv_len * nbytes(pr.dtype) if pr.bias != "none" else 0
-    return cost_seconds(bias, flops, pr)  # a full-size bias is read once; a broadcast one costs less (upper bound)
+    causal_half = "causal" in pr.features and pr.q_len >= pr.kv_len
+    elems = pr.batch * pr.num_q_heads * pr.q_len * pr.kv_len * (0.5 if causal_half else 1.0)
+    mask_s = elems / DENSE_MASK_ELEMS_PER_S[pr.bias] if pr.bias != "none" else 0.0
+    return max(DENSE_HOST_S, LAUNCH_S + max(flops * (0.5 if causal_half else 1.0) / TENSOR_FLOPS, mask_s))
 
 
 def _merge_cost(pr: Any) -> float:

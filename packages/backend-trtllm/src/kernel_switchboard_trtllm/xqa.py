@@ -95,11 +95,12 @@ def _decode_cost(problem: Any) -> float:
     return DECODE_FIXED_S + nbytes / DECODE_RATE.get(problem.page_size, 4.22e12)
 
 
-#: a request with no cached tokens must give out = 0 (the op's contract). XQA writes exact zeros for
-#: it (flashinfer 0.6.18 on the H200, with NaN in every unwritten slot: tests/test_trtllm_gpu.py
-#: ``test_xqa_writes_zeros_for_empty_requests``), so no zeroing pass follows the call by default: two
-#: more launches cost 6 us at batch 16 inside a CUDA graph. ``KSB_TRTLLM_XQA_EMPTY_ROWS=zero`` adds it.
-ZERO_EMPTY_ROWS = os.environ.get("KSB_TRTLLM_XQA_EMPTY_ROWS", "trust") == "zero"
+#: a request with no cached tokens must give out = 0 (the op's contract). XQA writes NaN (bf16/fp16) or
+#: garbage (fp8 KV: -1e17) for it (flashinfer 0.6.18 on the H200, tests/test_trtllm_gpu.py), and engines pad
+#: CUDA-graph batches with such requests, so those rows are zeroed after the call (two small launches,
+#: no host sync; 5 us at batch 16 in a CUDA graph: 2.52 against 2.78 TB/s at B=16 L=2048 page 64).
+#: ``KSB_TRTLLM_XQA_EMPTY_ROWS=trust`` skips that when the caller never passes an empty request.
+ZERO_EMPTY_ROWS = os.environ.get("KSB_TRTLLM_XQA_EMPTY_ROWS", "zero") != "trust"
 
 
 def _xqa_call(args: translate.XqaDecodeArgs, out: torch.Tensor, ws: torch.Tensor) -> None:
