@@ -90,3 +90,14 @@ def test_cache_off_writes_nothing(tmp_path, monkeypatch) -> None:
     assert tuning.store("op.x", "p", {"k:a": 2.0, "k:b": 1.0}) == "k:b"
     assert list(tmp_path.iterdir()) == []
     assert tuning.lookup("op.x", "p") is None
+
+
+def test_switchboard_tune_stores_the_winner_of_an_adhoc_point(cache_file, two_kernels, capsys) -> None:
+    from kernel_switchboard.bench import tune_main
+
+    argv = ["--op", "norm.rms_norm", "--param", "rows=4", "--param", "hidden=64", "--param", "dtype=float32",
+            "--device", "cpu", "--reps-ms", "2"]
+    assert tune_main(argv) == 0
+    (entry,) = tuning.entries()["norm.rms_norm"].values()
+    assert {"tt:a", "tt:b"} <= set(entry["times"]) and entry["kernel"] == min(entry["times"], key=entry["times"].get)
+    assert "norm.rms_norm rows=4 hidden=64 dtype=float32 (eager)" in capsys.readouterr().out

@@ -509,32 +509,69 @@ def tune_main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="switchboard tune")
     p.add_argument("--preset", action="append", help=f"one of {sorted(PRESETS)}")
+    p.add_argument("--op", help="ad-hoc point: op name")
+    p.add_argument("--param", action="append", default=[], help="ad-hoc point: key=value (repeatable)")
     p.add_argument("--shortlist", type=int, default=4, help="measure at most this many top-ranked kernels")
     p.add_argument("--reps-ms", type=float, default=100.0)
     p.add_argument("--device")
     args = p.parse_args(argv)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    for name in args.preset or ["attention"]:
-        for point in PRESETS[name]():
+    points = [pt for name in args.preset or ([] if args.op else ["attention"]) for pt in PRESETS[name]()]
+    if args.op:
+        from .cli import _parse_params
+
+        points.append(Point(args.op, _parse_params(args.param), " ".join(args.param) or args.op))
+    for point in points:
+        try:
+            case = _example(point.op, device, point.params)
+            sel = explain(point.op, *case.args, **case.kwargs)
+        except Exception as exc:
+            print(f"tune: {point.op} {point.label}: {exc}", file=sys.stderr)
+            continue
+        times: dict[str, float] = {}
+        eligible = [c for c in sel.candidates if c.eligible
+                    and not (device.type == "cuda" and c.kernel.backend == "reference")]  # slow by design
+        for cand in eligible[: args.shortlist]:
             try:
-                case = _example(point.op, device, point.params)
-                sel = explain(point.op, *case.args, **case.kwargs)
+                times[cand.kernel.id] = time_ms(lambda k=cand.kernel.id, c=case: c.function(*c.args, backend=k, **c.kwargs),
+                                                device, args.reps_ms) * 1e-3
             except Exception as exc:
-                print(f"tune: {point.op} {point.label}: {exc}", file=sys.stderr)
-                continue
-            times: dict[str, float] = {}
-            for cand in [c for c in sel.candidates if c.eligible][: args.shortlist]:
-                try:
-                    times[cand.kernel.id] = time_ms(lambda k=cand.kernel.id, c=case: c.function(*c.args, backend=k, **c.kwargs),
-                                                    device, args.reps_ms) * 1e-3
-                except Exception as exc:
-                    print(f"tune: {cand.kernel.id} failed on {point.label}: {exc}", file=sys.stderr)
-            if times:
-                winner = tuning.store(point.op, sel.problem, times)
-                print(f"tune: {point.op} {point.label}: {winner} "
-                      + " ".join(f"{k}={v * 1e3:.4f}ms" for k, v in sorted(times.items(), key=lambda kv: kv[1])))
+                print(f"tune: {cand.kernel.id} failed on {point.label}: {exc}", file=sys.stderr)
+        if times:
+            _report(point, "eager", tuning.store(point.op, sel.problem, times), times)
+        graphed = _graph_times(point, case, list(times), device, args.reps_ms)
+        if graphed is not None:
+            _report(point, "plan in a CUDA graph", tuning.store(point.op, graphed[0], graphed[1]), graphed[1])
     print(f"tune: cache at {tuning.cache_path()}")
     return 0
+
+
+def _report(point: Point, how: str, winner: str, times: dict[str, float]) -> None:
+    print(f"tune: {point.op} {point.label} ({how}): {winner} "
+          + " ".join(f"{k}={v * 1e3:.4f}ms" for k, v in sorted(times.items(), key=lambda kv: kv[1])))
+
+
+def _graph_times(point: Point, case: Any, kernel_ids: list[str], device: torch.device,
+                 reps_ms: float) -> tuple[Any, dict[str, float]] | None:
+    """(plan problem, seconds by kernel) of each kernel's plan replayed in a CUDA graph: the GPU time an engine
+    that captures its steps pays, stored under the plan's problem (selected by ``plan_decode`` / ``plan_prefill``,
+    whose problem requires ``cuda_graph``). None where the op has no plan or there is no GPU."""
+    if point.op not in _PLANNERS or device.type != "cuda":
+        return None
+    problem, times = None, {}
+    for kernel_id in kernel_ids:
+        try:
+            plan, call = _PLANNERS[point.op](kernel_id, case.args, case.kwargs)
+            call()  # compiles and builds outside capture
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                call()
+            times[kernel_id] = time_ms(graph.replay, device, reps_ms) * 1e-3
+            problem = plan.problem
+        except Exception as exc:  # noqa: BLE001 - a kernel that cannot plan or capture simply does not win
+            print(f"tune: {kernel_id} plan in a CUDA graph failed on {point.label}: {exc}"[:300], file=sys.stderr)
+    return (problem, times) if times else None
 
 
 def build_main(argv: list[str] | None = None) -> int:
