@@ -415,7 +415,7 @@ def example(op: str, device: torch.device, **shape: Any) -> Case:
     """One case from CLI-style parameters (strings accepted), for benchmarks and demos.
 
     top_k_top_p / renorm: batch (128), vocab (128256), dtype ("float32"), top_k (50), top_p (0.9),
-    min_p (0), logits (1 = logits input). chain_speculative: batch (64), draft (4), vocab (32000), dtype.
+    min_p (0), logits (1 = logits input), check_nan (1). chain_speculative: batch (64), draft (4), vocab (32000), dtype.
     The case compares with the reference (renorm) or checks output shapes and ranges (samplers).
     """
     g = torch.Generator().manual_seed(int(shape.get("seed", 0)))
@@ -437,7 +437,7 @@ def example(op: str, device: torch.device, **shape: Any) -> Case:
     tag = f"{batch}x{vocab}-{str(dtype)[6:]}-k{top_k}-p{top_p}-minp{min_p}"
     if op == "sampling.renorm":
         return Case(op, tag, (torch.softmax(logits, -1).to(device, dtype), top_k, top_p, min_p), {}, torch.float32)
-    kwargs = {"min_p": min_p, "is_logits": is_logits}
+    kwargs = {"min_p": min_p, "is_logits": is_logits, "check_nan": bool(int(shape.get("check_nan", 1)))}
     return Case(op, tag, (x, top_k, top_p), kwargs, dtype, check=_shape_check(batch, vocab))
 
 
