@@ -34,7 +34,7 @@ if [[ " $stages " == *" tests "* ]]; then
   # time limit makes pytest print its summary (failures so far) instead of dying silently.
   run_folder() {
     local d=$1 log="$OUT/pytest-gpu-${1//\//_}.log"
-    timeout -s INT -k 20 ${KSB_TEST_TIMEOUT:-300} python3 -m pytest -q -m gpu --maxfail=30 --no-header -rfE \
+    timeout -s INT -k 20 ${KSB_TEST_TIMEOUT:-300} python3 -m pytest -q -m gpu --maxfail=30 --no-header -rA \
       -p no:cacheprovider --durations=8 "$d" ${KSB_PYTEST_ARGS:-} > "$log" 2>&1
     echo "$d: exit $? :: $(grep -E '(passed|failed|error)' "$log" | tail -1)" >> "$OUT/pytest-gpu.log"
   }
