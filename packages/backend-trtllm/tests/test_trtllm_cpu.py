@@ -327,7 +327,6 @@ def test_xqa_trust_mode_skips_the_zeroing_pass(vendor, monkeypatch) -> None:
     assert torch.isnan(out[1]).all() and torch.isfinite(out[[0, 2]]).all()  # what XQA wrote, untouched
 
 
-
 def test_xqa_plan_run_writes_into_out(vendor, monkeypatch) -> None:
     built = []
     monkeypatch.setattr(xqa.jit, "xqa_build", lambda problem: built.append(problem))

@@ -378,7 +378,7 @@ def prefill_config(device: torch.device, head_dim: int, head_dim_v: int, rows_bu
     big = max(head_dim, head_dim_v) > 128
     hopper = cc_major(device) >= 9
     # sm_90, d128: BLOCK_M 128 x BLOCK_N 128, 8 warps, 3 stages (wgmma) measured fastest on the H200, with K/V
-    # tiles by TMA where the layout allows (ragged; pages that hold whole tiles): causal 1x8192 ragged 487 TFLOP/s
+    # tiles by TMA where the layout allows (ragged; pages that hold whole tiles): causal 1x8192 ragged 487-514 TFLOP/s
     # against 476 with pointer loads, 8x2048 394 against 363, paged p128 428 / 351 against 383 / 303 (run 11).
     # ptxas (sm_90, on the host): 212 registers and no stack with TMA; 255 and 632 B (ragged) / 1224 B (paged)
     # of stack with pointer loads. sm_80 spills at BLOCK_M 128, so Ampere takes 64-row tiles.
