@@ -262,8 +262,10 @@ def run_point(preset: str, point: Point, device: torch.device, reps_ms: float) -
         return [Row(preset, point.op, point.label, "-", None, error=f"{type(exc).__name__}: {exc}"[:300])]
     units, unit = work(point.op, case.args, case.kwargs)
     fn = case.function
+    calls: dict[str, Callable[[], Any]] = {}
 
     def timed(name: str, call: Callable[[], Any], auto: bool = False) -> None:
+        calls[name] = call
         try:
             ms = time_ms(call, device, reps_ms)
             metric = units / (ms * 1e-3) / 1e12 if units else None
@@ -282,14 +284,46 @@ def run_point(preset: str, point: Point, device: torch.device, reps_ms: float) -
         _timed_plans(timed, rows, preset, point, None, case.args, case.kwargs)
     for name, call in externals(point.op, case.args, case.kwargs).items():
         timed(f"[ext] {name}", call)
-    best: dict[str, float] = {}  # regret compares eager calls with eager calls, plans with plans
-    for r in rows:
-        if r.ms is not None and not r.auto and not r.kernel.startswith("[ext]"):
-            best[_call_kind(r.kernel)] = min(best.get(_call_kind(r.kernel), r.ms), r.ms)
-    for r in rows:
-        if r.auto and r.ms is not None and _call_kind(r.kernel) in best:
-            r.regret = r.ms / best[_call_kind(r.kernel)]
+    _regrets(rows, calls, device, reps_ms, units)
     return rows
+
+
+#: a regret above this is timed again, back to back with the best kernel (see :func:`_regrets`)
+RETIME_ABOVE = 1.03
+
+
+def _regrets(rows: list[Row], calls: dict[str, Callable[[], Any]], device: torch.device, reps_ms: float,
+             units: float | None) -> None:
+    """Set each auto row's regret: its time over the best kernel row's of the same call kind (eager, plan,
+    graph). Rows are timed one after another, minutes apart on a big grid, and clocks drift (run 11: the same
+    kernel timed 10% apart at the end of a run of full-bandwidth kernels), so an auto row above
+    :data:`RETIME_ABOVE` and its best row are timed again, alternately, three times each, and each keeps its
+    fastest time; ``extra['retimed']`` records the first times."""
+    for r in rows:
+        kind = _call_kind(r.kernel)
+        best = _best_row(rows, kind)
+        if not r.auto or r.ms is None or best is None or best.ms is None:
+            continue
+        if r.ms > best.ms * RETIME_ABOVE and r.kernel in calls and best.kernel in calls:
+            first = {"auto_ms": r.ms, "best_ms": best.ms}
+            for _ in range(3):
+                for row in (r, best):
+                    _retime(row, calls[row.kernel], device, reps_ms, units)
+            r.extra["retimed"] = best.extra["retimed"] = first
+            best = _best_row(rows, kind) or best
+        r.regret = r.ms / best.ms if best.ms else None
+
+
+def _best_row(rows: list[Row], kind: str) -> Row | None:
+    """The fastest non-auto, non-external row of one call kind."""
+    timed = [r for r in rows if r.ms is not None and not r.auto and not r.kernel.startswith("[ext]")
+             and _call_kind(r.kernel) == kind]
+    return min(timed, key=lambda r: r.ms or math.inf) if timed else None
+
+
+def _retime(row: Row, call: Callable[[], Any], device: torch.device, reps_ms: float, units: float | None) -> None:
+    ms = min(row.ms or math.inf, time_ms(call, device, reps_ms))
+    row.ms, row.metric = ms, (units / (ms * 1e-3) / 1e12 if units else None)
 
 
 def _call_kind(name: str) -> str:
