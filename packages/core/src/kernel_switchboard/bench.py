@@ -20,7 +20,7 @@ import math
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -540,29 +540,13 @@ def main(argv: list[str] | None = None) -> int:
 def tune_main(argv: list[str] | None = None) -> int:
     """Measure the eligible kernels of each preset point and store the winners in the autotune cache."""
     from . import tuning
-    from .dispatch import explain
 
-    p = argparse.ArgumentParser(prog="switchboard tune")
-    p.add_argument("--preset", action="append", help=f"one of {sorted(PRESETS)}")
-    p.add_argument("--op", help="ad-hoc point: op name")
-    p.add_argument("--param", action="append", default=[], help="ad-hoc point: key=value (repeatable)")
+    p = _points_parser("switchboard tune")
     p.add_argument("--shortlist", type=int, default=4, help="measure at most this many top-ranked kernels")
     p.add_argument("--reps-ms", type=float, default=100.0)
-    p.add_argument("--device")
     args = p.parse_args(argv)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    points = [pt for name in args.preset or ([] if args.op else ["attention"]) for pt in PRESETS[name]()]
-    if args.op:
-        from .cli import _parse_params
-
-        points.append(Point(args.op, _parse_params(args.param), " ".join(args.param) or args.op))
-    for point in points:
-        try:
-            case = _example(point.op, device, point.params)
-            sel = explain(point.op, *case.args, **case.kwargs)
-        except Exception as exc:
-            print(f"tune: {point.op} {point.label}: {exc}", file=sys.stderr)
-            continue
+    for point, case, sel in _explained_points("tune", args, device):
         times: dict[str, float] = {}
         eligible = [c for c in sel.candidates if c.eligible
                     and not (device.type == "cuda" and c.kernel.backend == "reference")]  # slow by design
@@ -579,6 +563,36 @@ def tune_main(argv: list[str] | None = None) -> int:
             _report(point, "plan in a CUDA graph", tuning.store(point.op, graphed[0], graphed[1]), graphed[1])
     print(f"tune: cache at {tuning.cache_path()}")
     return 0
+
+
+def _points_parser(prog: str) -> argparse.ArgumentParser:
+    """The point options ``switchboard tune`` and ``build`` share: presets or one ad-hoc point, and a device."""
+    p = argparse.ArgumentParser(prog=prog)
+    p.add_argument("--preset", action="append", choices=sorted(PRESETS), help="workload preset (repeatable; "
+                   "default attention unless --op is given)")
+    p.add_argument("--op", help="ad-hoc point: op name")
+    p.add_argument("--param", action="append", default=[], help="ad-hoc point: key=value (repeatable)")
+    p.add_argument("--device", help="cpu or cuda")
+    return p
+
+
+def _explained_points(prog: str, args: argparse.Namespace, device: torch.device) -> Iterator[tuple[Point, Any, Any]]:
+    """(point, example case, selection) for each point ``args`` names; a point that cannot be made or has no
+    eligible kernel is reported on stderr and skipped."""
+    from .cli import _parse_params
+    from .dispatch import explain
+
+    points = [pt for name in args.preset or ([] if args.op else ["attention"]) for pt in PRESETS[name]()]
+    if args.op:
+        points.append(Point(args.op, _parse_params(args.param), " ".join(args.param) or args.op))
+    for point in points:
+        try:
+            case = _example(point.op, device, point.params)
+            sel = explain(point.op, *case.args, **case.kwargs)
+        except Exception as exc:
+            print(f"{prog}: {point.op} {point.label}: {exc}", file=sys.stderr)
+            continue
+        yield point, case, sel
 
 
 def _report(point: Point, how: str, winner: str, times: dict[str, float]) -> None:
@@ -611,29 +625,17 @@ def _graph_times(point: Point, case: Any, kernel_ids: list[str], device: torch.d
 
 def build_main(argv: list[str] | None = None) -> int:
     """Compile ahead of time every kernel with a ``build`` step for each preset point."""
-    from .dispatch import explain
-
-    p = argparse.ArgumentParser(prog="switchboard build")
-    p.add_argument("--preset", action="append", help=f"one of {sorted(PRESETS)}")
-    p.add_argument("--device")
-    args = p.parse_args(argv)
+    args = _points_parser("switchboard build").parse_args(argv)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     built = 0
-    for name in args.preset or ["attention"]:
-        for point in PRESETS[name]():
-            try:
-                case = _example(point.op, device, point.params)
-                sel = explain(point.op, *case.args, **case.kwargs)
-            except Exception as exc:
-                print(f"build: {point.op} {point.label}: {exc}", file=sys.stderr)
-                continue
-            for cand in sel.candidates:
-                k = cand.kernel
-                if cand.eligible and k.build is not None and k.needs_build and k.needs_build(sel.problem):
-                    t0 = time.perf_counter()
-                    k.build(sel.problem)
-                    built += 1
-                    print(f"build: {k.id} for {point.label} in {time.perf_counter() - t0:.1f} s")
+    for point, _, sel in _explained_points("build", args, device):
+        for cand in sel.candidates:
+            k = cand.kernel
+            if cand.eligible and k.build is not None and k.needs_build and k.needs_build(sel.problem):
+                t0 = time.perf_counter()
+                k.build(sel.problem)
+                built += 1
+                print(f"build: {k.id} for {point.label} in {time.perf_counter() - t0:.1f} s")
     from .dispatch import clear_cache
 
     clear_cache()
