@@ -65,3 +65,24 @@ def test_no_tuning_inside_graph_capture(slow_and_fast) -> None:
     sel = ksb.select("norm.rms_norm", ksb.explain("norm.rms_norm", x, w).problem._replace(features=frozenset({"cuda_graph"})))
     assert "cuda_graph" in sel.problem.features
     torch.testing.assert_close(y, torch.nn.functional.rms_norm(x, (256,), w, 1e-6))
+
+
+def test_switchboard_tune_stores_the_graph_winner_that_plan_decode_then_picks(tmp_path, monkeypatch, capsys) -> None:
+    from kernel_switchboard.bench import tune_main
+    from kernel_switchboard.testing.cases.attention import example
+
+    monkeypatch.setenv("KSB_TUNE_CACHE", str(tmp_path / "tune.json"))
+    tuning._state["entries"] = None
+    try:
+        params = {"batch": 4, "kv_len": 512, "page_size": 16}
+        assert tune_main(["--op", "attention.decode", *(f"--param={k}={v}" for k, v in params.items()),
+                          "--reps-ms", "5"]) == 0
+        assert "(plan in a CUDA graph)" in capsys.readouterr().out
+        q, cache, table = example("attention.decode", torch.device("cuda"), **params).args
+        plan = ksb.attention.plan_decode(table, num_q_heads=q.shape[1], num_kv_heads=cache.num_kv_heads,
+                                         head_dim=cache.head_dim, dtype=q.dtype, layout=cache.layout,
+                                         page_size=cache.page_size)
+        assert "cuda_graph" in plan.problem.features and plan.selection.source == "tuned"
+        assert tuning.lookup("attention.decode", plan.problem) == plan.kernel.id
+    finally:
+        tuning._state["entries"] = None
