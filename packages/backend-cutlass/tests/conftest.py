@@ -7,9 +7,16 @@ import pytest
 import torch
 
 
+def _runs_a_gemm(item: pytest.Item) -> bool:
+    """Whether a selected test calls a CUTLASS GEMM (the GPU tests, and the GEMM conformance cases)."""
+    kernel = getattr(getattr(item, "callspec", None), "params", {}).get("kernel")
+    return "test_cutlass_gpu" in item.nodeid or (kernel is not None and kernel.op.startswith("gemm."))
+
+
 @pytest.fixture(scope="session", autouse=True)
-def _prebuild_cutlass_kernels() -> None:
-    if not torch.cuda.is_available():
+def _prebuild_cutlass_kernels(request: pytest.FixtureRequest) -> None:
+    # only when a selected test needs them: -k dense runs in seconds, not after ~145 s of nvcc
+    if not torch.cuda.is_available() or not any(_runs_a_gemm(item) for item in request.session.items):
         return
     from kernel_switchboard.registry import registry
     from kernel_switchboard.testing.conformance import op_cases
