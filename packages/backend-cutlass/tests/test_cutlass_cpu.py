@@ -369,3 +369,17 @@ def test_dense_attention_wrapper_on_random_shapes_and_broadcast_biases() -> None
         want = ksb.attention.dense(q, k, v, bias, causal=causal, sm_scale=0.25, backend="reference")
         assert_close(got, want, atol=1e-4, rtol=1e-4, what=f"q {tuple(q.shape)} k {tuple(k.shape)} causal {causal} "
                                                            f"bias {None if bias is None else tuple(bias.shape)}")
+
+
+#: ``cutlass:sdpa_efficient`` on the H200, ``switchboard bench --preset dense`` (notes/gpu-runs.md run 11), ms
+DENSE_H200_MS = {"encoder 8x1024 mask": 0.500, "encoder 8x1024 bias": 0.479, "1x4096 causal + bias": 2.200,
+                 "cross-attention 77x1024": 0.077}
+
+
+def test_dense_cost_stays_within_a_third_of_the_h200_times() -> None:
+    from kernel_switchboard.testing.cases.attention_dense import bench_problems
+    from kernel_switchboard_cutlass.attention import dense_cost
+
+    for label, problem in bench_problems().items():
+        ratio = dense_cost(problem) * 1e3 / DENSE_H200_MS[label]
+        assert 0.75 <= ratio <= 1.33, f"{label}: cost {dense_cost(problem) * 1e3:.3f} ms, measured {DENSE_H200_MS[label]}"

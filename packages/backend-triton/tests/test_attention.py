@@ -412,3 +412,17 @@ def test_dense_on_random_shapes_and_broadcast_biases(wide: bool, monkeypatch: py
         bias = None if bias is None else bias.to(DEVICE)
         got, want = _both(ksb.attention.dense, q, k, v, bias, causal=causal)
         _close(got, want, q.dtype)
+
+
+#: ``triton:dense`` on the H200, ``switchboard bench --preset dense`` (notes/gpu-runs.md run 11), ms
+DENSE_H200_MS = {"encoder 8x1024 mask": 0.547, "encoder 8x1024 bias": 0.457, "1x4096 causal + bias": 0.369,
+                 "cross-attention 77x1024": 0.196}
+
+
+def test_dense_cost_stays_within_a_third_of_the_h200_times() -> None:
+    from kernel_switchboard.testing.cases.attention_dense import bench_problems
+    from kernel_switchboard_triton.attention import _dense_cost
+
+    for label, problem in bench_problems().items():
+        ratio = _dense_cost(problem) * 1e3 / DENSE_H200_MS[label]
+        assert 0.75 <= ratio <= 1.33, f"{label}: cost {_dense_cost(problem) * 1e3:.3f} ms, measured {DENSE_H200_MS[label]}"

@@ -91,3 +91,19 @@ def dense_random_cases(count: int, seed: int, dtypes: tuple[torch.dtype, ...], h
             bias = (torch.randn(shape, generator=g) * 2).masked_fill(torch.rand(shape, generator=g) < 0.1, float("-inf"))
             bias = bias.to(dt)
         yield q.to(dt), k.to(dt), v.to(dt), bias, rng.random() < 0.5
+
+
+def bench_problems(cc: tuple[int, int] = (9, 0)) -> dict[str, object]:
+    """The ``switchboard bench --preset dense`` points as GPU problems with exact lengths (no tensors): what the
+    backends' cost-model tests compare with the times measured on the H200 (notes/gpu-runs.md run 11)."""
+    from ...bench import PRESETS
+    from ...ops.attention_dense import DenseProblem
+
+    problems: dict[str, object] = {}
+    for point in PRESETS["dense"]():
+        x = point.params
+        features = {"cuda_graph"} | ({"causal"} if x["causal"] else set()) | ({"attn_bias"} if x["bias"] != "none" else set())
+        problems[point.label] = DenseProblem("cuda", cc, torch.bfloat16, x["head_dim"], x["head_dim"], x["num_q_heads"],
+                                             x["num_kv_heads"], x["num_q_heads"] // x["num_kv_heads"], x["batch"],
+                                             x["q_len"], x["kv_len"], x["bias"], frozenset(features))
+    return problems
