@@ -186,6 +186,9 @@ def test_costs_follow_the_h200_measurements() -> None:
     small = _decode(batch=16, max_kv_len=2048)
     cudnn_small = 19.5e-6 + cost.kv_bytes(small) / 4.25e12  # the cuDNN backend's fit
     assert fa4_decode(small) > 2 * cudnn_small  # FA4 measured 1.02 TB/s eager here: ranked below cuDNN
+    tiny = _decode(batch=1, max_kv_len=1024)
+    captured = tiny._replace(features=tiny.features | {"cuda_graph"})  # a plan replayed from a CUDA graph
+    assert fa4_decode(tiny) == cost.RATES["fa4"].host and fa4_decode(captured) < 0.5 * fa4_decode(tiny)
     big16, big128 = _decode(batch=128, max_kv_len=8192), _decode(batch=128, max_kv_len=8192, page_size=128)
     assert 3.4e12 < cost.kv_bytes(big16) / fa4_decode(big16) < 3.8e12  # 3.63 measured (run 6, graph)
     assert 4.0e12 < cost.kv_bytes(big128) / fa4_decode(big128) < 4.4e12  # 4.26 measured

@@ -1,7 +1,8 @@
 """Cost estimates (seconds) of the FlashAttention kernels, per provider.
 
 ``max(host, fixed + work / rate)``: ``work`` is the K/V bytes a decode reads or the flops a
-prefill does; ``host`` is the Python time one eager call spends before the GPU is the bottleneck.
+prefill does; ``host`` is the Python time one eager call spends before the GPU is the bottleneck, which a
+captured call (feature ``cuda_graph``: a capturable plan, or a call inside capture) does not pay at replay.
 Fitted on the H200 (``../shared/DEVICE.md``, Llama-3-8B heads, bf16):
 
 - FA4 paged decode, GPU time over the issue 7 grid (CUDA-graph replays; notes/gpu-runs.md run 6): 34 us
@@ -62,6 +63,11 @@ def attention_flops(pr: Any) -> float:
     return 2.0 * pr.batch * q_len * pr.num_q_heads * max(keys, 1.0) * (pr.head_dim + pr.head_dim_v)
 
 
+def host_floor(r: Rates, pr: Any) -> float:
+    """``r.host`` for an eager call; 0 for one that runs as a CUDA-graph replay."""
+    return 0.0 if "cuda_graph" in pr.features else r.host
+
+
 def decode_cost(provider: str) -> Any:
     r = RATES[provider]
 
@@ -69,7 +75,7 @@ def decode_cost(provider: str) -> Any:
         if pr.device != "cuda":
             return math.inf
         bw = r.decode_bw_fast if pr.page_size == r.fast_page else r.decode_bw
-        return max(r.host, r.decode_fixed + kv_bytes(pr) / bw)
+        return max(host_floor(r, pr), r.decode_fixed + kv_bytes(pr) / bw)
 
     return cost
 
@@ -81,6 +87,6 @@ def prefill_cost(provider: str) -> Any:
         if pr.device != "cuda":
             return math.inf
         rate = r.prefill_rate * (r.soft_cap if "soft_cap" in pr.features else 1.0)
-        return max(r.host, r.prefill_fixed + attention_flops(pr) / rate)
+        return max(host_floor(r, pr), r.prefill_fixed + attention_flops(pr) / rate)
 
     return cost

@@ -105,14 +105,16 @@ DENSE_HOST_S = 1.9e-4
 
 
 def _dense_cost(pr: Any) -> float:
-    """Seconds: the larger of the eager host floor and the tensor-core or mask-read time."""
+    """Seconds: the larger of the eager host floor (not paid by a call captured in a CUDA graph) and the
+    tensor-core or mask-read time."""
     if is_inf_cost(pr):
         return math.inf
     flops = 2.0 * pr.batch * pr.num_q_heads * pr.q_len * pr.kv_len * (pr.head_dim + pr.head_dim_v)
     causal_half = "causal" in pr.features and pr.q_len >= pr.kv_len
     elems = pr.batch * pr.num_q_heads * pr.q_len * pr.kv_len * (0.5 if causal_half else 1.0)
     mask_s = elems / DENSE_MASK_ELEMS_PER_S[pr.bias] if pr.bias != "none" else 0.0
-    return max(DENSE_HOST_S, LAUNCH_S + max(flops * (0.5 if causal_half else 1.0) / TENSOR_FLOPS, mask_s))
+    host = 0.0 if "cuda_graph" in pr.features else DENSE_HOST_S
+    return max(host, LAUNCH_S + max(flops * (0.5 if causal_half else 1.0) / TENSOR_FLOPS, mask_s))
 
 
 def _merge_cost(pr: Any) -> float:

@@ -94,7 +94,7 @@ def dense_random_cases(count: int, seed: int, dtypes: tuple[torch.dtype, ...], h
 
 
 def bench_problems(cc: tuple[int, int] = (9, 0)) -> dict[str, object]:
-    """The ``switchboard bench --preset dense`` points as GPU problems with exact lengths (no tensors): what the
+    """The ``switchboard bench --preset dense`` points as eager GPU problems with exact lengths (no tensors): what the
     backends' cost-model tests compare with the times measured on the H200 (notes/gpu-runs.md run 11)."""
     from ...bench import PRESETS
     from ...ops.attention_dense import DenseProblem
@@ -102,7 +102,7 @@ def bench_problems(cc: tuple[int, int] = (9, 0)) -> dict[str, object]:
     problems: dict[str, object] = {}
     for point in PRESETS["dense"]():
         x = point.params
-        features = {"cuda_graph"} | ({"causal"} if x["causal"] else set()) | ({"attn_bias"} if x["bias"] != "none" else set())
+        features = ({"causal"} if x["causal"] else set()) | ({"attn_bias"} if x["bias"] != "none" else set())
         problems[point.label] = DenseProblem("cuda", cc, torch.bfloat16, x["head_dim"], x["head_dim"], x["num_q_heads"],
                                              x["num_kv_heads"], x["num_q_heads"] // x["num_kv_heads"], x["batch"],
                                              x["q_len"], x["kv_len"], x["bias"], frozenset(features))
