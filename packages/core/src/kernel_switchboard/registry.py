@@ -29,7 +29,9 @@ class Kernel:
 
     ``run`` takes the op's canonical kernel arguments (see the op's module docstring).
     ``plan`` (optional) takes ``(problem, **plan_args)`` and returns an object with ``run``.
-    ``cost`` (optional) estimates seconds for a problem; lower ranks first.
+    ``cost`` (optional) estimates seconds for a problem; lower ranks first. A problem with the feature
+    ``cuda_graph`` runs as a CUDA-graph replay (a capturable plan, or a call inside capture): its cost is GPU
+    time alone, without the host time an eager call may be bound by.
     ``priority`` breaks ties; higher ranks first.
     """
 
