@@ -377,9 +377,8 @@ DENSE_H200_MS = {"encoder 8x1024 mask": 0.500, "encoder 8x1024 bias": 0.479, "1x
 
 
 def test_dense_cost_stays_within_a_third_of_the_h200_times() -> None:
-    from kernel_switchboard.testing.cases.attention_dense import bench_problems
+    from kernel_switchboard.testing.cases.attention_dense import cost_ratios
     from kernel_switchboard_cutlass.attention import dense_cost
 
-    for label, problem in bench_problems().items():
-        ratio = dense_cost(problem) * 1e3 / DENSE_H200_MS[label]
-        assert 0.75 <= ratio <= 1.33, f"{label}: cost {dense_cost(problem) * 1e3:.3f} ms, measured {DENSE_H200_MS[label]}"
+    ratios = cost_ratios(dense_cost, DENSE_H200_MS)
+    assert all(0.75 <= r <= 1.33 for r in ratios.values()), ratios

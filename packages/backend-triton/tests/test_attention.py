@@ -420,12 +420,11 @@ DENSE_H200_MS = {"encoder 8x1024 mask": 0.547, "encoder 8x1024 bias": 0.457, "1x
 
 
 def test_dense_cost_stays_within_a_third_of_the_h200_times() -> None:
-    from kernel_switchboard.testing.cases.attention_dense import bench_problems
+    from kernel_switchboard.testing.cases.attention_dense import bench_problems, cost_ratios
     from kernel_switchboard_triton.attention import _dense_cost
 
-    for label, problem in bench_problems().items():
-        ratio = _dense_cost(problem) * 1e3 / DENSE_H200_MS[label]
-        assert 0.75 <= ratio <= 1.33, f"{label}: cost {_dense_cost(problem) * 1e3:.3f} ms, measured {DENSE_H200_MS[label]}"
+    ratios = cost_ratios(_dense_cost, DENSE_H200_MS)
+    assert all(0.75 <= r <= 1.33 for r in ratios.values()), ratios
 
     captured = bench_problems()["cross-attention 77x1024"]
     captured = captured._replace(features=captured.features | {"cuda_graph"})  # type: ignore[attr-defined]

@@ -274,11 +274,10 @@ def run_point(preset: str, point: Point, device: torch.device, reps_ms: float) -
             rows.append(Row(preset, point.op, point.label, name, None, error=f"{type(exc).__name__}: {exc}"[:300]))
 
     plans = point.op in _PLANNERS
-    for cand in sel.candidates:
-        if cand.eligible and not (device.type == "cuda" and cand.kernel.backend == "reference"):  # slow by design
-            timed(cand.kernel.id, lambda k=cand.kernel.id: fn(*case.args, backend=k, **case.kwargs))
-            if plans:
-                _timed_plans(timed, rows, preset, point, cand.kernel.id, case.args, case.kwargs)
+    for cand in _measured(sel, device):
+        timed(cand.kernel.id, lambda k=cand.kernel.id: fn(*case.args, backend=k, **case.kwargs))
+        if plans:
+            _timed_plans(timed, rows, preset, point, cand.kernel.id, case.args, case.kwargs)
     timed(f"auto -> {sel.kernel.id}", lambda: fn(*case.args, **case.kwargs), auto=True)
     if plans:
         _timed_plans(timed, rows, preset, point, None, case.args, case.kwargs)
@@ -324,6 +323,18 @@ def _best_row(rows: list[Row], kind: str) -> Row | None:
 def _retime(row: Row, call: Callable[[], Any], device: torch.device, reps_ms: float, units: float | None) -> None:
     ms = min(row.ms or math.inf, time_ms(call, device, reps_ms))
     row.ms, row.metric = ms, (units / (ms * 1e-3) / 1e12 if units else None)
+
+
+def _measured(sel: Any, device: torch.device) -> list[Any]:
+    """The eligible candidates worth timing, in rank order: all but the reference kernels on a GPU (slow by design)."""
+    return [c for c in sel.candidates if c.eligible and not (device.type == "cuda" and c.kernel.backend == "reference")]
+
+
+def _adhoc_point(args: argparse.Namespace) -> Point:
+    """The point ``--op`` and its ``--param key=value`` options name."""
+    from .cli import _parse_params
+
+    return Point(args.op, _parse_params(args.param), " ".join(args.param) or args.op)
 
 
 def _call_kind(name: str) -> str:
@@ -512,10 +523,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         points.extend((name, pt) for pt in PRESETS[name]())
     if args.op:
-        from .cli import _parse_params
-
-        params = _parse_params(args.param)
-        points.append(("adhoc", Point(args.op, params, " ".join(args.param) or args.op)))
+        points.append(("adhoc", _adhoc_point(args)))
     ceil = ceilings(device)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -548,9 +556,7 @@ def tune_main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     for point, case, sel in _explained_points("tune", args, device):
         times: dict[str, float] = {}
-        eligible = [c for c in sel.candidates if c.eligible
-                    and not (device.type == "cuda" and c.kernel.backend == "reference")]  # slow by design
-        for cand in eligible[: args.shortlist]:
+        for cand in _measured(sel, device)[: args.shortlist]:
             try:
                 times[cand.kernel.id] = time_ms(lambda k=cand.kernel.id, c=case: c.function(*c.args, backend=k, **c.kwargs),
                                                 device, args.reps_ms) * 1e-3
@@ -579,12 +585,11 @@ def _points_parser(prog: str) -> argparse.ArgumentParser:
 def _explained_points(prog: str, args: argparse.Namespace, device: torch.device) -> Iterator[tuple[Point, Any, Any]]:
     """(point, example case, selection) for each point ``args`` names; a point that cannot be made or has no
     eligible kernel is reported on stderr and skipped."""
-    from .cli import _parse_params
     from .dispatch import explain
 
     points = [pt for name in args.preset or ([] if args.op else ["attention"]) for pt in PRESETS[name]()]
     if args.op:
-        points.append(Point(args.op, _parse_params(args.param), " ".join(args.param) or args.op))
+        points.append(_adhoc_point(args))
     for point in points:
         try:
             case = _example(point.op, device, point.params)

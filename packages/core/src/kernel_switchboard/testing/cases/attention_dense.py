@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -107,3 +107,8 @@ def bench_problems(cc: tuple[int, int] = (9, 0)) -> dict[str, object]:
                                              x["num_kv_heads"], x["num_q_heads"] // x["num_kv_heads"], x["batch"],
                                              x["q_len"], x["kv_len"], x["bias"], frozenset(features))
     return problems
+
+
+def cost_ratios(cost: Any, measured_ms: dict[str, float]) -> dict[str, float]:
+    """``cost(problem)`` over the measured time of each :func:`bench_problems` point in ``measured_ms`` (ms)."""
+    return {label: cost(problem) * 1e3 / measured_ms[label] for label, problem in bench_problems().items()}
