@@ -3,8 +3,9 @@
 Each name below is a :class:`~kernel_switchboard.variants.Variant`; pass it with its parameters:
 ``ksb.attention.decode(q, cache, table, variant=ALIBI, variant_args=(slopes,))``.
 
-- ``ALIBI``: ``s + slopes[head] * (kv_pos - q_pos)``; slopes (Hq,) float32 (:func:`alibi_slopes`).
-- ``SOFT_CAP``: ``cap * tanh(s / cap)``; cap a float.
+- ``ALIBI``: ``s + slopes[head] * (kv_pos - q_pos)``; slopes (Hq,) float32 (:func:`alibi_slopes`); the
+  distance is exact below 2^22 tokens (farther keys keep a bias of at least 2^22 * |slope|).
+- ``SOFT_CAP``: ``cap * tanh(s / cap)``; cap a float (tanh by :func:`tanh`, the GPU's approximate one).
 - ``SLIDING_WINDOW``: keeps ``q_pos - window <= kv_pos``; window an int.
 - ``SINKS``: a learnable logit per head added to the softmax denominator (gpt-oss):
   ``out = acc / (l + exp(sinks[head] - m))``; sinks (Hq,) float32.
@@ -13,6 +14,10 @@ Each name below is a :class:`~kernel_switchboard.variants.Variant`; pass it with
   (call with ``causal=False``); prefix_lens (B,) int32.
 - ``REL_POS_BIAS``: ``s + table[head, clamp(q_pos - kv_pos, 0, max_distance)]``; table
   (Hq, max_distance + 1) float32 contiguous, max_distance an int.
+
+Helpers for writing hooks: :func:`tanh` (the GPU's one-instruction tanh, exact in the interpreter).
+Hooks run on every score, on the same units as the softmax's exp2: an int-to-float conversion per
+score costs as much as that exp2 (see ``_alibi_score`` for a way around it).
 """
 
 from __future__ import annotations
@@ -23,13 +28,31 @@ import torch
 import triton
 import triton.language as tl
 
+from .availability import triton_interpreting
 from .variants import Variant
+
+#: the hooks run compiled (not in Triton's interpreter, which has no inline PTX); read as Triton does, at import
+_COMPILED: tl.constexpr = tl.constexpr(not triton_interpreting())
+
+
+@triton.jit
+def tanh(x):
+    """tanh of float32 ``x`` for hooks: the SFU's ``tanh.approx.f32`` when compiled (one instruction, relative
+    error <= 2^-10.7: right for the fp16/bf16 attention the Triton kernels run), exact via exp2 in the interpreter."""
+    if _COMPILED:
+        return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True,
+                                         pack=1)
+    else:
+        return 1.0 - 2.0 / (tl.exp2(x * 2.8853900817779268) + 1.0)
 
 
 # -- ALiBi ---------------------------------------------------------------------------------------
 @triton.jit
 def _alibi_score(s, q_pos, kv_pos, head, batch, args):
-    return s + tl.load(args[0] + head) * (kv_pos - q_pos).to(tl.float32)
+    # kv_pos - q_pos as a float without an int-to-float conversion per score (as slow as an exp2): the bits
+    # 0x4B400000 + d are the float 12582912 + d for |d| < 2^22 (beyond, still monotone and >= 2^22 in size)
+    dist = (kv_pos + (0x4B400000 - q_pos)).to(tl.float32, bitcast=True) - 12582912.0
+    return s + tl.load(args[0] + head) * dist
 
 
 def _alibi_score_torch(s, q_pos, kv_pos, head, batch, args):  # type: ignore[no-untyped-def]
@@ -51,7 +74,7 @@ def alibi_slopes(num_heads: int, device: torch.device | str = "cpu") -> torch.Te
 @triton.jit
 def _soft_cap_score(s, q_pos, kv_pos, head, batch, args):
     cap = args[0]
-    return cap * (1.0 - 2.0 / (tl.exp2(s * (2.8853900817779268 / cap)) + 1.0))  # cap * tanh(s / cap), via exp2
+    return cap * tanh(s * (1.0 / cap))
 
 
 def _soft_cap_score_torch(s, q_pos, kv_pos, head, batch, args):  # type: ignore[no-untyped-def]
