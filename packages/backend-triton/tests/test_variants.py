@@ -129,35 +129,3 @@ def test_prefill_plan_reads_variant_tensors_at_run():
                                      backend="reference")
         assert_close(plan.run(qp, cache), want, atol=2e-3, rtol=2e-3)
         table_bias.mul_(-3.0)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", ["soft_cap", "alibi"])
-def test_variant_throughput_close_to_plain_kernel(name):
-    """Done-criterion of issue 9: a soft-cap / ALiBi variant within 10% of the plain Triton kernel (H200);
-    the soft-cap variant is compared with the built-in ``logits_soft_cap`` (the same math)."""
-    from triton.testing import do_bench
-
-    spec = AttnSpec(torch.bfloat16, "NHD", 16, 32, 8, 128, kv_lens=(4096,) * 64)
-    cache, table = paged_kv(torch.Generator(device="cuda").manual_seed(0), spec, "cuda")
-    q = torch.randn(64, 32, 128, device="cuda", dtype=torch.bfloat16)
-    args = (30.0,) if name == "soft_cap" else (lib.alibi_slopes(32, "cuda"),)
-    variant = lib.VARIANTS[name]
-    common = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, dtype=torch.bfloat16, page_size=16, backend="triton")
-    builtin = {"logits_soft_cap": 30.0} if name == "soft_cap" else {}
-    plain = ksb.attention.plan_decode(table, **builtin, **common)
-    var = ksb.attention.plan_decode(table, variant=variant, variant_args=args, **common)
-    t_plain = do_bench(lambda: plain.run(q, cache), warmup=50, rep=300)
-    t_var = do_bench(lambda: var.run(q, cache), warmup=50, rep=300)
-    print(f"decode {name}: plain {t_plain * 1e3:.1f} us, variant {t_var * 1e3:.1f} us ({t_var / t_plain:.3f}x)")
-    assert t_var <= 1.10 * t_plain
-    qo = indptr((1024,) * 8, "cuda")
-    spec = AttnSpec(torch.bfloat16, "NHD", 16, 32, 8, 128, kv_lens=(1024,) * 8)
-    cache, table = paged_kv(torch.Generator(device="cuda").manual_seed(1), spec, "cuda")
-    qp = torch.randn(8192, 32, 128, device="cuda", dtype=torch.bfloat16)
-    plain = ksb.attention.plan_prefill(table, qo, **builtin, **common)
-    var = ksb.attention.plan_prefill(table, qo, variant=variant, variant_args=args, **common)
-    t_plain = do_bench(lambda: plain.run(qp, cache), warmup=20, rep=200)
-    t_var = do_bench(lambda: var.run(qp, cache), warmup=20, rep=200)
-    print(f"prefill {name}: plain {t_plain * 1e3:.1f} us, variant {t_var * 1e3:.1f} us ({t_var / t_plain:.3f}x)")
-    assert t_var <= 1.10 * t_plain

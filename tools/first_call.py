@@ -1,0 +1,73 @@
+"""Seconds of each kernel's first call in a fresh process: JIT compile or graph build plus one run,
+with an empty Triton cache (what a new machine pays; imports and input creation not counted).
+
+    python3 tools/first_call.py [OUT.jsonl]          # every kernel below, one child process each
+    python3 tools/first_call.py --one OP KERNEL k=v ...  # the child: prints one JSON line
+
+Shapes: Llama-3-8B heads, bf16; decode B=16 L=2048, prefill one request of 2048 tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+DECODE = ("attention.decode", "batch=16", "kv_len=2048")
+PREFILL = ("attention.prefill_ragged", "batch=1", "kv_len=2048", "q_len=2048")
+#: (kernel id or its prefix, op and shape); each kernel with the pages it is fastest on
+KERNELS = [
+    ("triton:decode_splitkv", (*DECODE, "page_size=16", "layout=HND")),
+    ("triton:prefill_ragged", PREFILL),
+    ("cudnn:sdpa_paged_decode", (*DECODE, "page_size=16", "layout=HND")),
+    ("cudnn:sdpa_ragged_prefill", PREFILL),
+    ("fa:fa4@", (*DECODE, "page_size=128", "layout=NHD")),
+    ("fa:fa4@", PREFILL),
+]
+
+
+def one(op: str, prefix: str, params: list[str]) -> dict[str, object]:
+    """The child: build the inputs, then time the first call of the kernel whose id starts with ``prefix``."""
+    import torch
+
+    from kernel_switchboard import registry
+    from kernel_switchboard.testing.cases.attention import example
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: checks this script with reference kernels
+    kernel = next(k.id for k in registry.kernels(op) if k.id.startswith(prefix))
+    case = example(op, device, **dict(p.split("=", 1) for p in params))
+    times = []
+    for _ in range(2):
+        sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+        sync()
+        t0 = time.perf_counter()
+        case.function(*case.args, backend=kernel, **case.kwargs)
+        sync()
+        times.append(time.perf_counter() - t0)
+    return {"op": op, "kernel": kernel, "params": params, "first_call_s": round(times[0], 3),
+            "second_call_s": round(times[1], 4)}
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--one"]:
+        print(json.dumps(one(argv[1], argv[2], argv[3:])), flush=True)
+        return 0
+    out = open(argv[0], "w") if argv else None
+    for kernel, (op, *params) in KERNELS:
+        with tempfile.TemporaryDirectory() as cache:
+            env = {**os.environ, "TRITON_CACHE_DIR": cache}
+            proc = subprocess.run([sys.executable, __file__, "--one", op, kernel, *params], env=env,
+                                  capture_output=True, text=True, timeout=300)
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+        row = json.loads(lines[-1]) if lines else {"op": op, "kernel": kernel, "error": proc.stderr[-600:]}
+        print(json.dumps(row), flush=True)
+        if out:
+            out.write(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
