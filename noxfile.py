@@ -67,7 +67,8 @@ def tests_triton(session: nox.Session) -> None:
     """Core + the Triton backend, kernels run by Triton's CPU interpreter; the engine on Triton vs the reference."""
     _install(session, CORE, "packages/backend-triton")
     session.install("transformers>=4.45")
-    session.run(*PYTEST, "packages/backend-triton/tests", "tests/test_engine_backends.py", *session.posargs,
+    session.run(*PYTEST, "packages/backend-triton/tests", "tests/test_engine_backends.py", "tests/test_empty_rows.py",
+                *session.posargs,
                 env={"TRITON_INTERPRET": "1"})
 
 

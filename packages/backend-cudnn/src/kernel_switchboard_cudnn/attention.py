@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from kernel_switchboard import Capability, Kernel
+from kernel_switchboard import Capability, Kernel, empty_rows
 from kernel_switchboard.paged import PagedKVCache, PageTable
 
 from . import graphs
@@ -95,15 +95,6 @@ def _no_pages(cache: PagedKVCache, table: PageTable, out: torch.Tensor, lse: tor
 
 
 # -- decode ------------------------------------------------------------------------------------------------
-def _zero_empty_requests(seq_lens: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None) -> None:
-    """Requests with no cached token: out 0, lse -inf (the op's convention; cuDNN leaves such rows
-    undefined). Device ops, capturable."""
-    empty = seq_lens == 0
-    out.masked_fill_(empty[:, None, None], 0.0)
-    if lse is not None:
-        lse.masked_fill_(empty[:, None], float("-inf"))
-
-
 def _empty_tokens(kv_lens: torch.Tensor, qo_indptr: torch.Tensor, total: int) -> torch.Tensor:
     """(total,) bool: the query tokens of requests with no keys. Device ops, no host sync (``output_size``
     is the known token count), capturable."""
@@ -143,7 +134,7 @@ def decode(q: torch.Tensor, cache: PagedKVCache, table: PageTable, p: Any) -> tu
         return out, lse
     built = graphs.get(decode_spec(q, cache, table, p), q.device)
     graphs.execute(built, _decode_feeds(built, q, cache, table, out, lse), graphs.workspace(built, q.device), q.device)
-    _zero_empty_requests(table.seq_lens, out, lse)
+    empty_rows.zero_empty_requests(table.seq_lens, out, lse)  # cuDNN leaves them undefined
     return out, lse
 
 
@@ -154,6 +145,9 @@ class DecodePlan:
     def __init__(self, problem: Any, table: PageTable, p: Any, **_: Any) -> None:
         self.table, self.p = table, p
         self._entries: dict[tuple[Any, ...], tuple[graphs.Built, torch.Tensor]] = {}
+        if problem is not None:
+            empty_rows.prepare(table.block_table.device, problem.dtype, (problem.num_q_heads, problem.head_dim_v),
+                               problem.num_q_heads if p.return_lse else None)
 
     def _entry(self, q: torch.Tensor, cache: PagedKVCache) -> tuple[graphs.Built, torch.Tensor]:
         key = (q.stride(), cache.k_pages.shape, cache.k_pages.stride(), cache.v_pages.stride(), cache.layout)
@@ -170,7 +164,7 @@ class DecodePlan:
         o = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
         s = lse if lse is None or lse.is_contiguous() else torch.empty_like(lse, memory_format=torch.contiguous_format)
         graphs.execute(built, _decode_feeds(built, q, cache, self.table, o, s), ws, q.device)
-        _zero_empty_requests(self.table.seq_lens, o, s)
+        empty_rows.zero_empty_requests(self.table.seq_lens, o, s)
         if o is not out:
             out.copy_(o)
         if lse is not None and s is not None and s is not lse:
@@ -385,7 +379,7 @@ class RaggedPrefillPlan:
                     self._stats = torch.empty((self.batch, self.s_q, q.shape[1]), dtype=torch.float32, device=q.device)
                 stats = feeds["stats"] = self._stats
         graphs.execute(built, feeds, ws, q.device)
-        if stats is not None:
+        if stats is not None and lse is not None and self.gather is not None:
             _gather_lse(stats, self.gather, lse)
         if self.empty is not None:
             _zero_rows(self.empty, out, lse)

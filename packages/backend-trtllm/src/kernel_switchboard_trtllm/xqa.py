@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from kernel_switchboard import Capability, Kernel
+from kernel_switchboard import Capability, Kernel, empty_rows
 from kernel_switchboard.device import is_capturing
 
 from . import jit, translate
@@ -97,8 +97,9 @@ def _decode_cost(problem: Any) -> float:
 
 #: a request with no cached tokens must give out = 0 (the op's contract). XQA writes NaN (bf16/fp16) or
 #: garbage (fp8 KV: -1e17) for it (flashinfer 0.6.18 on the H200, tests/test_trtllm_gpu.py), and engines pad
-#: CUDA-graph batches with such requests, so those rows are zeroed after the call (two small launches,
-#: no host sync; 5 us at batch 16 in a CUDA graph: 2.52 against 2.78 TB/s at B=16 L=2048 page 64).
+#: CUDA-graph batches with such requests, so those rows are zeroed after the call (no host sync; with two
+#: torch launches it cost 5 us at batch 16 in a CUDA graph, 2.52 against 2.78 TB/s at B=16 L=2048 page 64;
+#: now one launch, :func:`kernel_switchboard.empty_rows.zero_empty_requests`).
 #: ``KSB_TRTLLM_XQA_EMPTY_ROWS=trust`` skips that when the caller never passes an empty request.
 ZERO_EMPTY_ROWS = os.environ.get("KSB_TRTLLM_XQA_EMPTY_ROWS", "zero") != "trust"
 
@@ -112,7 +113,7 @@ def _xqa_call(args: translate.XqaDecodeArgs, out: torch.Tensor, ws: torch.Tensor
                                       bmm2_scale=args.bmm2_scale, window_left=args.window_left, out=out,
                                       kv_layout=args.kv_layout, backend="xqa")
     if ZERO_EMPTY_ROWS:
-        out.masked_fill_((args.seq_lens == 0)[:, None, None], 0.0)  # also replaces NaN
+        empty_rows.zero_empty_requests(args.seq_lens, out)  # also replaces NaN
 
 
 def decode(q: torch.Tensor, cache: Any, table: Any, p: Any) -> tuple[torch.Tensor, None]:
@@ -131,6 +132,8 @@ class DecodePlan:
         self.table, self.p = table, p
         self.workspace = workspace(table.block_table.device)
         jit.xqa_build(problem)
+        if ZERO_EMPTY_ROWS:
+            empty_rows.prepare(table.block_table.device, problem.dtype, (problem.num_q_heads, problem.head_dim_v), None)
 
     def run(self, q: torch.Tensor, cache: Any, out: torch.Tensor, lse: torch.Tensor | None) -> None:
         _xqa_call(translate.xqa_decode_args(q, cache, self.table, self.p), out, self.workspace)

@@ -1,0 +1,89 @@
+"""Output rows of requests with no cached token: ``out`` 0 and ``lse`` -inf, the ops' convention.
+
+Vendor decode kernels (cuDNN, TensorRT-LLM's XQA) leave those rows undefined (NaN on the H200), and
+engines pad CUDA-graph batches with such requests, so their backends call :func:`zero_empty_requests`
+after the kernel. With Triton installed it is one launch (a tiny dependent kernel costs ~2.5 us in a
+CUDA graph: a tenth of a B=16 L=2048 decode), else two torch ops. Device work only: capturable once
+compiled; plans call :func:`prepare` so that their first run may be inside a capture.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from .availability import triton_interpreting
+
+
+def zero_empty_requests(seq_lens: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None = None) -> None:
+    """seq_lens (B,) int32; out (B, ...) any float dtype; lse (B, H) float32 or None: in place."""
+    kernel = _triton_kernel()
+    if kernel is not None and _one_launch_fits(seq_lens, out, lse):
+        _launch(kernel, seq_lens, out, lse)
+        return
+    empty = (seq_lens == 0).view(-1, *([1] * (out.dim() - 1)))
+    out.masked_fill_(empty, 0.0)
+    if lse is not None:
+        lse.masked_fill_(empty.view(-1, *([1] * (lse.dim() - 1))), float("-inf"))
+
+
+def prepare(device: torch.device, dtype: torch.dtype, row_shape: tuple[int, ...], lse_heads: int | None) -> None:
+    """Compile the one-launch kernel for rows of ``row_shape`` in ``dtype`` now (plans call this, so a first
+    run inside CUDA-graph capture compiles nothing). A no-op without Triton, off CUDA, or once done."""
+    key = (device, dtype, row_shape, lse_heads)
+    if key in _prepared or device.type != "cuda" or _triton_kernel() is None:
+        return
+    out = torch.zeros((1, *row_shape), dtype=dtype, device=device)
+    lse = torch.zeros((1, lse_heads), dtype=torch.float32, device=device) if lse_heads is not None else None
+    zero_empty_requests(torch.ones(1, dtype=torch.int32, device=device), out, lse)
+    _prepared.add(key)
+
+
+_prepared: set[tuple[Any, ...]] = set()
+
+
+def _one_launch_fits(seq_lens: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None) -> bool:
+    """Triton can run on these tensors and each row of out (and of lse) is one contiguous run of elements."""
+    if not (out.is_cuda or triton_interpreting()) or out.dim() < 2 or out.shape[0] != seq_lens.shape[0]:
+        return False
+    rows_contiguous = out.shape[0] == 0 or out[0].is_contiguous()
+    return rows_contiguous and seq_lens.is_contiguous() and (lse is None or (lse.dim() == 2 and lse.stride(1) == 1))
+
+
+def _launch(kernel: Any, seq_lens: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None) -> None:
+    batch = out.shape[0]
+    if batch == 0:
+        return
+    row = out[0].numel()
+    heads = lse.shape[1] if lse is not None else 1
+    kernel[(batch,)](seq_lens, out, lse if lse is not None else out, row, out.stride(0), heads,
+                     lse.stride(0) if lse is not None else 0, HAS_LSE=lse is not None, BLOCK=1024)
+
+
+@functools.cache
+def _triton_kernel() -> Any:
+    """The one-launch kernel, or None without Triton."""
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:
+        return None
+
+    @triton.jit
+    def _zero_empty_kernel(seq_lens_ptr, out_ptr, lse_ptr, row_elems, stride_out, heads, stride_lse,
+                           HAS_LSE: tl.constexpr, BLOCK: tl.constexpr):
+        b = tl.program_id(0)
+        if tl.load(seq_lens_ptr + b) == 0:
+            base = out_ptr + b.to(tl.int64) * stride_out
+            for start in range(0, row_elems, BLOCK):
+                offs = start + tl.arange(0, BLOCK)
+                tl.store(base + offs, tl.zeros([BLOCK], dtype=out_ptr.dtype.element_ty), mask=offs < row_elems)
+            if HAS_LSE:
+                for start in range(0, heads, BLOCK):
+                    offs = start + tl.arange(0, BLOCK)
+                    tl.store(lse_ptr + b.to(tl.int64) * stride_lse + offs,
+                             tl.full([BLOCK], float("-inf"), dtype=tl.float32), mask=offs < heads)
+
+    return _zero_empty_kernel
