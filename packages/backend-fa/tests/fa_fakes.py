@@ -98,6 +98,19 @@ def fa4_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qv: Any = None
     return out, (lse if return_lse else None)
 
 
+def fa4_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qv: Any = None, gather_kv_indices: Any = None,
+              softmax_scale: float | None = None, causal: bool = False,
+              window_size: tuple[int | None, int | None] = (None, None), learnable_sink: Any = None,
+              softcap: float = 0.0, num_splits: int = 1, pack_gqa: Any = None, deterministic: bool = False,
+              return_lse: bool = False, **rest: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``flash_attn.cute.flash_attn_func``: q (B, Sq, H, D), k / v (B, Sk, Hkv, D) -> out (B, Sq, H, Dv), lse (B, H, Sq)."""
+    assert q.dim() == k.dim() == v.dim() == 4 and q.shape[0] == k.shape[0] == v.shape[0]
+    calls.append({"fn": "fa4_dense", "batch": q.shape[0]})
+    out, lse = _run(q, k, v, cu_q=None, cu_k=None, used_k=None, table=None, scale=softmax_scale, causal=causal,
+                    left=window_size[0], right=window_size[1], cap=softcap)
+    return out, (lse if return_lse else None)
+
+
 # -- FA3 / FA2 ----------------------------------------------------------------------------------------------
 def _kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
              table: torch.Tensor, cu_seqlens_q: Any, softmax_scale: float | None, causal: bool,

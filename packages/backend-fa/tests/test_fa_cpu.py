@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from fa_fakes import FA2_MODULE, FA3_MODULE, calls, fa4_varlen, flash_lse, sdpa
+from fa_fakes import FA2_MODULE, FA3_MODULE, calls, fa4_dense, fa4_varlen, flash_lse, sdpa
 
 import kernel_switchboard as ksb
 from kernel_switchboard import KernelUnavailableError
@@ -273,6 +273,7 @@ PREFILL_SPECS = [
 def _use_fakes(monkeypatch: pytest.MonkeyPatch, sms: int = 132, major: int = 9) -> None:
     calls.clear()
     monkeypatch.setattr(fa4, "_fn", lambda: fa4_varlen)
+    monkeypatch.setattr(fa4, "_dense_fn", lambda: fa4_dense)
     monkeypatch.setattr(fa4, "_sm_count", lambda index: (sms, major))
     monkeypatch.setattr(fa23, "_module", lambda key: FA3_MODULE if key == "fa3" else FA2_MODULE)
 
@@ -334,6 +335,27 @@ def test_ragged_glue_matches_the_reference(monkeypatch: pytest.MonkeyPatch, key:
     q, k, v, qo, kv = case.args
     p = _params(case, spec.causal, max(spec.q_lens or (0,)), max(spec.kv_lens))
     _close(PROVIDER_RAGGED[key](q, k, v, qo, kv, p), ref.prefill_ragged(q, k, v, qo, kv, p), spec.dtype)
+
+
+RAGGED_PLAN_SPECS = [  # (spec, entry the plan calls): uniform batches go to FA4's dense entry
+    (AttnSpec(F16, "NHD", 16, 8, 2, 64, kv_lens=(24, 24, 24), q_lens=(24, 24, 24), lse=True), "fa4_dense"),
+    (AttnSpec(BF16, "NHD", 16, 4, 4, 32, kv_lens=(30, 30), q_lens=(7, 7), lse=True, soft_cap=4.0, window=5), "fa4_dense"),
+    (AttnSpec(F16, "NHD", 16, 6, 3, 64, kv_lens=(19, 19), q_lens=(19, 19), causal=False), "fa4_dense"),
+    (AttnSpec(F16, "NHD", 16, 8, 2, 64, kv_lens=(40, 25), q_lens=(13, 25), lse=True), "fa4"),
+    (AttnSpec(F16, "NHD", 16, 8, 2, 64, kv_lens=(16, 0), q_lens=(16, 16), lse=True, causal=False), "fa4"),
+]
+
+
+@pytest.mark.parametrize(("spec", "entry"), RAGGED_PLAN_SPECS, ids=lambda x: x.tag("ragged") if hasattr(x, "tag") else x)
+def test_fa4_ragged_plan_runs_uniform_batches_dense(monkeypatch: pytest.MonkeyPatch, spec: AttnSpec, entry: str) -> None:
+    _use_fakes(monkeypatch)
+    case = ragged_case(spec, "cpu", seed=11)
+    q, k, v, qo, kv = case.args
+    p = _params(case, spec.causal, max(spec.q_lens or (0,)), max(spec.kv_lens))
+    host = (qo.tolist(), kv.tolist())
+    plan = fa4.RaggedPrefillPlan(None, None, p, qo_indptr=qo, kv_indptr=kv, host_indptrs=host)
+    _close(plan.run(q, k, v), ref.prefill_ragged(q, k, v, qo, kv, p), spec.dtype)
+    assert calls[-1]["fn"] == entry
 
 
 @pytest.mark.parametrize(("tq", "tk", "causal", "lse"), [(20, 20, True, False), (20, 20, True, True), (7, 30, True, True),

@@ -27,6 +27,11 @@ def lse_batched(lse: torch.Tensor) -> torch.Tensor:
     return lse[..., 0]
 
 
+def lse_batched_tokens(lse: torch.Tensor) -> torch.Tensor:
+    """(B, Hq, S) -> contiguous (B * S, Hq): a dense batch's LSE as packed tokens."""
+    return lse.transpose(1, 2).flatten(0, 1).contiguous()
+
+
 def lse_varlen(lse: torch.Tensor) -> torch.Tensor:
     """(Hq, T) -> contiguous (T, Hq)."""
     return lse.t().contiguous()

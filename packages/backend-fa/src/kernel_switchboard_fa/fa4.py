@@ -5,7 +5,9 @@
   Split-KV: FA4 splits natively on sm_100 (``num_splits=0``: its heuristic); on sm_90 it has no
   split-KV, so small batches (B * Hkv at most half the SMs, no window) are split here by slicing
   the page table (:func:`~.convert.split_table`) and merged (:func:`~.convert.merge_splits`).
-- prefill: packed queries (``cu_seqlens_q``) over the paged pool; prefill_ragged: ``cu_seqlens_q/k``.
+- prefill: packed queries (``cu_seqlens_q``) over the paged pool; prefill_ragged: ``cu_seqlens_q/k``; a
+  ragged plan whose requests all have the same query and key counts calls FA4's dense entry on
+  (B, S, H, D) views instead (its causal LPT tile scheduler; the varlen one schedules tiles in order).
 - causal (bottom-right), sliding window, soft cap (a score_mod: about half the prefill rate), LSE, GQA
   packing; head dims 8..256 on sm_90; up to 128, 192/128 or 256/256 on sm_100.
 - Rows of a partly used last page must hold finite values when the page size is 128 (the TMA
@@ -15,6 +17,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 from typing import Any
 
 import torch
@@ -22,7 +25,7 @@ import torch
 from kernel_switchboard import Capability, Kernel
 from kernel_switchboard.paged import PagedKVCache, PageTable
 
-from .convert import decode_queries, lse_batched, lse_varlen, merge_splits, softcap, split_table, window_fa4
+from .convert import decode_queries, lse_batched, lse_batched_tokens, lse_varlen, merge_splits, softcap, split_table, window_fa4
 from .cost import decode_cost, prefill_cost
 from .providers import FA4
 
@@ -38,6 +41,12 @@ def _fn() -> Any:
     from flash_attn.cute import flash_attn_varlen_func
 
     return flash_attn_varlen_func
+
+
+def _dense_fn() -> Any:
+    from flash_attn.cute import flash_attn_func
+
+    return flash_attn_func
 
 
 def check_dims(pr: Any) -> list[str]:
@@ -175,6 +184,31 @@ def prefill_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr:
     return out, (lse_varlen(lse) if p.return_lse else None)
 
 
+class RaggedPrefillPlan:
+    """A planned ragged prefill. From the indptrs' values (read by the core at plan time): a batch whose
+    requests all have the same query and key counts, packed from offset 0, runs through FA4's dense
+    entry on (B, S, H, D) views; others through the varlen one, as an unplanned call does."""
+
+    def __init__(self, problem: Any, table: None, p: Any, *, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
+                 host_indptrs: tuple[list[int], list[int]], **_: Any) -> None:
+        qo, kv = host_indptrs
+        q_lens = {b - a for a, b in itertools.pairwise(qo)}
+        kv_lens = {b - a for a, b in itertools.pairwise(kv)}
+        self.p, self.indptrs, self.batch = p, (qo_indptr, kv_indptr), len(qo) - 1
+        self.dense = (self.batch > 0 and qo[0] == 0 and kv[0] == 0 and len(q_lens) == 1 and len(kv_lens) == 1
+                      and min(q_lens) > 0 and min(kv_lens) > 0)
+
+    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """q (Tq, Hq, D), k (Tk, Hkv, D), v (Tk, Hkv, Dv) -> out (Tq, Hq, Dv), lse (Tq, Hq) float32 or None."""
+        if not self.dense:
+            return prefill_ragged(q, k, v, *self.indptrs, self.p)
+        b, p = self.batch, self.p
+        out, lse = _dense_fn()(q.unflatten(0, (b, -1)), k.unflatten(0, (b, -1)), v.unflatten(0, (b, -1)),
+                               softmax_scale=p.sm_scale, causal=p.causal, window_size=window_fa4(p.window_left),
+                               softcap=softcap(p.logits_soft_cap), return_lse=p.return_lse)
+        return out.flatten(0, 1), (lse_batched_tokens(lse) if p.return_lse else None)
+
+
 def kernels(version: str | None, unavailable: str | None) -> list[Kernel]:
     """FA4's kernel records; ``unavailable`` (reason) marks them all when FA4 cannot run here."""
     caps = capabilities()
@@ -188,5 +222,6 @@ def kernels(version: str | None, unavailable: str | None) -> list[Kernel]:
         Kernel("attention.prefill", f"{tag}:prefill", capability=caps["attention.prefill"], run=prefill,
                cost=prefill_cost("fa4"), doc="FA4 varlen queries over the paged pool", reads_stale_slots=True, **extra),  # type: ignore[arg-type]
         Kernel("attention.prefill_ragged", f"{tag}:prefill_ragged", capability=caps["attention.prefill_ragged"],
-               run=prefill_ragged, cost=prefill_cost("fa4"), doc="FA4 varlen Q/K/V", **extra),  # type: ignore[arg-type]
+               run=prefill_ragged, plan=RaggedPrefillPlan, cost=prefill_cost("fa4"),
+               doc="FA4 varlen Q/K/V; plans of uniform batches: FA4's dense entry", **extra),  # type: ignore[arg-type]
     ]
