@@ -163,6 +163,29 @@ def test_fa4_prefill_plan_captures_and_replays_new_inputs() -> None:
     assert_close(lse, want_lse, atol=1e-3, rtol=1e-3, what="replayed lse")
 
 
+RAGGED_PLANS = [  # uniform batches take FA4's dense entry, the others its varlen one
+    AttnSpec(BF16, kv_lens=(2048,) * 4, q_lens=(2048,) * 4, q_heads=32, kv_heads=8, head_dim=128, lse=True),
+    AttnSpec(F16, kv_lens=(1500,) * 3, q_lens=(300,) * 3, q_heads=32, kv_heads=8, head_dim=128, window=256),
+    AttnSpec(BF16, kv_lens=(1024,) * 2, q_lens=(1024,) * 2, q_heads=16, kv_heads=16, head_dim=64, causal=False,
+             lse=True, soft_cap=30.0),
+    AttnSpec(BF16, kv_lens=(2048, 700, 64), q_lens=(2048, 700, 1), q_heads=32, kv_heads=8, head_dim=128, lse=True),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spec", RAGGED_PLANS, ids=lambda s: s.tag("ragged-plan"))
+def test_fa4_ragged_plan_against_the_reference(spec: AttnSpec) -> None:
+    kernel = _fa4("attention.prefill_ragged")
+    q, k, v, qo_indptr, kv_indptr = (case := ragged_case(spec, "cuda")).args
+    plan = ksb.attention.plan_prefill_ragged(qo_indptr, kv_indptr, num_q_heads=spec.q_heads, num_kv_heads=spec.kv_heads,
+                                             head_dim=spec.head_dim, dtype=spec.dtype, backend=kernel.id, **case.kwargs)
+    got = plan.run(q, k, v)
+    want = ksb.attention.prefill_ragged(q, k, v, qo_indptr, kv_indptr, backend="reference", **case.kwargs)
+    atol, rtol = tolerance(spec.dtype)
+    for name, g, w in zip(("out", "lse"), got if spec.lse else (got,), want if spec.lse else (want,)):
+        assert_close(g, w, atol=atol if name == "out" else 1e-3, rtol=rtol if name == "out" else 1e-3, what=name)
+
+
 @pytest.mark.gpu
 def test_untuned_dispatch_ranking_is_printed() -> None:
     """Prints the untuned ranking for the benchmark shapes (diagnostics for the lead); FA4 must be
