@@ -48,3 +48,21 @@ def test_rows_that_are_not_contiguous_take_the_torch_path() -> None:
     empty_rows.zero_empty_requests(seq_lens, out, None)
     assert out[0].abs().sum() == 0 and torch.equal(out[1], torch.ones(8, 4))
     assert torch.equal(base[:, :, 4:], torch.ones(2, 8, 2))
+
+
+def test_inside_a_capture_only_a_compiled_signature_takes_the_one_launch(monkeypatch) -> None:
+    launched: list[tuple[int, ...]] = []
+    monkeypatch.setattr(empty_rows, "_triton_kernel", lambda: "kernel")
+    monkeypatch.setattr(empty_rows, "_one_launch_fits", lambda *a: True)
+    monkeypatch.setattr(empty_rows, "_launch", lambda kernel, s, out, lse: launched.append(tuple(out.shape)))
+    monkeypatch.setattr(empty_rows, "_compiled", set())
+    monkeypatch.setattr(empty_rows, "is_capturing", lambda: True)
+    seq_lens = torch.tensor([0, 3], dtype=torch.int32)
+    out = torch.full((2, 4, 8), float("nan"))
+    empty_rows.zero_empty_requests(seq_lens, out)  # never compiled: the torch ops, no launch
+    assert launched == [] and out[0].abs().sum() == 0 and out[1].isnan().all()
+    monkeypatch.setattr(empty_rows, "is_capturing", lambda: False)
+    empty_rows.zero_empty_requests(seq_lens, out)  # outside capture: launches, so compiles
+    monkeypatch.setattr(empty_rows, "is_capturing", lambda: True)
+    empty_rows.zero_empty_requests(seq_lens, out)  # the same signature inside a capture: launches
+    assert launched == [(2, 4, 8), (2, 4, 8)]

@@ -15,14 +15,21 @@ from typing import Any
 import torch
 
 from .availability import triton_interpreting
+from .device import is_capturing
 
 
 def zero_empty_requests(seq_lens: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None = None) -> None:
-    """seq_lens (B,) int32; out (B, ...) any float dtype; lse (B, H) float32 or None: in place."""
+    """seq_lens (B,) int32; out (B, ...) any float dtype; lse (B, H) float32 or None: in place.
+
+    Inside a CUDA-graph capture the one launch is used only when its kernel was compiled for these
+    arguments before (by :func:`prepare` or an earlier call): Triton must not compile while capturing."""
     kernel = _triton_kernel()
     if kernel is not None and _one_launch_fits(seq_lens, out, lse):
-        _launch(kernel, seq_lens, out, lse)
-        return
+        key = _signature(seq_lens, out, lse)
+        if key in _compiled or not is_capturing():
+            _launch(kernel, seq_lens, out, lse)
+            _compiled.add(key)
+            return
     empty = (seq_lens == 0).view(-1, *([1] * (out.dim() - 1)))
     out.masked_fill_(empty, 0.0)
     if lse is not None:
@@ -30,17 +37,26 @@ def zero_empty_requests(seq_lens: torch.Tensor, out: torch.Tensor, lse: torch.Te
 
 
 def prepare(device: torch.device, dtype: torch.dtype, row_shape: tuple[int, ...], lse_heads: int | None) -> None:
-    """Compile the one-launch kernel for rows of ``row_shape`` in ``dtype`` now (plans call this, so a first
-    run inside CUDA-graph capture compiles nothing). A no-op without Triton, off CUDA, or once done."""
-    key = (device, dtype, row_shape, lse_heads)
-    if key in _prepared or device.type != "cuda" or _triton_kernel() is None:
+    """Compile the one-launch kernel now for contiguous (B, *row_shape) outputs in ``dtype`` (and (B, lse_heads)
+    LSE), so that a plan's first run may be inside a CUDA-graph capture. A no-op without Triton or off CUDA."""
+    request = (device, dtype, row_shape, lse_heads)
+    if device.type != "cuda" or _triton_kernel() is None or request in _prepared:
         return
     out = torch.zeros((1, *row_shape), dtype=dtype, device=device)
     lse = torch.zeros((1, lse_heads), dtype=torch.float32, device=device) if lse_heads is not None else None
     zero_empty_requests(torch.ones(1, dtype=torch.int32, device=device), out, lse)
-    _prepared.add(key)
+    _prepared.add(request)
 
 
+def _signature(seq_lens: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None) -> tuple[Any, ...]:
+    """What Triton specialises the kernel on: dtypes, sizes and strides, 16-byte alignment of the pointers."""
+    lse_part = (lse.shape[1], lse.stride(0), lse.data_ptr() % 16 == 0) if lse is not None else None
+    return (out.device, out.dtype, seq_lens.dtype, tuple(out.shape[1:]), out.stride(0), out.data_ptr() % 16 == 0,
+            seq_lens.data_ptr() % 16 == 0, lse_part)
+
+
+#: signatures the kernel was launched with (so compiled), outside any capture; and what prepare() was asked
+_compiled: set[tuple[Any, ...]] = set()
 _prepared: set[tuple[Any, ...]] = set()
 
 
