@@ -80,26 +80,9 @@ def _launch(kernel: Any, seq_lens: torch.Tensor, out: torch.Tensor, lse: torch.T
 
 @functools.cache
 def _triton_kernel() -> Any:
-    """The one-launch kernel, or None without Triton."""
+    """The one-launch kernel (:mod:`._empty_rows_kernel`, imported on first use), or None without Triton."""
     try:
-        import triton
-        import triton.language as tl
+        from ._empty_rows_kernel import zero_empty_kernel
     except ImportError:
         return None
-
-    @triton.jit
-    def _zero_empty_kernel(seq_lens_ptr, out_ptr, lse_ptr, row_elems, stride_out, heads, stride_lse,
-                           HAS_LSE: tl.constexpr, BLOCK: tl.constexpr):
-        b = tl.program_id(0)
-        if tl.load(seq_lens_ptr + b) == 0:
-            base = out_ptr + b.to(tl.int64) * stride_out
-            for start in range(0, row_elems, BLOCK):
-                offs = start + tl.arange(0, BLOCK)
-                tl.store(base + offs, tl.zeros([BLOCK], dtype=out_ptr.dtype.element_ty), mask=offs < row_elems)
-            if HAS_LSE:
-                for start in range(0, heads, BLOCK):
-                    offs = start + tl.arange(0, BLOCK)
-                    tl.store(lse_ptr + b.to(tl.int64) * stride_lse + offs,
-                             tl.full([BLOCK], float("-inf"), dtype=tl.float32), mask=offs < heads)
-
-    return _zero_empty_kernel
+    return zero_empty_kernel
