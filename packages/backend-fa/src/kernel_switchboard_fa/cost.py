@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from kernel_switchboard import eager_host_floor
+
 
 @dataclass(frozen=True)
 class Rates:
@@ -63,11 +65,6 @@ def attention_flops(pr: Any) -> float:
     return 2.0 * pr.batch * q_len * pr.num_q_heads * max(keys, 1.0) * (pr.head_dim + pr.head_dim_v)
 
 
-def host_floor(r: Rates, pr: Any) -> float:
-    """``r.host`` for an eager call; 0 for one that runs as a CUDA-graph replay."""
-    return 0.0 if "cuda_graph" in pr.features else r.host
-
-
 def decode_cost(provider: str) -> Any:
     r = RATES[provider]
 
@@ -75,7 +72,7 @@ def decode_cost(provider: str) -> Any:
         if pr.device != "cuda":
             return math.inf
         bw = r.decode_bw_fast if pr.page_size == r.fast_page else r.decode_bw
-        return max(host_floor(r, pr), r.decode_fixed + kv_bytes(pr) / bw)
+        return max(eager_host_floor(pr, r.host), r.decode_fixed + kv_bytes(pr) / bw)
 
     return cost
 
@@ -87,6 +84,6 @@ def prefill_cost(provider: str) -> Any:
         if pr.device != "cuda":
             return math.inf
         rate = r.prefill_rate * (r.soft_cap if "soft_cap" in pr.features else 1.0)
-        return max(host_floor(r, pr), r.prefill_fixed + attention_flops(pr) / rate)
+        return max(eager_host_floor(pr, r.host), r.prefill_fixed + attention_flops(pr) / rate)
 
     return cost

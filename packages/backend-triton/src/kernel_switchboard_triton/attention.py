@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from kernel_switchboard import Capability, Kernel
+from kernel_switchboard import Capability, Kernel, eager_host_floor
 
 from . import __version__
 from ._attn_common import (
@@ -113,8 +113,7 @@ def _dense_cost(pr: Any) -> float:
     causal_half = "causal" in pr.features and pr.q_len >= pr.kv_len
     elems = pr.batch * pr.num_q_heads * pr.q_len * pr.kv_len * (0.5 if causal_half else 1.0)
     mask_s = elems / DENSE_MASK_ELEMS_PER_S[pr.bias] if pr.bias != "none" else 0.0
-    host = 0.0 if "cuda_graph" in pr.features else DENSE_HOST_S
-    return max(host, LAUNCH_S + max(flops * (0.5 if causal_half else 1.0) / TENSOR_FLOPS, mask_s))
+    return max(eager_host_floor(pr, DENSE_HOST_S), LAUNCH_S + max(flops * (0.5 if causal_half else 1.0) / TENSOR_FLOPS, mask_s))
 
 
 def _merge_cost(pr: Any) -> float:

@@ -16,7 +16,7 @@ from .errors import InvalidArgumentError, KernelUnavailableError, NoEligibleKern
 from .hookspecs import hookimpl
 from .ops import activation, attention, comm, gemm, kv_cache, moe, norm, rope, sampling
 from .paged import PagedKVCache, PageTable
-from .registry import Backend, Kernel, registry
+from .registry import Backend, Kernel, eager_host_floor, registry
 from .variants import Variant
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "autotune",
     "clear_cache",
     "comm",
+    "eager_host_floor",
     "explain",
     "gemm",
     "hookimpl",

@@ -268,8 +268,7 @@ def run_point(preset: str, point: Point, device: torch.device, reps_ms: float) -
         calls[name] = call
         try:
             ms = time_ms(call, device, reps_ms)
-            metric = units / (ms * 1e-3) / 1e12 if units else None
-            rows.append(Row(preset, point.op, point.label, name, ms, metric, unit, auto))
+            rows.append(Row(preset, point.op, point.label, name, ms, _rate(units, ms), unit, auto))
         except Exception as exc:
             rows.append(Row(preset, point.op, point.label, name, None, error=f"{type(exc).__name__}: {exc}"[:300]))
 
@@ -322,7 +321,21 @@ def _best_row(rows: list[Row], kind: str) -> Row | None:
 
 def _retime(row: Row, call: Callable[[], Any], device: torch.device, reps_ms: float, units: float | None) -> None:
     ms = min(row.ms or math.inf, time_ms(call, device, reps_ms))
-    row.ms, row.metric = ms, (units / (ms * 1e-3) / 1e12 if units else None)
+    row.ms, row.metric = ms, _rate(units, ms)
+
+
+def _rate(units: float | None, ms: float) -> float | None:
+    """TB/s or TFLOP/s of ``units`` (bytes or flops) done in ``ms``."""
+    return units / (ms * 1e-3) / 1e12 if units else None
+
+
+def _captured(call: Callable[[], Any]) -> Any:
+    """A CUDA graph of one ``call`` (already warmed up outside capture): ``.replay()`` times the GPU work alone."""
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    return graph
 
 
 def _measured(sel: Any, device: torch.device) -> list[Any]:
@@ -358,10 +371,7 @@ def _timed_plans(timed: Callable[..., None], rows: list[Row], preset: str, point
     if not args[0].is_cuda:
         return
     try:  # the GPU time alone: a plan whose host work outlasts the kernel shows the gap here
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            call()
+        graph = _captured(call)
     except Exception as exc:  # noqa: BLE001 - the plan row stands; say why the graph row is missing
         rows.append(Row(preset, point.op, point.label, f"{name} [graph]", None,
                         error=f"{type(exc).__name__}: {exc}"[:300]))
@@ -617,11 +627,7 @@ def _graph_times(point: Point, case: Any, kernel_ids: list[str], device: torch.d
         try:
             plan, call = _PLANNERS[point.op](kernel_id, case.args, case.kwargs)
             call()  # compiles and builds outside capture
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                call()
-            times[kernel_id] = time_ms(graph.replay, device, reps_ms) * 1e-3
+            times[kernel_id] = time_ms(_captured(call).replay, device, reps_ms) * 1e-3
             problem = plan.problem
         except Exception as exc:  # noqa: BLE001 - a kernel that cannot plan or capture simply does not win
             print(f"tune: {kernel_id} plan in a CUDA graph failed on {point.label}: {exc}"[:300], file=sys.stderr)

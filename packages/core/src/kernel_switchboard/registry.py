@@ -31,7 +31,7 @@ class Kernel:
     ``plan`` (optional) takes ``(problem, **plan_args)`` and returns an object with ``run``.
     ``cost`` (optional) estimates seconds for a problem; lower ranks first. A problem with the feature
     ``cuda_graph`` runs as a CUDA-graph replay (a capturable plan, or a call inside capture): its cost is GPU
-    time alone, without the host time an eager call may be bound by.
+    time alone, without the host time an eager call may be bound by (:func:`eager_host_floor`).
     ``priority`` breaks ties; higher ranks first.
     """
 
@@ -73,6 +73,12 @@ class Kernel:
             hint = f"; install: {self.install}" if self.install else ""
             return [f"unavailable: {self.unavailable}{hint}"]
         return self.capability.reasons(problem)
+
+
+def eager_host_floor(problem: Any, seconds: float) -> float:
+    """A cost's host-time floor: ``seconds`` for an eager call, 0 for a problem with the feature ``cuda_graph``
+    (a CUDA-graph replay pays no host time; see :class:`Kernel` ``cost``)."""
+    return 0.0 if "cuda_graph" in problem.features else seconds
 
 
 @dataclass(eq=False)
