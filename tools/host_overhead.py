@@ -2,7 +2,8 @@
 
 Small decode problems (B=1, L=1024) are bound by the host: the time per ``plan.run`` with no sync in
 the loop is the host's. Prints microseconds per run for each eligible backend and FlashInfer's wrapper,
-then a cProfile of the Triton plan's runs.
+then each eager ``ksb.attention.decode`` call (automatic choice and explicit backends) with a cProfile of
+the automatic one, then a cProfile of the Triton plan's runs.
 
     python3 tools/host_overhead.py
 """
@@ -55,6 +56,23 @@ def main() -> int:
         print(f"{'flashinfer':8s} run {host_us(lambda: w.run(q, kv)):7.1f} us/run")
     except Exception as exc:  # noqa: BLE001
         print(f"flashinfer: {type(exc).__name__}: {str(exc)[:120]}")
+    eager = {}
+    for backend in (None, "trtllm", "triton", "cudnn"):
+        call = lambda b=backend: ksb.attention.decode(q, cache, table, backend=b)  # noqa: E731
+        try:
+            eager[backend] = host_us(call)
+        except Exception as exc:  # noqa: BLE001
+            print(f"eager {backend}: {type(exc).__name__}: {str(exc)[:120]}")
+            continue
+        print(f"eager {backend!s:8s} decode {eager[backend]:7.1f} us/call", flush=True)
+    print(ksb.explain("attention.decode", q, cache, table))
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(500):
+        ksb.attention.decode(q, cache, table)
+    prof.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(22)
     if "triton" in plans:
         plan = plans["triton"]
         prof = cProfile.Profile()

@@ -105,7 +105,7 @@ def fa4_dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qv: Any = None,
               return_lse: bool = False, **rest: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``flash_attn.cute.flash_attn_func``: q (B, Sq, H, D), k / v (B, Sk, Hkv, D) -> out (B, Sq, H, Dv), lse (B, H, Sq)."""
     assert q.dim() == k.dim() == v.dim() == 4 and q.shape[0] == k.shape[0] == v.shape[0]
-    calls.append({"fn": "fa4_dense", "batch": q.shape[0]})
+    calls.append({"fn": "fa4_dense", "batch": q.shape[0], "pack_gqa": pack_gqa})
     out, lse = _run(q, k, v, cu_q=None, cu_k=None, used_k=None, table=None, scale=softmax_scale, causal=causal,
                     left=window_size[0], right=window_size[1], cap=softcap)
     return out, (lse if return_lse else None)

@@ -178,17 +178,17 @@ def _prefill_point(batch: int, length: int, dev: torch.device, g: torch.Generato
     pages = {page: paged_views(page) for page in (PAGE, 128) if length % page == 0}
     cfgs: list[PrefillConfig | None] = [None]
     if sweep:
-        # pointer-load tiles: the default (128x128, 8 warps, 3 stages) won runs 4-8 against (128, 64, 8, 2),
-        # (128, 64, 4, 3), (128, 64, 8, 4), (64, 64, 4, 3), (128, 32, 4, 4) and (64, 128, 4, 3)
-        for bm, bn, warps, stages in ((128, 128, 8, 2), (128, 64, 8, 2)):
-            cfgs.append(PrefillConfig(bm, bn, warps, stages, False))
-        # K/V tiles by TMA (ptxas sm_90, 128x128 8 warps 3 stages: 212 registers, no stack; pointer loads: 255
-        # registers and 632 B (ragged) / 1224 B (paged) of stack); paged only where pages hold whole tiles (p128)
-        for bm, bn, warps, stages in ((128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 3), (128, 64, 4, 3)):
-            cfgs.append(PrefillConfig(bm, bn, warps, stages, False, tma=True))
+        # pointer-load tiles lost to TMA tiles in runs 8-11 (default 128x128, 8 warps, 3 stages, TMA; ptxas sm_90: 212
+        # registers, no stack; pointer loads 255 registers and 632 B (ragged) / 1224 B (paged) of stack). Swept now:
+        # narrower tiles at the causal diagonal (diag_n), which skip keys past it; paged only where pages hold whole tiles
+        # (session 8: diag_n 64 became the default, 547 / 419 TFLOP/s ragged 1x8192 / 8x2048 against 502 / 394)
+        for bm, bn, warps, stages, diag, tma in ((128, 128, 8, 3, 0, True), (128, 128, 8, 3, 32, True),
+                                                 (128, 128, 8, 3, 0, False), (128, 128, 8, 3, 64, False)):
+            cfgs.append(PrefillConfig(bm, bn, warps, stages, False, tma=tma, diag_n=diag))
     for cfg in cfgs:
         name = "default" if cfg is None else f"BLOCK_M={cfg.block_m} BLOCK_N={cfg.block_n} warps={cfg.num_warps} " \
-                                              f"stages={cfg.num_stages}" + (" tma" if cfg.tma else "")
+                                              f"stages={cfg.num_stages}" + (" tma" if cfg.tma else "") \
+                                              + (f" diag_n={cfg.diag_n}" if cfg.diag_n else "")
         ragged = (lambda cfg=cfg: launch_prefill(q, k, v, indptr, indptr, None, None, None, 1, out, None, p, cfg))
         rows.append(_row(workload, "triton ragged", name, ragged, lambda r=ragged: (r(), _err(out, want))[1],
                          flops, "tflop_s"))
@@ -309,16 +309,22 @@ def compile_report(arch: int = 90) -> list[dict[str, Any]]:
         jobs.append((f"decode d{d} BLOCK_N={bn} warps={warps} stages={stages}", _decode._decode_split_kernel, decode_ptrs,
                      dict(GROUP=4, BLOCK_H=16, HEAD_DIM=d, HEAD_DIM_V=d, BLOCK_D=d, BLOCK_DV=d, PAGE_SIZE=16,
                           BLOCK_N=bn, NUM_SPLITS=2, SOFT_CAP=False, DOT_FP32=False), warps, stages))
-    for main, tail, bm, bn, warps, stages, paged in ((128, 0, 128, 64, 8, 3, True), (128, 0, 128, 64, 8, 3, False),
-                                                     (128, 0, 128, 128, 8, 3, False), (128, 0, 64, 64, 4, 3, True),
-                                                     (256, 0, 64, 32, 8, 2, True), (128, 64, 64, 32, 8, 2, True)):
+    hooks = dict(SCORE_MOD=None, MASK_MOD=None, OUTPUT_MOD=None, HAS_SCORE_MOD=False, HAS_MASK_MOD=False,
+                 HAS_OUTPUT_MOD=False, SOFTMAX=True)
+    for main, tail, bm, bn, diag, warps, stages, paged, tma in (
+            (128, 0, 128, 128, 128, 8, 3, False, True), (128, 0, 128, 128, 64, 8, 3, False, True),
+            (128, 0, 128, 128, 32, 8, 3, False, True), (128, 0, 128, 64, 64, 8, 3, True, False),
+            (128, 0, 64, 64, 64, 4, 3, True, False), (256, 0, 64, 32, 32, 8, 2, True, False),
+            (128, 64, 64, 32, 32, 8, 2, True, False)):
         dv = 128 if tail else main
-        jobs.append((f"prefill d{main + tail}/{dv} BLOCK_M={bm} BLOCK_N={bn} warps={warps} stages={stages} "
-                     f"{'paged' if paged else 'ragged'}", _prefill._prefill_kernel, prefill_ptrs,
-                     dict(GROUP=4, NUM_KV_HEADS=8, BLOCK_M=bm, BLOCK_N=bn, HEAD_MAIN=main, HEAD_TAIL=tail, HEAD_DIM_V=dv,
-                          BLOCK_DV=dv,
-                          PAGE_SIZE=16, PAGED=paged, CAUSAL=True, WINDOW=False, SOFT_CAP=False, RETURN_LSE=False,
-                          LOG_B=4, DOT_FP32=False), warps, stages))
+        descs = {f"{x}_desc": f"tensordesc<bf16[{n}, {main}]>" if tma else bf
+                 for x, n in (("k", bn), ("v", bn), ("kd", diag), ("vd", diag))}
+        jobs.append((f"prefill d{main + tail}/{dv} BLOCK_M={bm} BLOCK_N={bn} DIAG_N={diag} warps={warps} stages={stages} "
+                     f"{'paged' if paged else 'ragged'}{' tma' if tma else ''}", _prefill._prefill_kernel,
+                     {**prefill_ptrs, **descs},
+                     dict(GROUP=4, NUM_KV_HEADS=8, BLOCK_M=bm, BLOCK_N=bn, DIAG_N=diag, HEAD_MAIN=main, HEAD_TAIL=tail,
+                          HEAD_DIM_V=dv, BLOCK_DV=dv, PAGE_SIZE=16, PAGED=paged, TMA=tma, HND=False, CAUSAL=True,
+                          WINDOW=False, SOFT_CAP=0, RETURN_LSE=False, LOG_B=4, DOT_FP32=False, **hooks), warps, stages))
     for bh, bn, warps, stages in ((64, 32, 8, 2), (32, 32, 8, 2), (16, 32, 4, 2), (64, 16, 4, 2)):
         jobs.append((f"mla BLOCK_H={bh} BLOCK_N={bn} warps={warps} stages={stages}", _mla._mla_split_kernel, mla_ptrs,
                      dict(HEAD_DIM=512, HEAD_DIM_PE=64, BLOCK_H=bh, PAGE_SIZE=64, BLOCK_N=bn, NUM_SPLITS=2,

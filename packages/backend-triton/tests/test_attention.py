@@ -198,6 +198,27 @@ def _force_tma(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     return routes
 
 
+@pytest.mark.parametrize("tma", [False, True])
+@pytest.mark.parametrize("case", [c for c in PREFILL_CASES if c[6][0] == c[6][1]], ids=lambda c: f"{str(c[0])[6:]}-{c[7]}")
+def test_prefill_narrow_diagonal_tiles_match_reference(case: tuple, tma: bool,  # type: ignore[type-arg]
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """``PrefillConfig.diag_n``: 16-key tiles at the causal diagonal and the sequence end after 32-key tiles,
+    ragged and paged (by TMA where the descriptors allow, else pointer loads)."""
+    from kernel_switchboard_triton import _prefill
+
+    real = _prefill.prefill_config
+    monkeypatch.setattr(_prefill, "prefill_config",
+                        lambda *a: real(*a)._replace(block_m=32, block_n=32, diag_n=16, tma=tma))
+    dtype, layout, ps, qo, kv, (hq, hkv), (d, dv), kwargs = case
+    q = _randn(sum(qo), hq, d, dtype=dtype)
+    k, v = _randn(sum(kv), hkv, d, dtype=dtype, seed=2), _randn(sum(kv), hkv, dv, dtype=dtype, seed=3)
+    got, want = _both(ksb.attention.prefill_ragged, q, k, v, _indptr(qo), _indptr(kv), return_lse=True, **kwargs)
+    _close(got, want, dtype)
+    cache, table = make_cache(kv, ps, hkv, d, dv, dtype=dtype, layout=layout)
+    got, want = _both(ksb.attention.prefill, q, _indptr(qo), cache, table, return_lse=True, **kwargs)
+    _close(got, want, dtype)
+
+
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("case", [c for c in PREFILL_CASES if c[2] % 16 == 0 and c[6][0] == c[6][1]],
                          ids=lambda c: f"{str(c[0])[6:]}-p{c[2]}-{c[7]}")
