@@ -25,7 +25,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from kernel_switchboard.availability import triton_interpreting
+
 LOG2E = tl.constexpr(1.4426950408889634)
+#: compiled for a GPU (not Triton's interpreter); read as Triton does, at import
+_COMPILED: tl.constexpr = tl.constexpr(not triton_interpreting())
 
 
 @triton.jit
@@ -92,9 +96,27 @@ def _stats(
 
 
 @triton.jit
-def _sum_above(w, t):
-    """Per row, the sum of the weights of a (ROWS, BLOCK) tile strictly above t (ROWS,)."""
-    return tl.sum(tl.where(w > t[:, None], w, 0.0), axis=1)
+def _above(w, t):
+    """The weights of a (ROWS, BLOCK) tile strictly above t (ROWS,), others 0."""
+    return tl.where(w > t[:, None], w, 0.0)
+
+
+@triton.jit
+def _add6(a0, a1, a2, a3, a4, a5, b0, b1, b2, b3, b4, b5):
+    return a0 + b0, a1 + b1, a2 + b2, a3 + b3, a4 + b4, a5 + b5
+
+
+@triton.jit
+def _chunk_sums(ws, w, t0, t1, t2, t3):
+    """Row sums of one (ROWS, BLOCK) chunk of the candidate pass: of ws (the weights in the sampled set), of w,
+    and of the weights strictly above each of t0..t3 (ROWS,). Compiled, one reduction (one exchange between
+    warps instead of six); the interpreter, whose tl.reduce with a combine function runs per element in
+    Python, sums them one by one."""
+    if _COMPILED:
+        return tl.reduce((ws, w, _above(w, t0), _above(w, t1), _above(w, t2), _above(w, t3)), 1, _add6)
+    else:
+        return (tl.sum(ws, 1), tl.sum(w, 1), tl.sum(_above(w, t0), 1), tl.sum(_above(w, t1), 1),
+                tl.sum(_above(w, t2), 1), tl.sum(_above(w, t3), 1))
 
 
 @triton.jit
@@ -450,13 +472,12 @@ def _top_k_top_p_kernel(
                 valid = rmask[:, None] & (cols[None, :] < V)
                 w = _weights(x_ptr, row_off, cols[None, :], valid, m, c, IS_LOGITS)
                 ws = tl.where((w >= floor[:, None]) & (w > above[:, None]), w, 0.0)
-                mc = tl.sum(ws, axis=1)
+                mc, mw, g0, g1, g2, g3 = _chunk_sums(ws, w, cw0, cw1, cw2, cw3)
                 acc += mc
                 if not HAS_K:  # the row's mass (with top-k it is known: the top-k mass)
-                    tot += tl.sum(w, axis=1)
-                if HAS_P:  # the mass strictly above each previous candidate (used from the second round on)
-                    mass_gt += _columns4(_sum_above(w, cw0), _sum_above(w, cw1), _sum_above(w, cw2),
-                                         _sum_above(w, cw3), jj)
+                    tot += mw
+                if HAS_P:  # used from the second round on
+                    mass_gt += _columns4(g0, g1, g2, g3, jj)
                 # chunk-level weighted reservoir, one uniform per candidate
                 take = (_uniform4(seed, rbase + ci, jj) * acc[:, None] < mc[:, None]) & (mc > 0)[:, None]
                 chunk_of = tl.where(take, ci, chunk_of)
@@ -470,18 +491,20 @@ def _top_k_top_p_kernel(
                     hit = (first < NUM_CAND) & (~done)
                     token = tl.where(hit, _pick_rows(cand_tok, jj, first), token)
                     done = done | hit
-            # the new candidates (from the set above every previous candidate)
-            new_tok, new_w = _draw_in_chunks(x_ptr, row_off, rmask, V, m, c, chunk_of, tl.minimum(u1, 0.99999994), floor,
-                                             above, IS_LOGITS, BLOCK, NUM_CAND)
-            empty = tl.max(new_tok, axis=1) < 0  # nothing left above the rejected candidates (bad data)
-            if HAS_P:
-                cand_tok = tl.where(done[:, None], cand_tok, new_tok)
-                cand_w = tl.where(done[:, None], cand_w, new_w)
-                above = tl.where(done, above, tl.max(new_w, axis=1))
-                done = done | empty
-            else:
-                token = tl.where(done, token, _pick(new_tok, jj, 0))
-                done = done | rmask
+            # the new candidates (from the set above every previous candidate), unless every row of the tile
+            # has its token (a row's draws re-read and scan NUM_CAND whole chunks)
+            if tl.max((~done).to(tl.int32), axis=0) > 0:
+                new_tok, new_w = _draw_in_chunks(x_ptr, row_off, rmask, V, m, c, chunk_of, tl.minimum(u1, 0.99999994),
+                                                 floor, above, IS_LOGITS, BLOCK, NUM_CAND)
+                empty = tl.max(new_tok, axis=1) < 0  # nothing left above the rejected candidates (bad data)
+                if HAS_P:
+                    cand_tok = tl.where(done[:, None], cand_tok, new_tok)
+                    cand_w = tl.where(done[:, None], cand_w, new_w)
+                    above = tl.where(done, above, tl.max(new_w, axis=1))
+                    done = done | empty
+                else:
+                    token = tl.where(done, token, _pick(new_tok, jj, 0))
+                    done = done | rmask
     if HAS_P:
         # rows still open after MAX_ROUNDS (pathological): the most probable candidate drawn last
         best = tl.argmax(tl.where(cand_tok >= 0, cand_w, -1.0), axis=1)

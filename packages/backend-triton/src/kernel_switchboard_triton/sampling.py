@@ -46,7 +46,8 @@ MIN_WARPS = 4
 #: stages and wide chunks; the threshold-search walks (top-k, renorm) spill once pipelined or widened.
 #: H200, 128 x 128256 fp32 probs (notes/gpu-runs.md run 10): top-p, 8 warps 3 stages, chunk 2048 / 4096 /
 #: 8192: 0.285 / 0.152 / 0.118 ms (16 warps 1 stage 4096: 0.199); top-k 50 + top-p, 1 stage, chunk 4096,
-#: 16 / 8 warps: 0.508 / 0.479 (3 stages: 0.573; chunk 8192: 4.9).
+#: 16 / 8 warps: 0.508 / 0.479 (3 stages: 0.573; chunk 8192: 4.9). Session 8 (run 13), same walks: 0.119 / 0.475 ->
+#: 0.093 / 0.438 ms with the candidate pass's six row sums in one reduction and no draws for rows already sampled.
 TOP_P_WALK = (8192, 3, 8)
 SEARCH_WALK = (4096, 1, 8)
 #: finish threshold searches with tl.sort; the interpreter ranks pairwise instead (its sort is very slow)
