@@ -380,7 +380,7 @@ class PrefillConfig(NamedTuple):
 def prefill_config(device: torch.device, head_dim: int, head_dim_v: int, rows_bucket: int) -> PrefillConfig:
     """Tiles for a prefill shape; ``rows_bucket`` = max_q_len * group, bucketed (small for decode rows)."""
     if interpreting():
-        return PrefillConfig(max(16, min(32, rows_bucket)), 16, 1, 1, True)
+        return PrefillConfig(max(16, min(32, rows_bucket)), 16, 1, 1, True, diag_n=8)  # GPU-like: half-width diagonal tiles
     big = max(head_dim, head_dim_v) > 128
     hopper = cc_major(device) >= 9
     # sm_90, d128: BLOCK_M 128 x BLOCK_N 128, 8 warps, 3 stages (wgmma) measured fastest on the H200, with K/V
