@@ -48,10 +48,11 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    """mypy over the core package."""
+    """mypy over the core and every backend's source (vendor libraries absent: their names type as Any)."""
     _install(session, CORE)
     session.install("mypy>=1.10")
-    session.run("mypy", "packages/core/src/kernel_switchboard")
+    backends = [f"packages/backend-{b}/src/kernel_switchboard_{b}" for b in ("triton", "cudnn", "fa", "cutlass", "trtllm")]
+    session.run("mypy", "packages/core/src/kernel_switchboard", *backends)
 
 
 @nox.session(name="tests-core")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -270,7 +271,7 @@ CAP_GROUPED = Capability(devices=frozenset({"cuda"}), min_cc=CC, max_cc=CC, dtyp
 
 def kernels(version: str) -> list[Kernel]:
     """The three GEMM kernels, each with its compile-ahead hooks."""
-    spec = [
+    spec: list[tuple[str, str, Capability, Callable[..., Any], Callable[[Any], Any], str]] = [
         ("gemm.mm", "mm", CAP_MM, mm, _mm_config_of_problem,
          "CUTLASS 3 sm_90a warp-specialised TMA GEMM (cooperative / ping-pong tiles chosen by shape)"),
         ("gemm.mm_fp8", "mm_fp8", CAP_FP8, mm_fp8, _fp8_config_of_problem,

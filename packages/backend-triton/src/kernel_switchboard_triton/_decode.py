@@ -283,6 +283,8 @@ def launch_decode(q: torch.Tensor, cache: Any, table: Any, out: torch.Tensor, ls
     if splits == 1:
         o, lp = out, lse
         osb, osh, oss, lsb, lsh = out.stride(0), out.stride(1), 0, lse.stride(0), lse.stride(1)
+    elif part_out is None or part_lse is None:
+        raise ValueError(f"launch_decode: {splits} splits need the partial buffers part_out and part_lse")
     else:
         o, lp = part_out, part_lse
         osb, osh, oss = part_out.stride(0), part_out.stride(1), part_out.stride(2)
@@ -300,7 +302,7 @@ def launch_decode(q: torch.Tensor, cache: Any, table: Any, out: torch.Tensor, ls
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **hooks,
     )
     if splits > 1:
-        launch_merge_splits(part_out, part_lse, out, lse)
+        launch_merge_splits(o, lp, out, lse)
 
 
 def launch_merge_splits(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:

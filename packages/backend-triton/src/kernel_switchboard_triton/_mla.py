@@ -286,6 +286,8 @@ def launch_mla(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv: torch.Tensor, kpe:
     splits = cfg.num_splits
     if splits == 1:
         o, lp, oss = out, lse, 0
+    elif part_out is None or part_lse is None:
+        raise ValueError(f"launch_mla: {splits} splits need the partial buffers part_out and part_lse")
     else:
         o, lp, oss = part_out, part_lse, part_out.stride(2)
     bt = table.block_table
@@ -306,7 +308,7 @@ def launch_mla(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv: torch.Tensor, kpe:
             ckv.stride(0), ckv.stride(1), kpe.stride(0), kpe.stride(1), bt.stride(0),
             o.stride(0), o.stride(1), oss, lp.stride(0), lp.stride(1), sm_scale * LOG2E, **shared)
     if splits > 1:
-        launch_merge_splits(part_out, part_lse, out, lse)
+        launch_merge_splits(o, lp, out, lse)
 
 
 def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_pages: torch.Tensor, kpe_pages: torch.Tensor,

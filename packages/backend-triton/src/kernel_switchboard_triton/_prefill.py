@@ -325,7 +325,7 @@ def _prefill_kernel(
             full_hi = tl.minimum(kv_len, pos_first + 1)
         full_hi = tl.maximum(full_hi // BLOCK_N * BLOCK_N, full_lo)
 
-        bt_row = block_table_ptr + b.to(tl.int64) * stride_bt
+        bt_row = block_table_ptr + b.to(tl.int64) * stride_bt  # type: ignore[attr-defined]  # b: a Triton scalar
         k_base = k_ptr + kvh.to(tl.int64) * stride_kh
         v_base = v_ptr + kvh.to(tl.int64) * stride_vh
         for n0 in range(begin, full_lo, BLOCK_N):
@@ -437,13 +437,15 @@ def launch_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr:
     else ragged (k (Tk, Hkv, D), v (Tk, Hkv, Dv) packed by ``kv_indptr``)."""
     tq, hq, d = q.shape
     paged = block_table is not None
-    if paged:
+    if block_table is not None:
         nhd = layout == "NHD"
         kv_heads = k.shape[2] if nhd else k.shape[1]
         kp, vp = k.stride(0), v.stride(0)
         ks, kh = (k.stride(1), k.stride(2)) if nhd else (k.stride(2), k.stride(1))
         vs, vh = (v.stride(1), v.stride(2)) if nhd else (v.stride(2), v.stride(1))
         bt, bt_stride, lens, kvi = block_table, block_table.stride(0), seq_lens, seq_lens
+    elif kv_indptr is None:
+        raise ValueError("launch_prefill: ragged K/V (no block_table) need kv_indptr")
     else:
         kv_heads = k.shape[1]
         kp, vp, ks, kh, vs, vh = 0, 0, k.stride(0), k.stride(1), v.stride(0), v.stride(1)

@@ -92,10 +92,12 @@ def fused_moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tenso
     sorted_ids, block_expert = sort_by_expert(topk_ids, experts, t.block_m)
     num_blocks = block_expert.numel()
     w13c, w2c = w13.contiguous(), w2.contiguous()
-    s13 = w13_scale if fp8 else w13c
-    s2 = w2_scale if fp8 else w2c
-    s13_strides = (s13.stride(0), s13.stride(1), s13.stride(2)) if fp8 else (0, 0, 0)
-    s2_strides = (s2.stride(0), s2.stride(1), s2.stride(2)) if fp8 else (0, 0, 0)
+    if w13_scale is not None and w2_scale is not None:  # fp8 weights (the core checks the scales come together)
+        s13, s2 = w13_scale, w2_scale
+        s13_strides, s2_strides = (s13.stride(0), s13.stride(1), s13.stride(2)), (s2.stride(0), s2.stride(1), s2.stride(2))
+    else:  # unused pointers
+        s13, s2 = w13c, w2c
+        s13_strides = s2_strides = (0, 0, 0)
     h = torch.empty((n, inter), dtype=x.dtype, device=x.device)
     K._moe_gate_up_kernel[(num_blocks, triton.cdiv(inter, t.block_n))](
         x, w13c, s13, h, sorted_ids, block_expert, experts, inter, hidden, top_k, n,

@@ -118,7 +118,7 @@ def _launch(q: torch.Tensor, k: torch.Tensor | None, positions: torch.Tensor, fr
     k_out = k if (inplace or k is None) else torch.empty_like(k, memory_format=torch.contiguous_format)
     if tokens == 0:
         return q_out, k_out
-    kk, ko = (k, k_out) if k is not None else (q, q_out)
+    kk, ko = (q, q_out) if k is None or k_out is None else (k, k_out)  # no k: q's heads stand in (hk = 0)
     rest = d - 2 * half
     grid = (tokens, triton.cdiv(hq, BLOCK_H) + triton.cdiv(hk, BLOCK_H))
     _rope_kernel[grid](
