@@ -342,7 +342,7 @@ def _prefill_kernel(
                                   False, CAUSAL, WINDOW, SOFT_CAP, PAGED, TMA, HND, NUM_KV_HEADS, PAGE_SIZE, BLOCK_N,
                                   HEAD_MAIN, HEAD_TAIL,
                                   HEAD_DIM_V, BLOCK_DV, DOT_FP32)
-        # narrower tiles here skip the keys past the diagonal: a 128-key tile there is 40% masked on average
+        # narrower tiles here (DIAG_N) skip most of the keys past the diagonal that a BLOCK_N tile would mask
         for n0 in range(full_hi, end, DIAG_N):
             acc, m_i, l_i = _tile(acc, m_i, l_i, q, q_tail, k_base, v_base, kd_desc, vd_desc, kvh, bt_row, kv_start,
                                   n0, kv_len, row_pos, window_left, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
@@ -388,9 +388,9 @@ def prefill_config(device: torch.device, head_dim: int, head_dim_v: int, rows_bu
     # against 476 with pointer loads, 8x2048 394 against 363, paged p128 428 / 351 against 383 / 303 (run 11).
     # ptxas (sm_90, on the host): 212 registers and no stack with TMA; 255 and 632 B (ragged) / 1224 B (paged)
     # of stack with pointer loads. sm_80 spills at BLOCK_M 128, so Ampere takes 64-row tiles.
-    # 64-key tiles at the causal diagonal (diag_n) skip the keys past it: ragged causal 1x8192 547 TFLOP/s against
-    # 502 with 128-key tiles there, 8x2048 419 against 394, paged p128 457 / 380 against 425 / 350 (32-key tiles:
-    # 516 / 424; session 8 on the H200). ptxas sm_90 with TMA: 210 registers, no stack.
+    # 64-key tiles at the causal diagonal (diag_n) skip the keys past it: ragged causal 1x8192 524-547 TFLOP/s
+    # against 500-502 with 128-key tiles there, 8x2048 419 against 394, paged p128 457-460 / 378-380 against
+    # 425 / 348-350 (32-key tiles: 516-528 / 424; run 13 on the H200). ptxas sm_90 with TMA: 210 registers, no stack.
     block_m = max(16, min(64 if big or not hopper else 128, rows_bucket))
     block_n = 32 if big else (128 if hopper and block_m >= 128 else 64)
     warps = 8 if block_m >= 128 or big else 4
