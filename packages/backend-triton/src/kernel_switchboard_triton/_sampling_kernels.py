@@ -25,11 +25,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernel_switchboard.availability import triton_interpreting
+from kernel_switchboard.variants_lib import COMPILED
 
 LOG2E = tl.constexpr(1.4426950408889634)
-#: compiled for a GPU (not Triton's interpreter); read as Triton does, at import
-_COMPILED: tl.constexpr = tl.constexpr(not triton_interpreting())
 
 
 @triton.jit
@@ -112,7 +110,7 @@ def _chunk_sums(ws, w, t0, t1, t2, t3):
     and of the weights strictly above each of t0..t3 (ROWS,). Compiled, one reduction (one exchange between
     warps instead of six); the interpreter, whose tl.reduce with a combine function runs per element in
     Python, sums them one by one."""
-    if _COMPILED:
+    if COMPILED:
         return tl.reduce((ws, w, _above(w, t0), _above(w, t1), _above(w, t2), _above(w, t3)), 1, _add6)
     else:
         return (tl.sum(ws, 1), tl.sum(w, 1), tl.sum(_above(w, t0), 1), tl.sum(_above(w, t1), 1),

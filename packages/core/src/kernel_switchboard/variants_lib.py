@@ -15,7 +15,8 @@ Each name below is a :class:`~kernel_switchboard.variants.Variant`; pass it with
 - ``REL_POS_BIAS``: ``s + table[head, clamp(q_pos - kv_pos, 0, max_distance)]``; table
   (Hq, max_distance + 1) float32 contiguous, max_distance an int.
 
-Helpers for writing hooks: :func:`tanh` (the GPU's one-instruction tanh, exact in the interpreter).
+Helpers for writing hooks: :func:`tanh` (the GPU's one-instruction tanh, exact in the interpreter);
+:data:`COMPILED`, a constexpr that is false under Triton's interpreter.
 Hooks run on every score, on the same units as the softmax's exp2: an int-to-float conversion per
 score costs as much as that exp2 (see ``_alibi_score`` for a way around it).
 """
@@ -31,15 +32,16 @@ import triton.language as tl
 from .availability import triton_interpreting
 from .variants import Variant
 
-#: the hooks run compiled (not in Triton's interpreter, which has no inline PTX); read as Triton does, at import
-_COMPILED: tl.constexpr = tl.constexpr(not triton_interpreting())
+#: the kernels run compiled for a GPU, not in Triton's interpreter (which has no inline PTX): a constexpr for
+#: ``if COMPILED:`` branches in jit code; read as Triton does, at import
+COMPILED: tl.constexpr = tl.constexpr(not triton_interpreting())
 
 
 @triton.jit
 def tanh(x):
     """tanh of float32 ``x`` for hooks: the SFU's ``tanh.approx.f32`` when compiled (one instruction, relative
     error <= 2^-10.7: right for the fp16/bf16 attention the Triton kernels run), exact via exp2 in the interpreter."""
-    if _COMPILED:
+    if COMPILED:
         return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True,
                                          pack=1)
     else:
