@@ -3,7 +3,7 @@
 # GPU test, run the benchmarks, write logs and tables under $OUT. Usage, from the project root:
 #   source .gpu/core/setup.sh && bash tools/gpu_check.sh [stage ...]
 # Stages, run in this order whatever the order given (default: install smoke tests backend-bench bench pack;
-# also tune, sweep, trt-decode; pack makes one archive of $OUT). Each stage has its own time limit so one
+# also moe-build, tune, sweep, trt-decode, trt-moe; pack makes one archive of $OUT). Each stage has its own time limit so one
 # hang cannot eat the whole call. KSB_TUNE_CACHE may point outside $OUT (e.g. /tmp/gpu-stash/tune.json) so
 # that a later call on the same warm machine benches with the winners a previous call's tune stage stored.
 set -u
@@ -20,6 +20,26 @@ if [[ " $stages " == *" install "* ]]; then
     -e packages/backend-cutlass -e packages/backend-trtllm > "$OUT/install.log" 2>&1 || { tail -20 "$OUT/install.log"; }
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
   timeout 120 switchboard doctor > "$OUT/doctor.txt" 2>&1; cat "$OUT/doctor.txt" | head -60
+fi
+
+if [[ " $stages " == *" moe-build "* ]]; then
+  # flashinfer's sm_90 CUTLASS fused-MoE module outlasts one call: build it detached (the machine stays warm
+  # between calls) with FAST_BUILD on host and device code (one tile, 128x128x128, instead of every tactic),
+  # then copy it to the AOT path, where flashinfer loads it without a build. Log: /tmp/gpu-stash/moe-build.log.
+  mkdir -p /tmp/gpu-stash
+  if pgrep -f gen_cutlass_fused_moe_sm90 > /dev/null; then log "moe-build already running"; else
+    log "moe-build: started in the background"
+    FLASHINFER_EXTRA_CUDAFLAGS="-DFAST_BUILD" MAX_JOBS=${KSB_MOE_BUILD_JOBS:-10} setsid nohup python3 -c "
+import shutil, time
+from flashinfer.jit.fused_moe import gen_cutlass_fused_moe_sm90_module
+t0 = time.time()
+spec = gen_cutlass_fused_moe_sm90_module(use_fast_build=True)
+spec.build()
+spec.aot_path.parent.mkdir(parents=True, exist_ok=True)
+shutil.copy(spec.jit_library_path, spec.aot_path)
+print('BUILT', round(time.time() - t0), 's ->', spec.aot_path)" > /tmp/gpu-stash/moe-build.log 2>&1 < /dev/null &
+    disown
+  fi
 fi
 
 if [[ " $stages " == *" smoke "* ]]; then
@@ -79,6 +99,17 @@ if [[ " $stages " == *" trt-decode "* ]]; then
   (cd packages/backend-trtllm/benchmarks && timeout ${KSB_TRT_TIMEOUT:-200} python3 -c "import torch, decode as d
 for b, l, p in d.FULL['decode']: d._bench_decode_point(b, l, p, d.HEADS, torch.device('cuda'))") > "$OUT/trt-decode.txt" 2>&1
   log "trt-decode exit $?"; tail -30 "$OUT/trt-decode.txt"
+fi
+
+if [[ " $stages " == *" trt-moe "* ]]; then
+  log "trtllm fused MoE, Mixtral shape; moe-build log: $(tail -c 300 /tmp/gpu-stash/moe-build.log 2>/dev/null)"
+  if grep -q BUILT /tmp/gpu-stash/moe-build.log 2>/dev/null; then
+    (cd packages/backend-trtllm/benchmarks && timeout ${KSB_TRT_TIMEOUT:-200} python3 -c "import torch, decode as d
+d._bench_moe(*d.FULL['moe'], torch.device('cuda'))") > "$OUT/trt-moe.txt" 2>&1
+    log "trt-moe exit $?"; tail -10 "$OUT/trt-moe.txt"
+  else
+    log "trt-moe skipped: the module is not built yet (a JIT build here would outlast the call)"
+  fi
 fi
 
 if [[ " $stages " == *" pack "* ]]; then

@@ -12,7 +12,7 @@ timed; a failure becomes a row with ``error``, never an exception. Rows:
   heuristic, with each tile forced (KSB_CUTLASS_MM_TILE) and the large tile at swizzles 2 / 4 / 8
   (KSB_CUTLASS_SWIZZLE), Triton;
 - fp8 8192^3: torch._scaled_mm per-tensor (cuBLAS), CUTLASS per-tensor, CUTLASS 1x128/128x128
-  block scales, Triton block scales;
+  block scales (the default tile and each of ``FP8_BLOCK_CANDIDATES``), Triton block scales;
 - grouped mm, DeepSeek-V3 experts (256 x 7168 -> 2048, 4096 tokens top-8 routed uniformly at random):
   CUTLASS, Triton, torch._grouped_mm when this torch has it;
 - on a GPU, the time nvcc took to build every kernel above (in parallel), and the first call after a process
@@ -39,6 +39,8 @@ ROWS: list[dict[str, Any]] = []
 #: the H200 sizes; ``bench_gemm(..., sizes=SMOKE)`` runs the same code on tiny shapes (CPU smoke test)
 FULL = {"n": 8192, "experts": 256, "hidden": 7168, "inter": 2048, "tokens": 4096, "top_k": 8}
 SMOKE = {"n": 128, "experts": 4, "hidden": 128, "inter": 64, "tokens": 16, "top_k": 2}
+#: fp8 block-scaled tiles forced besides the shape's default (``configs.FP8_BLOCK_TILES``)
+FP8_BLOCK_CANDIDATES = ("coop_c2x1", "coop_c1x1", "pingpong", "coop_wide")
 
 
 def _sync() -> None:
@@ -97,6 +99,8 @@ def _prebuild(calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]]) -> None:
         t0 = time.perf_counter()
         cfgs = [c for c in (prebuild.config_for_call(op, args, kw) for op, args, kw in calls) if c is not None]
         cfgs += [c for lb in ("row", "col") for c in configs.mm_configs("bf16", "row", lb)]  # every forced tile
+        cfgs += [configs.GemmConfig("mm_fp8_block", "e4m3", "bf16", "row", "col", *t)
+                 for t in configs.FP8_BLOCK_TILES.values()]
         cfgs = list(dict.fromkeys(cfgs))
         build.compile_many(cfgs)
         row.update(kernels=len(cfgs), seconds=round(time.perf_counter() - t0, 1))
@@ -169,6 +173,10 @@ def bench_gemm(device: torch.device | str = "cuda", sizes: dict[str, int] | None
     want_b = ref.mm_fp8(qa_b, qb_b, sa_b, sb_b, "block", torch.float32)
     _row(w, "cutlass", "block 1x128/128x128", lambda: ksb.gemm.mm_fp8(qa_b, qb_b, sa_b, sb_b, backend="cutlass"),
          want_b, flops)
+    for role in FP8_BLOCK_CANDIDATES:
+        _row(w, "cutlass", f"block 1x128/128x128 tile={role}",
+             lambda: ksb.gemm.mm_fp8(qa_b, qb_b, sa_b, sb_b, backend="cutlass"), want_b, flops,
+             env={"KSB_CUTLASS_FP8_BLOCK_TILE": role})
     _row(w, "triton", "block 1x128/128x128", lambda: ksb.gemm.mm_fp8(qa_b, qb_b, sa_b, sb_b, backend="triton"),
          want_b, flops)
     del want_b

@@ -19,9 +19,11 @@ import torch
 from kernel_switchboard.bench import median_ms
 
 SIZE = 8192
-#: fp8 tiles tried besides the default, per scale mode: (block_m, block_n, block_k, group_m, warps, stages);
-#: block scales need block_n dividing 128
-FP8_SWEEP = (("block", (256, 128, 128, 8, 8, 3)), ("tensor", (128, 128, 128, 8, 8, 4)))
+#: fp8 tiles tried besides the default, per scale mode: (block_m, block_n, block_k, group_m, warps, stages[,
+#: m_halves]); block scales need block_n dividing 128
+FP8_SWEEP = (("block", (256, 128, 128, 8, 8, 3, 2)), ("block", (256, 128, 128, 8, 8, 2, 2)),
+             ("block", (128, 128, 128, 8, 8, 5)), ("block", (128, 128, 128, 8, 8, 3)),
+             ("tensor", (128, 128, 128, 8, 8, 4)))
 
 
 def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -117,7 +119,7 @@ def bench_gemm(device: str | torch.device = "cuda") -> list[dict[str, Any]]:
         _row("mm fp8 e4m3 8192^3", "triton block 128x128 pointer kernel", _pointer_kernels(fns["block"]), want_b, flops),
         _row("mm fp8 e4m3 8192^3", "triton per-tensor", fns["tensor"], want_t, flops),
         _row("mm fp8 e4m3 8192^3", "triton per-tensor pointer kernel", _pointer_kernels(fns["tensor"]), want_t, flops),
-        *(_row("mm fp8 e4m3 8192^3", f"triton {mode} tiles {t[0]}x{t[1]}x{t[2]} (sweep)",
+        *(_row("mm fp8 e4m3 8192^3", f"triton {mode} tiles {gemm.Tiles(*t)} (sweep)",
                _fp8_tiles(fns[mode], t), wants[mode], flops) for mode, t in FP8_SWEEP),
         _row("mm fp8 e4m3 8192^3", "torch._scaled_mm per-tensor",
              lambda: torch._scaled_mm(ta, tw.t(), scale_a=tsa, scale_b=tsw, out_dtype=torch.bfloat16), want_t, flops),

@@ -3,8 +3,9 @@
     python packages/backend-triton/benchmarks/sampling.py          # on a GPU
 
 ``bench_sampling(device) -> list[dict]``: top-p (0.9) and top-k (50) + top-p (0.9) sampling timed for
-the Triton kernel (launcher called directly: seed draw + kernel; the default launch and the ``SWEEP``
-variants), the switchboard call with
+the Triton kernels (launcher called directly: seed draw + kernels; the default launch and the ``SWEEP``
+variants of the walk that workload is most sensitive to: the candidate passes' for top-p, the top-k
+threshold search's for top-k + top-p), the switchboard call with
 ``check_nan=False``, the reference (torch sort + inverse CDF) and FlashInfer when it is installed.
 Before timing, every implementation's tokens are checked to lie in the filtered support; ``first_call_s``
 is the first call's wall time (the compile of a JIT kernel).
@@ -23,7 +24,8 @@ from kernel_switchboard.bench import median_ms
 BATCH, VOCAB = 128, 128256
 WORKLOADS = (("top-p 0.9", None, 0.9), ("top-k 50 + top-p 0.9", 50, 0.9))
 #: walks (chunk width, load pipeline stages, most warps) besides the default launch
-SWEEP = ((4096, 1, 16), (4096, 3, 8), (8192, 2, 8), (16384, 2, 8), (8192, 1, 8))
+SWEEP = {"top_p": ((8192, 2, 8), (16384, 2, 8), (8192, 3, 16)),
+         "search": ((2048, 2, 8), (2048, 3, 8), (4096, 1, 16), (4096, 2, 16), (8192, 2, 16), (1024, 4, 8))}
 
 
 def _row(workload: str, impl: str, fn: Callable[[], Any], check: Callable[[torch.Tensor], None]) -> dict[str, Any]:
@@ -79,12 +81,15 @@ def bench_sampling(device: str | torch.device = "cuda") -> list[dict[str, Any]]:
             return reference.top_k_top_p(probs, top_k, top_p, None, False, None, None, False)
 
         saved = (sampling.MAX_BLOCK, sampling.SEARCH_WALK, sampling.TOP_P_WALK)
-        default = sampling.SEARCH_WALK if top_k else sampling.TOP_P_WALK
-        for i, walk in enumerate((default, *SWEEP)):  # chunk width x pipeline: bytes in flight per program
+        swept = "search" if top_k else "top_p"
+        for i, walk in enumerate((saved[1] if top_k else saved[2], *SWEEP[swept])):
             sampling.MAX_BLOCK = max(saved[0], walk[0])
-            sampling.SEARCH_WALK = sampling.TOP_P_WALK = walk
+            if top_k:
+                sampling.SEARCH_WALK = walk
+            else:
+                sampling.TOP_P_WALK = walk
             sampling._config.cache_clear()
-            label = f"chunk {walk[0]}, stages {walk[1]}, <= {walk[2]} warps" + (", sweep" if i else "")
+            label = f"{swept} walk: chunk {walk[0]}, stages {walk[1]}, <= {walk[2]} warps" + (", sweep" if i else "")
             out.append(_row(name, f"triton kernel ({label})", kernel, check))
         sampling.MAX_BLOCK, sampling.SEARCH_WALK, sampling.TOP_P_WALK = saved
         sampling._config.cache_clear()

@@ -91,11 +91,24 @@ def mm_config(dtype: str, layout_a: str, layout_b: str, m: int, n: int, sm_count
     return _mm(dtype, layout_a, layout_b, *MM_TILES[role])
 
 
+#: fp8 block-scaled tiles by role: the first two are the defaults (M <= 64, larger M), the others candidates
+#: that the benchmark measures (``KSB_CUTLASS_FP8_BLOCK_TILE`` forces one)
+FP8_BLOCK_TILES: dict[str, tuple[tuple[int, int, int], tuple[int, int, int], str]] = {
+    "small_m": ((64, 128, 128), (1, 1, 1), "pingpong"),
+    "coop": ((128, 128, 128), (1, 2, 1), "cooperative"),
+    "coop_c2x1": ((128, 128, 128), (2, 1, 1), "cooperative"),
+    "coop_c1x1": ((128, 128, 128), (1, 1, 1), "cooperative"),
+    "pingpong": ((64, 128, 128), (1, 2, 1), "pingpong"),
+    "coop_wide": ((128, 256, 128), (1, 1, 1), "cooperative"),
+}
+
+
 def fp8_block_config(out_dtype: str, m: int) -> GemmConfig:
     """DeepSeek-style fp8 GEMM with 1x128 (A) and 128x128 (B) float32 scales."""
-    if m <= 64:
-        return GemmConfig("mm_fp8_block", "e4m3", out_dtype, "row", "col", (64, 128, 128), (1, 1, 1), "pingpong")
-    return GemmConfig("mm_fp8_block", "e4m3", out_dtype, "row", "col", (128, 128, 128), (1, 2, 1), "cooperative")
+    role = os.environ.get("KSB_CUTLASS_FP8_BLOCK_TILE") or ("small_m" if m <= 64 else "coop")
+    if role not in FP8_BLOCK_TILES:
+        raise ValueError(f"KSB_CUTLASS_FP8_BLOCK_TILE={role!r}: expected one of {sorted(FP8_BLOCK_TILES)}")
+    return GemmConfig("mm_fp8_block", "e4m3", out_dtype, "row", "col", *FP8_BLOCK_TILES[role])
 
 
 def fp8_tensor_config(out_dtype: str, m: int) -> GemmConfig:

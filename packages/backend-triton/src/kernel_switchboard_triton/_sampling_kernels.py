@@ -118,6 +118,23 @@ def _chunk_sums(ws, w, t0, t1, t2, t3):
 
 
 @triton.jit
+def _add2(a0, a1, b0, b1):
+    return a0 + b0, a1 + b1
+
+
+@triton.jit
+def _pivot_sums(ge, w):
+    """Count and mass of the weights w (ROWS, BLOCK) at or above each pivot, from ge (ROWS, BLOCK, NP):
+    (ROWS, NP) each. Compiled, one reduction; the interpreter sums them apart (see :func:`_chunk_sums`)."""
+    cnt = ge.to(tl.float32)
+    mas = tl.where(ge, w[:, :, None], 0.0)
+    if COMPILED:
+        return tl.reduce((cnt, mas), 1, _add2)
+    else:
+        return tl.sum(cnt, 1), tl.sum(mas, 1)
+
+
+@triton.jit
 def _columns4(c0, c1, c2, c3, jj):
     """Four (ROWS,) vectors as the columns of a (ROWS, 4) tile; jj = arange(4)."""
     out = tl.where(jj[None, :] == 0, c0[:, None], c1[:, None])
@@ -250,8 +267,9 @@ def _select(
                 w = _weights(x_ptr, row_off, cols[None, :], valid, m, c, IS_LOGITS)
                 mx = tl.maximum(mx, tl.max(w, axis=1))
                 ge = (w[:, :, None] >= pv[:, None, :]) & valid[:, :, None]
-                cnt += tl.sum(ge.to(tl.float32), axis=1)
-                mas += tl.sum(tl.where(ge, w[:, :, None], 0.0), axis=1)
+                cnt_c, mas_c = _pivot_sums(ge, w)
+                cnt += cnt_c
+                mas += mas_c
                 if gather:
                     inb = valid & (w >= lo[:, None]) & (w < hi[:, None]) & (~done)[:, None]
                     pos = nb[:, None] + tl.cumsum(inb.to(tl.int32), axis=1) - 1
@@ -362,24 +380,91 @@ def _draw_in_chunks(
 
 
 @triton.jit
+def _logit_scale(
+    rows,  # (ROWS,) row indices
+    rmask,  # (ROWS,) real rows
+    t_ptr,  # (B,) float32 per-row temperature (when T_ROWS)
+    t_val,  # scalar temperature (otherwise)
+    HAS_T: tl.constexpr, T_ROWS: tl.constexpr,  # temperature given; per row
+    ROWS: tl.constexpr,  # rows per program
+):
+    """log2(e) / temperature per row, (ROWS,) float32: the factor of every logit weight."""
+    c = tl.full((ROWS,), LOG2E, tl.float32)
+    if HAS_T:
+        if T_ROWS:
+            t = tl.load(t_ptr + rows, mask=rmask, other=1.0)
+        else:
+            t = tl.full((ROWS,), 1.0, tl.float32) * t_val
+        c = LOG2E / tl.maximum(t, 1e-30)
+    return c
+
+
+@triton.jit
+def _top_k_threshold_kernel(
+    x_ptr,  # (B, V) probabilities or logits, unit stride in V
+    k_ptr,  # (B,) int32 per-row top-k (when K_ROWS)
+    t_ptr,  # (B,) float32 per-row temperature (when T_ROWS)
+    k_val,  # scalar top-k (when not K_ROWS)
+    t_val,  # scalar temperature (when not T_ROWS)
+    scratch_ptr,  # (B, SCRATCH) float32 workspace of the search
+    stats_ptr,  # (4, B) float32 out: logit max, top-k threshold, top-k mass, max weight
+    B,  # rows
+    V,  # vocabulary size
+    stride_x,  # row stride of x, elements
+    IS_LOGITS: tl.constexpr,  # x holds logits
+    K_ROWS: tl.constexpr,  # top-k per row
+    HAS_T: tl.constexpr, T_ROWS: tl.constexpr,  # temperature given; per row
+    ROWS: tl.constexpr,  # rows per program
+    BLOCK: tl.constexpr,  # chunk width
+    STAGES: tl.constexpr,  # software-pipeline depth of the walks over the vocabulary
+    NP: tl.constexpr,  # pivots per search pass
+    SCRATCH: tl.constexpr,  # workspace slots per row
+    MAX_PASSES: tl.constexpr,  # bound on search passes
+    SORT: tl.constexpr,  # finish the search by sorting (GPU) or by pairwise ranks (interpreter)
+):
+    """The exact top-k threshold of each row, for :func:`_top_k_top_p_kernel`. A kernel of its own so that
+    the search (which spills when its walk is pipelined or widened) and the candidate passes (which gain
+    from both) each get the walk that suits them."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rmask = rows < B
+    row_off = rows.to(tl.int64)[:, None] * stride_x
+    m = tl.zeros((ROWS,), tl.float32)
+    c = _logit_scale(rows, rmask, t_ptr, t_val, HAS_T, T_ROWS, ROWS)
+    if IS_LOGITS:
+        m = _row_max(x_ptr, row_off, rmask, V, ROWS, BLOCK, STAGES)
+    if K_ROWS:
+        k = tl.load(k_ptr + rows, mask=rmask, other=0)
+    else:
+        k = tl.zeros((ROWS,), tl.int32) + k_val
+    k_on = (k > 0) & (k < V) & rmask
+    kf = tl.minimum(tl.where(k > 0, k, V), V).to(tl.float32)
+    ones = tl.full((ROWS,), 1.0, tl.float32)  # weights lie in [0, 1]: probabilities, or exp2 of <= 0
+    tau, mass_k, _total, wmax = _select(x_ptr, row_off, rmask, V, m, c, kf, k_on, tl.zeros((ROWS,), tl.float32),
+                                        ones, scratch_ptr, rows.to(tl.int64) * SCRATCH, IS_LOGITS, False, ROWS, BLOCK,
+                                        STAGES, NP, SCRATCH, MAX_PASSES, SORT)
+    tl.store(stats_ptr + rows, m, mask=rmask)
+    tl.store(stats_ptr + B + rows, tau, mask=rmask)
+    tl.store(stats_ptr + 2 * B + rows, mass_k, mask=rmask)
+    tl.store(stats_ptr + 3 * B + rows, wmax, mask=rmask)
+
+
+@triton.jit
 def _top_k_top_p_kernel(
     x_ptr,  # (B, V) probabilities or logits, unit stride in V
     out_ptr,  # (B,) int64 sampled tokens
-    k_ptr,  # (B,) int32 per-row top-k (when K_ROWS)
+    stats_ptr,  # (4, B) float32 from _top_k_threshold_kernel (when HAS_K)
     p_ptr,  # (B,) float32 per-row top-p (when P_ROWS)
     minp_ptr,  # (B,) float32 per-row min-p (when MINP_ROWS)
     t_ptr,  # (B,) float32 per-row temperature (when T_ROWS)
-    k_val,  # scalar top-k (when not K_ROWS)
     p_val,  # scalar top-p (when not P_ROWS)
     minp_val,  # scalar min-p (when not MINP_ROWS)
     t_val,  # scalar temperature (when not T_ROWS)
     seed_ptr,  # (1,) int64 Philox seed drawn by torch from the caller's generator
-    scratch_ptr,  # (B, SCRATCH) float32 workspace of the top-k search
     B,  # rows
     V,  # vocabulary size
     stride_x,  # row stride of x, elements
     IS_LOGITS: tl.constexpr,  # x holds logits (softmax with temperature first)
-    HAS_K: tl.constexpr, K_ROWS: tl.constexpr,  # top-k given; per row
+    HAS_K: tl.constexpr,  # top-k given: its threshold and mass are in stats_ptr
     HAS_P: tl.constexpr, P_ROWS: tl.constexpr,  # top-p given; per row
     HAS_MINP: tl.constexpr, MINP_ROWS: tl.constexpr,  # min-p given; per row
     HAS_T: tl.constexpr, T_ROWS: tl.constexpr,  # temperature given; per row
@@ -388,10 +473,6 @@ def _top_k_top_p_kernel(
     STAGES: tl.constexpr,  # software-pipeline depth of the walks over the vocabulary (loads run ahead)
     NUM_CAND: tl.constexpr,  # candidates drawn per pass (power of two)
     MAX_ROUNDS: tl.constexpr,  # bound on candidate passes
-    NP: tl.constexpr,  # pivots per top-k search pass
-    SCRATCH: tl.constexpr,  # top-k workspace slots per row
-    MAX_PASSES: tl.constexpr,  # bound on top-k search passes
-    SORT: tl.constexpr,  # finish the search by sorting (GPU) or by pairwise ranks (interpreter)
 ):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rmask = rows < B
@@ -402,33 +483,19 @@ def _top_k_top_p_kernel(
     nch = tl.cdiv(V, BLOCK)
 
     m = tl.zeros((ROWS,), tl.float32)
-    c = tl.full((ROWS,), LOG2E, tl.float32)
-    if IS_LOGITS:
-        m = _row_max(x_ptr, row_off, rmask, V, ROWS, BLOCK, STAGES)
-        if HAS_T:
-            if T_ROWS:
-                t = tl.load(t_ptr + rows, mask=rmask, other=1.0)
-            else:
-                t = tl.full((ROWS,), 1.0, tl.float32) * t_val
-            c = LOG2E / tl.maximum(t, 1e-30)
-
-    # filters that are thresholds known before sampling: top-k (exact search) and min-p
+    c = _logit_scale(rows, rmask, t_ptr, t_val, HAS_T, T_ROWS, ROWS)
+    # filters that are thresholds known before sampling: top-k (exact search, in its own kernel) and min-p
     floor = tl.zeros((ROWS,), tl.float32)
     mass_k = tl.zeros((ROWS,), tl.float32)  # top-k mass (the whole row without top-k: from the first pass)
     wmax = tl.full((ROWS,), 1.0, tl.float32)  # max weight of a logits row is exp2(0) = 1
     if HAS_K:
-        if K_ROWS:
-            k = tl.load(k_ptr + rows, mask=rmask, other=0)
-        else:
-            k = tl.zeros((ROWS,), tl.int32) + k_val
-        k_on = (k > 0) & (k < V) & rmask
-        kf = tl.minimum(tl.where(k > 0, k, V), V).to(tl.float32)
-        floor, mass_k, _total, wmax_k = _select(x_ptr, row_off, rmask, V, m, c, kf, k_on, floor,
-                                                tl.full((ROWS,), 1.0, tl.float32), scratch_ptr,
-                                                rows.to(tl.int64) * SCRATCH, IS_LOGITS, False, ROWS, BLOCK, STAGES, NP,
-                                                SCRATCH, MAX_PASSES, SORT)
+        m = tl.load(stats_ptr + rows, mask=rmask, other=0.0)
+        floor = tl.load(stats_ptr + B + rows, mask=rmask, other=0.0)
+        mass_k = tl.load(stats_ptr + 2 * B + rows, mask=rmask, other=0.0)
         if not IS_LOGITS:
-            wmax = wmax_k
+            wmax = tl.load(stats_ptr + 3 * B + rows, mask=rmask, other=0.0)
+    elif IS_LOGITS:
+        m = _row_max(x_ptr, row_off, rmask, V, ROWS, BLOCK, STAGES)
     if HAS_MINP:
         if MINP_ROWS:
             mp = tl.load(minp_ptr + rows, mask=rmask, other=0.0)

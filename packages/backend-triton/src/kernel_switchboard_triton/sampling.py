@@ -100,18 +100,28 @@ def top_k_top_p(x: torch.Tensor, top_k: Any, top_p: Any, min_p: Any, is_logits: 
     if x.stride(1) != 1:  # the kernel walks rows with unit stride
         x = x.contiguous()
     has_k, k_rows, k_t, k_v = _split(top_k, torch.int32, x.device)
-    cfg = _config(batch, vocab, SEARCH_WALK if has_k else TOP_P_WALK)
     has_p, p_rows, p_t, p_v = _split(top_p, torch.float32, x.device)
     has_m, m_rows, m_t, m_v = _split(min_p, torch.float32, x.device)
     has_t, t_rows, t_t, t_v = _split(temperature if is_logits else None, torch.float32, x.device)
-    scratch = torch.empty((batch, cfg.scratch) if has_k else (1,), dtype=torch.float32, device=x.device)
+    t_val = float(t_v) if has_t else 1.0
+    stats = out  # (4, B) float32 from the top-k threshold kernel; unused without top-k
+    if has_k:
+        search = _config(batch, vocab, SEARCH_WALK)
+        scratch = torch.empty((batch, search.scratch), dtype=torch.float32, device=x.device)
+        stats = torch.empty((4, batch), dtype=torch.float32, device=x.device)
+        K._top_k_threshold_kernel[(triton.cdiv(batch, search.rows),)](
+            x, k_t if k_rows else out, t_t if t_rows else out, int(k_v), t_val, scratch, stats, batch, vocab,
+            x.stride(0), IS_LOGITS=is_logits, K_ROWS=k_rows, HAS_T=has_t, T_ROWS=t_rows, ROWS=search.rows,
+            BLOCK=search.block, STAGES=search.stages, NP=NUM_PIVOTS, SCRATCH=search.scratch, MAX_PASSES=MAX_PASSES,
+            SORT=SORT, num_warps=search.num_warps,
+        )
+    cfg = _config(batch, vocab, TOP_P_WALK)
     K._top_k_top_p_kernel[(triton.cdiv(batch, cfg.rows),)](
-        x, out, k_t if k_rows else out, p_t if p_rows else out, m_t if m_rows else out, t_t if t_rows else out,
-        int(k_v), float(p_v), float(m_v), float(t_v) if has_t else 1.0, _seed(generator, x.device), scratch,
-        batch, vocab, x.stride(0),
-        IS_LOGITS=is_logits, HAS_K=has_k, K_ROWS=k_rows, HAS_P=has_p, P_ROWS=p_rows, HAS_MINP=has_m,
-        MINP_ROWS=m_rows, HAS_T=has_t, T_ROWS=t_rows, ROWS=cfg.rows, BLOCK=cfg.block, STAGES=cfg.stages, NUM_CAND=NUM_CAND,
-        MAX_ROUNDS=MAX_ROUNDS, NP=NUM_PIVOTS, SCRATCH=cfg.scratch, MAX_PASSES=MAX_PASSES, SORT=SORT, num_warps=cfg.num_warps,
+        x, out, stats, p_t if p_rows else out, m_t if m_rows else out, t_t if t_rows else out, float(p_v), float(m_v),
+        t_val, _seed(generator, x.device), batch, vocab, x.stride(0),
+        IS_LOGITS=is_logits, HAS_K=has_k, HAS_P=has_p, P_ROWS=p_rows, HAS_MINP=has_m, MINP_ROWS=m_rows, HAS_T=has_t,
+        T_ROWS=t_rows, ROWS=cfg.rows, BLOCK=cfg.block, STAGES=cfg.stages, NUM_CAND=NUM_CAND, MAX_ROUNDS=MAX_ROUNDS,
+        num_warps=cfg.num_warps,
     )
     return out
 
