@@ -27,10 +27,8 @@ test_conformance = conformance_test("triton", ops=("sampling.top_k_top_p", "samp
 
 @pytest.fixture
 def tiny_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Chunks of 32 tokens (drawn from in sub-blocks of 8) and a 16-slot workspace: every multi-pass path
-    runs on small rows."""
+    """Chunks of 32 tokens and a 16-slot workspace: every multi-pass path runs on small rows."""
     monkeypatch.setattr(sampling, "MAX_BLOCK", 32)
-    monkeypatch.setattr(sampling, "DRAW_SUB", 8)
     monkeypatch.setattr(sampling, "MAX_SCRATCH", 16)
     sampling._config.cache_clear()
     yield

@@ -15,8 +15,7 @@ thresholds on ``w`` (ties kept together, as the core defines them):
   the next ones from the weights above the largest rejected one, so a typical row needs two passes.
 
 Candidates are drawn in one pass by a chunk-level weighted reservoir (a chunk replaces the current
-pick with probability chunk mass / mass so far), then inside the chosen chunk by inverse CDF in two
-levels (a sub-block by the sub-blocks' sums, then an element of it).
+pick with probability chunk mass / mass so far), then inside the chosen chunk by inverse CDF.
 Uniforms come from Philox (``tl.rand4x``: four per evaluation) keyed by a seed that torch draws from
 the caller's generator: the same seed gives the same tokens, and nothing in the reduction path uses atomics.
 """
@@ -34,11 +33,11 @@ LOG2E = tl.constexpr(1.4426950408889634)
 @triton.jit
 def _weights(
     x_ptr,  # (B, V) probabilities or logits
-    row_off,  # (ROWS, 1) int64 element offset of each row ((ROWS, 1, 1) for 3-D tiles)
-    cols,  # (ROWS, BLOCK) or (1, BLOCK) column indices (or a 3-D tile of them)
-    valid,  # (ROWS, BLOCK) mask of real (row, column) pairs (the shape of cols)
-    m,  # (ROWS,) row max of the logits (unused for probabilities; (ROWS, 1) for 3-D tiles)
-    c,  # (ROWS,) log2(e) / temperature (unused for probabilities; (ROWS, 1) for 3-D tiles)
+    row_off,  # (ROWS, 1) int64 element offset of each row
+    cols,  # (ROWS, BLOCK) or (1, BLOCK) column indices
+    valid,  # (ROWS, BLOCK) mask of real (row, column) pairs
+    m,  # (ROWS,) row max of the logits (unused for probabilities)
+    c,  # (ROWS,) log2(e) / temperature (unused for probabilities)
     IS_LOGITS: tl.constexpr,  # x holds logits
 ):
     x = tl.load(x_ptr + row_off + cols, mask=valid, other=0.0).to(tl.float32)
@@ -333,38 +332,22 @@ def _draw_in_chunk(
     above,  # (ROWS,) weights <= this are out
     IS_LOGITS: tl.constexpr,  # x holds logits
     BLOCK: tl.constexpr,  # chunk width
-    SUB: tl.constexpr,  # sub-block width (divides BLOCK)
 ):
     """Inverse-CDF draw of one candidate per row inside its chosen chunk: (token, weight), (ROWS,) each;
-    token -1 and weight 0 where there is no chunk. Two levels: a sub-block by the sub-blocks' sums, then an
-    element of that sub-block (re-read: SUB elements), so the prefix sums span BLOCK / SUB and SUB elements
-    instead of BLOCK."""
-    NSUB: tl.constexpr = BLOCK // SUB
-    sj = tl.arange(0, NSUB)
-    so = tl.arange(0, SUB)
+    token -1 and weight 0 where there is no chunk."""
+    offs = tl.arange(0, BLOCK)
     base = tl.maximum(chunk, 0) * BLOCK
-    # the chunk as a (ROWS, NSUB, SUB) tile, summed per sub-block
-    cols = base[:, None, None] + sj[None, :, None] * SUB + so[None, None, :]
-    valid = (rmask & (chunk >= 0))[:, None, None] & (cols < V)
-    w = _weights(x_ptr, row_off[:, :, None], cols, valid, m[:, None], c[:, None], IS_LOGITS)
-    keep = (w >= floor[:, None, None]) & (w > above[:, None, None])
-    sums = tl.sum(tl.where(keep, w, 0.0), axis=2)  # (ROWS, NSUB)
-    tgt = u * tl.sum(sums, axis=1)
-    j = tl.sum((tl.cumsum(sums, axis=1) <= tgt[:, None]).to(tl.int32), axis=1)
-    last_sub = tl.max(tl.where(sums > 0, sj[None, :], -1), axis=1)
-    j = tl.maximum(tl.minimum(j, last_sub), 0)
-    before = tl.sum(tl.where(sj[None, :] < j[:, None], sums, 0.0), axis=1)
-    start = base + j * SUB
-    cols2 = start[:, None] + so[None, :]
-    valid2 = rmask[:, None] & (chunk >= 0)[:, None] & (last_sub >= 0)[:, None] & (cols2 < V)
-    w2 = _weights(x_ptr, row_off, cols2, valid2, m, c, IS_LOGITS)
-    w2 = tl.where((w2 >= floor[:, None]) & (w2 > above[:, None]), w2, 0.0)
-    cs = before[:, None] + tl.cumsum(w2, axis=1)
+    cols = base[:, None] + offs[None, :]
+    valid = rmask[:, None] & (chunk >= 0)[:, None] & (cols < V)
+    w = _weights(x_ptr, row_off, cols, valid, m, c, IS_LOGITS)
+    w = tl.where((w >= floor[:, None]) & (w > above[:, None]), w, 0.0)
+    cs = tl.cumsum(w, axis=1)
+    tgt = u * tl.sum(w, axis=1)
     i = tl.sum((cs <= tgt[:, None]).to(tl.int32), axis=1)
-    last = tl.max(tl.where(w2 > 0, so[None, :], -1), axis=1)
+    last = tl.max(tl.where(w > 0, offs[None, :], -1), axis=1)
     i = tl.minimum(i, last)
-    tok = tl.where(last >= 0, start + i, -1)
-    wt = tl.sum(tl.where(so[None, :] == i[:, None], w2, 0.0), axis=1)
+    tok = tl.where(last >= 0, base + i, -1)
+    wt = tl.sum(tl.where(offs[None, :] == i[:, None], w, 0.0), axis=1)
     return tok, tl.where(last >= 0, wt, 0.0)
 
 
@@ -381,7 +364,6 @@ def _draw_in_chunks(
     above,  # (ROWS,) weights <= this are out
     IS_LOGITS: tl.constexpr,  # x holds logits
     BLOCK: tl.constexpr,  # chunk width
-    SUB: tl.constexpr,  # sub-block width of the two-level draw
     J: tl.constexpr,  # candidates per row
 ):
     """:func:`_draw_in_chunk` for each of the J candidates: (tokens, weights), (ROWS, J) each. One candidate
@@ -391,7 +373,7 @@ def _draw_in_chunks(
     wt = tl.zeros(chunk.shape, tl.float32)
     for j in tl.static_range(J):
         t1, w1 = _draw_in_chunk(x_ptr, row_off, rmask, V, m, c, _pick(chunk, jj, j), _pick(u, jj, j), floor, above,
-                                IS_LOGITS, BLOCK, SUB)
+                                IS_LOGITS, BLOCK)
         tok = tl.where(jj[None, :] == j, t1[:, None], tok)
         wt = tl.where(jj[None, :] == j, w1[:, None], wt)
     return tok, wt
@@ -488,7 +470,6 @@ def _top_k_top_p_kernel(
     HAS_T: tl.constexpr, T_ROWS: tl.constexpr,  # temperature given; per row
     ROWS: tl.constexpr,  # rows per program
     BLOCK: tl.constexpr,  # chunk width
-    SUB: tl.constexpr,  # sub-block width of the in-chunk draws (divides BLOCK)
     STAGES: tl.constexpr,  # software-pipeline depth of the walks over the vocabulary (loads run ahead)
     NUM_CAND: tl.constexpr,  # candidates drawn per pass (power of two)
     MAX_ROUNDS: tl.constexpr,  # bound on candidate passes
@@ -579,7 +560,7 @@ def _top_k_top_p_kernel(
             # has its token (a row's draws re-read and scan NUM_CAND whole chunks)
             if tl.max((~done).to(tl.int32), axis=0) > 0:
                 new_tok, new_w = _draw_in_chunks(x_ptr, row_off, rmask, V, m, c, chunk_of, tl.minimum(u1, 0.99999994),
-                                                 floor, above, IS_LOGITS, BLOCK, SUB, NUM_CAND)
+                                                 floor, above, IS_LOGITS, BLOCK, NUM_CAND)
                 empty = tl.max(new_tok, axis=1) < 0  # nothing left above the rejected candidates (bad data)
                 if HAS_P:
                     cand_tok = tl.where(done[:, None], cand_tok, new_tok)

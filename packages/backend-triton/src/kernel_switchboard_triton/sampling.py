@@ -28,8 +28,6 @@ FEATURES = frozenset({"cuda_graph", "deterministic", "generator", "per_row_param
 #: candidates checked per pass of the top-p rejection loop, and the bound on those passes
 NUM_CAND = 4
 MAX_ROUNDS = 16
-#: sub-block width of the two-level draw inside a chosen chunk
-DRAW_SUB = 256
 #: pivots per pass of the exact top-k / top-p threshold search, its workspace and pass bound
 NUM_PIVOTS = 8
 MAX_SCRATCH = 2048
@@ -122,8 +120,7 @@ def top_k_top_p(x: torch.Tensor, top_k: Any, top_p: Any, min_p: Any, is_logits: 
         x, out, stats, p_t if p_rows else out, m_t if m_rows else out, t_t if t_rows else out, float(p_v), float(m_v),
         t_val, _seed(generator, x.device), batch, vocab, x.stride(0),
         IS_LOGITS=is_logits, HAS_K=has_k, HAS_P=has_p, P_ROWS=p_rows, HAS_MINP=has_m, MINP_ROWS=m_rows, HAS_T=has_t,
-        T_ROWS=t_rows, ROWS=cfg.rows, BLOCK=cfg.block, SUB=min(DRAW_SUB, cfg.block), STAGES=cfg.stages,
-        NUM_CAND=NUM_CAND, MAX_ROUNDS=MAX_ROUNDS,
+        T_ROWS=t_rows, ROWS=cfg.rows, BLOCK=cfg.block, STAGES=cfg.stages, NUM_CAND=NUM_CAND, MAX_ROUNDS=MAX_ROUNDS,
         num_warps=cfg.num_warps,
     )
     return out
