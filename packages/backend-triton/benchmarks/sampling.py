@@ -24,7 +24,8 @@ from kernel_switchboard.bench import median_ms
 BATCH, VOCAB = 128, 128256
 WORKLOADS = (("top-p 0.9", None, 0.9), ("top-k 50 + top-p 0.9", 50, 0.9))
 #: walks (chunk width, load pipeline stages, most warps) besides the default launch
-SWEEP = {"top_p": ((8192, 2, 8), (16384, 2, 8), (8192, 3, 16)),
+#: (run 14: 16 warps with 3 stages on the top-p walk took 236 s to compile and 55 ms to run: not tried again)
+SWEEP = {"top_p": ((8192, 2, 8), (16384, 2, 8)),
          "search": ((2048, 2, 8), (2048, 3, 8), (4096, 1, 16), (4096, 2, 16), (8192, 2, 16), (1024, 4, 8))}
 
 

@@ -88,19 +88,6 @@ def test_fp8_column_major_b_as_from_a_transposed_weight(mode: str) -> None:
     _check(got, ksb.gemm.mm_fp8(qa, qw.t(), sa, sw.t(), backend="reference"), torch.bfloat16)
 
 
-@pytest.mark.parametrize("m", [64, 40])
-def test_fp8_block_scales_tile_in_two_halves(monkeypatch: pytest.MonkeyPatch, m: int) -> None:
-    # the TMA kernel's two-accumulator tiles: at m = 40 the lower half lies past M (zero-filled, clipped)
-    n, k = 208, 272
-    qa, sa = quantize_fp8(_randn(m, k, seed=7), 1, 128)
-    qw, sw = quantize_fp8(_randn(n, k, seed=8, scale=k**-0.5), 128, 128)
-    tiles = gemm.fp8_tiles(m, n, k, "block", True)
-    tiles = tiles._replace(block_m=2 * tiles.block_m, m_halves=2)
-    monkeypatch.setattr(gemm, "fp8_tiles", lambda *args: tiles)
-    got = ksb.gemm.mm_fp8(qa, qw.t(), sa, sw.t(), backend="triton")
-    _check(got, ksb.gemm.mm_fp8(qa, qw.t(), sa, sw.t(), backend="reference"), torch.bfloat16)
-
-
 @pytest.mark.parametrize("sizes", [(0, 0, 40, 0, 3), (1, 1, 1, 1, 1, 1, 1), (70,)])
 def test_grouped_mm_empty_groups_and_tiny_groups(sizes: tuple[int, ...]) -> None:
     t, k, n = sum(sizes), 24, 40

@@ -234,52 +234,28 @@ def _mm_fp8_tma_kernel(
     BLOCK_K: tl.constexpr,  # reduction step (block mode: 128)
     GROUP_M: tl.constexpr,  # tile rows per group
     NUM_PROGRAMS: tl.constexpr,  # persistent programs
-    HALVES: tl.constexpr,  # 2: block mode, a and c descriptors of BLOCK_M / 2 rows, two accumulators
     UPCAST: tl.constexpr,  # cast dot operands to float32 (interpreter only)
 ):
     """Persistent fp8 matmul with TMA; scales applied as in :func:`_mm_fp8_kernel`."""
     tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     for tile in tl.range(tl.program_id(0), tiles, NUM_PROGRAMS, flatten=True):
         pid_m, pid_n = _tile_coords(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        if HALVES == 2:
-            # two (BLOCK_M / 2, BLOCK_N) accumulators that share each b tile; the scaled partial product of
-            # one half at a time keeps the registers under the limit that a whole-tile partial exceeds
-            tl.static_assert(MODE == 2, "HALVES splits block-scaled tiles")
-            rm0 = pid_m * BLOCK_M + tl.arange(0, BLOCK_M // 2)
-            rm1 = rm0 + BLOCK_M // 2
-            acc0 = tl.zeros((BLOCK_M // 2, BLOCK_N), dtype=tl.float32)
-            acc1 = tl.zeros((BLOCK_M // 2, BLOCK_N), dtype=tl.float32)
-            for k0 in range(0, K, BLOCK_K):
-                a0 = a_desc.load([pid_m * BLOCK_M, k0])
-                a1 = a_desc.load([pid_m * BLOCK_M + BLOCK_M // 2, k0])
-                b = _load_b_tma(b_desc, k0, pid_n * BLOCK_N, True)
-                if UPCAST:
-                    a0, a1, b = a0.to(tl.float32), a1.to(tl.float32), b.to(tl.float32)
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        m_ok = rm < M
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            a = a_desc.load([pid_m * BLOCK_M, k0])
+            b = _load_b_tma(b_desc, k0, pid_n * BLOCK_N, True)
+            if UPCAST:
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            if MODE == 2:
                 kb = k0 // 128
+                s_a = tl.load(sa_ptr + rm * stride_sam + kb * stride_sak, mask=m_ok, other=0.0)
                 s_b = tl.load(sb_ptr + kb * stride_sbk + ((pid_n * BLOCK_N) // 128) * stride_sbn)
-                s_a0 = tl.load(sa_ptr + rm0 * stride_sam + kb * stride_sak, mask=rm0 < M, other=0.0)
-                s_a1 = tl.load(sa_ptr + rm1 * stride_sam + kb * stride_sak, mask=rm1 < M, other=0.0)
-                acc0 += tl.dot(a0, b) * (s_a0[:, None] * s_b)
-                acc1 += tl.dot(a1, b) * (s_a1[:, None] * s_b)
-            c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc0.to(c_desc.dtype))
-            c_desc.store([pid_m * BLOCK_M + BLOCK_M // 2, pid_n * BLOCK_N], acc1.to(c_desc.dtype))
-        else:
-            rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-            rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-            m_ok = rm < M
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for k0 in range(0, K, BLOCK_K):
-                a = a_desc.load([pid_m * BLOCK_M, k0])
-                b = _load_b_tma(b_desc, k0, pid_n * BLOCK_N, True)
-                if UPCAST:
-                    a = a.to(tl.float32)
-                    b = b.to(tl.float32)
-                if MODE == 2:
-                    kb = k0 // 128
-                    s_a = tl.load(sa_ptr + rm * stride_sam + kb * stride_sak, mask=m_ok, other=0.0)
-                    s_b = tl.load(sb_ptr + kb * stride_sbk + ((pid_n * BLOCK_N) // 128) * stride_sbn)
-                    acc += tl.dot(a, b) * (s_a[:, None] * s_b)
-                else:
-                    acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
-            acc = _scale_epilogue(acc, sa_ptr, sb_ptr, rm, rn, m_ok, N, stride_sam, stride_sbn, MODE)
-            c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_desc.dtype))
+                acc += tl.dot(a, b) * (s_a[:, None] * s_b)
+            else:
+                acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
+        acc = _scale_epilogue(acc, sa_ptr, sb_ptr, rm, rn, m_ok, N, stride_sam, stride_sbn, MODE)
+        c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_desc.dtype))

@@ -40,9 +40,6 @@ class Tiles(NamedTuple):
     group_m: int
     num_warps: int
     num_stages: int
-    #: fp8 block scales in the TMA kernel: 2 splits the tile's rows into two accumulators (a and c
-    #: descriptors of block_m / 2 rows), so a tile twice as tall fits the registers
-    m_halves: int = 1
 
 
 def mm_tiles(m: int, n: int, k: int, dtype: torch.dtype = torch.bfloat16) -> Tiles:
@@ -110,8 +107,8 @@ def _tma_grid(m: int, n: int, t: Tiles, device: torch.device) -> tuple[int]:
 def _descriptors(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, t: Tiles, b_kmajor: bool) -> tuple[Any, Any, Any]:
     b_desc = (TensorDescriptor.from_tensor(b.t(), [t.block_n, t.block_k]) if b_kmajor
               else TensorDescriptor.from_tensor(b, [t.block_k, t.block_n]))
-    rows = t.block_m // t.m_halves
-    return (TensorDescriptor.from_tensor(a, [rows, t.block_k]), b_desc, TensorDescriptor.from_tensor(c, [rows, t.block_n]))
+    return (TensorDescriptor.from_tensor(a, [t.block_m, t.block_k]), b_desc,
+            TensorDescriptor.from_tensor(c, [t.block_m, t.block_n]))
 
 
 def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -162,8 +159,7 @@ def mm_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: tor
         K._mm_fp8_tma_kernel[grid](
             a_desc, b_desc, c_desc, sa, sb, m, n, k, sa.stride(0), sa.stride(1), sb.stride(0), sb.stride(1),
             MODE=_MODES[scale_mode], BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, GROUP_M=t.group_m,
-            NUM_PROGRAMS=grid[0], HALVES=t.m_halves, UPCAST=UPCAST, num_warps=t.num_warps,
-            num_stages=t.num_stages,
+            NUM_PROGRAMS=grid[0], UPCAST=UPCAST, num_warps=t.num_warps, num_stages=t.num_stages,
         )
         return c
     K._mm_fp8_kernel[_launch_grid(m, n, t)](
