@@ -29,9 +29,9 @@ SHAPES: tuple[tuple[str, int, int, int, int, bool, dict[str, Any]], ...] = (
 
 #: tiles tried besides the default, by shape name
 SWEEP: dict[str, tuple[tuple[int, int, int, int, int], ...]] = {
-    "mixtral 8x7B bf16": ((128, 256, 64, 8, 3), (64, 128, 64, 4, 4)),
-    "deepseek-v3 fp8-block": ((64, 64, 64, 4, 3), (64, 128, 64, 4, 3), (128, 128, 64, 8, 3), (128, 64, 128, 8, 3),
-                              (64, 64, 128, 4, 4), (64, 128, 128, 4, 3)),
+    "mixtral 8x7B bf16": ((128, 128, 64, 8, 4),),
+    "deepseek-v3 fp8-block": ((128, 64, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 128, 8, 3), (128, 128, 32, 8, 4),
+                              (128, 256, 64, 8, 2)),
 }
 
 

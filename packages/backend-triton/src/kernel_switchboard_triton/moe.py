@@ -35,12 +35,12 @@ class MoeTiles(NamedTuple):
     num_stages: int
 
 
-def moe_tiles(assignments: int, experts: int, fp32: bool, fp8: bool = False) -> MoeTiles:
+def moe_tiles(assignments: int, experts: int, fp32: bool) -> MoeTiles:
     """Tiles by the mean number of assignments per expert (decode-sized batches take short blocks).
 
-    fp8 weights take 64-wide N tiles from 64 rows up: the gate/up kernel keeps two accumulators plus the
-    dequantised weight tiles, and 128x128 spilled for sm_90 (ptxas, compiled on the CI machine); the H200
-    measured the DeepSeek-V3 fp8 shape at 125 TFLOP/s with 128x128 tiles and per-step scaled partials.
+    H200, 4096 tokens (notes/gpu-runs.md run 14): DeepSeek-V3 with fp8 weights (128 assignments per expert)
+    128x128x64 tiles, 8 warps, 233.8 TFLOP/s against 195.5 with 64-wide N tiles (64x128: 222.6); Mixtral bf16
+    128x128x64 472.4 (64x128 with 4 stages: 374.0; 128x256 needs 245 KB of shared memory).
     """
     if triton_interpreting():
         return MoeTiles(16, 32, 32, 4, 1)
@@ -50,7 +50,7 @@ def moe_tiles(assignments: int, experts: int, fp32: bool, fp8: bool = False) -> 
         return MoeTiles(min(block_m, 64), 64, 32, 4, 3)
     if block_m <= 32:
         return MoeTiles(block_m, 64, 128, 4, 4)
-    return MoeTiles(block_m, 64 if fp8 else 128, 64, 8 if block_m == 128 else 4, 3)
+    return MoeTiles(block_m, 128, 64, 8 if block_m == 128 else 4, 3)
 
 
 def sort_by_expert(topk_ids: torch.Tensor, experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,7 +88,7 @@ def fused_moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tenso
         return torch.zeros_like(x)
     fp8 = w13_scale is not None
     fp32 = x.dtype == torch.float32
-    t = moe_tiles(n, experts, fp32, fp8)
+    t = moe_tiles(n, experts, fp32)
     sorted_ids, block_expert = sort_by_expert(topk_ids, experts, t.block_m)
     num_blocks = block_expert.numel()
     w13c, w2c = w13.contiguous(), w2.contiguous()

@@ -42,12 +42,13 @@ TILE = 65536 if triton_interpreting() else 4096
 WARP_ELEMS = 128
 MIN_WARPS = 4
 #: (chunk, load pipeline stages, most warps) of the walks over the vocabulary. Stages > 1 issue the next
-#: chunks' loads (cp.async into shared memory) while this chunk's reductions run. The top-p walk gains from
-#: stages and wide chunks; the threshold-search walks (top-k, renorm) spill once pipelined or widened.
-#: H200, 128 x 128256 fp32 probs (notes/gpu-runs.md run 10): top-p, 8 warps 3 stages, chunk 2048 / 4096 /
-#: 8192: 0.285 / 0.152 / 0.118 ms (16 warps 1 stage 4096: 0.199); top-k 50 + top-p, 1 stage, chunk 4096,
-#: 16 / 8 warps: 0.508 / 0.479 (3 stages: 0.573; chunk 8192: 4.9). Session 8 (run 13), same walks: 0.119 / 0.475 ->
-#: 0.093 / 0.438 ms with the candidate pass's six row sums in one reduction and no draws for rows already sampled.
+#: chunks' loads (cp.async into shared memory) while this chunk's reductions run. The top-p walk (the
+#: candidate passes, with or without top-k) gains from stages and wide chunks; the threshold-search walk
+#: (top-k's own kernel, renorm) spills once pipelined or widened. H200, 128 x 128256 fp32 probs
+#: (notes/gpu-runs.md runs 10, 13, 14): top-p, 8 warps 3 stages, chunk 2048 / 4096 / 8192: 0.285 / 0.152 /
+#: 0.093 ms. Top-k 50 + top-p: 0.438 ms with one kernel on the search walk; 0.348 with the search in its own
+#: kernel; 0.330 with its pivot counts and masses in one reduction. Search walks tried in run 14 (ms): chunk
+#: 4096 with 16 warps 0.343, 2 stages 0.525; 8192 with 2 stages 0.461; 2048 with 2 / 3 stages 0.751 / 0.871.
 TOP_P_WALK = (8192, 3, 8)
 SEARCH_WALK = (4096, 1, 8)
 #: finish threshold searches with tl.sort; the interpreter ranks pairwise instead (its sort is very slow)
