@@ -7,7 +7,8 @@ ever needs a *weight* ``w``: the probability itself, or ``exp2((x - max) * log2(
 thresholds on ``w`` (ties kept together, as the core defines them):
 
 - top-k: ``tau_k`` = the k-th largest weight, found by :func:`_select` (pivot counts per pass, then the
-  few weights left in the bracket are compacted into a scratch row and sorted in registers);
+  few weights left in the bracket are compacted into a scratch row and sorted in registers); for sampling
+  in :func:`_top_k_threshold_kernel`, launched before :func:`_top_k_top_p_kernel`;
 - min-p: ``min_p * max w``;
 - top-p: sampled by rejection (FlashInfer's idea): candidates are drawn in proportion to ``w`` from a
   set that contains the nucleus; a candidate c is in the nucleus iff the mass strictly above ``w_c``
