@@ -7,7 +7,8 @@ the Triton kernels (launcher called directly: seed draw + kernels; the default l
 variants of the walk that workload is most sensitive to: the candidate passes' for top-p, the top-k
 threshold search's for top-k + top-p), the switchboard call with
 ``check_nan=False``, the reference (torch sort + inverse CDF) and FlashInfer when it is installed.
-Before timing, every implementation's tokens are checked to lie in the filtered support; ``first_call_s``
+A last Triton row times the top-k threshold kernel alone (the first of its two launches). Before timing,
+every implementation's tokens are checked to lie in the filtered support; ``first_call_s``
 is the first call's wall time (the compile of a JIT kernel).
 """
 
@@ -94,6 +95,13 @@ def bench_sampling(device: str | torch.device = "cuda") -> list[dict[str, Any]]:
             out.append(_row(name, f"triton kernel ({label})", kernel, check))
         sampling.MAX_BLOCK, sampling.SEARCH_WALK, sampling.TOP_P_WALK = saved
         sampling._config.cache_clear()
+        if top_k:  # the first of the two launches alone: how the call's time divides
+            def exact_threshold(stats: torch.Tensor, k: int = top_k) -> None:
+                tau = stats[1][:, None]  # k-th largest weight: >= tau keeps k or more, > tau fewer than k
+                assert bool(((probs >= tau).sum(1) >= k).all() and ((probs > tau).sum(1) < k).all()), "wrong threshold"
+
+            out.append(_row(name, "triton top-k threshold kernel alone",
+                            lambda top_k=top_k: sampling.top_k_threshold(probs, top_k, False, None), exact_threshold))
         out.append(_row(name, "triton via ksb.sampling (check_nan=False)", api, check))
         out.append(_row(name, "reference (torch sort)", ref, check))
         fi = _flashinfer(top_k, top_p)

@@ -92,6 +92,24 @@ def _seed(generator: torch.Generator | None, device: torch.device) -> torch.Tens
     return torch.randint(0, 2**31 - 1, (1,), generator=generator, device=device, dtype=torch.int64)
 
 
+def top_k_threshold(x: torch.Tensor, top_k: Any, is_logits: bool, temperature: Any) -> torch.Tensor:
+    """The first of top_k_top_p's two launches: per row of x (B, V) with unit column stride, float32 (4, B):
+    the logit max (0 for probabilities), the top-k threshold on the weights, the top-k mass, the max weight."""
+    batch, vocab = x.shape
+    _, k_rows, k_t, k_v = _split(top_k, torch.int32, x.device)
+    has_t, t_rows, t_t, t_v = _split(temperature if is_logits else None, torch.float32, x.device)
+    search = _config(batch, vocab, SEARCH_WALK)
+    scratch = torch.empty((batch, search.scratch), dtype=torch.float32, device=x.device)
+    stats = torch.empty((4, batch), dtype=torch.float32, device=x.device)
+    K._top_k_threshold_kernel[(triton.cdiv(batch, search.rows),)](
+        x, k_t if k_rows else stats, t_t if t_rows else stats, int(k_v), float(t_v) if has_t else 1.0, scratch, stats,
+        batch, vocab, x.stride(0), IS_LOGITS=is_logits, K_ROWS=k_rows, HAS_T=has_t, T_ROWS=t_rows, ROWS=search.rows,
+        BLOCK=search.block, STAGES=search.stages, NP=NUM_PIVOTS, SCRATCH=search.scratch, MAX_PASSES=MAX_PASSES,
+        SORT=SORT, num_warps=search.num_warps,
+    )
+    return stats
+
+
 def top_k_top_p(x: torch.Tensor, top_k: Any, top_p: Any, min_p: Any, is_logits: bool, temperature: Any,
                 generator: torch.Generator | None, deterministic: bool) -> torch.Tensor:
     batch, vocab = x.shape
@@ -100,22 +118,12 @@ def top_k_top_p(x: torch.Tensor, top_k: Any, top_p: Any, min_p: Any, is_logits: 
         return out
     if x.stride(1) != 1:  # the kernel walks rows with unit stride
         x = x.contiguous()
-    has_k, k_rows, k_t, k_v = _split(top_k, torch.int32, x.device)
+    has_k = top_k is not None
     has_p, p_rows, p_t, p_v = _split(top_p, torch.float32, x.device)
     has_m, m_rows, m_t, m_v = _split(min_p, torch.float32, x.device)
     has_t, t_rows, t_t, t_v = _split(temperature if is_logits else None, torch.float32, x.device)
     t_val = float(t_v) if has_t else 1.0
-    stats = out  # (4, B) float32 from the top-k threshold kernel; unused without top-k
-    if has_k:
-        search = _config(batch, vocab, SEARCH_WALK)
-        scratch = torch.empty((batch, search.scratch), dtype=torch.float32, device=x.device)
-        stats = torch.empty((4, batch), dtype=torch.float32, device=x.device)
-        K._top_k_threshold_kernel[(triton.cdiv(batch, search.rows),)](
-            x, k_t if k_rows else out, t_t if t_rows else out, int(k_v), t_val, scratch, stats, batch, vocab,
-            x.stride(0), IS_LOGITS=is_logits, K_ROWS=k_rows, HAS_T=has_t, T_ROWS=t_rows, ROWS=search.rows,
-            BLOCK=search.block, STAGES=search.stages, NP=NUM_PIVOTS, SCRATCH=search.scratch, MAX_PASSES=MAX_PASSES,
-            SORT=SORT, num_warps=search.num_warps,
-        )
+    stats = top_k_threshold(x, top_k, is_logits, temperature) if has_k else out  # unused without top-k
     cfg = _config(batch, vocab, TOP_P_WALK)
     K._top_k_top_p_kernel[(triton.cdiv(batch, cfg.rows),)](
         x, out, stats, p_t if p_rows else out, m_t if m_rows else out, t_t if t_rows else out, float(p_v), float(m_v),
