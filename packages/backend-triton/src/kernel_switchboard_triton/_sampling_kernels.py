@@ -401,6 +401,24 @@ def _logit_scale(
 
 
 @triton.jit
+def _top_k_of_rows(
+    rows,  # (ROWS,) row indices
+    rmask,  # (ROWS,) real rows
+    k_ptr,  # (B,) int32 per-row top-k (when K_ROWS)
+    k_val,  # scalar top-k (otherwise)
+    V,  # vocabulary size
+    K_ROWS: tl.constexpr,  # top-k per row
+    ROWS: tl.constexpr,  # rows per program
+):
+    """(k as float32 clamped to [1, V] with k <= 0 meaning V, rows where top-k filters anything), (ROWS,) each."""
+    if K_ROWS:
+        k = tl.load(k_ptr + rows, mask=rmask, other=0)
+    else:
+        k = tl.zeros((ROWS,), tl.int32) + k_val
+    return tl.minimum(tl.where(k > 0, k, V), V).to(tl.float32), (k > 0) & (k < V) & rmask
+
+
+@triton.jit
 def _top_k_threshold_kernel(
     x_ptr,  # (B, V) probabilities or logits, unit stride in V
     k_ptr,  # (B,) int32 per-row top-k (when K_ROWS)
@@ -433,12 +451,7 @@ def _top_k_threshold_kernel(
     c = _logit_scale(rows, rmask, t_ptr, t_val, HAS_T, T_ROWS, ROWS)
     if IS_LOGITS:
         m = _row_max(x_ptr, row_off, rmask, V, ROWS, BLOCK, STAGES)
-    if K_ROWS:
-        k = tl.load(k_ptr + rows, mask=rmask, other=0)
-    else:
-        k = tl.zeros((ROWS,), tl.int32) + k_val
-    k_on = (k > 0) & (k < V) & rmask
-    kf = tl.minimum(tl.where(k > 0, k, V), V).to(tl.float32)
+    kf, k_on = _top_k_of_rows(rows, rmask, k_ptr, k_val, V, K_ROWS, ROWS)
     ones = tl.full((ROWS,), 1.0, tl.float32)  # weights lie in [0, 1]: probabilities, or exp2 of <= 0
     tau, mass_k, _total, wmax = _select(x_ptr, row_off, rmask, V, m, c, kf, k_on, tl.zeros((ROWS,), tl.float32),
                                         ones, scratch_ptr, rows.to(tl.int64) * SCRATCH, IS_LOGITS, False, ROWS, BLOCK,
@@ -610,12 +623,7 @@ def _renorm_kernel(
     ones = tl.full((ROWS,), 1.0, tl.float32)
     tau = tl.zeros((ROWS,), tl.float32)
     if HAS_K:
-        if K_ROWS:
-            k = tl.load(k_ptr + rows, mask=rmask, other=0)
-        else:
-            k = tl.zeros((ROWS,), tl.int32) + k_val
-        k_on = (k > 0) & (k < V) & rmask
-        kf = tl.minimum(tl.where(k > 0, k, V), V).to(tl.float32)
+        kf, k_on = _top_k_of_rows(rows, rmask, k_ptr, k_val, V, K_ROWS, ROWS)
         tau, mass_k, total, wmax = _select(x_ptr, row_off, rmask, V, m, c, kf, k_on, tau, ones, scratch_ptr, scr_off,
                                            False, False, ROWS, BLOCK, STAGES, NP, SCRATCH, MAX_PASSES, SORT)
     else:
