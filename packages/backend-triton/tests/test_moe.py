@@ -95,3 +95,19 @@ def test_gpu_model_shapes(tokens: int, hidden: int, inter: int, experts: int, to
     got, want = run().float(), run("reference").float()
     rel = ((got - want).norm() / want.norm()).item()
     assert rel < (3e-2 if fp8 else 1e-2), rel
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_transposed_products_match_the_reference(monkeypatch: pytest.MonkeyPatch, fp8: bool) -> None:
+    # swap_ab tiles: both kernels compute weights x activations^T and store the transpose; ragged edges in
+    # every dimension (hidden and intermediate off the tile grid, a partial block of assignments)
+    tokens, experts = 13, 4
+    ids = torch.randint(0, experts, (tokens, 2), generator=torch.Generator().manual_seed(2), dtype=torch.int32)
+    x, w, i, w13, w2, s13, s2 = _moe_inputs(tokens, 256 if fp8 else 72, 256 if fp8 else 56, experts, torch.bfloat16,
+                                            fp8, ids)
+    tiles = moe.moe_tiles(tokens * 2, experts, False)._replace(swap_ab=True)
+    monkeypatch.setattr(moe, "moe_tiles", lambda *args: tiles)
+    got = ksb.moe.experts(x, w, i, w13, w2, w13_scale=s13, w2_scale=s2, backend="triton")
+    want = ksb.moe.experts(x, w, i, w13, w2, w13_scale=s13, w2_scale=s2, backend="reference")
+    assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+

@@ -33,6 +33,8 @@ class MoeTiles(NamedTuple):
     block_k: int
     num_warps: int
     num_stages: int
+    #: compute the transposed products (weights as the MMA's first operand, from registers)
+    swap_ab: bool = False
 
 
 def moe_tiles(assignments: int, experts: int, fp32: bool) -> MoeTiles:
@@ -102,14 +104,14 @@ def fused_moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tenso
     K._moe_gate_up_kernel[(num_blocks, triton.cdiv(inter, t.block_n))](
         x, w13c, s13, h, sorted_ids, block_expert, experts, inter, hidden, top_k, n,
         w13c.stride(0), w13c.stride(1), *s13_strides,
-        FP8=fp8, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, UPCAST=UPCAST, IEEE=fp32,
+        FP8=fp8, SWAP_AB=t.swap_ab, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, UPCAST=UPCAST, IEEE=fp32,
         num_warps=t.num_warps, num_stages=t.num_stages,
     )
     y = torch.empty((n, hidden), dtype=x.dtype, device=x.device)
     K._moe_down_kernel[(num_blocks, triton.cdiv(hidden, t.block_n))](
         h, w2c, s2, y, topk_weights.reshape(-1), sorted_ids, block_expert, experts, inter, hidden, n,
         w2c.stride(0), w2c.stride(1), *s2_strides,
-        FP8=fp8, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, UPCAST=UPCAST, IEEE=fp32,
+        FP8=fp8, SWAP_AB=t.swap_ab, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, UPCAST=UPCAST, IEEE=fp32,
         num_warps=t.num_warps, num_stages=t.num_stages,
     )
     if top_k == 1:
