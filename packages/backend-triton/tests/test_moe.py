@@ -109,6 +109,13 @@ def test_gpu_model_shapes(tokens: int, hidden: int, inter: int, experts: int, to
     assert rel < (3e-2 if fp8 else 1e-2), rel
 
 
+def _matches_reference(x: torch.Tensor, w: torch.Tensor, i: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                       s13: torch.Tensor | None, s2: torch.Tensor | None) -> None:
+    got = ksb.moe.experts(x, w, i, w13, w2, w13_scale=s13, w2_scale=s2, backend="triton")
+    want = ksb.moe.experts(x, w, i, w13, w2, w13_scale=s13, w2_scale=s2, backend="reference")
+    assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+
+
 @pytest.mark.parametrize("fp8", [False, True])
 def test_transposed_products_match_the_reference(monkeypatch: pytest.MonkeyPatch, fp8: bool) -> None:
     # swap_ab tiles: both kernels compute weights x activations^T and store the transpose; ragged edges in
@@ -119,9 +126,7 @@ def test_transposed_products_match_the_reference(monkeypatch: pytest.MonkeyPatch
                                             fp8, ids)
     tiles = moe.moe_tiles(tokens * 2, experts, False)._replace(swap_ab=True)
     monkeypatch.setattr(moe, "moe_tiles", lambda *args: tiles)
-    got = ksb.moe.experts(x, w, i, w13, w2, w13_scale=s13, w2_scale=s2, backend="triton")
-    want = ksb.moe.experts(x, w, i, w13, w2, w13_scale=s13, w2_scale=s2, backend="reference")
-    assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+    _matches_reference(x, w, i, w13, w2, s13, s2)
 
 
 @pytest.mark.parametrize("fp8", [False, True])
@@ -135,7 +140,5 @@ def test_whole_blocks_then_short_tail_blocks(monkeypatch: pytest.MonkeyPatch, fp
     monkeypatch.setattr(moe, "moe_tiles", lambda *args: tiles)
     monkeypatch.setattr(moe, "rows_tiles", lambda rows, fp32: moe.MoeTiles(rows, 32, 32, 4, 1))
     assert len(moe.sort_by_expert(i, experts, tiles.block_m, tiles.tail_m)) == 2
-    got = ksb.moe.experts(x, w, i, w13, w2, w13_scale=s13, w2_scale=s2, backend="triton")
-    want = ksb.moe.experts(x, w, i, w13, w2, w13_scale=s13, w2_scale=s2, backend="reference")
-    assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+    _matches_reference(x, w, i, w13, w2, s13, s2)
 
