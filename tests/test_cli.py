@@ -79,3 +79,26 @@ def test_bench_times_a_high_regret_again_back_to_back_with_the_best(monkeypatch)
     assert timed == ["auto -> k", "k"] * 3  # alternately, three times each
     assert graph.regret == 1.01 and "retimed" not in graph.extra  # within 3%: left as measured
     assert eager.metric == 2e9 / 1e-3 / 1e12
+
+
+def test_fastest_of_rounds_times_the_calls_in_turn_and_drops_a_failing_one(monkeypatch, capsys) -> None:
+    import torch
+
+    from kernel_switchboard import bench
+
+    clock = iter([3.0, 2.0, 9.0, 1.0, 4.0, 5.0, 6.0])  # a, b, c; a, b (c fails); a, b
+    order: list[str] = []
+
+    def fake_time(call, device, reps):
+        name = call()
+        order.append(name)
+        if name == "c" and order.count("c") > 1:
+            raise RuntimeError("launch failed")
+        return next(clock)
+
+    monkeypatch.setattr(bench, "time_ms", fake_time)
+    calls = {name: (lambda name=name: name) for name in ("a", "b", "c")}
+    best = bench.fastest_of_rounds(calls, torch.device("cpu"), 1.0, rounds=3)
+    assert order == ["a", "b", "c", "a", "b", "c"] + ["a", "b"]  # in turn; c dropped after it raised
+    assert best["a"] == 1.0 and best["b"] == 2.0 and "c" not in best
+    assert "timing c failed: RuntimeError: launch failed" in capsys.readouterr().err

@@ -102,8 +102,17 @@ def _paged(batch: int, length: int, page: int, kv_heads: int | None, dims: tuple
 
 
 # -- decode ---------------------------------------------------------------------------------------
+#: decode tiles the sweep tries: (BLOCK_N, warps, stages)
+DECODE_TILES = ((64, 4, 3), (128, 4, 3), (64, 4, 4), (32, 4, 4), (128, 8, 3), (64, 8, 2))
+
+
 def _decode_point(batch: int, length: int, layout: str, dev: torch.device, g: torch.Generator, sweep: bool,
-                  heads: tuple[int, int, int] = (HQ, HKV, D)) -> list[dict[str, Any]]:
+                  heads: tuple[int, int, int] = (HQ, HKV, D), graph: bool = False,
+                  tiles: tuple[tuple[int, int, int], ...] = DECODE_TILES,
+                  splits: tuple[int, ...] = (1, 2, 4, 8, 16)) -> list[dict[str, Any]]:
+    """Rows of the default plan and, with ``sweep``, of each (BLOCK_N, warps, stages) in ``tiles`` x split count in
+    ``splits``; ``graph``: time each plan's run replayed in a CUDA graph (the GPU time, for small batches whose
+    eager runs are host-bound)."""
     from kernel_switchboard.paged import PagedKVCache
     from kernel_switchboard.reference import attention as ref
     from kernel_switchboard_triton._decode import DecodeConfig, DecodePlan
@@ -123,10 +132,10 @@ def _decode_point(batch: int, length: int, layout: str, dev: torch.device, g: to
     if sweep:
         base = plans[0].cfg
         seen = {base}
-        for splits in sorted({1, 2, 4, 8, 16, base.num_splits}):
-            for block_n, warps, stages in ((64, 4, 3), (128, 4, 3), (64, 4, 4), (32, 4, 4), (128, 8, 3), (64, 8, 2)):
-                cfg = DecodeConfig(base.block_h, block_n, splits, warps, stages, False)
-                if cfg not in seen and splits * 256 <= length:
+        for n_splits in sorted({*splits, base.num_splits}):
+            for block_n, warps, stages in tiles:
+                cfg = DecodeConfig(base.block_h, block_n, n_splits, warps, stages, False)
+                if cfg not in seen and n_splits * 2 * block_n <= length:
                     seen.add(cfg)
                     plans.append(DecodePlan(table, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, head_dim_v=d,
                                             sm_scale=p.sm_scale, logits_soft_cap=None, window_left=-1,
@@ -135,7 +144,13 @@ def _decode_point(batch: int, length: int, layout: str, dev: torch.device, g: to
     for i, plan in enumerate(plans):
         c = plan.cfg
         run = (lambda plan=plan: plan.run(q, cache, out))
-        rows.append(_row(workload, "triton" if i == 0 else "triton (sweep)",
+        if graph and dev.type == "cuda":
+            run()  # compile outside the capture
+            cuda_graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(cuda_graph):
+                run()
+            run = cuda_graph.replay
+        rows.append(_row(workload + (" graph" if graph else ""), "triton" if i == 0 else "triton (sweep)",
                          f"splits={c.num_splits} BLOCK_N={c.block_n} warps={c.num_warps} stages={c.num_stages}",
                          run, lambda run=run: (run(), _err(out, want))[1], nbytes, "tb_s"))
     return rows

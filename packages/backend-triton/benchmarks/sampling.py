@@ -14,6 +14,7 @@ is the first call's wall time (the compile of a JIT kernel).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -47,6 +48,10 @@ def _row(workload: str, impl: str, fn: Callable[[], Any], check: Callable[[torch
 
 
 def _flashinfer(top_k: int | None, top_p: float) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """FlashInfer's call for the workload, or None when it is missing or ``KSB_BENCH_FLASHINFER=0`` (its
+    sampling modules compile on first use: 80-320 s on the H200)."""
+    if os.environ.get("KSB_BENCH_FLASHINFER", "1") == "0":
+        return None
     try:
         import flashinfer.sampling as fs
     except Exception:  # optional baseline

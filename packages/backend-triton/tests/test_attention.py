@@ -394,6 +394,25 @@ def test_split_model_fills_one_wave_for_small_batches() -> None:
     assert choose_splits(1, 10**6, 64, slots, max_splits=64) <= 64
 
 
+def test_batch_one_decode_takes_short_tiles_to_split_further(monkeypatch) -> None:
+    from kernel_switchboard_triton import _attn_common, _decode
+
+    # an H200 as decode_config sees it: sm_90, 132 SMs (the interpreter's own config is bypassed)
+    monkeypatch.setattr(_decode, "interpreting", lambda: False)
+    monkeypatch.setattr(_decode, "cc_major", lambda device: 9)
+    monkeypatch.setattr(_attn_common, "cc_major", lambda device: 9)
+    monkeypatch.setattr(_decode, "sm_count", lambda device: 132)
+    config = _decode.decode_config.__wrapped__
+    gpu = torch.device("cuda", 0)
+    one = config(gpu, 1, 8, 4, 128, 4096)
+    assert (one.block_n, one.num_splits, one.num_stages) == (32, 64, 4)  # 64-key tiles would stop at 32 splits
+    busy = config(gpu, 1, 8, 4, 128, 8192)  # 64 splits of 64-key tiles already fill half the slots
+    assert (busy.block_n, busy.num_splits) == (64, 64)
+    batch = config(gpu, 16, 8, 4, 128, 2048)
+    assert batch.block_n == 64 and batch.num_splits > 1
+    assert config(gpu, 1, 8, 4, 128, 4096, num_splits=8).block_n == 64  # an explicit split count keeps the tiles
+
+
 def test_kernel_plan_runs_without_an_output_argument() -> None:
     from kernel_switchboard_triton._decode import plan_decode
 

@@ -138,7 +138,7 @@ def test_whole_blocks_then_short_tail_blocks(monkeypatch: pytest.MonkeyPatch, fp
                                             fp8, ids)
     tiles = moe.moe_tiles(tokens * 2, experts, False)._replace(tail_m=4)
     monkeypatch.setattr(moe, "moe_tiles", lambda *args: tiles)
-    monkeypatch.setattr(moe, "rows_tiles", lambda rows, fp32: moe.MoeTiles(rows, 32, 32, 4, 1))
+    monkeypatch.setattr(moe, "rows_tiles", lambda rows, fp32, fp8: moe.MoeTiles(rows, 32, 32, 4, 1))
     assert len(moe.sort_by_expert(i, experts, tiles.block_m, tiles.tail_m)) == 2
     _matches_reference(x, w, i, w13, w2, s13, s2)
 

@@ -40,26 +40,28 @@ class MoeTiles(NamedTuple):
     tail_m: int = 0
 
 
-def moe_tiles(assignments: int, experts: int, fp32: bool) -> MoeTiles:
+def moe_tiles(assignments: int, experts: int, fp32: bool, fp8: bool = False) -> MoeTiles:
     """Tiles by the mean number of assignments per expert (decode-sized batches take short blocks).
 
-    H200, 4096 tokens (notes/gpu-runs.md run 14): DeepSeek-V3 with fp8 weights (128 assignments per expert)
-    128x128x64 tiles, 8 warps, 233.8 TFLOP/s against 195.5 with 64-wide N tiles (64x128: 222.6); Mixtral bf16
-    128x128x64 472.4 (64x128 with 4 stages: 374.0; 128x256 needs 245 KB of shared memory).
+    H200, 4096 tokens (notes/gpu-runs.md runs 14-15): DeepSeek-V3 with fp8 weights (128 assignments per expert)
+    128x128x128 tiles, 8 warps, 3 stages 245.1 TFLOP/s (BLOCK_K 64: 233.7; 64-wide N tiles: 195.5; swap_ab
+    212.7 / 236.4 with BLOCK_K 64 / 128; 32- or 64-row tail blocks 173.3 / 227.6); Mixtral bf16 128x128x64 471.6
+    (64x128 with 4 stages: 374.0; 128x256 needs 245 KB of shared memory).
     """
     if triton_interpreting():
         return MoeTiles(16, 32, 32, 4, 1)
     per_expert = assignments / max(experts, 1)
-    return rows_tiles(16 if per_expert <= 16 else 32 if per_expert <= 32 else 64 if per_expert <= 96 else 128, fp32)
+    block_m = 16 if per_expert <= 16 else 32 if per_expert <= 32 else 64 if per_expert <= 96 else 128
+    return rows_tiles(block_m, fp32, fp8)
 
 
-def rows_tiles(block_m: int, fp32: bool) -> MoeTiles:
-    """Tiles for blocks of ``block_m`` assignments (sm_90 sizes)."""
+def rows_tiles(block_m: int, fp32: bool, fp8: bool = False) -> MoeTiles:
+    """Tiles for blocks of ``block_m`` assignments (sm_90 sizes); ``fp8``: fp8 block-scaled weights."""
     if fp32:
         return MoeTiles(min(block_m, 64), 64, 32, 4, 3)
     if block_m <= 32:
         return MoeTiles(block_m, 64, 128, 4, 4)
-    return MoeTiles(block_m, 128, 64, 8 if block_m == 128 else 4, 3)
+    return MoeTiles(block_m, 128, 128 if fp8 and block_m == 128 else 64, 8 if block_m == 128 else 4, 3)
 
 
 def sort_by_expert(topk_ids: torch.Tensor, experts: int, block_m: int,
@@ -114,8 +116,8 @@ def fused_moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tenso
         return torch.zeros_like(x)
     fp8 = w13_scale is not None
     fp32 = x.dtype == torch.float32
-    t = moe_tiles(n, experts, fp32)
-    launches = [(ids, block_expert, t if rows == t.block_m else rows_tiles(rows, fp32)._replace(swap_ab=t.swap_ab))
+    t = moe_tiles(n, experts, fp32, fp8)
+    launches = [(ids, block_expert, t if rows == t.block_m else rows_tiles(rows, fp32, fp8)._replace(swap_ab=t.swap_ab))
                 for ids, block_expert, rows in sort_by_expert(topk_ids, experts, t.block_m, t.tail_m)]
     w13c, w2c = w13.contiguous(), w2.contiguous()
     if w13_scale is not None and w2_scale is not None:  # fp8 weights (the core checks the scales come together)

@@ -135,6 +135,24 @@ def time_ms(fn: Callable[[], Any], device: torch.device, reps_ms: float = 200.0)
     return statistics.median(times)
 
 
+def fastest_of_rounds(calls: dict[str, Callable[[], Any]], device: torch.device, reps_ms: float,
+                      rounds: int = 3) -> dict[str, float]:
+    """Each call's fastest median ms over ``rounds`` rounds that time the calls in turn. Clocks drift over a
+    run (run 11: one kernel timed 10% apart minutes later), so kernels timed one after the other can swap
+    places; timed in turn, a drift moves them alike. A call that raises is reported on stderr and dropped."""
+    best: dict[str, float] = {}
+    live = dict(calls)
+    for _ in range(rounds):
+        for name, call in list(live.items()):
+            try:
+                best[name] = min(best.get(name, math.inf), time_ms(call, device, reps_ms))
+            except Exception as exc:  # noqa: BLE001 - one failing kernel does not stop the others' timing
+                print(f"timing {name} failed: {type(exc).__name__}: {exc}"[:300], file=sys.stderr)
+                live.pop(name)
+                best.pop(name, None)
+    return best
+
+
 def ceilings(device: torch.device) -> dict[str, float]:
     """Device copy bandwidth (TB/s, read + write) and bf16 matmul rate (TFLOP/s) measured here."""
     if device.type != "cuda":
@@ -295,7 +313,7 @@ def _regrets(rows: list[Row], calls: dict[str, Callable[[], Any]], device: torch
     """Set each auto row's regret: its time over the best kernel row's of the same call kind (eager, plan,
     graph). Rows are timed one after another, minutes apart on a big grid, and clocks drift (run 11: the same
     kernel timed 10% apart at the end of a run of full-bandwidth kernels), so an auto row above
-    :data:`RETIME_ABOVE` and its best row are timed again, alternately, three times each, and each keeps its
+    :data:`RETIME_ABOVE` and its best row are timed again by :func:`fastest_of_rounds`, and each keeps its
     fastest time; ``extra['retimed']`` records the first times."""
     for r in rows:
         kind = _call_kind(r.kernel)
@@ -304,9 +322,10 @@ def _regrets(rows: list[Row], calls: dict[str, Callable[[], Any]], device: torch
             continue
         if r.ms > best.ms * RETIME_ABOVE and r.kernel in calls and best.kernel in calls:
             first = {"auto_ms": r.ms, "best_ms": best.ms}
-            for _ in range(3):
-                for row in (r, best):
-                    _retime(row, calls[row.kernel], device, reps_ms, units)
+            again = fastest_of_rounds({row.kernel: calls[row.kernel] for row in (r, best)}, device, reps_ms)
+            for row in (r, best):
+                row.ms = min(row.ms or math.inf, again.get(row.kernel, math.inf))
+                row.metric = _rate(units, row.ms)
             r.extra["retimed"] = best.extra["retimed"] = first
             best = _best_row(rows, kind) or best
         r.regret = r.ms / best.ms if best.ms else None
@@ -317,11 +336,6 @@ def _best_row(rows: list[Row], kind: str) -> Row | None:
     timed = [r for r in rows if r.ms is not None and not r.auto and not r.kernel.startswith("[ext]")
              and _call_kind(r.kernel) == kind]
     return min(timed, key=lambda r: r.ms or math.inf) if timed else None
-
-
-def _retime(row: Row, call: Callable[[], Any], device: torch.device, reps_ms: float, units: float | None) -> None:
-    ms = min(row.ms or math.inf, time_ms(call, device, reps_ms))
-    row.ms, row.metric = ms, _rate(units, ms)
 
 
 def _rate(units: float | None, ms: float) -> float | None:
@@ -562,19 +576,17 @@ def tune_main(argv: list[str] | None = None) -> int:
     p = _points_parser("switchboard tune")
     p.add_argument("--shortlist", type=int, default=4, help="measure at most this many top-ranked kernels")
     p.add_argument("--reps-ms", type=float, default=100.0)
+    p.add_argument("--rounds", type=int, default=2, help="time the shortlist in turn this many times; each "
+                   "kernel keeps its fastest time")
     args = p.parse_args(argv)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     for point, case, sel in _explained_points("tune", args, device):
-        times: dict[str, float] = {}
-        for cand in _measured(sel, device)[: args.shortlist]:
-            try:
-                times[cand.kernel.id] = time_ms(lambda k=cand.kernel.id, c=case: c.function(*c.args, backend=k, **c.kwargs),
-                                                device, args.reps_ms) * 1e-3
-            except Exception as exc:
-                print(f"tune: {cand.kernel.id} failed on {point.label}: {exc}", file=sys.stderr)
+        calls = {cand.kernel.id: (lambda k=cand.kernel.id, c=case: c.function(*c.args, backend=k, **c.kwargs))
+                 for cand in _measured(sel, device)[: args.shortlist]}
+        times = {k: ms * 1e-3 for k, ms in fastest_of_rounds(calls, device, args.reps_ms, args.rounds).items()}
         if times:
             _report(point, "eager", tuning.store(point.op, sel.problem, times), times)
-        graphed = _graph_times(point, case, list(times), device, args.reps_ms)
+        graphed = _graph_times(point, case, list(times), device, args.reps_ms, args.rounds)
         if graphed is not None:
             _report(point, "plan in a CUDA graph", tuning.store(point.op, graphed[0], graphed[1]), graphed[1])
     print(f"tune: cache at {tuning.cache_path()}")
@@ -615,22 +627,23 @@ def _report(point: Point, how: str, winner: str, times: dict[str, float]) -> Non
           + " ".join(f"{k}={v * 1e3:.4f}ms" for k, v in sorted(times.items(), key=lambda kv: kv[1])))
 
 
-def _graph_times(point: Point, case: Any, kernel_ids: list[str], device: torch.device,
-                 reps_ms: float) -> tuple[Any, dict[str, float]] | None:
+def _graph_times(point: Point, case: Any, kernel_ids: list[str], device: torch.device, reps_ms: float,
+                 rounds: int) -> tuple[Any, dict[str, float]] | None:
     """(plan problem, seconds by kernel) of each kernel's plan replayed in a CUDA graph: the GPU time an engine
     that captures its steps pays, stored under the plan's problem (selected by ``plan_decode`` / ``plan_prefill``,
     whose problem requires ``cuda_graph``). None where the op has no plan or there is no GPU."""
     if point.op not in _PLANNERS or device.type != "cuda":
         return None
-    problem, times = None, {}
+    problem, replays = None, {}
     for kernel_id in kernel_ids:
         try:
             plan, call = _PLANNERS[point.op](kernel_id, case.args, case.kwargs)
             call()  # compiles and builds outside capture
-            times[kernel_id] = time_ms(_captured(call).replay, device, reps_ms) * 1e-3
+            replays[kernel_id] = _captured(call).replay
             problem = plan.problem
         except Exception as exc:  # noqa: BLE001 - a kernel that cannot plan or capture simply does not win
             print(f"tune: {kernel_id} plan in a CUDA graph failed on {point.label}: {exc}"[:300], file=sys.stderr)
+    times = {k: ms * 1e-3 for k, ms in fastest_of_rounds(replays, device, reps_ms, rounds).items()}
     return (problem, times) if times else None
 
 
