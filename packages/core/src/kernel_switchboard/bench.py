@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import importlib
 import json
 import math
@@ -581,8 +582,9 @@ def tune_main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     for point, case, sel in _explained_points("tune", args, device):
-        calls = {cand.kernel.id: (lambda k=cand.kernel.id, c=case: c.function(*c.args, backend=k, **c.kwargs))
-                 for cand in _measured(sel, device)[: args.shortlist]}
+        calls: dict[str, Callable[[], Any]] = {
+            cand.kernel.id: functools.partial(case.function, *case.args, backend=cand.kernel.id, **case.kwargs)
+            for cand in _measured(sel, device)[: args.shortlist]}
         times = {k: ms * 1e-3 for k, ms in fastest_of_rounds(calls, device, args.reps_ms, args.rounds).items()}
         if times:
             _report(point, "eager", tuning.store(point.op, sel.problem, times), times)
