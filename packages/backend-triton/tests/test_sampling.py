@@ -103,6 +103,24 @@ def test_the_gpu_finish_by_sorting_matches_too(tiny_blocks: None, monkeypatch: p
                      atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("sort", [False, True])
+def test_top_k_threshold_is_exact_on_every_path(tiny_blocks: None, monkeypatch: pytest.MonkeyPatch, sort: bool) -> None:
+    # 32-token chunks (32-wide slices: 20 of them over 640 tokens) and a 16-slot workspace. Rows: the slice-maxima
+    # bound gathers few enough weights (k 5); it gathers more than the workspace (k 15: the pivot search from the
+    # bound); k above the slice count (30: the search from 0); top-k off (k 0); 640 equal weights (ties, k 3)
+    monkeypatch.setattr(sampling, "SORT", sort)
+    x = _zipf_rows(5, 640, seed=11)
+    x[4] = 1 / 640
+    k = torch.tensor([5, 15, 30, 0, 3], dtype=torch.int32)
+    stats = sampling.top_k_threshold(x.to(DEVICE), k.to(DEVICE), False, None).cpu()
+    for row in range(5):
+        w, kk = x[row], int(k[row])
+        tau = float(torch.sort(w, descending=True).values[kk - 1]) if kk else 0.0
+        assert stats[1, row].item() == tau, (row, stats[1, row].item(), tau)
+        assert_close(stats[2, row], w[w >= tau].sum(), atol=0, rtol=1e-5)
+        assert stats[3, row].item() == w.max().item()
+
+
 def test_ties_at_the_threshold_are_kept_together(tiny_blocks: None) -> None:
     # 40 tokens share the 3rd-largest weight: top-k=3 must keep all of them (more than the workspace holds)
     x = torch.full((1, 100), 1e-4)

@@ -6,9 +6,10 @@ ever needs a *weight* ``w``: the probability itself, or ``exp2((x - max) * log2(
 (the same formula in every pass, so weights compare identically across passes). Filters are
 thresholds on ``w`` (ties kept together, as the core defines them):
 
-- top-k: ``tau_k`` = the k-th largest weight, found by :func:`_select` (pivot counts per pass, then the
-  few weights left in the bracket are compacted into a scratch row and sorted in registers); for sampling
-  in :func:`_top_k_threshold_kernel`, launched before :func:`_top_k_top_p_kernel`;
+- top-k: ``tau_k`` = the k-th largest weight, found by :func:`_top_k_select` (a lower bound from the
+  maxima of small groups, then the few weights above it are compacted into a scratch row and sorted in
+  registers; :func:`_select`'s pivot search where they do not fit); for sampling in
+  :func:`_top_k_threshold_kernel`, launched before :func:`_top_k_top_p_kernel`;
 - min-p: ``min_p * max w``;
 - top-p: sampled by rejection (FlashInfer's idea): candidates are drawn in proportion to ``w`` from a
   set that contains the nucleus; a candidate c is in the nucleus iff the mass strictly above ``w_c``
@@ -321,6 +322,84 @@ def _select(
 
 
 @triton.jit
+def _top_k_select(
+    x_ptr,  # (B, V) input
+    row_off,  # (ROWS, 1) int64 row offsets
+    rmask,  # (ROWS,) real rows
+    V,  # vocabulary size
+    m,  # (ROWS,) logit max (logits only)
+    c,  # (ROWS,) log2(e) / temperature (logits only)
+    kf,  # (ROWS,) float32 k, in [1, V]
+    active,  # (ROWS,) rows that filter by top-k (others get tau 0 and the total weight)
+    scratch_ptr,  # (B, SCRATCH) float32 workspace
+    scr_off,  # (ROWS,) int64 row offsets into the workspace
+    IS_LOGITS: tl.constexpr,  # x holds logits
+    ROWS: tl.constexpr,  # rows per program
+    BLOCK: tl.constexpr,  # chunk width
+    STAGES: tl.constexpr,  # software-pipeline depth of the walks over the vocabulary (loads run ahead)
+    NP: tl.constexpr,  # pivots per pass of the fallback search
+    SCRATCH: tl.constexpr,  # workspace slots per row (power of two)
+    MAX_PASSES: tl.constexpr,  # bound on the fallback's passes
+    SORT: tl.constexpr,  # finish by sorting the workspace (else pairwise ranks)
+):
+    """Exact top-k threshold. Returns (tau = the k-th largest weight, mass of w >= tau, total weight, max weight).
+
+    Walk 1 takes the maximum of every GROUP-wide slice: k slices have a maximum at or above the k-th
+    largest of those maxima, so at least k weights reach it and it bounds tau from below. Walk 2 compacts the weights at or above the bound into the scratch row (k = 50 of 128256
+    probabilities: ~55 of them) and a sort finishes. Rows whose k exceeds the slices or whose compacted
+    weights overflow the workspace take :func:`_select`'s pivot search, from the bound.
+    """
+    GROUP: tl.constexpr = 256 if BLOCK >= 256 else BLOCK
+    PER: tl.constexpr = BLOCK // GROUP
+    sc = tl.arange(0, SCRATCH)
+    zero = tl.zeros((ROWS,), tl.float32)
+    tot = tl.zeros((ROWS, BLOCK), tl.float32)
+    wmax = zero
+    for start in tl.range(0, V, BLOCK, num_stages=STAGES):
+        cols = start + tl.arange(0, BLOCK)
+        valid = rmask[:, None] & (cols[None, :] < V)
+        w = _weights(x_ptr, row_off, cols[None, :], valid, m, c, IS_LOGITS)
+        tot += w
+        gmax = tl.max(tl.reshape(w, (ROWS, PER, GROUP)), axis=2)  # (ROWS, PER): maxima of GROUP-wide slices
+        wmax = tl.maximum(wmax, tl.max(gmax, axis=1))
+        slot = (start // BLOCK) * PER + tl.arange(0, PER)
+        tl.store(scratch_ptr + scr_off[:, None] + slot[None, :], gmax,
+                 mask=rmask[:, None] & (slot < SCRATCH)[None, :])
+    total = tl.sum(tot, axis=1)
+    groups = tl.zeros((ROWS,), tl.int32) + tl.cdiv(V, BLOCK) * PER
+    fits = active & rmask & (kf <= groups.to(tl.float32)) & (groups <= SCRATCH)
+    tl.debug_barrier()
+    maxima = tl.load(scratch_ptr + scr_off[:, None] + sc[None, :], mask=fits[:, None] & (sc[None, :] < groups[:, None]),
+                     other=-1.0)
+    bound, _m = _threshold_of_gathered(maxima, groups, zero, zero, kf, False, SORT, SCRATCH)
+    bound = tl.where(fits, bound, 0.0)
+    tl.debug_barrier()
+    nb = tl.zeros((ROWS,), tl.int32)
+    for start in tl.range(0, V, BLOCK, num_stages=STAGES):
+        cols = start + tl.arange(0, BLOCK)
+        valid = rmask[:, None] & (cols[None, :] < V)
+        w = _weights(x_ptr, row_off, cols[None, :], valid, m, c, IS_LOGITS)
+        inb = valid & (w >= bound[:, None]) & fits[:, None]
+        pos = nb[:, None] + tl.cumsum(inb.to(tl.int32), axis=1) - 1
+        tl.store(scratch_ptr + scr_off[:, None] + pos, w, mask=inb & (pos < SCRATCH))
+        nb += tl.sum(inb.to(tl.int32), axis=1)
+    done = fits & (nb <= SCRATCH)
+    tl.debug_barrier()
+    vals = tl.load(scratch_ptr + scr_off[:, None] + sc[None, :], mask=done[:, None] & (sc[None, :] < nb[:, None]),
+                   other=-1.0)
+    tau, mass = _threshold_of_gathered(vals, nb, zero, zero, kf, False, SORT, SCRATCH)
+    rest = active & rmask & (~done)
+    if tl.max(rest.to(tl.int32), axis=0) > 0:
+        ones = tl.full((ROWS,), 1.0, tl.float32)  # weights lie in [0, 1]: probabilities, or exp2 of <= 0
+        tl.debug_barrier()
+        t_rest, m_rest, _t, _x = _select(x_ptr, row_off, rmask, V, m, c, kf, rest, bound, ones, scratch_ptr, scr_off,
+                                         IS_LOGITS, False, ROWS, BLOCK, STAGES, NP, SCRATCH, MAX_PASSES, SORT)
+        tau = tl.where(rest, t_rest, tau)
+        mass = tl.where(rest, m_rest, mass)
+    return tl.where(active, tau, 0.0), tl.where(active, mass, total), total, wmax
+
+
+@triton.jit
 def _draw_in_chunk(
     x_ptr,  # (B, V) input
     row_off,  # (ROWS, 1) int64 row offsets
@@ -452,10 +531,9 @@ def _top_k_threshold_kernel(
     if IS_LOGITS:
         m = _row_max(x_ptr, row_off, rmask, V, ROWS, BLOCK, STAGES)
     kf, k_on = _top_k_of_rows(rows, rmask, k_ptr, k_val, V, K_ROWS, ROWS)
-    ones = tl.full((ROWS,), 1.0, tl.float32)  # weights lie in [0, 1]: probabilities, or exp2 of <= 0
-    tau, mass_k, _total, wmax = _select(x_ptr, row_off, rmask, V, m, c, kf, k_on, tl.zeros((ROWS,), tl.float32),
-                                        ones, scratch_ptr, rows.to(tl.int64) * SCRATCH, IS_LOGITS, False, ROWS, BLOCK,
-                                        STAGES, NP, SCRATCH, MAX_PASSES, SORT)
+    tau, mass_k, _total, wmax = _top_k_select(x_ptr, row_off, rmask, V, m, c, kf, k_on, scratch_ptr,
+                                              rows.to(tl.int64) * SCRATCH, IS_LOGITS, ROWS, BLOCK, STAGES, NP, SCRATCH,
+                                              MAX_PASSES, SORT)
     tl.store(stats_ptr + rows, m, mask=rmask)
     tl.store(stats_ptr + B + rows, tau, mask=rmask)
     tl.store(stats_ptr + 2 * B + rows, mass_k, mask=rmask)
@@ -620,12 +698,11 @@ def _renorm_kernel(
     scr_off = rows.to(tl.int64) * SCRATCH
     m = tl.zeros((ROWS,), tl.float32)
     c = tl.zeros((ROWS,), tl.float32)
-    ones = tl.full((ROWS,), 1.0, tl.float32)
     tau = tl.zeros((ROWS,), tl.float32)
     if HAS_K:
         kf, k_on = _top_k_of_rows(rows, rmask, k_ptr, k_val, V, K_ROWS, ROWS)
-        tau, mass_k, total, wmax = _select(x_ptr, row_off, rmask, V, m, c, kf, k_on, tau, ones, scratch_ptr, scr_off,
-                                           False, False, ROWS, BLOCK, STAGES, NP, SCRATCH, MAX_PASSES, SORT)
+        tau, mass_k, total, wmax = _top_k_select(x_ptr, row_off, rmask, V, m, c, kf, k_on, scratch_ptr, scr_off,
+                                                 False, ROWS, BLOCK, STAGES, NP, SCRATCH, MAX_PASSES, SORT)
     else:
         wmax, total = _stats(x_ptr, row_off, rmask, V, m, c, False, ROWS, BLOCK, STAGES)
         mass_k = total
