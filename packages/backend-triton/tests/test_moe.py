@@ -18,37 +18,25 @@ pytestmark = pytest.mark.skipif(DEVICE == "cpu" and not triton_interpreting(),
 test_conformance = conformance_test("triton", ops=("moe.fused_moe",))
 
 
-@pytest.mark.parametrize(("tokens", "top_k", "experts", "block_m", "tail_m"),
-                         [(7, 2, 5, 4, 0), (1, 1, 3, 16, 0), (40, 4, 16, 8, 0), (40, 4, 16, 8, 2), (90, 2, 3, 16, 4),
-                          (3, 1, 2, 8, 4)])
-def test_sort_by_expert_places_every_assignment_once(tokens: int, top_k: int, experts: int, block_m: int,
-                                                     tail_m: int) -> None:
+@pytest.mark.parametrize(("tokens", "top_k", "experts", "block_m"), [(7, 2, 5, 4), (1, 1, 3, 16), (40, 4, 16, 8)])
+def test_sort_by_expert_places_every_assignment_once(tokens: int, top_k: int, experts: int, block_m: int) -> None:
     g = torch.Generator().manual_seed(tokens)
     ids = torch.randint(0, experts, (tokens, top_k), generator=g, dtype=torch.int32)
     ids[0, 0] = 0  # at least one used expert
-    lists = moe.sort_by_expert(ids.to(DEVICE), experts, block_m, tail_m)
+    sorted_ids, block_expert = moe.sort_by_expert(ids.to(DEVICE), experts, block_m)
+    sorted_ids, block_expert = sorted_ids.cpu().long(), block_expert.cpu().long()
     n = tokens * top_k
+    real = sorted_ids[sorted_ids < n]
+    assert torch.equal(real.sort().values, torch.arange(n)), "each assignment exactly once"
     flat = ids.reshape(-1).long()
-    counts = torch.bincount(flat, minlength=experts)
-    placed = []
-    for sorted_ids, block_expert, rows_per_block in lists:
-        sorted_ids, block_expert = sorted_ids.cpu().long(), block_expert.cpu().long()
-        assert sorted(block_expert.tolist()) == block_expert.tolist(), "blocks ordered by expert"
-        for b, e in enumerate(block_expert.tolist()):
-            rows = sorted_ids[b * rows_per_block:(b + 1) * rows_per_block]
-            rows = rows[rows < n]
-            placed.append(rows)
-            if e >= experts:
-                assert rows.numel() == 0, "blocks past the used ones hold padding only"
-                continue
+    for b, e in enumerate(block_expert.tolist()):
+        rows = sorted_ids[b * block_m:(b + 1) * block_m]
+        rows = rows[rows < n]
+        if e >= experts:
+            assert rows.numel() == 0, "blocks past the used ones hold padding only"
+        else:
             assert bool((flat[rows] == e).all()), f"block {b} mixes experts"
-            if tail_m and rows_per_block == block_m:
-                assert rows.numel() == block_m, "the first list holds whole blocks only"
-    assert torch.equal(torch.cat(placed).sort().values, torch.arange(n)), "each assignment exactly once"
-    if tail_m:
-        assert [r for _, _, r in lists][-1] == tail_m
-        whole = int((counts // block_m * block_m).sum())
-        assert sum(int((s.cpu() < n).sum()) for s, _, r in lists if r == block_m) == whole
+    assert sorted(block_expert.tolist()) == block_expert.tolist(), "blocks ordered by expert"
 
 
 def _moe_inputs(tokens: int, hidden: int, inter: int, experts: int, dtype: torch.dtype, fp8: bool,
@@ -107,38 +95,3 @@ def test_gpu_model_shapes(tokens: int, hidden: int, inter: int, experts: int, to
     got, want = run().float(), run("reference").float()
     rel = ((got - want).norm() / want.norm()).item()
     assert rel < (3e-2 if fp8 else 1e-2), rel
-
-
-def _matches_reference(x: torch.Tensor, w: torch.Tensor, i: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-                       s13: torch.Tensor | None, s2: torch.Tensor | None) -> None:
-    got = ksb.moe.experts(x, w, i, w13, w2, w13_scale=s13, w2_scale=s2, backend="triton")
-    want = ksb.moe.experts(x, w, i, w13, w2, w13_scale=s13, w2_scale=s2, backend="reference")
-    assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
-
-
-@pytest.mark.parametrize("fp8", [False, True])
-def test_transposed_products_match_the_reference(monkeypatch: pytest.MonkeyPatch, fp8: bool) -> None:
-    # swap_ab tiles: both kernels compute weights x activations^T and store the transpose; ragged edges in
-    # every dimension (hidden and intermediate off the tile grid, a partial block of assignments)
-    tokens, experts = 13, 4
-    ids = torch.randint(0, experts, (tokens, 2), generator=torch.Generator().manual_seed(2), dtype=torch.int32)
-    x, w, i, w13, w2, s13, s2 = _moe_inputs(tokens, 256 if fp8 else 72, 256 if fp8 else 56, experts, torch.bfloat16,
-                                            fp8, ids)
-    tiles = moe.moe_tiles(tokens * 2, experts, False)._replace(swap_ab=True)
-    monkeypatch.setattr(moe, "moe_tiles", lambda *args: tiles)
-    _matches_reference(x, w, i, w13, w2, s13, s2)
-
-
-@pytest.mark.parametrize("fp8", [False, True])
-def test_whole_blocks_then_short_tail_blocks(monkeypatch: pytest.MonkeyPatch, fp8: bool) -> None:
-    # tail_m tiles: two launches per GEMM (whole 16-row blocks, then each expert's rest in 4-row blocks)
-    tokens, experts = 29, 3
-    ids = torch.randint(0, experts, (tokens, 2), generator=torch.Generator().manual_seed(3), dtype=torch.int32)
-    x, w, i, w13, w2, s13, s2 = _moe_inputs(tokens, 128 if fp8 else 48, 128 if fp8 else 40, experts, torch.bfloat16,
-                                            fp8, ids)
-    tiles = moe.moe_tiles(tokens * 2, experts, False)._replace(tail_m=4)
-    monkeypatch.setattr(moe, "moe_tiles", lambda *args: tiles)
-    monkeypatch.setattr(moe, "rows_tiles", lambda rows, fp32, fp8: moe.MoeTiles(rows, 32, 32, 4, 1))
-    assert len(moe.sort_by_expert(i, experts, tiles.block_m, tiles.tail_m)) == 2
-    _matches_reference(x, w, i, w13, w2, s13, s2)
-

@@ -5,9 +5,7 @@ pair, index ``t * top_k + j``); each block belongs to one expert and is padded w
 ``T * top_k``. ``_moe_gate_up_kernel`` gathers the block's token rows, multiplies them by the expert's
 gate and up rows together and writes ``silu(gate) * up`` per assignment; ``_moe_down_kernel`` multiplies
 those rows by the expert's down projection and the routing weight. fp8 weights are converted to the
-activation dtype tile by tile, times their 128x128 block scale. With ``SWAP_AB`` both kernels compute the
-transposed product (weights times activations), so the converted weight tiles enter the MMA from registers
-instead of being copied to shared memory first (sm_90: wgmma takes its first operand from registers).
+activation dtype tile by tile and their 128x128 block scale is applied to each K step's partial product.
 """
 
 from __future__ import annotations
@@ -16,16 +14,6 @@ import triton
 import triton.language as tl
 
 from ._gemm_kernels import _dot
-
-
-@triton.jit
-def _dequant(w, scale, N_FIRST: tl.constexpr):
-    """An fp8 weight tile in float32 times its per-output-column block scale (BLOCK_N,), which runs along
-    the tile's axis 0 when N_FIRST (a (BLOCK_N, BLOCK_K) tile) and axis 1 otherwise."""
-    if N_FIRST:
-        return w.to(tl.float32) * scale[:, None]
-    else:
-        return w.to(tl.float32) * scale[None, :]
 
 
 @triton.jit
@@ -42,7 +30,6 @@ def _moe_gate_up_kernel(
     stride_we, stride_wn,  # w strides (expert, row); the H stride is 1
     stride_se, stride_sn, stride_sk,  # scale strides (fp8 only)
     FP8: tl.constexpr,  # weights are float8_e4m3fn with block scales
-    SWAP_AB: tl.constexpr,  # compute the transposed product (weights as the MMA's first operand)
     BLOCK_M: tl.constexpr,  # assignments per block
     BLOCK_N: tl.constexpr,  # intermediate columns per program (divides 128 for fp8)
     BLOCK_K: tl.constexpr,  # hidden step (divides 128 for fp8)
@@ -59,51 +46,35 @@ def _moe_gate_up_kernel(
         rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = rn < INTER
         rk = tl.arange(0, BLOCK_K)
+        x_ptrs = x_ptr + token.to(tl.int64)[:, None] * H + rk[None, :]
         w_base = w_ptr + e.to(tl.int64) * stride_we
-        if SWAP_AB:  # G x^T: the dequantised weight tiles feed the MMA from registers
-            x_ptrs = x_ptr + token.to(tl.int64)[None, :] * H + rk[:, None]  # (BLOCK_K, BLOCK_M) = x^T tile
-            g_ptrs = w_base + rn.to(tl.int64)[:, None] * stride_wn + rk[None, :]  # (BLOCK_N, BLOCK_K) = G tile
-            acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        else:  # x G^T
-            x_ptrs = x_ptr + token.to(tl.int64)[:, None] * H + rk[None, :]  # (BLOCK_M, BLOCK_K)
-            g_ptrs = w_base + rn.to(tl.int64)[None, :] * stride_wn + rk[:, None]  # (BLOCK_K, BLOCK_N) = G^T tile
-            acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        g_ptrs = w_base + rn.to(tl.int64)[None, :] * stride_wn + rk[:, None]  # (BLOCK_K, BLOCK_N) = G^T tile
         u_ptrs = g_ptrs + INTER * stride_wn
-        acc_u = tl.zeros_like(acc_g)
+        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         if FP8:
             s_base = s_ptr + e.to(tl.int64) * stride_se
             sg_rows = s_base + (rn // 128) * stride_sn
             su_rows = s_base + ((rn + INTER) // 128) * stride_sn
         for k0 in range(0, H, BLOCK_K):
             k_ok = rk < H - k0
-            if SWAP_AB:
-                a = tl.load(x_ptrs, mask=k_ok[:, None] & row_ok[None, :], other=0.0)
-                w_ok = n_ok[:, None] & k_ok[None, :]
-            else:
-                a = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-                w_ok = k_ok[:, None] & n_ok[None, :]
-            g = tl.load(g_ptrs, mask=w_ok, other=0.0)
-            u = tl.load(u_ptrs, mask=w_ok, other=0.0)
+            a = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            g = tl.load(g_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+            u = tl.load(u_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
             if FP8:
                 # dequantise the weight tile (one scale per column in this K step) so the MMA accumulates in
                 # place: a separate scaled partial product per step doubled the live accumulators and spilled
                 kb = k0 // 128
                 sg = tl.load(sg_rows + kb * stride_sk, mask=n_ok, other=0.0)
                 su = tl.load(su_rows + kb * stride_sk, mask=n_ok, other=0.0)
-                g = _dequant(g, sg, SWAP_AB).to(x_ptr.dtype.element_ty)
-                u = _dequant(u, su, SWAP_AB).to(x_ptr.dtype.element_ty)
-            if SWAP_AB:
-                acc_g = _dot(g, a, acc_g, UPCAST, IEEE)
-                acc_u = _dot(u, a, acc_u, UPCAST, IEEE)
-            else:
-                acc_g = _dot(a, g, acc_g, UPCAST, IEEE)
-                acc_u = _dot(a, u, acc_u, UPCAST, IEEE)
+                g = (g.to(tl.float32) * sg[None, :]).to(x_ptr.dtype.element_ty)
+                u = (u.to(tl.float32) * su[None, :]).to(x_ptr.dtype.element_ty)
+            acc_g = _dot(a, g, acc_g, UPCAST, IEEE)
+            acc_u = _dot(a, u, acc_u, UPCAST, IEEE)
             x_ptrs += BLOCK_K
             g_ptrs += BLOCK_K
             u_ptrs += BLOCK_K
         h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
-        if SWAP_AB:
-            h = tl.trans(h)
         out = h_ptr + assign.to(tl.int64)[:, None] * INTER + rn[None, :]
         tl.store(out, h.to(h_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
 
@@ -122,7 +93,6 @@ def _moe_down_kernel(
     stride_we, stride_wn,  # w strides (expert, row); the INTER stride is 1
     stride_se, stride_sn, stride_sk,  # scale strides (fp8 only)
     FP8: tl.constexpr,  # weights are float8_e4m3fn with block scales
-    SWAP_AB: tl.constexpr,  # compute the transposed product (weights as the MMA's first operand)
     BLOCK_M: tl.constexpr,  # assignments per block
     BLOCK_N: tl.constexpr,  # hidden columns per program (divides 128 for fp8)
     BLOCK_K: tl.constexpr,  # intermediate step (divides 128 for fp8)
@@ -139,36 +109,21 @@ def _moe_down_kernel(
         rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = rn < H
         rk = tl.arange(0, BLOCK_K)
-        w_base = w_ptr + e.to(tl.int64) * stride_we
-        if SWAP_AB:  # D h^T
-            a_ptrs = h_ptr + arow[None, :] * INTER + rk[:, None]  # (BLOCK_K, BLOCK_M) = h^T tile
-            b_ptrs = w_base + rn.to(tl.int64)[:, None] * stride_wn + rk[None, :]  # (BLOCK_N, BLOCK_K) = D tile
-            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        else:  # h D^T
-            a_ptrs = h_ptr + arow[:, None] * INTER + rk[None, :]  # (BLOCK_M, BLOCK_K)
-            b_ptrs = w_base + rn.to(tl.int64)[None, :] * stride_wn + rk[:, None]  # (BLOCK_K, BLOCK_N) = D^T tile
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        a_ptrs = h_ptr + arow[:, None] * INTER + rk[None, :]
+        b_ptrs = w_ptr + e.to(tl.int64) * stride_we + rn.to(tl.int64)[None, :] * stride_wn + rk[:, None]
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         if FP8:
             s_rows = s_ptr + e.to(tl.int64) * stride_se + (rn // 128) * stride_sn
         for k0 in range(0, INTER, BLOCK_K):
             k_ok = rk < INTER - k0
-            if SWAP_AB:
-                a = tl.load(a_ptrs, mask=k_ok[:, None] & row_ok[None, :], other=0.0)
-                b = tl.load(b_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-            else:
-                a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-                b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
             if FP8:  # dequantise the weight tile: the MMA then accumulates in place (see the gate/up kernel)
                 sb = tl.load(s_rows + (k0 // 128) * stride_sk, mask=n_ok, other=0.0)
-                b = _dequant(b, sb, SWAP_AB).to(h_ptr.dtype.element_ty)
-            if SWAP_AB:
-                acc = _dot(b, a, acc, UPCAST, IEEE)
-            else:
-                acc = _dot(a, b, acc, UPCAST, IEEE)
+                b = (b.to(tl.float32) * sb[None, :]).to(h_ptr.dtype.element_ty)
+            acc = _dot(a, b, acc, UPCAST, IEEE)
             a_ptrs += BLOCK_K
             b_ptrs += BLOCK_K
-        if SWAP_AB:
-            acc = tl.trans(acc)
         wt = tl.load(topw_ptr + arow, mask=row_ok, other=0.0)
         acc = acc * wt[:, None]
         tl.store(y_ptr + arow[:, None] * H + rn[None, :], acc.to(y_ptr.dtype.element_ty),

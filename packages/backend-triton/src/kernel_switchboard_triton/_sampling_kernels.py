@@ -345,10 +345,11 @@ def _top_k_select(
     """Exact top-k threshold. Returns (tau = the k-th largest weight, mass of w >= tau, total weight, max weight).
 
     Walk 1 takes the maximum of every GROUP-wide slice: k slices have a maximum at or above the k-th
-    largest of those maxima, so at least k weights reach it and it bounds tau from below. Walk 2 compacts the weights at or above the bound into the scratch row (k = 50 of 128256
-    probabilities: ~55 of them) and a sort finishes. Rows whose k exceeds the slices or whose compacted
-    weights overflow the workspace take :func:`_select`'s pivot search, from the bound.
-    """
+    largest of those maxima, so at least k weights reach it and it bounds tau from below. Walk 2 compacts
+    the weights at or above the bound into the scratch row (k = 50 of 128256 probabilities: ~55 of them)
+    and a sort finishes. Rows whose k exceeds the slices or whose compacted weights overflow the workspace
+    take :func:`_select`'s pivot search, from the bound. H200 (run 15): 0.181 ms for 128 x 128256 at
+    k = 50 (the pivot search alone: 0.241)."""
     GROUP: tl.constexpr = 256 if BLOCK >= 256 else BLOCK
     PER: tl.constexpr = BLOCK // GROUP
     sc = tl.arange(0, SCRATCH)

@@ -33,30 +33,22 @@ class MoeTiles(NamedTuple):
     block_k: int
     num_warps: int
     num_stages: int
-    #: compute the transposed products (weights as the MMA's first operand, from registers)
-    swap_ab: bool = False
-    #: > 0 (dividing block_m; at least 16 on a GPU): each expert's whole blocks of block_m rows, then its
-    #: remainder in blocks of tail_m rows (a second launch per GEMM): less padding, more weight reads
-    tail_m: int = 0
 
 
 def moe_tiles(assignments: int, experts: int, fp32: bool, fp8: bool = False) -> MoeTiles:
-    """Tiles by the mean number of assignments per expert (decode-sized batches take short blocks).
+    """Tiles by the mean number of assignments per expert (decode-sized batches take short blocks);
+    ``fp8``: fp8 block-scaled weights.
 
     H200, 4096 tokens (notes/gpu-runs.md runs 14-15): DeepSeek-V3 with fp8 weights (128 assignments per expert)
-    128x128x128 tiles, 8 warps, 3 stages 245.1 TFLOP/s (BLOCK_K 64: 233.7; 64-wide N tiles: 195.5; swap_ab
-    212.7 / 236.4 with BLOCK_K 64 / 128; 32- or 64-row tail blocks 173.3 / 227.6); Mixtral bf16 128x128x64 471.6
-    (64x128 with 4 stages: 374.0; 128x256 needs 245 KB of shared memory).
+    128x128x128 tiles, 8 warps, 3 stages 245.1 TFLOP/s (BLOCK_K 64: 233.7; 64-wide N tiles: 195.5; weights as
+    the MMA's first operand, from registers: 212.7 / 236.4 with BLOCK_K 64 / 128; each expert's rest in 32- or
+    64-row blocks, a second launch: 173.3 / 227.6); Mixtral bf16 128x128x64 471.6 (64x128 with 4 stages: 374.0;
+    128x256 needs 245 KB of shared memory).
     """
     if triton_interpreting():
         return MoeTiles(16, 32, 32, 4, 1)
     per_expert = assignments / max(experts, 1)
     block_m = 16 if per_expert <= 16 else 32 if per_expert <= 32 else 64 if per_expert <= 96 else 128
-    return rows_tiles(block_m, fp32, fp8)
-
-
-def rows_tiles(block_m: int, fp32: bool, fp8: bool = False) -> MoeTiles:
-    """Tiles for blocks of ``block_m`` assignments (sm_90 sizes); ``fp8``: fp8 block-scaled weights."""
     if fp32:
         return MoeTiles(min(block_m, 64), 64, 32, 4, 3)
     if block_m <= 32:
@@ -64,45 +56,28 @@ def rows_tiles(block_m: int, fp32: bool, fp8: bool = False) -> MoeTiles:
     return MoeTiles(block_m, 128, 128 if fp8 and block_m == 128 else 64, 8 if block_m == 128 else 4, 3)
 
 
-def sort_by_expert(topk_ids: torch.Tensor, experts: int, block_m: int,
-                   tail_m: int = 0) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
-    """Launch lists, each (assignment ids sorted by expert and padded with T*k, expert of each block, rows per
-    block), without a host sync.
+def sort_by_expert(topk_ids: torch.Tensor, experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sorted assignment ids padded per expert to ``block_m`` with T*k, expert of each block), no host sync.
 
-    ``tail_m == 0``: one list, each expert's assignments padded to a multiple of ``block_m``, in
-    ``ceil(T*k / block_m) + E`` blocks (enough for any routing; blocks past the used ones get expert E and
-    exit). ``tail_m > 0``: each expert's whole blocks of ``block_m``, then a second list with the rest of its
-    assignments padded to a multiple of ``tail_m``; a list with no possible block is left out.
+    Launches ``ceil(T*k / block_m) + E`` blocks: enough for any split of the assignments among experts;
+    blocks past the used ones get expert E and exit.
     """
     flat = topk_ids.reshape(-1).long()
     n = flat.numel()
     dev = flat.device
     counts = torch.zeros(experts, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + block_m - 1) // block_m * block_m
+    padded_end = torch.cumsum(padded, 0)
     order = torch.argsort(flat, stable=True)
     e_sorted = flat[order]
     rank = torch.arange(n, device=dev) - (torch.cumsum(counts, 0) - counts)[e_sorted]
-    if tail_m == 0:
-        everything = torch.ones_like(rank, dtype=torch.bool)
-        return [_blocks(order, e_sorted, rank, everything, counts, block_m, triton.cdiv(n, block_m) + experts, n)]
-    whole = counts // block_m * block_m
-    in_whole = rank < whole[e_sorted]
-    lists = [_blocks(order, e_sorted, rank, in_whole, whole, block_m, n // block_m, n),
-             _blocks(order, e_sorted, rank - whole[e_sorted], ~in_whole, counts - whole, tail_m,
-                     min(experts * (block_m // tail_m), triton.cdiv(n, tail_m) + experts), n)]
-    return [blocks for blocks in lists if blocks[1].numel() > 0]
-
-
-def _blocks(order: torch.Tensor, e_sorted: torch.Tensor, rank: torch.Tensor, keep: torch.Tensor, rows: torch.Tensor,
-            block_m: int, num_blocks: int, n: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """The kept assignments (``rank``: their place among their expert's ``rows``) in blocks of ``block_m``."""
-    padded = (rows + block_m - 1) // block_m * block_m
-    padded_end = torch.cumsum(padded, 0)
-    size = num_blocks * block_m
-    pos = torch.where(keep, (padded_end - padded)[e_sorted] + rank, size)  # the others land in a spare slot
-    ids = torch.full((size + 1,), n, dtype=torch.int32, device=order.device)
-    ids[pos] = order.to(torch.int32)
-    starts = torch.arange(num_blocks, device=order.device) * block_m
-    return ids[:size], torch.searchsorted(padded_end, starts, right=True).to(torch.int32), block_m
+    pos = (padded_end - padded)[e_sorted] + rank
+    num_blocks = triton.cdiv(n, block_m) + experts
+    sorted_ids = torch.full((num_blocks * block_m,), n, dtype=torch.int32, device=dev)
+    sorted_ids[pos] = order.to(torch.int32)
+    starts = torch.arange(num_blocks, device=dev) * block_m
+    block_expert = torch.searchsorted(padded_end, starts, right=True).to(torch.int32)
+    return sorted_ids, block_expert
 
 
 def fused_moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor,
@@ -117,8 +92,8 @@ def fused_moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tenso
     fp8 = w13_scale is not None
     fp32 = x.dtype == torch.float32
     t = moe_tiles(n, experts, fp32, fp8)
-    launches = [(ids, block_expert, t if rows == t.block_m else rows_tiles(rows, fp32, fp8)._replace(swap_ab=t.swap_ab))
-                for ids, block_expert, rows in sort_by_expert(topk_ids, experts, t.block_m, t.tail_m)]
+    sorted_ids, block_expert = sort_by_expert(topk_ids, experts, t.block_m)
+    num_blocks = block_expert.numel()
     w13c, w2c = w13.contiguous(), w2.contiguous()
     if w13_scale is not None and w2_scale is not None:  # fp8 weights (the core checks the scales come together)
         s13, s2 = w13_scale, w2_scale
@@ -127,21 +102,19 @@ def fused_moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tenso
         s13, s2 = w13c, w2c
         s13_strides = s2_strides = (0, 0, 0)
     h = torch.empty((n, inter), dtype=x.dtype, device=x.device)
-    for ids, block_expert, lt in launches:
-        K._moe_gate_up_kernel[(block_expert.numel(), triton.cdiv(inter, lt.block_n))](
-            x, w13c, s13, h, ids, block_expert, experts, inter, hidden, top_k, n,
-            w13c.stride(0), w13c.stride(1), *s13_strides,
-            FP8=fp8, SWAP_AB=lt.swap_ab, BLOCK_M=lt.block_m, BLOCK_N=lt.block_n, BLOCK_K=lt.block_k, UPCAST=UPCAST,
-            IEEE=fp32, num_warps=lt.num_warps, num_stages=lt.num_stages,
-        )
+    K._moe_gate_up_kernel[(num_blocks, triton.cdiv(inter, t.block_n))](
+        x, w13c, s13, h, sorted_ids, block_expert, experts, inter, hidden, top_k, n,
+        w13c.stride(0), w13c.stride(1), *s13_strides,
+        FP8=fp8, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, UPCAST=UPCAST, IEEE=fp32,
+        num_warps=t.num_warps, num_stages=t.num_stages,
+    )
     y = torch.empty((n, hidden), dtype=x.dtype, device=x.device)
-    for ids, block_expert, lt in launches:
-        K._moe_down_kernel[(block_expert.numel(), triton.cdiv(hidden, lt.block_n))](
-            h, w2c, s2, y, topk_weights.reshape(-1), ids, block_expert, experts, inter, hidden, n,
-            w2c.stride(0), w2c.stride(1), *s2_strides,
-            FP8=fp8, SWAP_AB=lt.swap_ab, BLOCK_M=lt.block_m, BLOCK_N=lt.block_n, BLOCK_K=lt.block_k, UPCAST=UPCAST,
-            IEEE=fp32, num_warps=lt.num_warps, num_stages=lt.num_stages,
-        )
+    K._moe_down_kernel[(num_blocks, triton.cdiv(hidden, t.block_n))](
+        h, w2c, s2, y, topk_weights.reshape(-1), sorted_ids, block_expert, experts, inter, hidden, n,
+        w2c.stride(0), w2c.stride(1), *s2_strides,
+        FP8=fp8, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, UPCAST=UPCAST, IEEE=fp32,
+        num_warps=t.num_warps, num_stages=t.num_stages,
+    )
     if top_k == 1:
         return y
     return y.view(tokens, top_k, hidden).sum(dim=1, dtype=torch.float32).to(x.dtype)
