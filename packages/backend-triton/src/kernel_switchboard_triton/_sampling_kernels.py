@@ -376,14 +376,15 @@ def _top_k_select(
     bound = tl.where(fits, bound, 0.0)
     tl.debug_barrier()
     nb = tl.zeros((ROWS,), tl.int32)
-    for start in tl.range(0, V, BLOCK, num_stages=STAGES):
-        cols = start + tl.arange(0, BLOCK)
-        valid = rmask[:, None] & (cols[None, :] < V)
-        w = _weights(x_ptr, row_off, cols[None, :], valid, m, c, IS_LOGITS)
-        inb = valid & (w >= bound[:, None]) & fits[:, None]
-        pos = nb[:, None] + tl.cumsum(inb.to(tl.int32), axis=1) - 1
-        tl.store(scratch_ptr + scr_off[:, None] + pos, w, mask=inb & (pos < SCRATCH))
-        nb += tl.sum(inb.to(tl.int32), axis=1)
+    if tl.max(fits.to(tl.int32), axis=0) > 0:
+        for start in tl.range(0, V, BLOCK, num_stages=STAGES):
+            cols = start + tl.arange(0, BLOCK)
+            valid = rmask[:, None] & (cols[None, :] < V)
+            w = _weights(x_ptr, row_off, cols[None, :], valid, m, c, IS_LOGITS)
+            inb = valid & (w >= bound[:, None]) & fits[:, None]
+            pos = nb[:, None] + tl.cumsum(inb.to(tl.int32), axis=1) - 1
+            tl.store(scratch_ptr + scr_off[:, None] + pos, w, mask=inb & (pos < SCRATCH))
+            nb += tl.sum(inb.to(tl.int32), axis=1)
     done = fits & (nb <= SCRATCH)
     tl.debug_barrier()
     vals = tl.load(scratch_ptr + scr_off[:, None] + sc[None, :], mask=done[:, None] & (sc[None, :] < nb[:, None]),
