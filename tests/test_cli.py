@@ -102,3 +102,45 @@ def test_fastest_of_rounds_times_the_calls_in_turn_and_drops_a_failing_one(monke
     assert order == ["a", "b", "c", "a", "b", "c", "a", "b"]  # in turn; c dropped after it raised
     assert best["a"] == 1.0 and best["b"] == 2.0 and "c" not in best
     assert "timing c failed: RuntimeError: launch failed" in capsys.readouterr().err
+
+
+def test_flashinfer_baselines_get_the_points_masking(monkeypatch) -> None:
+    import sys
+    import types
+
+    import torch
+
+    from kernel_switchboard import bench
+    from kernel_switchboard.testing.cases.attention import example
+
+    calls: list[tuple[str, tuple, dict]] = []
+
+    class Wrapper:
+        def __init__(self, name: str, *args, **kw) -> None:
+            self.name = name
+            calls.append((f"{name}()", args, kw))
+
+        def plan(self, *args, **kw) -> None:
+            calls.append((f"{self.name}.plan", args, kw))
+
+        def run(self, *args, **kw) -> str:
+            return f"{self.name} ran with {len(args)} tensors"
+
+    fake = types.ModuleType("flashinfer")
+    fake.BatchPrefillWithRaggedKVCacheWrapper = lambda *a, **k: Wrapper("ragged", *a, **k)
+    fake.BatchDecodeWithPagedKVCacheWrapper = lambda *a, **k: Wrapper("decode", *a, **k)
+    monkeypatch.setitem(sys.modules, "flashinfer", fake)
+    ragged = example("attention.prefill_ragged", "cpu", batch=2, kv_len=32, q_heads=4, kv_heads=2, head_dim=16,
+                     window=8, soft_cap=30.0)
+    got = bench._flashinfer_externals(ragged.op, ragged.args, ragged.kwargs)
+    assert got["flashinfer prefill"]() == "ragged ran with 3 tensors"
+    plan = next(kw for name, _a, kw in calls if name == "ragged.plan")
+    assert plan["causal"] is True and plan["window_left"] == 8 and plan["logits_soft_cap"] == 30.0
+    assert plan["q_data_type"] == torch.bfloat16
+    decode = example("attention.decode", "cpu", batch=2, kv_len=32, q_heads=4, kv_heads=2, head_dim=16)
+    got = bench._flashinfer_externals(decode.op, decode.args, decode.kwargs)
+    assert set(got) == {"flashinfer decode", "flashinfer decode (tensor cores)"}
+    assert all(kw["window_left"] == -1 and kw["logits_soft_cap"] is None for name, _a, kw in calls
+               if name == "decode.plan")
+    monkeypatch.setenv("KSB_BENCH_FLASHINFER", "0")
+    assert bench._flashinfer_externals(decode.op, decode.args, decode.kwargs) == {}
