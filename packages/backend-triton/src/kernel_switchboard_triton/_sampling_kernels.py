@@ -52,6 +52,25 @@ def _weights(
 
 
 @triton.jit
+def _chunk(
+    x_ptr,  # (B, V) probabilities or logits
+    row_off,  # (ROWS, 1) int64 element offset of each row
+    rmask,  # (ROWS,) real rows
+    V,  # vocabulary size
+    m,  # (ROWS,) row max of the logits (unused for probabilities)
+    c,  # (ROWS,) log2(e) / temperature (unused for probabilities)
+    start,  # first column of the chunk
+    IS_LOGITS: tl.constexpr,  # x holds logits
+    BLOCK: tl.constexpr,  # chunk width
+):
+    """One chunk of a walk over the vocabulary: its columns (BLOCK,), the mask of real (row, column) pairs and
+    the weights, (ROWS, BLOCK) each."""
+    cols = start + tl.arange(0, BLOCK)
+    valid = rmask[:, None] & (cols[None, :] < V)
+    return cols, valid, _weights(x_ptr, row_off, cols[None, :], valid, m, c, IS_LOGITS)
+
+
+@triton.jit
 def _row_max(
     x_ptr,  # (B, V) input
     row_off,  # (ROWS, 1) int64 row offsets
@@ -87,9 +106,7 @@ def _stats(
     mx = tl.zeros((ROWS, BLOCK), tl.float32)
     tot = tl.zeros((ROWS, BLOCK), tl.float32)
     for start in tl.range(0, V, BLOCK, num_stages=STAGES):
-        cols = start + tl.arange(0, BLOCK)
-        valid = rmask[:, None] & (cols[None, :] < V)
-        w = _weights(x_ptr, row_off, cols[None, :], valid, m, c, IS_LOGITS)
+        _cols, _valid, w = _chunk(x_ptr, row_off, rmask, V, m, c, start, IS_LOGITS, BLOCK)
         mx = tl.maximum(mx, w)
         tot += w
     return tl.max(mx, axis=1), tl.sum(tot, axis=1)
@@ -264,9 +281,7 @@ def _select(
             nb = tl.zeros((ROWS,), tl.int32)
             mx = tl.zeros((ROWS,), tl.float32)
             for start in tl.range(0, V, BLOCK, num_stages=STAGES):
-                cols = start + tl.arange(0, BLOCK)
-                valid = rmask[:, None] & (cols[None, :] < V)
-                w = _weights(x_ptr, row_off, cols[None, :], valid, m, c, IS_LOGITS)
+                _cols, valid, w = _chunk(x_ptr, row_off, rmask, V, m, c, start, IS_LOGITS, BLOCK)
                 mx = tl.maximum(mx, tl.max(w, axis=1))
                 ge = (w[:, :, None] >= pv[:, None, :]) & valid[:, :, None]
                 cnt_c, mas_c = _pivot_sums(ge, w)
@@ -357,9 +372,7 @@ def _top_k_select(
     tot = tl.zeros((ROWS, BLOCK), tl.float32)
     wmax = zero
     for start in tl.range(0, V, BLOCK, num_stages=STAGES):
-        cols = start + tl.arange(0, BLOCK)
-        valid = rmask[:, None] & (cols[None, :] < V)
-        w = _weights(x_ptr, row_off, cols[None, :], valid, m, c, IS_LOGITS)
+        _cols, _valid, w = _chunk(x_ptr, row_off, rmask, V, m, c, start, IS_LOGITS, BLOCK)
         tot += w
         gmax = tl.max(tl.reshape(w, (ROWS, PER, GROUP)), axis=2)  # (ROWS, PER): maxima of GROUP-wide slices
         wmax = tl.maximum(wmax, tl.max(gmax, axis=1))
@@ -378,9 +391,7 @@ def _top_k_select(
     nb = tl.zeros((ROWS,), tl.int32)
     if tl.max(fits.to(tl.int32), axis=0) > 0:
         for start in tl.range(0, V, BLOCK, num_stages=STAGES):
-            cols = start + tl.arange(0, BLOCK)
-            valid = rmask[:, None] & (cols[None, :] < V)
-            w = _weights(x_ptr, row_off, cols[None, :], valid, m, c, IS_LOGITS)
+            _cols, valid, w = _chunk(x_ptr, row_off, rmask, V, m, c, start, IS_LOGITS, BLOCK)
             inb = valid & (w >= bound[:, None]) & fits[:, None]
             pos = nb[:, None] + tl.cumsum(inb.to(tl.int32), axis=1) - 1
             tl.store(scratch_ptr + scr_off[:, None] + pos, w, mask=inb & (pos < SCRATCH))
@@ -627,9 +638,7 @@ def _top_k_top_p_kernel(
             u1 = _uniform4(seed, rbase + nch, jj)
             cw0, cw1, cw2, cw3 = _pick(cand_w, jj, 0), _pick(cand_w, jj, 1), _pick(cand_w, jj, 2), _pick(cand_w, jj, 3)
             for ci in tl.range(0, nch, num_stages=STAGES):
-                cols = ci * BLOCK + tl.arange(0, BLOCK)
-                valid = rmask[:, None] & (cols[None, :] < V)
-                w = _weights(x_ptr, row_off, cols[None, :], valid, m, c, IS_LOGITS)
+                _cols, _valid, w = _chunk(x_ptr, row_off, rmask, V, m, c, ci * BLOCK, IS_LOGITS, BLOCK)
                 ws = tl.where((w >= floor[:, None]) & (w > above[:, None]), w, 0.0)
                 mc, mw, g0, g1, g2, g3 = _chunk_sums(ws, w, cw0, cw1, cw2, cw3)
                 acc += mc
@@ -726,15 +735,11 @@ def _renorm_kernel(
         tau = tl.maximum(tau, tl.minimum(tl.maximum(mp, 0.0), 1.0) * wmax)
     kept = tl.zeros((ROWS, BLOCK), tl.float32)
     for start in tl.range(0, V, BLOCK, num_stages=STAGES):
-        cols = start + tl.arange(0, BLOCK)
-        valid = rmask[:, None] & (cols[None, :] < V)
-        w = _weights(x_ptr, row_off, cols[None, :], valid, m, c, False)
+        cols, valid, w = _chunk(x_ptr, row_off, rmask, V, m, c, start, False, BLOCK)
         kept += tl.where(w >= tau[:, None], w, 0.0)
     inv = 1.0 / tl.maximum(tl.sum(kept, axis=1), 1e-30)
     for start in tl.range(0, V, BLOCK, num_stages=STAGES):
-        cols = start + tl.arange(0, BLOCK)
-        valid = rmask[:, None] & (cols[None, :] < V)
-        w = _weights(x_ptr, row_off, cols[None, :], valid, m, c, False)
+        cols, valid, w = _chunk(x_ptr, row_off, rmask, V, m, c, start, False, BLOCK)
         y = tl.where(w >= tau[:, None], w * inv[:, None], 0.0)
         tl.store(out_ptr + rows.to(tl.int64)[:, None] * V + cols[None, :], y, mask=valid)
 
