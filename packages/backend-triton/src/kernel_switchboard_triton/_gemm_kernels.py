@@ -213,10 +213,7 @@ def _mm_tma_kernel(
         for k0 in range(0, K, BLOCK_K):
             a = a_desc.load([pid_m * BLOCK_M, k0])
             b = _load_b_tma(b_desc, k0, pid_n * BLOCK_N, B_KMAJOR)
-            if UPCAST:
-                a = a.to(tl.float32)
-                b = b.to(tl.float32)
-            acc = tl.dot(a, b, acc)
+            acc = _dot(a, b, acc, UPCAST, False)
         c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_desc.dtype))
 
 
