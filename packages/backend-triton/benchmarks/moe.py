@@ -3,9 +3,10 @@
     python packages/backend-triton/benchmarks/moe.py          # on a GPU
 
 ``bench_moe(device) -> list[dict]``: Mixtral 8x7B (8 experts, top-2, 4096 -> 14336, bf16) and DeepSeek-V3
-(256 experts, top-8, 7168 -> 2048, fp8 128x128 block-scaled weights, bf16 activations, grouped sigmoid
-routing). The experts call (routing done once beforehand) is timed; FLOPs = 2 * T * k * 3 * H * I.
-Each row is first checked against the reference (float32 per-expert GEMMs) by relative Frobenius error.
+(256 experts, top-8, 7168 -> 2048, fp8 128x128 block-scaled weights, bf16 activations quantized to fp8 per
+row and 128 columns by the kernel, grouped sigmoid routing). The experts call (routing done once beforehand)
+is timed; FLOPs = 2 * T * k * 3 * H * I. Each row is first checked against the reference (float32
+per-expert GEMMs) by relative Frobenius error (fp8: the conformance bound for quantized activations).
 Sweep rows force other tiles (``SWEEP`` per shape).
 """
 
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 
 from kernel_switchboard.bench import median_ms
+from kernel_switchboard.testing.cases.moe import FP8_REL
 
 TOKENS = 4096
 #: name, experts, top_k, hidden, inter, fp8, routing
@@ -27,13 +29,14 @@ SHAPES: tuple[tuple[str, int, int, int, int, bool, dict[str, Any]], ...] = (
      {"scoring": "sigmoid", "num_expert_group": 8, "topk_group": 4, "routed_scaling_factor": 2.5}),
 )
 
-#: tiles tried besides the default, by shape name: (block_m, block_n, block_k, warps, stages). Run 15 (H200) also
-#: measured, and dropped, DeepSeek-V3 tiles with the weights as the MMA's first operand (212.7 / 236.4 TFLOP/s with
-#: BLOCK_K 64 / 128) and each expert's rest in 32- / 64-row blocks through a second launch (173.3 / 227.6), against
-#: the default's 245.1.
+#: tiles tried besides the default, by shape name: (block_m, block_n, block_k, warps, stages[, down block_n]).
+#: Run 15 (H200) also measured, and dropped, with the fp8 weights converted to bf16 tile by tile (245.1 TFLOP/s):
+#: the weights as the MMA's first operand (212.7 / 236.4 with BLOCK_K 64 / 128) and each expert's rest in 32- / 64-row
+#: blocks through a second launch (173.3 / 227.6).
 SWEEP: dict[str, tuple[tuple[int, ...], ...]] = {
     "mixtral 8x7B bf16": ((128, 128, 64, 8, 4),),
-    "deepseek-v3 fp8-block": ((128, 128, 64, 8, 3), (128, 128, 128, 8, 4)),
+    "deepseek-v3 fp8-block": ((128, 128, 128, 8, 3, 128), (128, 64, 128, 8, 4, 128), (128, 64, 128, 8, 3, 64),
+                              (64, 64, 128, 4, 3, 128)),
 }
 
 
@@ -75,6 +78,7 @@ def _shape_rows(name: str, experts: int, top_k: int, hidden: int, inter: int, fp
         return ksb.moe.experts(x, w, ids, w13, w2, w13_scale=s13, w2_scale=s2, check_ids=False, backend=backend)
 
     want = run("reference").float()
+    bound = FP8_REL if fp8 else 3e-2
     flops = 2.0 * TOKENS * top_k * 3 * hidden * inter
     rows = []
     for tiles in (None, *SWEEP.get(name, ())):
@@ -84,7 +88,7 @@ def _shape_rows(name: str, experts: int, top_k: int, hidden: int, inter: int, fp
                 got = run().float()
                 row["rel_err"] = round(float((got - want).norm() / want.norm()), 5)
                 del got
-                if not row["rel_err"] < 3e-2:
+                if not row["rel_err"] < bound:
                     raise AssertionError(f"relative error {row['rel_err']} too large")
                 ms = median_ms(run, rep_ms=100, warmup=5)
             row.update(ms=round(ms, 3), tflops=round(flops / (ms * 1e-3) / 1e12, 1))

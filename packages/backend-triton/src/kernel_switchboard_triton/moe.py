@@ -4,9 +4,10 @@ epilogue, down GEMM with the routing weight, then the sum over each token's expe
 Signature: :mod:`kernel_switchboard.ops.moe` (``moe.fused_moe``; routing stays with ``moe.route``'s
 kernels). The sort is a handful of torch ops on the device (count, stable argsort, scatter), so the
 whole call is free of host syncs and CUDA-graph capturable. Weights: x's dtype, or float8_e4m3fn
-with 128x128 block scales (converted tile by tile to x's dtype; activations are not quantized).
-The intermediate and the per-assignment outputs are rounded to x's dtype; the final sum over the
-top-k slots is taken in float32 by torch.
+with 128x128 block scales; then both GEMMs run on fp8 MMAs, their inputs (x, and the intermediate)
+quantized per row and 128 columns (DeepSeek-V3's recipe, :func:`quantize_groups`). The intermediate
+and the per-assignment outputs are rounded to x's dtype; the final sum over the top-k slots is taken
+in float32 by torch.
 """
 
 from __future__ import annotations
@@ -33,17 +34,18 @@ class MoeTiles(NamedTuple):
     block_k: int
     num_warps: int
     num_stages: int
+    #: the down GEMM's output columns per program (None: block_n)
+    down_block_n: int | None = None
 
 
 def moe_tiles(assignments: int, experts: int, fp32: bool, fp8: bool = False) -> MoeTiles:
     """Tiles by the mean number of assignments per expert (decode-sized batches take short blocks);
-    ``fp8``: fp8 block-scaled weights.
+    ``fp8``: fp8 block-scaled weights (fp8 MMAs, 128-deep K steps: one scale block each).
 
-    H200, 4096 tokens (notes/gpu-runs.md runs 14-15): DeepSeek-V3 with fp8 weights (128 assignments per expert)
-    128x128x128 tiles, 8 warps, 3 stages 245.1 TFLOP/s (BLOCK_K 64: 233.7; 64-wide N tiles: 195.5; weights as
-    the MMA's first operand, from registers: 212.7 / 236.4 with BLOCK_K 64 / 128; each expert's rest in 32- or
-    64-row blocks, a second launch: 173.3 / 227.6); Mixtral bf16 128x128x64 471.6 (64x128 with 4 stages: 374.0;
-    128x256 needs 245 KB of shared memory).
+    H200, 4096 tokens (notes/gpu-runs.md runs 14-15): Mixtral bf16 128x128x64 471.6 TFLOP/s (64x128 with 4 stages:
+    374.0; 128x256 needs 245 KB of shared memory). fp8 gate/up programs take 64 columns of the gate and of the up
+    projection: with 128 the two scaled partial products beside their accumulators spill (ptxas sm_90: 255
+    registers and 520 B of stack against 237 and none); the down GEMM takes 128 columns (216 registers).
     """
     if triton_interpreting():
         return MoeTiles(16, 32, 32, 4, 1)
@@ -51,9 +53,13 @@ def moe_tiles(assignments: int, experts: int, fp32: bool, fp8: bool = False) -> 
     block_m = 16 if per_expert <= 16 else 32 if per_expert <= 32 else 64 if per_expert <= 96 else 128
     if fp32:
         return MoeTiles(min(block_m, 64), 64, 32, 4, 3)
+    if fp8:
+        if block_m <= 32:
+            return MoeTiles(block_m, 64, 128, 4, 4, 64)
+        return MoeTiles(block_m, 64, 128, 8 if block_m == 128 else 4, 3, 128)
     if block_m <= 32:
         return MoeTiles(block_m, 64, 128, 4, 4)
-    return MoeTiles(block_m, 128, 128 if fp8 and block_m == 128 else 64, 8 if block_m == 128 else 4, 3)
+    return MoeTiles(block_m, 128, 64, 8 if block_m == 128 else 4, 3)
 
 
 def sort_by_expert(topk_ids: torch.Tensor, experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,6 +86,18 @@ def sort_by_expert(topk_ids: torch.Tensor, experts: int, block_m: int) -> tuple[
     return sorted_ids, block_expert
 
 
+def quantize_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (R, C) with unit column stride -> (float8_e4m3fn (R, C), float32 scales (R, ceil(C/128))): each row's
+    groups of 128 columns scaled by amax / 448 and rounded to nearest."""
+    rows, cols = x.shape
+    q = torch.empty((rows, cols), dtype=torch.float8_e4m3fn, device=x.device)
+    s = torch.empty((rows, triton.cdiv(cols, 128)), dtype=torch.float32, device=x.device)
+    block_r = 16 if triton_interpreting() else 32
+    K._quant_groups_kernel[(triton.cdiv(rows, block_r), s.shape[1])](
+        x, q, s, rows, cols, x.stride(0), BLOCK_R=block_r, GROUP=128, num_warps=4)
+    return q, s
+
+
 def fused_moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor,
               w2: torch.Tensor, w13_scale: torch.Tensor | None, w2_scale: torch.Tensor | None) -> torch.Tensor:
     tokens, hidden = x.shape
@@ -101,18 +119,21 @@ def fused_moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tenso
     else:  # unused pointers
         s13, s2 = w13c, w2c
         s13_strides = s2_strides = (0, 0, 0)
+    xa, xs = quantize_groups(x) if fp8 else (x, x)  # x: an unused scale pointer
     h = torch.empty((n, inter), dtype=x.dtype, device=x.device)
     K._moe_gate_up_kernel[(num_blocks, triton.cdiv(inter, t.block_n))](
-        x, w13c, s13, h, sorted_ids, block_expert, experts, inter, hidden, top_k, n,
+        xa, xs, w13c, s13, h, sorted_ids, block_expert, experts, inter, hidden, top_k, n,
         w13c.stride(0), w13c.stride(1), *s13_strides,
         FP8=fp8, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, UPCAST=UPCAST, IEEE=fp32,
         num_warps=t.num_warps, num_stages=t.num_stages,
     )
+    ha, hs = quantize_groups(h) if fp8 else (h, h)
     y = torch.empty((n, hidden), dtype=x.dtype, device=x.device)
-    K._moe_down_kernel[(num_blocks, triton.cdiv(hidden, t.block_n))](
-        h, w2c, s2, y, topk_weights.reshape(-1), sorted_ids, block_expert, experts, inter, hidden, n,
+    down_n = t.down_block_n or t.block_n
+    K._moe_down_kernel[(num_blocks, triton.cdiv(hidden, down_n))](
+        ha, hs, w2c, s2, y, topk_weights.reshape(-1), sorted_ids, block_expert, experts, inter, hidden, n,
         w2c.stride(0), w2c.stride(1), *s2_strides,
-        FP8=fp8, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, UPCAST=UPCAST, IEEE=fp32,
+        FP8=fp8, BLOCK_M=t.block_m, BLOCK_N=down_n, BLOCK_K=t.block_k, UPCAST=UPCAST, IEEE=fp32,
         num_warps=t.num_warps, num_stages=t.num_stages,
     )
     if top_k == 1:
@@ -126,7 +147,8 @@ def _cost(problem: Any) -> float:
     flops = 2.0 * assign * 3 * problem.hidden * problem.intermediate
     weights = problem.num_experts * 3 * problem.hidden * problem.intermediate * problem.w_dtype.itemsize
     acts = assign * (problem.hidden * 3 + problem.intermediate * 2) * problem.dtype.itemsize
-    return compute_bound(problem, flops, weights + acts, problem.dtype, launches=10)
+    mma_dtype = torch.float8_e4m3fn if problem.quant == "fp8_block" else problem.dtype
+    return compute_bound(problem, flops, weights + acts, mma_dtype, launches=10)
 
 
 def _fp8_needs_sm89(problem: Any) -> list[str]:
@@ -142,5 +164,6 @@ _CAP = Capability(devices=DEVICES, dtypes=DTYPES, features=frozenset({"cuda_grap
 def kernels() -> list[Kernel]:
     return [
         Kernel("moe.fused_moe", "fused_moe", BACKEND, _CAP, fused_moe, priority=PRIORITY, cost=_cost,
-               doc="expert-sorted blocks; gate/up GEMM with fused SiLU-and-mul, down GEMM with routing weight"),
+               doc="expert-sorted blocks; gate/up GEMM with fused SiLU-and-mul, down GEMM with routing weight; "
+                   "fp8 weights: fp8 MMAs on activations quantized per row and 128 columns"),
     ]
