@@ -48,10 +48,10 @@ MIN_WARPS = 4
 #: (notes/gpu-runs.md runs 10, 13, 14): top-p, 8 warps 3 stages, chunk 2048 / 4096 / 8192: 0.285 / 0.152 /
 #: 0.093 ms. Top-k 50 + top-p: 0.438 ms with one kernel on the search walk; 0.348 with the search in its own
 #: kernel; 0.330 with its pivot counts and masses in one reduction; 0.274 with the slice-maxima bound (run 15).
-#: Search walks tried in run 14, all with the pivot search (ms): chunk 4096 with 16 warps 0.343, 2 stages 0.525;
-#: 8192 with 2 stages 0.461; 2048 with 2 / 3 stages 0.751 / 0.871. Not yet re-swept for the bound's lighter walks.
+#: Search walks with the bound (run 16, ms of the whole top-k + top-p call): chunk 4096 with 16 warps 0.234, with
+#: 8 warps 0.269, 8 warps and 2 stages 0.244; 8192 with 8 warps 0.292. Top-p walk 8192 with 4 stages: 0.0949.
 TOP_P_WALK = (8192, 3, 8)
-SEARCH_WALK = (4096, 1, 8)
+SEARCH_WALK = (4096, 1, 16)
 #: finish threshold searches with tl.sort; the interpreter ranks pairwise instead (its sort is very slow)
 SORT = not triton_interpreting()
 _MAX_NUMEL = 1 << 20
