@@ -152,6 +152,11 @@ def _cost(problem: Any) -> float:
     return compute_bound(problem, flops, weights + acts, mma_dtype, launches=10)
 
 
+def _math_dtype(problem: Any) -> torch.dtype | None:
+    """fp8 block-scaled weights: the MMAs take activations quantized to float8_e4m3fn."""
+    return torch.float8_e4m3fn if problem.quant == "fp8_block" else None
+
+
 def _fp8_needs_sm89(problem: Any) -> list[str]:
     if problem.quant == "fp8_block" and problem.cc is not None and problem.cc < (8, 9):
         return [f"float8_e4m3fn weights need compute capability >= 8.9 (got {problem.cc[0]}.{problem.cc[1]})"]
@@ -165,6 +170,7 @@ _CAP = Capability(devices=DEVICES, dtypes=DTYPES, features=frozenset({"cuda_grap
 def kernels() -> list[Kernel]:
     return [
         Kernel("moe.fused_moe", "fused_moe", BACKEND, _CAP, fused_moe, priority=PRIORITY, cost=_cost,
+               math_dtype=_math_dtype,
                doc="expert-sorted blocks; gate/up GEMM with fused SiLU-and-mul, down GEMM with routing weight; "
                    "fp8 weights: fp8 MMAs on activations quantized per row and 128 columns"),
     ]
