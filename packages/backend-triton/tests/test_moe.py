@@ -88,10 +88,12 @@ def test_quantize_groups_matches_torch() -> None:
     assert torch.equal(q.cpu().view(torch.uint8), want_q.view(torch.uint8))
 
 
-def test_fp8_experts_compute_the_w8a8_math() -> None:
+@pytest.mark.parametrize(("hidden", "inter"), [(256, 192), (200, 128)])
+def test_fp8_experts_compute_the_w8a8_math(hidden: int, inter: int) -> None:
     # float32 activations keep the intermediate unrounded, so only summation order separates the kernel from
-    # the same quantize -> fp8 GEMM -> quantize -> fp8 GEMM chain in torch; 192 is not a multiple of 128
-    tokens, hidden, inter, experts, top_k = 24, 256, 192, 4, 2
+    # the same quantize -> fp8 GEMM -> quantize -> fp8 GEMM chain in torch; sizes off multiples of 128 leave
+    # partial scale groups
+    tokens, experts, top_k = 24, 4, 2
     g = torch.Generator().manual_seed(5)
     ids = torch.randint(0, experts, (tokens, top_k), generator=g, dtype=torch.int32)
     x, w, i, w13, w2, s13, s2 = _moe_inputs(tokens, hidden, inter, experts, torch.float32, True, ids)
