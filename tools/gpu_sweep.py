@@ -49,9 +49,9 @@ def main() -> int:
 def _same_plan(dev: torch.device) -> list[dict[str, object]]:
     from kernel_switchboard import bench as kb
 
-    point = kb.Point("attention.decode", {"batch": 1, "kv_len": 1024, "page_size": 16, "num_q_heads": 32,
-                                          "num_kv_heads": 8, "head_dim": 128, "dtype": "bfloat16", "layout": "NHD"}, "")
-    case = kb._example(point.op, dev, point.params)
+    params = {"batch": 1, "kv_len": 1024, "page_size": 16, "num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128,
+              "dtype": "bfloat16", "layout": "NHD"}
+    case = kb._example("attention.decode", dev, params)
     graphs = {}
     for name, kernel in (("triton a", "triton"), ("auto", None), ("triton b", "triton"), ("triton c", "triton")):
         plan, call = kb._decode_plan(kernel, case.args, case.kwargs)
