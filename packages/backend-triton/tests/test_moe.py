@@ -66,14 +66,20 @@ def test_skewed_routing_with_empty_experts(fp8: bool) -> None:
         assert_close(run(), run("reference"), atol=3e-2, rtol=3e-2)
 
 
-def _quantized(x: torch.Tensor) -> torch.Tensor:
-    """x (R, C) float32 through DeepSeek-V3's activation quantization (per row and 128 columns, amax / 448,
-    float8_e4m3fn) and back, in torch."""
+def _torch_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3's activation quantization of x (R, C) float32 in torch: (float8_e4m3fn (R, C), float32
+    scales (R, ceil(C/128))), per row and 128 columns, amax / 448."""
     rows, cols = x.shape
     groups = torch.nn.functional.pad(x, (0, -cols % 128)).view(rows, -1, 128)
-    scale = groups.abs().amax(-1, keepdim=True).clamp_min(1e-12) / 448.0
-    q = (groups / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
-    return (q.float() * scale).view(rows, -1)[:, :cols]
+    scale = groups.abs().amax(-1).clamp_min(1e-12) / 448.0
+    q = (groups / scale[..., None]).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    return q.view(rows, -1)[:, :cols], scale
+
+
+def _quantized(x: torch.Tensor) -> torch.Tensor:
+    """x (R, C) float32 through :func:`_torch_quantize` and back."""
+    q, scale = _torch_quantize(x)
+    return q.float() * scale.repeat_interleave(128, dim=1)[:, : x.shape[1]]
 
 
 def test_quantize_groups_matches_torch() -> None:
@@ -81,9 +87,7 @@ def test_quantize_groups_matches_torch() -> None:
     x = torch.randn(37, 300, generator=g) * torch.logspace(-6, 2, 37)[:, None]  # some groups in fp8's subnormals
     x[0] = 0.0
     q, s = moe.quantize_groups(x.to(DEVICE))
-    groups = torch.nn.functional.pad(x, (0, 84)).view(37, 3, 128)
-    want_s = groups.abs().amax(-1).clamp_min(1e-12) / 448.0
-    want_q = (groups / want_s[..., None]).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(37, -1)[:, :300]
+    want_q, want_s = _torch_quantize(x)
     assert torch.equal(s.cpu(), want_s)
     assert torch.equal(q.cpu().view(torch.uint8), want_q.view(torch.uint8))
 
