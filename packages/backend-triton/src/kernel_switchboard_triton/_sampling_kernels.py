@@ -142,6 +142,15 @@ def _add2(a0, a1, b0, b1):
 
 
 @triton.jit
+def _pair_sums(a, b):
+    """Row sums of two (ROWS, BLOCK) tiles: one reduction compiled, apart in the interpreter."""
+    if COMPILED:
+        return tl.reduce((a, b), 1, _add2)
+    else:
+        return tl.sum(a, 1), tl.sum(b, 1)
+
+
+@triton.jit
 def _pivot_sums(ge, w):
     """Count and mass of the weights w (ROWS, BLOCK) at or above each pivot, from ge (ROWS, BLOCK, NP):
     (ROWS, NP) each. Compiled, one reduction; the interpreter sums them apart (see :func:`_chunk_sums`)."""
@@ -640,17 +649,23 @@ def _top_k_top_p_kernel(
             for ci in tl.range(0, nch, num_stages=STAGES):
                 _cols, _valid, w = _chunk(x_ptr, row_off, rmask, V, m, c, ci * BLOCK, IS_LOGITS, BLOCK)
                 ws = tl.where((w >= floor[:, None]) & (w > above[:, None]), w, 0.0)
-                mc, mw, g0, g1, g2, g3 = _chunk_sums(ws, w, cw0, cw1, cw2, cw3)
-                acc += mc
-                if not HAS_K:  # the row's mass (with top-k it is known: the top-k mass)
-                    tot += mw
-                if HAS_P:  # used from the second round on
+                if check:  # the previous candidates' masses beside the reservoir's
+                    mc, _mw, g0, g1, g2, g3 = _chunk_sums(ws, w, cw0, cw1, cw2, cw3)
                     mass_gt += _columns4(g0, g1, g2, g3, jj)
+                elif HAS_K:  # the first round with top-k: the reservoir's mass (the row's is top-k's)
+                    mc = tl.sum(ws, 1)
+                elif HAS_MINP:  # the first round: the reservoir's mass and the row's
+                    mc, mw = _pair_sums(ws, w)
+                    tot += mw
+                else:  # the first round, nothing filtered yet: the two are one
+                    mc = tl.sum(ws, 1)
+                    tot += mc
+                acc += mc
                 # chunk-level weighted reservoir, one uniform per candidate
                 take = (_uniform4(seed, rbase + ci, jj) * acc[:, None] < mc[:, None]) & (mc > 0)[:, None]
                 chunk_of = tl.where(take, ci, chunk_of)
             if not HAS_K:
-                mass_k = tl.where(r == 0, tot, mass_k)
+                mass_k = tl.where(check, mass_k, tot)
             # check the previous candidates: the first one inside the nucleus wins
             if HAS_P:
                 if check:
