@@ -123,22 +123,19 @@ def _mla_split_kernel(
 
 
 @triton.jit
-def _mla_tma_step(qn_lo, qn_hi, qp, ckv_desc, kpe_desc, row, valid, m_i, l_i, acc_lo, acc_hi, qk_scale,
-                  HALF: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
+def _mla_tma_step(qn, qp, ckv_desc, kpe_desc, row, valid, m_i, l_i, acc, qk_scale,
+                  BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
     """One latent tile (rows ``row .. row+BLOCK_N`` of the flattened pages) of the online softmax.
 
     MASKED: only the first ``valid`` rows are keys; the rest (unwritten slots, possibly NaN) are zeroed.
     """
-    c_lo = ckv_desc.load([row, 0]).to(qn_lo.dtype)
-    c_hi = ckv_desc.load([row, HALF]).to(qn_lo.dtype)
-    pe = kpe_desc.load([row, 0]).to(qn_lo.dtype)
+    ckv = ckv_desc.load([row, 0]).to(qn.dtype)
+    pe = kpe_desc.load([row, 0]).to(qn.dtype)
     if MASKED:
         keep = tl.arange(0, BLOCK_N) < valid
-        c_lo = tl.where(keep[:, None], c_lo, 0.0)
-        c_hi = tl.where(keep[:, None], c_hi, 0.0)
+        ckv = tl.where(keep[:, None], ckv, 0.0)
         pe = tl.where(keep[:, None], pe, 0.0)
-    s = tl.dot(qn_lo, tl.trans(c_lo))
-    s = tl.dot(qn_hi, tl.trans(c_hi), s)
+    s = tl.dot(qn, tl.trans(ckv))
     s = tl.dot(qp, tl.trans(pe), s) * qk_scale
     if MASKED:
         s = tl.where(keep[None, :], s, float("-inf"))
@@ -146,17 +143,15 @@ def _mla_tma_step(qn_lo, qn_hi, qp, ckv_desc, kpe_desc, row, valid, m_i, l_i, ac
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    p = p.to(qn_lo.dtype)
-    acc_lo = tl.dot(p, c_lo, acc_lo * alpha[:, None])
-    acc_hi = tl.dot(p, c_hi, acc_hi * alpha[:, None])
-    return m_new, l_i, acc_lo, acc_hi
+    acc = tl.dot(p.to(qn.dtype), ckv, acc * alpha[:, None])
+    return m_new, l_i, acc
 
 
 @triton.jit
 def _mla_tma_kernel(
     qn_ptr,  # (B, H, Dc) q_nope
     qp_ptr,  # (B, H, Dr) q_pe
-    ckv_desc,  # TMA descriptor of the latent pages flattened to (P * S, Dc), block (BLOCK_N, Dc / 2)
+    ckv_desc,  # TMA descriptor of the latent pages flattened to (P * S, Dc), block (BLOCK_N, Dc)
     kpe_desc,  # TMA descriptor of the rope-key pages flattened to (P * S, Dr), block (BLOCK_N, Dr)
     block_table_ptr,  # (B, max_pages) int32
     seq_lens_ptr,  # (B,) int32
@@ -182,45 +177,39 @@ def _mla_tma_kernel(
     NUM_SPLITS: tl.constexpr,  # KV splits per request (grid dim 2)
     DOT_FP32: tl.constexpr,  # float32 dot operands (interpreter)
 ):
-    HALF: tl.constexpr = HEAD_DIM // 2
     offs_h = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)
     b = tl.program_id(1)
     split = tl.program_id(2)
     start, end = _split_bounds(seq_lens_ptr, b, split, NUM_SPLITS, BLOCK_N)
     full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
 
-    offs_c = tl.arange(0, HALF)
+    offs_c = tl.arange(0, HEAD_DIM)
     offs_r = tl.arange(0, HEAD_DIM_PE)
     mask_h = offs_h < heads
-    qn_rows = qn_ptr + b.to(tl.int64) * stride_qnb + offs_h[:, None] * stride_qnh
-    qn_lo = tl.load(qn_rows + offs_c[None, :], mask=mask_h[:, None], other=0.0)
-    qn_hi = tl.load(qn_rows + HALF + offs_c[None, :], mask=mask_h[:, None], other=0.0)
+    qn = tl.load(qn_ptr + b.to(tl.int64) * stride_qnb + offs_h[:, None] * stride_qnh + offs_c[None, :],
+                 mask=mask_h[:, None], other=0.0)
     qp = tl.load(qp_ptr + b.to(tl.int64) * stride_qpb + offs_h[:, None] * stride_qph + offs_r[None, :],
                  mask=mask_h[:, None], other=0.0)
     if DOT_FP32:
-        qn_lo = qn_lo.to(tl.float32)
-        qn_hi = qn_hi.to(tl.float32)
+        qn = qn.to(tl.float32)
         qp = qp.to(tl.float32)
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc_lo = tl.zeros([BLOCK_H, HALF], dtype=tl.float32)
-    acc_hi = tl.zeros([BLOCK_H, HALF], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, HEAD_DIM], dtype=tl.float32)
     bt_row = block_table_ptr + b.to(tl.int64) * stride_bt
     for n0 in range(start, full_end, BLOCK_N):
         row = tl.load(bt_row + n0 // PAGE_SIZE) * PAGE_SIZE + n0 % PAGE_SIZE
-        m_i, l_i, acc_lo, acc_hi = _mla_tma_step(qn_lo, qn_hi, qp, ckv_desc, kpe_desc, row, BLOCK_N, m_i, l_i,
-                                                 acc_lo, acc_hi, qk_scale, HALF, BLOCK_N, False)
+        m_i, l_i, acc = _mla_tma_step(qn, qp, ckv_desc, kpe_desc, row, BLOCK_N, m_i, l_i, acc, qk_scale, BLOCK_N,
+                                      False)
     if full_end < end:
         row = tl.load(bt_row + full_end // PAGE_SIZE) * PAGE_SIZE + full_end % PAGE_SIZE
-        m_i, l_i, acc_lo, acc_hi = _mla_tma_step(qn_lo, qn_hi, qp, ckv_desc, kpe_desc, row, end - full_end, m_i,
-                                                 l_i, acc_lo, acc_hi, qk_scale, HALF, BLOCK_N, True)
+        m_i, l_i, acc = _mla_tma_step(qn, qp, ckv_desc, kpe_desc, row, end - full_end, m_i, l_i, acc, qk_scale,
+                                      BLOCK_N, True)
 
     inv_l, lse = _finish(m_i, l_i)
     o_rows = o_ptr + b.to(tl.int64) * stride_ob + offs_h[:, None] * stride_oh + split * stride_os
-    tl.store(o_rows + offs_c[None, :], (acc_lo * inv_l[:, None]).to(o_ptr.dtype.element_ty), mask=mask_h[:, None])
-    tl.store(o_rows + HALF + offs_c[None, :], (acc_hi * inv_l[:, None]).to(o_ptr.dtype.element_ty),
-             mask=mask_h[:, None])
+    tl.store(o_rows + offs_c[None, :], (acc * inv_l[:, None]).to(o_ptr.dtype.element_ty), mask=mask_h[:, None])
     tl.store(lse_ptr + b.to(tl.int64) * stride_lb + offs_h * stride_lh + split, lse, mask=mask_h)
 
 
@@ -262,9 +251,10 @@ def mla_config(device: torch.device, batch: int, heads: int, kv_len: int,
 
 def _tma_descriptors(ckv: torch.Tensor, kpe: torch.Tensor, cfg: MLAConfig) -> tuple[Any, Any] | None:
     """TMA descriptors of the pages flattened to token rows, (P * S, Dc) and (P * S, Dr), or None when a
-    tile would cross a page, Dc / 2 exceeds a TMA box (256), or TMA cannot describe the pages' strides."""
+    tile would cross a page, Dc is not a power of two (a whole latent row is one tile), or TMA cannot
+    describe the pages' strides."""
     pages, page_size, dc = ckv.shape
-    if not cfg.tma or page_size % cfg.block_n or dc % 2 or dc // 2 > 256 or not has_tma(ckv.device):
+    if not cfg.tma or page_size % cfg.block_n or dc & (dc - 1) or not has_tma(ckv.device):
         return None
     rows = []
     for t in (ckv, kpe):
@@ -274,7 +264,7 @@ def _tma_descriptors(ckv: torch.Tensor, kpe: torch.Tensor, cfg: MLAConfig) -> tu
         if not row_major_for_tma(flat):
             return None
         rows.append(flat)
-    return (TensorDescriptor.from_tensor(rows[0], [cfg.block_n, dc // 2]),
+    return (TensorDescriptor.from_tensor(rows[0], [cfg.block_n, dc]),
             TensorDescriptor.from_tensor(rows[1], [cfg.block_n, kpe.shape[2]]))
 
 
