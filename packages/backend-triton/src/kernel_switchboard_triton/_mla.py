@@ -238,8 +238,8 @@ def mla_config(device: torch.device, batch: int, heads: int, kv_len: int,
     # sm_90: 64 heads per program run the dots on wgmma; below 64 rows Triton falls back to mma.sync and
     # every latent tile is re-read more often. Two stages of 64-token tiles (216 KB of shared memory with
     # the queries) let the next tile's loads (TMA where pages allow) run under this tile's dots. H200 sweep
-    # (B=128 L=8192 H=128 p64, notes/gpu-runs.md run 8), BLOCK_N 64: TMA two stages 1.22 TB/s, one 0.77;
-    # pointer loads two stages 0.99, one 0.76; TMA BLOCK_N 32 with 2-4 stages 0.80-0.81; 32-head tiles 0.60.
+    # (B=128 L=8192 H=128 p64, notes/gpu-runs.md runs 8 and 17), BLOCK_N 64: TMA two stages 1.25 TB/s, one 0.96;
+    # pointer loads two stages 0.97, one 0.76; TMA BLOCK_N 32 with 2-4 stages 0.79-0.82; 32-head tiles 0.60.
     block_h = 64 if hopper and heads >= 64 else (32 if heads >= 32 else 16)
     block_n, warps, stages = (64, 8, 2) if hopper else (32, 8, 1)
     if num_splits is None:

@@ -50,6 +50,7 @@ MIN_WARPS = 4
 #: kernel; 0.330 with its pivot counts and masses in one reduction; 0.274 with the slice-maxima bound (run 15).
 #: Search walks with the bound (run 16, ms of the whole top-k + top-p call): chunk 4096 with 16 warps 0.234, with
 #: 8 warps 0.269, 8 warps and 2 stages 0.244; 8192 with 8 warps 0.292. Top-p walk 8192 with 4 stages: 0.0949.
+#: Run 17, a first candidate pass that sums only what it needs: top-p 0.087, top-k 50 + top-p 0.228.
 TOP_P_WALK = (8192, 3, 8)
 SEARCH_WALK = (4096, 1, 16)
 #: finish threshold searches with tl.sort; the interpreter ranks pairwise instead (its sort is very slow)
