@@ -101,3 +101,51 @@ def test_switchboard_tune_stores_the_winner_of_an_adhoc_point(cache_file, two_ke
     (entry,) = tuning.entries()["norm.rms_norm"].values()
     assert {"tt:a", "tt:b"} <= set(entry["times"]) and entry["kernel"] == min(entry["times"], key=entry["times"].get)
     assert "norm.rms_norm rows=4 hidden=64 dtype=float32 (eager)" in capsys.readouterr().out
+
+
+class _FakeNvml:
+    """Stands in for libnvidia-ml: init status, then the driver version written into the caller's buffer."""
+
+    def __init__(self, init_status: int, version: bytes) -> None:
+        self.init_status, self.version, self.shut = init_status, version, False
+
+    def nvmlInit_v2(self) -> int:
+        return self.init_status
+
+    def nvmlSystemGetDriverVersion(self, buf, length) -> int:
+        buf.value = self.version
+        return 0
+
+    def nvmlShutdown(self) -> int:
+        self.shut = True
+        return 0
+
+
+@pytest.mark.parametrize(("init_status", "version", "want"),
+                         [(0, b"580.159.04", "580.159.04"), (9, b"580.159.04", None), (0, b"", None)])
+def test_driver_version_from_nvml(init_status: int, version: bytes, want: str | None,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernel_switchboard import device
+
+    fake = _FakeNvml(init_status, version)
+    monkeypatch.setattr(device.ctypes, "CDLL", lambda name: fake)
+    device.driver_version.cache_clear()
+    try:
+        assert device.driver_version() == want
+        assert fake.shut == (init_status == 0)  # NVML shut down again whenever it started
+    finally:
+        device.driver_version.cache_clear()
+
+
+def test_driver_version_without_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernel_switchboard import device
+
+    def missing(name: str) -> None:
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(device.ctypes, "CDLL", missing)
+    device.driver_version.cache_clear()
+    try:
+        assert device.driver_version() is None
+    finally:
+        device.driver_version.cache_clear()

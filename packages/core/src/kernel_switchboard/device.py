@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import platform
 from importlib import metadata
@@ -41,6 +42,24 @@ def package_version(distribution: str) -> str | None:
         return None
 
 
+@functools.lru_cache(maxsize=1)
+def driver_version() -> str | None:
+    """The NVIDIA driver's version (e.g. ``"580.159.04"``), read through NVML (``libnvidia-ml``, which every
+    driver installs; torch does not report it), or ``None`` where NVML is missing or fails."""
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+        if nvml.nvmlInit_v2() != 0:
+            return None
+        try:
+            text = ctypes.create_string_buffer(96)
+            ok = nvml.nvmlSystemGetDriverVersion(text, ctypes.c_uint(len(text))) == 0
+        finally:
+            nvml.nvmlShutdown()
+    except (OSError, AttributeError):
+        return None
+    return text.value.decode() if ok and text.value else None
+
+
 def fingerprint() -> dict[str, Any]:
     """The environment a measurement or a cache entry belongs to."""
     info: dict[str, Any] = {
@@ -55,10 +74,7 @@ def fingerprint() -> dict[str, Any]:
         info["gpu"] = device_name(dev)
         info["compute_capability"] = ".".join(map(str, compute_capability(dev) or ()))
         info["cudnn"] = torch.backends.cudnn.version()
-        try:
-            info["driver"] = torch.cuda.driver_version() if hasattr(torch.cuda, "driver_version") else None
-        except Exception:
-            info["driver"] = None
+        info["driver"] = driver_version()
     else:
         info["gpu"] = None
     return info
