@@ -182,10 +182,10 @@ def _through_scratch(scr, p, alpha, token):
 
 
 @triton.jit
-def _scratch_slot(scratch, tile, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, P_SCRATCH: tl.constexpr):
+def _scratch_slot(scratch, tile, SLOT: tl.constexpr, P_SCRATCH: tl.constexpr):
     """The scratch slot of a program's tile (the two slots alternate); None without P_SCRATCH."""
     if P_SCRATCH:
-        return scratch + tile % 2 * (BLOCK_H * BLOCK_N + 2 * BLOCK_H)
+        return scratch + tile % 2 * SLOT
     else:
         return scratch
 
@@ -219,7 +219,8 @@ def _mla_tma_kernel(
     BLOCK_N: tl.constexpr,  # KV tokens per tile
     NUM_SPLITS: tl.constexpr,  # KV splits per request (grid dim 2)
     DOT_FP32: tl.constexpr,  # float32 dot operands (interpreter)
-    scratch_ptr,  # P_SCRATCH: (programs, 2, SLOT) in q's dtype, SLOT = BLOCK_H * BLOCK_N + 2 * BLOCK_H
+    scratch_ptr,  # P_SCRATCH: (programs, 2, SLOT) in q's dtype
+    SLOT: tl.constexpr,  # scratch elements per tile: BLOCK_H * BLOCK_N of P, then BLOCK_H float32
     P_SCRATCH: tl.constexpr,  # pass P through the scratch (see the module docstring)
 ):
     offs_h = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -229,7 +230,7 @@ def _mla_tma_kernel(
     full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
     if P_SCRATCH:  # this program's two slots
         program = (b * tl.num_programs(0) + tl.program_id(0)) * NUM_SPLITS + split
-        scratch_ptr += program.to(tl.int64) * (2 * (BLOCK_H * BLOCK_N + 2 * BLOCK_H))
+        scratch_ptr += program.to(tl.int64) * (2 * SLOT)
 
     offs_c = tl.arange(0, HEAD_DIM)
     offs_r = tl.arange(0, HEAD_DIM_PE)
@@ -248,12 +249,12 @@ def _mla_tma_kernel(
     bt_row = block_table_ptr + b.to(tl.int64) * stride_bt
     for n0 in range(start, full_end, BLOCK_N):
         row = tl.load(bt_row + n0 // PAGE_SIZE) * PAGE_SIZE + n0 % PAGE_SIZE
-        slot = _scratch_slot(scratch_ptr, (n0 - start) // BLOCK_N, BLOCK_H, BLOCK_N, P_SCRATCH)
+        slot = _scratch_slot(scratch_ptr, (n0 - start) // BLOCK_N, SLOT, P_SCRATCH)
         m_i, l_i, acc = _mla_tma_step(qn, qp, ckv_desc, kpe_desc, row, BLOCK_N, m_i, l_i, acc, qk_scale, slot,
                                       BLOCK_N, False, P_SCRATCH)
     if full_end < end:
         row = tl.load(bt_row + full_end // PAGE_SIZE) * PAGE_SIZE + full_end % PAGE_SIZE
-        slot = _scratch_slot(scratch_ptr, (full_end - start) // BLOCK_N, BLOCK_H, BLOCK_N, P_SCRATCH)
+        slot = _scratch_slot(scratch_ptr, (full_end - start) // BLOCK_N, SLOT, P_SCRATCH)
         m_i, l_i, acc = _mla_tma_step(qn, qp, ckv_desc, kpe_desc, row, end - full_end, m_i, l_i, acc, qk_scale,
                                       slot, BLOCK_N, True, P_SCRATCH)
 
@@ -345,7 +346,7 @@ def launch_mla(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv: torch.Tensor, kpe:
             q_nope, q_pe, *descriptors, bt, table.seq_lens, o, lp, heads,
             q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), bt.stride(0),
             o.stride(0), o.stride(1), oss, lp.stride(0), lp.stride(1), sm_scale * LOG2E, **shared,
-            scratch_ptr=scratch, P_SCRATCH=cfg.p_scratch)
+            scratch_ptr=scratch, SLOT=slot, P_SCRATCH=cfg.p_scratch)
     else:
         _mla_split_kernel[grid](
             q_nope, q_pe, ckv, kpe, bt, table.seq_lens, o, lp, heads,
