@@ -183,7 +183,7 @@ def _through_scratch(scr, p, alpha, token):
 
 @triton.jit
 def _scratch_slot(scratch, tile, SLOT: tl.constexpr, P_SCRATCH: tl.constexpr):
-    """The scratch slot of a program's tile (the two slots alternate); None without P_SCRATCH."""
+    """The scratch slot of a program's tile (the two slots alternate); the unused stand-in without P_SCRATCH."""
     if P_SCRATCH:
         return scratch + tile % 2 * SLOT
     else:
@@ -341,7 +341,9 @@ def launch_mla(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv: torch.Tensor, kpe:
     descriptors = _tma_descriptors(ckv, kpe, cfg)
     if descriptors is not None:
         slot = cfg.block_h * cfg.block_n + 2 * cfg.block_h
-        scratch = q_nope.new_empty(grid[0] * grid[1] * grid[2], 2, slot) if cfg.p_scratch else None
+        # without p_scratch the kernel never touches scratch_ptr: q_nope stands in (Triton 3.6 cannot carry a None
+        # pointer through a jit helper's return)
+        scratch = q_nope.new_empty(grid[0] * grid[1] * grid[2], 2, slot) if cfg.p_scratch else q_nope
         _mla_tma_kernel[grid](
             q_nope, q_pe, *descriptors, bt, table.seq_lens, o, lp, heads,
             q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), bt.stride(0),
