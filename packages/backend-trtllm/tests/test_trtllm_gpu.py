@@ -21,6 +21,7 @@ from kernel_switchboard.reference import moe as ref_moe
 from kernel_switchboard.testing import assert_close
 from kernel_switchboard.testing.cases.attention import AttnSpec, decode_case
 from kernel_switchboard.testing.cases.moe import expert_weights
+from kernel_switchboard_trtllm import jit
 
 pytestmark = pytest.mark.gpu
 
@@ -90,6 +91,7 @@ def _moe_case(tokens: int, hidden: int, inter: int, experts: int, top_k: int, dt
     (33, 2048, 768, 128, 8, F16, False),  # Qwen3-30B-A3B
     (40, 7168, 2048, 256, 8, BF16, True),  # DeepSeek-V3, fp8 128x128 block scales
 ], ids=["mixtral-bf16", "qwen3-fp16", "deepseek-fp8"])
+@pytest.mark.skipif(jit.moe_module_missing(), reason=jit.MOE_NOT_BUILT)
 def test_fused_moe(device: torch.device, tokens: int, hidden: int, inter: int, experts: int, top_k: int,
                    dtype: torch.dtype, fp8: bool) -> None:
     x, logits, w13, w2, s13, s2 = _moe_case(tokens, hidden, inter, experts, top_k, dtype, fp8, device)
