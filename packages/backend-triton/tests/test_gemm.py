@@ -88,20 +88,6 @@ def test_fp8_column_major_b_as_from_a_transposed_weight(mode: str) -> None:
     _check(got, ksb.gemm.mm_fp8(qa, qw.t(), sa, sw.t(), backend="reference"), torch.bfloat16)
 
 
-@pytest.mark.parametrize("per_sm", [1, 2, 3])
-def test_fp8_block_tma_several_programs_per_sm(per_sm: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    # more persistent programs than SMs: each still walks its own tiles, every tile written once
-    m, n, k = 100, 208, 272
-    qa, sa = quantize_fp8(_randn(m, k, seed=9), 1, 128)
-    qw, sw = quantize_fp8(_randn(n, k, seed=10, scale=k**-0.5), 128, 128)
-    tiles = gemm.Tiles(32, 32, 128, 4, 4, 1, per_sm)
-    monkeypatch.setattr(gemm, "fp8_tiles", lambda *args, **kw: tiles)
-    programs = gemm._tma_grid(m, n, tiles, qa.device)[0]
-    assert programs == min(per_sm * gemm._programs(qa.device.index), 4 * 7)
-    got = ksb.gemm.mm_fp8(qa, qw.t(), sa, sw.t(), backend="triton")
-    _check(got, ksb.gemm.mm_fp8(qa, qw.t(), sa, sw.t(), backend="reference"), torch.bfloat16)
-
-
 @pytest.mark.parametrize("sizes", [(0, 0, 40, 0, 3), (1, 1, 1, 1, 1, 1, 1), (70,)])
 def test_grouped_mm_empty_groups_and_tiny_groups(sizes: tuple[int, ...]) -> None:
     t, k, n = sum(sizes), 24, 40

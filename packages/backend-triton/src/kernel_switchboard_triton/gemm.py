@@ -3,7 +3,7 @@ block scales, applied per K block inside the accumulation loop) and ``grouped_mm
 
 Signatures: :mod:`kernel_switchboard.ops.gemm`. Operands TMA can describe (unit stride along a row of a, of c and
 of b or of b's transpose; 16-byte aligned rows; at least ``TMA_MIN_M`` rows) on Hopper or newer take persistent TMA
-kernels, one program per SM (``Tiles.per_sm``); other strides take the pointer kernels. Fixed tile configurations
+kernels, one program per SM; other strides take the pointer kernels. Fixed tile configurations
 chosen by shape (no autotuning at run time); float32 accumulation; any operand strides. float32 operands use exact
 float32 products (``input_precision="ieee"``, CUDA cores, no TF32), so they rank below cuBLAS. ``grouped_mm``
 launches ``ceil(T / BLOCK_M) + G`` row tiles, which bounds the tiles of any split of T rows into G groups, so it
@@ -40,9 +40,6 @@ class Tiles(NamedTuple):
     group_m: int
     num_warps: int
     num_stages: int
-    #: persistent TMA programs per SM: 2 lets one program's tensor-core work run while the other waits
-    #: (its registers and shared memory must fit twice on an SM)
-    per_sm: int = 1
 
 
 def mm_tiles(m: int, n: int, k: int, dtype: torch.dtype = torch.bfloat16) -> Tiles:
@@ -103,7 +100,7 @@ def _b_layout(b: torch.Tensor) -> bool | None:
 
 
 def _tma_grid(m: int, n: int, t: Tiles, device: torch.device) -> tuple[int]:
-    return (min(_programs(device.index if device.type == "cuda" else None) * t.per_sm,
+    return (min(_programs(device.index if device.type == "cuda" else None),
                 triton.cdiv(m, t.block_m) * triton.cdiv(n, t.block_n)),)
 
 
