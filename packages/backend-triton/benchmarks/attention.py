@@ -237,19 +237,17 @@ def _mla_point(dev: torch.device, g: torch.Generator, sweep: bool, batch: int = 
     base = mla_config(dev, batch, heads, round_len(length))
     cfgs = [base]
     if sweep:
-        for bh, bn, warps, stages, tma, scratch in (
-                (64, 64, 8, 1, False, False), (64, 64, 8, 2, False, False), (64, 64, 8, 1, True, False),
-                (64, 64, 8, 2, True, False), (64, 32, 8, 2, True, False), (64, 32, 8, 3, True, False),
-                (64, 32, 8, 4, True, False), (64, 64, 8, 2, True, True), (64, 32, 8, 3, True, True)):
+        for bh, bn, warps, stages, tma in ((64, 64, 8, 1, False), (64, 64, 8, 2, False), (64, 64, 8, 1, True),
+                                           (64, 64, 8, 2, True), (64, 32, 8, 2, True), (64, 32, 8, 3, True),
+                                           (64, 32, 8, 4, True)):
             for splits in sorted({1, base.num_splits}):
-                cfgs.append(MLAConfig(bh, bn, splits, warps, stages, False, tma, scratch))
+                cfgs.append(MLAConfig(bh, bn, splits, warps, stages, False, tma))
     rows = []
     for i, cfg in enumerate(cfgs):
         run = (lambda cfg=cfg: mla_decode(qn, qp, ckv, kpe, table, p, cfg)[0])
         rows.append(_row(workload, "triton" if i == 0 else "triton (sweep)",
                          f"BLOCK_H={cfg.block_h} BLOCK_N={cfg.block_n} splits={cfg.num_splits} warps={cfg.num_warps} "
-                         f"stages={cfg.num_stages} tma={cfg.tma} p_scratch={cfg.p_scratch}", run,
-                         lambda run=run: _err(run(), want), nbytes, "tb_s"))
+                         f"stages={cfg.num_stages} tma={cfg.tma}", run, lambda run=run: _err(run(), want), nbytes, "tb_s"))
     return rows
 
 

@@ -304,20 +304,16 @@ def test_prefill_retries_with_fewer_stages_when_shared_memory_runs_out(monkeypat
 
 
 # -- MLA ----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("p_scratch", [False, True])
 @pytest.mark.parametrize(("heads", "page_size", "lens", "tma_interpreted"),
                          [(16, 16, [40, 3], True), (20, 32, [100, 31, 0], True), (20, 1, [7, 33], False)])
 def test_mla_decode_matches_reference(heads: int, page_size: int, lens: list[int], tma_interpreted: bool,
-                                      p_scratch: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Page tiles by TMA (tiles within a page) or by pointer gathers; unwritten slots hold NaN and must not leak.
-    p_scratch: the TMA kernel passes P through its scratch slots (several tiles per split, a partial last one)."""
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Page tiles by TMA (tiles within a page) or by pointer gathers; unwritten slots hold NaN and must not leak."""
     from kernel_switchboard_triton import _mla
 
     routes = []
     real = _mla._tma_descriptors
     monkeypatch.setattr(_mla, "_tma_descriptors", lambda *a: routes.append(real(*a)) or routes[-1])
-    real_config = _mla.mla_config
-    monkeypatch.setattr(_mla, "mla_config", lambda *a: real_config(*a)._replace(p_scratch=p_scratch))
     g = _gen(5)
     width = max(math.ceil(n / page_size) for n in lens)
     pages = len(lens) * width + 8

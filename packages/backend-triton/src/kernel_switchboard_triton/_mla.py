@@ -9,10 +9,10 @@ Two kernels: ``_mla_split_kernel`` gathers tiles with pointer loads (any page si
 ``_mla_tma_kernel`` loads whole page tiles with TMA (Hopper, tiles that never cross a page), so the loads
 run asynchronously ahead of the dots and no address tensors occupy registers.
 
-``MLAConfig.p_scratch`` (TMA kernel): Triton lays out a score dot whose result feeds another dot with every
-warp along M, so with 64 heads and 8 warps both warpgroups compute the whole score tile (the PV dot splits the
-512 outputs between them and each needs all of P). Passing P (and the rescale factors) through a small scratch
-buffer in L2, behind a CTA barrier, cuts that data path: each warpgroup then computes half of the score tile.
+Compute bound at 128 heads (~240 FLOP per KV byte): Triton lays out the score dot, whose result feeds the PV
+dot, with every warp along M, so with 64 heads and 8 warps both warpgroups compute the whole score tile (the
+PV dot splits the 512 outputs between them and each needs all of P). Passing P through an L2 scratch behind a
+CTA barrier gives each warpgroup half of the score tile but ran 7% slower on the H200 (branch ``mla-p-scratch``).
 """
 
 from __future__ import annotations
@@ -24,8 +24,6 @@ import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
-
-from kernel_switchboard.variants_lib import COMPILED
 
 from ._attn_common import LOG2E, cc_major, choose_splits, interpreting, resident_ctas, sm_count
 from ._common import has_tma, row_major_for_tma
@@ -130,12 +128,11 @@ def _mla_split_kernel(
 
 
 @triton.jit
-def _mla_tma_step(qn, qp, ckv_desc, kpe_desc, row, valid, m_i, l_i, acc, qk_scale, scr,
-                  BLOCK_N: tl.constexpr, MASKED: tl.constexpr, P_SCRATCH: tl.constexpr):
+def _mla_tma_step(qn, qp, ckv_desc, kpe_desc, row, valid, m_i, l_i, acc, qk_scale,
+                  BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
     """One latent tile (rows ``row .. row+BLOCK_N`` of the flattened pages) of the online softmax.
 
     MASKED: only the first ``valid`` rows are keys; the rest (unwritten slots, possibly NaN) are zeroed.
-    P_SCRATCH: P and the rescale factors reach the PV dot through ``scr`` (this tile's scratch slot).
     """
     ckv = ckv_desc.load([row, 0]).to(qn.dtype)
     pe = kpe_desc.load([row, 0]).to(qn.dtype)
@@ -143,51 +140,16 @@ def _mla_tma_step(qn, qp, ckv_desc, kpe_desc, row, valid, m_i, l_i, acc, qk_scal
         keep = tl.arange(0, BLOCK_N) < valid
         ckv = tl.where(keep[:, None], ckv, 0.0)
         pe = tl.where(keep[:, None], pe, 0.0)
-    if P_SCRATCH:  # two separate dots: neither result feeds a dot
-        s = tl.dot(qn, tl.trans(ckv)) * qk_scale + tl.dot(qp, tl.trans(pe)) * qk_scale
-    else:
-        s = tl.dot(qn, tl.trans(ckv))
-        s = tl.dot(qp, tl.trans(pe), s) * qk_scale
+    s = tl.dot(qn, tl.trans(ckv))
+    s = tl.dot(qp, tl.trans(pe), s) * qk_scale
     if MASKED:
         s = tl.where(keep[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    p = p.to(qn.dtype)
-    if P_SCRATCH:
-        p, alpha = _through_scratch(scr, p, alpha, row)
-    acc = tl.dot(p, ckv, acc * alpha[:, None])
+    acc = tl.dot(p.to(qn.dtype), ckv, acc * alpha[:, None])
     return m_new, l_i, acc
-
-
-@triton.jit
-def _through_scratch(scr, p, alpha, token):
-    """(p, alpha) written to the slot ``scr`` ((BLOCK_H, BLOCK_N) of p's dtype, then BLOCK_H float32) and read
-    back after a CTA barrier. The barrier is inline PTX returning 0 (from ``token``), which the reloads'
-    addresses add, so no pass moves them above it; ``tl.debug_barrier`` would stop the loop's pipelining.
-    Callers alternate two slots, so a program's next write never meets a slow warp's read."""
-    BH: tl.constexpr = p.shape[0]
-    BN: tl.constexpr = p.shape[1]
-    offs = tl.arange(0, BH)[:, None] * BN + tl.arange(0, BN)[None, :]
-    scr_alpha = (scr + BH * BN).to(tl.pointer_type(tl.float32))
-    tl.store(scr + offs, p)
-    tl.store(scr_alpha + tl.arange(0, BH), alpha)
-    if COMPILED:
-        zero = tl.inline_asm_elementwise("bar.sync 0;\n\tsub.s32 $0, $1, $1;", "=r,r", [token],
-                                         dtype=tl.int32, is_pure=False, pack=1)
-    else:  # the interpreter runs the program's threads as one
-        zero = 0
-    return tl.load(scr + zero + offs).to(p.dtype), tl.load(scr_alpha + zero + tl.arange(0, BH))
-
-
-@triton.jit
-def _scratch_slot(scratch, tile, SLOT: tl.constexpr, P_SCRATCH: tl.constexpr):
-    """The scratch slot of a program's tile (the two slots alternate); the unused stand-in without P_SCRATCH."""
-    if P_SCRATCH:
-        return scratch + tile % 2 * SLOT
-    else:
-        return scratch
 
 
 @triton.jit
@@ -219,18 +181,12 @@ def _mla_tma_kernel(
     BLOCK_N: tl.constexpr,  # KV tokens per tile
     NUM_SPLITS: tl.constexpr,  # KV splits per request (grid dim 2)
     DOT_FP32: tl.constexpr,  # float32 dot operands (interpreter)
-    scratch_ptr,  # P_SCRATCH: (programs, 2, SLOT) in q's dtype
-    SLOT: tl.constexpr,  # scratch elements per tile: BLOCK_H * BLOCK_N of P, then BLOCK_H float32
-    P_SCRATCH: tl.constexpr,  # pass P through the scratch (see the module docstring)
 ):
     offs_h = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)
     b = tl.program_id(1)
     split = tl.program_id(2)
     start, end = _split_bounds(seq_lens_ptr, b, split, NUM_SPLITS, BLOCK_N)
     full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
-    if P_SCRATCH:  # this program's two slots
-        program = (b * tl.num_programs(0) + tl.program_id(0)) * NUM_SPLITS + split
-        scratch_ptr += program.to(tl.int64) * (2 * SLOT)
 
     offs_c = tl.arange(0, HEAD_DIM)
     offs_r = tl.arange(0, HEAD_DIM_PE)
@@ -249,14 +205,12 @@ def _mla_tma_kernel(
     bt_row = block_table_ptr + b.to(tl.int64) * stride_bt
     for n0 in range(start, full_end, BLOCK_N):
         row = tl.load(bt_row + n0 // PAGE_SIZE) * PAGE_SIZE + n0 % PAGE_SIZE
-        slot = _scratch_slot(scratch_ptr, (n0 - start) // BLOCK_N, SLOT, P_SCRATCH)
-        m_i, l_i, acc = _mla_tma_step(qn, qp, ckv_desc, kpe_desc, row, BLOCK_N, m_i, l_i, acc, qk_scale, slot,
-                                      BLOCK_N, False, P_SCRATCH)
+        m_i, l_i, acc = _mla_tma_step(qn, qp, ckv_desc, kpe_desc, row, BLOCK_N, m_i, l_i, acc, qk_scale, BLOCK_N,
+                                      False)
     if full_end < end:
         row = tl.load(bt_row + full_end // PAGE_SIZE) * PAGE_SIZE + full_end % PAGE_SIZE
-        slot = _scratch_slot(scratch_ptr, (full_end - start) // BLOCK_N, SLOT, P_SCRATCH)
         m_i, l_i, acc = _mla_tma_step(qn, qp, ckv_desc, kpe_desc, row, end - full_end, m_i, l_i, acc, qk_scale,
-                                      slot, BLOCK_N, True, P_SCRATCH)
+                                      BLOCK_N, True)
 
     inv_l, lse = _finish(m_i, l_i)
     o_rows = o_ptr + b.to(tl.int64) * stride_ob + offs_h[:, None] * stride_oh + split * stride_os
@@ -276,8 +230,6 @@ class MLAConfig(NamedTuple):
     dot_fp32: bool
     #: load page tiles with TMA where the pages allow it (see ``_tma_descriptors``)
     tma: bool = False
-    #: TMA kernel: P through an L2 scratch, so each warpgroup computes half of every score tile (module docstring)
-    p_scratch: bool = False
 
 
 @functools.lru_cache(maxsize=512)
@@ -340,15 +292,10 @@ def launch_mla(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv: torch.Tensor, kpe:
                   num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     descriptors = _tma_descriptors(ckv, kpe, cfg)
     if descriptors is not None:
-        slot = cfg.block_h * cfg.block_n + 2 * cfg.block_h
-        # without p_scratch the kernel never touches scratch_ptr: q_nope stands in (Triton 3.6 cannot carry a None
-        # pointer through a jit helper's return)
-        scratch = q_nope.new_empty(grid[0] * grid[1] * grid[2], 2, slot) if cfg.p_scratch else q_nope
         _mla_tma_kernel[grid](
             q_nope, q_pe, *descriptors, bt, table.seq_lens, o, lp, heads,
             q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), bt.stride(0),
-            o.stride(0), o.stride(1), oss, lp.stride(0), lp.stride(1), sm_scale * LOG2E, **shared,
-            scratch_ptr=scratch, SLOT=slot, P_SCRATCH=cfg.p_scratch)
+            o.stride(0), o.stride(1), oss, lp.stride(0), lp.stride(1), sm_scale * LOG2E, **shared)
     else:
         _mla_split_kernel[grid](
             q_nope, q_pe, ckv, kpe, bt, table.seq_lens, o, lp, heads,
