@@ -74,7 +74,7 @@ def compiled(spec_of: Any) -> Any:
 
 #: why the fused-MoE GPU tests wait for a built module
 MOE_NOT_BUILT = ("flashinfer's fused-MoE module is not built for this GPU; it compiles for longer than a test may run: "
-                 "build it first with `switchboard build` (or tools/gpu_check.sh moe-build)")
+                 "build it first with `switchboard build --preset moe` (or tools/gpu_check.sh moe-build)")
 
 
 def moe_module_missing() -> bool:
@@ -84,8 +84,7 @@ def moe_module_missing() -> bool:
     if not torch.cuda.is_available():
         return False
     try:
-        return not any(
-            p.is_file() for p in moe_module_paths(torch.cuda.get_device_capability()))
+        return not any(p.is_file() for p in moe_module_paths(torch.cuda.get_device_capability()))
     except Exception:  # flashinfer missing or unimportable: its kernels are unavailable and say why
         return False
 
