@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -123,4 +125,43 @@ def test_gpu_fp8_real_sizes(mode: str) -> None:
     got = ksb.gemm.mm_fp8(qa, qb, sa, sb, backend="triton").float()
     want = ksb.gemm.mm_fp8(qa, qb, sa, sb, out_dtype=torch.float32, backend="reference")
     rel = ((got - want).norm() / want.norm()).item()
+    assert rel < 1e-2, rel
+
+
+def test_gluon_fp8_block_kernel_compiles_for_hopper() -> None:
+    # the experimental Gluon kernel runs only on a GPU; here it is compiled for sm_90 (ptxas included) so an API
+    # change of Triton's Gluon shows in CI. ptxas must not serialise its MMAs (it then injects waits).
+    pytest.importorskip("triton.experimental.gluon")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from kernel_switchboard_triton import _gemm_gluon
+
+    def desc(dtype: str, block: list[int], gl_dtype: Any) -> str:
+        return f"tensordesc<{dtype}[{block[0]}, {block[1]}],{gl.NVMMASharedLayout.get_default_for(block, gl_dtype)!r}>"
+
+    sig = {"a_desc": desc("fp8e4nv", [128, 128], gl.float8e4nv), "b_desc": desc("fp8e4nv", [128, 128], gl.float8e4nv),
+           "c_desc": desc("bf16", [128, 128], gl.bfloat16), "sa_ptr": "*fp32", "sb_ptr": "*fp32", "M": "i32",
+           "N": "i32", "K": "i32", "stride_sam": "i32", "stride_sak": "i32", "stride_sbk": "i32", "stride_sbn": "i32",
+           "GROUP_M": "constexpr", "STAGES": "constexpr", "num_warps": "constexpr"}
+    src = GluonASTSource(_gemm_gluon.mm_fp8_block_kernel, sig, {"GROUP_M": 8, "STAGES": 4, "num_warps": 8})
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
+    ptx = kernel.asm["ptx"]
+    assert "wgmma.wait_group.sync.aligned 1" in ptx  # the next MMA stays in flight while a product is scaled
+    assert kernel.metadata.shared <= 227 * 1024
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("m", "n", "k"), [(4000, 4000, 2064), (256, 384, 1024), (130, 128, 128)])
+def test_gpu_fp8_block_gluon(m: int, n: int, k: int) -> None:
+    # odd and even K-step counts (the two product buffers' tails), edge tiles in M and N, one K step
+    from kernel_switchboard_triton import _gemm_gluon
+
+    qa, sa = quantize_fp8(_randn(m, k, seed=3), 1, 128)
+    qw, sw = quantize_fp8(_randn(n, k, seed=4, scale=k**-0.5), 128, 128)
+    c = _gemm_gluon.mm_fp8_block(qa, qw.t(), sa, sw.t(), torch.bfloat16)
+    want = ksb.gemm.mm_fp8(qa, qw.t(), sa, sw.t(), out_dtype=torch.float32, backend="reference")
+    rel = ((c.float() - want).norm() / want.norm()).item()
     assert rel < 1e-2, rel
