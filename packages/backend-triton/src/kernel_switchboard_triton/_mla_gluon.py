@@ -4,9 +4,12 @@ Why a second kernel: Triton lays the 64 x 64 score tile out with every warp alon
 because the score feeds the PV dot, so both warpgroups compute the whole score tile and a third of the tensor-core
 time is duplicated (notes/gpu-runs.md). Here the layouts are explicit: each warpgroup computes the scores of half
 of the tile's keys (``[4, 2]``, n32) and half of the 512 output columns (``[4, 2]``, n256); P goes through shared
-memory between the two. K / V latent tiles arrive by TMA through a ring of ``STAGES`` slots.
+memory between the two. K / V latent tiles arrive by TMA through a ring of ``STAGES`` slots. The scores of the
+next tile are issued before this tile's PV MMA, and their softmax runs while that MMA does (FlashAttention-3's
+order), so the tensor cores see S(t + 1) and PV(t) back to back.
 
-Experimental (branch ``mla-gluon``): compiled on the host for sm_90 only; not yet run on a GPU.
+Experimental (branch ``mla-gluon``): compiled on the host for sm_90 only (Triton 3.6: 255 registers, no spills,
+225 KB of shared memory); not yet run on a GPU.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 #: TMA loads: Triton 3.6 (the H200 image) names them async_copy_global_to_shared; 3.7+ async_load
@@ -48,10 +51,51 @@ def _issue_tile(ckv_desc, kpe_desc, ckv_smem, kpe_smem, ready, tile, start, bt_r
 
 @gluon.jit
 def _zero_rows_from(smem, valid, layout: gl.constexpr):
-    """Zero the rows >= ``valid`` of a (BLOCK_N, D) tile in shared memory (unwritten slots may hold NaN)."""
-    t = smem.load(layout)
-    keep = gl.arange(0, t.shape[0], layout=gl.SliceLayout(1, layout)) < valid
-    smem.store(gl.where(keep[:, None], t, gl.zeros_like(t)))
+    """Zero the rows >= ``valid`` of a (BLOCK_N, D) tile in shared memory (unwritten slots may hold NaN), 64
+    columns at a time (few registers: the output accumulator is live)."""
+    COLS: gl.constexpr = 64
+    for c in gl.static_range(smem.shape[1] // COLS):
+        part = smem.slice(c * COLS, COLS, dim=1)
+        t = part.load(layout)
+        keep = gl.arange(0, t.shape[0], layout=gl.SliceLayout(1, layout)) < valid
+        part.store(gl.where(keep[:, None], t, gl.zeros_like(t)))
+
+
+@gluon.jit
+def _scores(qn_smem, qp_smem, ckv_smem, kpe_smem, ready, s_zero, tile, start, end, qk_scale, BLOCK_N: gl.constexpr,
+            STAGES: gl.constexpr, ld_layout: gl.constexpr, ASYNC: gl.constexpr):
+    """Scores of KV tile ``tile`` once its slot landed: (BLOCK_H, BLOCK_N) float32, scaled when not ASYNC; ASYNC
+    returns the MMA in flight (unscaled). Rows of a partial tile past the request's end are zeroed first."""
+    slot = tile % STAGES
+    mbarrier.wait(ready.index(slot), phase=(tile // STAGES) & 1)
+    ckv = ckv_smem.index(slot)
+    kpe = kpe_smem.index(slot)
+    valid = end - (start + tile * BLOCK_N)
+    if valid < BLOCK_N:  # the last, partial tile: unwritten slots may hold NaN
+        _zero_rows_from(ckv, valid, ld_layout)
+        _zero_rows_from(kpe, valid, ld_layout)
+        fence_async_shared()
+        _cta_barrier()
+    s = warpgroup_mma(qn_smem, ckv.permute((1, 0)), s_zero, use_acc=False, is_async=ASYNC)
+    s = warpgroup_mma(qp_smem, kpe.permute((1, 0)), s, is_async=ASYNC)
+    if not ASYNC:
+        s = s * qk_scale
+    return s
+
+
+@gluon.jit
+def _softmax_to(p_smem, s, m_i, l_i, start, end, tile, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+    """Online-softmax step of tile ``tile``'s scaled scores: P into ``p_smem`` (both warpgroups' halves in place
+    on return); returns (m, l, alpha)."""
+    keys = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    s = gl.where((keys < end - (start + tile * BLOCK_N))[None, :], s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1))
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(s - m_new[:, None])
+    p_smem.store(p.to(p_smem.dtype))
+    fence_async_shared()
+    _cta_barrier()
+    return m_new, l_i * alpha + gl.sum(p, 1), alpha
 
 
 @gluon.jit
@@ -127,39 +171,40 @@ def mla_decode_kernel(
     fence_async_shared()
     _cta_barrier()
 
+    # Software pipeline (FlashAttention-3's order): while tile t's PV MMA runs, the scores of tile t + 1 are
+    # already done and their softmax is computed. The tensor cores run S(t + 1) and PV(t) back to back.
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=row_s)
     l_i = gl.zeros([BLOCK_H], gl.float32, layout=row_s)
     acc = gl.zeros([BLOCK_H, DC], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_layout)
-    for t in range(tiles):
-        slot = t % STAGES
-        mbarrier.wait(ready.index(slot), phase=(t // STAGES) & 1)
-        ckv = ckv_smem.index(slot)
-        kpe = kpe_smem.index(slot)
-        valid = end - (start + t * BLOCK_N)
-        if valid < BLOCK_N:  # the last, partial tile: zero the rows past the request's end
-            _zero_rows_from(ckv, valid, ld_layout)
-            _zero_rows_from(kpe, valid, ld_layout)
-            fence_async_shared()
-            _cta_barrier()
-        s = warpgroup_mma(qn_smem, ckv.permute((1, 0)), s_zero, use_acc=False)
-        s = warpgroup_mma(qp_smem, kpe.permute((1, 0)), s) * qk_scale
+    if tiles > 0:
+        s = _scores(qn_smem, qp_smem, ckv_smem, kpe_smem, ready, s_zero, 0, start, end, qk_scale, BLOCK_N, STAGES,
+                    ld_layout, False)
+        m_i, l_i, alpha = _softmax_to(p_smem, s, m_i, l_i, start, end, 0, BLOCK_N, s_layout)
+    for t in range(tiles - 1):
+        s_next = _scores(qn_smem, qp_smem, ckv_smem, kpe_smem, ready, s_zero, t + 1, start, end, qk_scale, BLOCK_N,
+                         STAGES, ld_layout, True)
+        pv = warpgroup_mma(p_smem, ckv_smem.index(t % STAGES), acc, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s_next,))  # S(t + 1) done; PV(t) may still run
+        s = s * qk_scale
         keys = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        s = gl.where((keys < valid)[None, :], s, float("-inf"))
+        s = gl.where((keys < end - (start + (t + 1) * BLOCK_N))[None, :], s, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 1))
         alpha = gl.exp2(m_i - m_new)
         p = gl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + gl.sum(p, 1)
         m_i = m_new
-        p_smem.store(p.to(dtype))
-        fence_async_shared()
-        _cta_barrier()  # both warpgroups' halves of P are in place
-        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-        acc = warpgroup_mma(p_smem, ckv, acc)
-        _cta_barrier()  # both warpgroups are done with this slot and with P
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
+        _cta_barrier()  # both warpgroups are done with P(t) and with tile t's slot
         if t + STAGES < tiles:
             _issue_tile(ckv_desc, kpe_desc, ckv_smem, kpe_smem, ready, t + STAGES, start, bt_row, PAGE_SIZE,
                         BLOCK_N, STAGES)
+        p_smem.store(p.to(dtype))
+        fence_async_shared()
+        _cta_barrier()  # both halves of P(t + 1) are in place
+        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+    if tiles > 0:
+        acc = warpgroup_mma(p_smem, ckv_smem.index((tiles - 1) % STAGES), acc)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
 
