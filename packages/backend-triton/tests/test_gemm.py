@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import torch
 
@@ -130,27 +128,17 @@ def test_gpu_fp8_real_sizes(mode: str) -> None:
 
 def test_gluon_fp8_block_kernel_compiles_for_hopper() -> None:
     # the experimental Gluon kernel runs only on a GPU; here it is compiled for sm_90 (ptxas included) so an API
-    # change of Triton's Gluon shows in CI. ptxas must not serialise its MMAs (it then injects waits).
+    # change of Triton's Gluon shows in CI
     pytest.importorskip("triton.experimental.gluon")
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon._runtime import GluonASTSource
+    from gluon_compile import compile_for_hopper
 
-    from kernel_switchboard_triton import _gemm_gluon
-
-    def desc(dtype: str, block: list[int], gl_dtype: Any) -> str:
-        return f"tensordesc<{dtype}[{block[0]}, {block[1]}],{gl.NVMMASharedLayout.get_default_for(block, gl_dtype)!r}>"
-
-    sig = {"a_desc": desc("fp8e4nv", [128, 128], gl.float8e4nv), "b_desc": desc("fp8e4nv", [128, 128], gl.float8e4nv),
-           "c_desc": desc("bf16", [128, 128], gl.bfloat16), "sa_ptr": "*fp32", "sb_ptr": "*fp32", "M": "i32",
-           "N": "i32", "K": "i32", "stride_sam": "i32", "stride_sak": "i32", "stride_sbk": "i32", "stride_sbn": "i32",
-           "GROUP_M": "constexpr", "STAGES": "constexpr", "num_warps": "constexpr"}
-    src = GluonASTSource(_gemm_gluon.mm_fp8_block_kernel, sig, {"GROUP_M": 8, "STAGES": 4, "num_warps": 8})
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
-    ptx = kernel.asm["ptx"]
-    assert "wgmma.wait_group.sync.aligned 1" in ptx  # the next MMA stays in flight while a product is scaled
-    assert kernel.metadata.shared <= 227 * 1024
+    sig = {"a_desc": "", "b_desc": "", "c_desc": "", "sa_ptr": "*fp32", "sb_ptr": "*fp32", "M": "i32", "N": "i32",
+           "K": "i32", "stride_sam": "i32", "stride_sak": "i32", "stride_sbk": "i32", "stride_sbn": "i32"}
+    kernel = compile_for_hopper("kernel_switchboard_triton._gemm_gluon", "mm_fp8_block_kernel", sig,
+                                {"a_desc": ("float8e4nv", [128, 128]), "b_desc": ("float8e4nv", [128, 128]),
+                                 "c_desc": ("bfloat16", [128, 128])}, {"GROUP_M": 8, "STAGES": 4, "num_warps": 8}, 8)
+    assert "wgmma.wait_group.sync.aligned 1" in kernel["ptx"]  # the next MMA stays in flight while a product is scaled
+    assert kernel["shared"] <= 227 * 1024
 
 
 @pytest.mark.gpu
