@@ -242,12 +242,15 @@ def _mla_point(dev: torch.device, g: torch.Generator, sweep: bool, batch: int = 
                                            (64, 32, 8, 4, True)):
             for splits in sorted({1, base.num_splits}):
                 cfgs.append(MLAConfig(bh, bn, splits, warps, stages, False, tma))
+        cfgs += [base._replace(num_stages=2, tma=True, gluon=True),  # the experimental Gluon kernel
+                 base._replace(num_splits=1, num_stages=2, tma=True, gluon=True)]
     rows = []
     for i, cfg in enumerate(cfgs):
         run = (lambda cfg=cfg: mla_decode(qn, qp, ckv, kpe, table, p, cfg)[0])
         rows.append(_row(workload, "triton" if i == 0 else "triton (sweep)",
                          f"BLOCK_H={cfg.block_h} BLOCK_N={cfg.block_n} splits={cfg.num_splits} warps={cfg.num_warps} "
-                         f"stages={cfg.num_stages} tma={cfg.tma}", run, lambda run=run: _err(run(), want), nbytes, "tb_s"))
+                         f"stages={cfg.num_stages} tma={cfg.tma} gluon={cfg.gluon}", run, lambda run=run: _err(run(), want),
+                         nbytes, "tb_s"))
     return rows
 
 

@@ -123,10 +123,23 @@ def bench_gemm(device: str | torch.device = "cuda") -> list[dict[str, Any]]:
         _row("mm fp8 e4m3 8192^3", "triton per-tensor pointer kernel", _pointer_kernels(fns["tensor"]), want_t, flops),
         *(_row("mm fp8 e4m3 8192^3", f"triton {mode} tiles {gemm.Tiles(*t)} (sweep)",
                _fp8_tiles(fns[mode], t), wants[mode], flops) for mode, t in FP8_SWEEP),
+        *_gluon_rows(qa, qb, sa, sb, want_b, flops),
         _row("mm fp8 e4m3 8192^3", "torch._scaled_mm per-tensor",
              lambda: torch._scaled_mm(ta, tw.t(), scale_a=tsa, scale_b=tsw, out_dtype=torch.bfloat16), want_t, flops),
     ]
     return out + _ratio(rows, "torch._scaled_mm per-tensor")
+
+
+def _gluon_rows(qa: torch.Tensor, qb: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, want: torch.Tensor,
+                flops: float) -> list[dict[str, Any]]:
+    """The experimental Gluon block-scaled kernel (branch fp8-gluon) at 3 / 4 / 5 TMA stages."""
+    try:
+        from kernel_switchboard_triton import _gemm_gluon
+    except Exception as exc:  # no Gluon in this Triton
+        return [{"workload": "mm fp8 e4m3 8192^3", "impl": "gluon block 128x128", "error": repr(exc)}]
+    return [_row("mm fp8 e4m3 8192^3", f"gluon block 128x128 stages={stages} (experimental)",
+                 lambda stages=stages: _gemm_gluon.mm_fp8_block(qa, qb, sa, sb, torch.bfloat16, stages=stages),
+                 want, flops) for stages in (3, 4, 5)]
 
 
 if __name__ == "__main__":

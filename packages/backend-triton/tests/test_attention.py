@@ -469,3 +469,22 @@ def test_dense_cost_stays_within_a_third_of_the_h200_times() -> None:
     captured = bench_problems()["cross-attention 77x1024"]
     captured = captured._replace(features=captured.features | {"cuda_graph"})  # type: ignore[attr-defined]
     assert _dense_cost(captured) < 0.05e-3  # replayed from a CUDA graph: no eager host floor
+
+
+def test_gluon_mla_kernel_compiles_for_hopper() -> None:
+    """The experimental Gluon MLA kernel runs only on a GPU; here it is compiled for sm_90 (ptxas included) so an
+    API change of Triton's Gluon shows in CI: scores on m64n32 wgmma (each warpgroup half of the keys), the output
+    on m64n256 (each half of the 512 columns), within the 227 KB of shared memory."""
+    pytest.importorskip("triton.experimental.gluon")
+    from gluon_compile import compile_for_hopper
+
+    strides = ("stride_qnb", "stride_qnh", "stride_qpb", "stride_qph", "stride_bt", "stride_ob", "stride_oh",
+               "stride_os", "stride_lb", "stride_lh")
+    sig = {"qn_ptr": "*bf16", "qp_ptr": "*bf16", "ckv_desc": "", "kpe_desc": "", "block_table_ptr": "*i32",
+           "seq_lens_ptr": "*i32", "o_ptr": "*bf16", "lse_ptr": "*fp32", "heads": "i32",
+           **{name: "i32" for name in strides}, "qk_scale": "fp32"}
+    kernel = compile_for_hopper("kernel_switchboard_triton._mla_gluon", "mla_decode_kernel", sig,
+                                {"ckv_desc": ("bfloat16", [64, 512]), "kpe_desc": ("bfloat16", [64, 64])},
+                                {"PAGE_SIZE": 64, "NUM_SPLITS": 1, "STAGES": 2, "num_warps": 8}, 8)
+    assert "m64n32k16" in kernel["ptx"] and "m64n256k16" in kernel["ptx"]
+    assert kernel["shared"] <= 227 * 1024

@@ -120,8 +120,15 @@ def test_prefill_fp8_hnd() -> None:
            ksb.attention.prefill(*args, return_lse=True, backend="reference"), FP8)
 
 
-@pytest.mark.parametrize("page_size", [1, 16, 64, 128])
-def test_mla_decode_deepseek_shape(page_size: int) -> None:
+@pytest.mark.parametrize(("page_size", "gluon", "splits"), [(1, False, None), (16, False, None), (64, False, None),
+                                                           (128, False, None), (64, True, 1), (128, True, 3)])
+def test_mla_decode_deepseek_shape(page_size: int, gluon: bool, splits: int | None,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    if gluon:  # the experimental Gluon kernel (branch mla-gluon), one and several KV splits
+        from kernel_switchboard_triton import _mla
+
+        real_config = _mla.mla_config
+        monkeypatch.setattr(_mla, "mla_config", lambda *a: real_config(*a, splits)._replace(gluon=True))
     lens = [5000, 1, 2049, 700]
     g = _gen(4)
     width = max(math.ceil(n / page_size) for n in lens)

@@ -124,3 +124,32 @@ def test_gpu_fp8_real_sizes(mode: str) -> None:
     want = ksb.gemm.mm_fp8(qa, qb, sa, sb, out_dtype=torch.float32, backend="reference")
     rel = ((got - want).norm() / want.norm()).item()
     assert rel < 1e-2, rel
+
+
+def test_gluon_fp8_block_kernel_compiles_for_hopper() -> None:
+    # the experimental Gluon kernel runs only on a GPU; here it is compiled for sm_90 (ptxas included) so an API
+    # change of Triton's Gluon shows in CI
+    pytest.importorskip("triton.experimental.gluon")
+    from gluon_compile import compile_for_hopper
+
+    sig = {"a_desc": "", "b_desc": "", "c_desc": "", "sa_ptr": "*fp32", "sb_ptr": "*fp32", "M": "i32", "N": "i32",
+           "K": "i32", "stride_sam": "i32", "stride_sak": "i32", "stride_sbk": "i32", "stride_sbn": "i32"}
+    kernel = compile_for_hopper("kernel_switchboard_triton._gemm_gluon", "mm_fp8_block_kernel", sig,
+                                {"a_desc": ("float8e4nv", [128, 128]), "b_desc": ("float8e4nv", [128, 128]),
+                                 "c_desc": ("bfloat16", [128, 128])}, {"GROUP_M": 8, "STAGES": 4, "num_warps": 8}, 8)
+    assert "wgmma.wait_group.sync.aligned 1" in kernel["ptx"]  # the next MMA stays in flight while a product is scaled
+    assert kernel["shared"] <= 227 * 1024
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("m", "n", "k"), [(4000, 4000, 2064), (256, 384, 1024), (130, 128, 128)])
+def test_gpu_fp8_block_gluon(m: int, n: int, k: int) -> None:
+    # odd and even K-step counts (the two product buffers' tails), edge tiles in M and N, one K step
+    from kernel_switchboard_triton import _gemm_gluon
+
+    qa, sa = quantize_fp8(_randn(m, k, seed=3), 1, 128)
+    qw, sw = quantize_fp8(_randn(n, k, seed=4, scale=k**-0.5), 128, 128)
+    c = _gemm_gluon.mm_fp8_block(qa, qw.t(), sa, sw.t(), torch.bfloat16)
+    want = ksb.gemm.mm_fp8(qa, qw.t(), sa, sw.t(), out_dtype=torch.float32, backend="reference")
+    rel = ((c.float() - want).norm() / want.norm()).item()
+    assert rel < 1e-2, rel

@@ -230,6 +230,8 @@ class MLAConfig(NamedTuple):
     dot_fp32: bool
     #: load page tiles with TMA where the pages allow it (see ``_tma_descriptors``)
     tma: bool = False
+    #: experimental: the Gluon kernel (``_mla_gluon``; 64 heads and 64-key tiles, pages of 64k tokens, Hopper)
+    gluon: bool = False
 
 
 @functools.lru_cache(maxsize=512)
@@ -254,10 +256,10 @@ def mla_config(device: torch.device, batch: int, heads: int, kv_len: int,
     return MLAConfig(block_h, block_n, num_splits, warps, stages, False, has_tma(device))
 
 
-def _tma_descriptors(ckv: torch.Tensor, kpe: torch.Tensor, cfg: MLAConfig) -> tuple[Any, Any] | None:
-    """TMA descriptors of the pages flattened to token rows, (P * S, Dc) and (P * S, Dr), or None when a
-    tile would cross a page, Dc is not a power of two (a whole latent row is one tile), or TMA cannot
-    describe the pages' strides."""
+def _flat_rows(ckv: torch.Tensor, kpe: torch.Tensor, cfg: MLAConfig) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The pages flattened to token rows, (P * S, Dc) and (P * S, Dr), when TMA tiles can load them: None when a
+    tile would cross a page, Dc is not a power of two (a whole latent row is one tile), or TMA cannot describe
+    the pages' strides."""
     pages, page_size, dc = ckv.shape
     if not cfg.tma or page_size % cfg.block_n or dc & (dc - 1) or not has_tma(ckv.device):
         return None
@@ -269,7 +271,15 @@ def _tma_descriptors(ckv: torch.Tensor, kpe: torch.Tensor, cfg: MLAConfig) -> tu
         if not row_major_for_tma(flat):
             return None
         rows.append(flat)
-    return (TensorDescriptor.from_tensor(rows[0], [cfg.block_n, dc]),
+    return rows[0], rows[1]
+
+
+def _tma_descriptors(ckv: torch.Tensor, kpe: torch.Tensor, cfg: MLAConfig) -> tuple[Any, Any] | None:
+    """TMA descriptors of :func:`_flat_rows`, block (BLOCK_N, D), or None."""
+    rows = _flat_rows(ckv, kpe, cfg)
+    if rows is None:
+        return None
+    return (TensorDescriptor.from_tensor(rows[0], [cfg.block_n, ckv.shape[2]]),
             TensorDescriptor.from_tensor(rows[1], [cfg.block_n, kpe.shape[2]]))
 
 
@@ -290,8 +300,17 @@ def launch_mla(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv: torch.Tensor, kpe:
     shared = dict(HEAD_DIM=dc, HEAD_DIM_PE=q_pe.shape[2], BLOCK_H=cfg.block_h, PAGE_SIZE=ckv.shape[1],
                   BLOCK_N=cfg.block_n, NUM_SPLITS=splits, DOT_FP32=cfg.dot_fp32 and q_nope.dtype == torch.bfloat16,
                   num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    descriptors = _tma_descriptors(ckv, kpe, cfg)
-    if descriptors is not None:
+    rows = _flat_rows(ckv, kpe, cfg) if cfg.gluon else None
+    if cfg.gluon and (rows is None or (cfg.block_h, cfg.block_n) != (64, 64)):
+        raise ValueError(f"launch_mla: the Gluon kernel takes 64 heads x 64-key tiles of TMA-ready pages, got "
+                         f"{cfg} with pages {tuple(ckv.shape)}")
+    descriptors = None if rows is not None else _tma_descriptors(ckv, kpe, cfg)
+    if rows is not None:
+        from . import _mla_gluon
+
+        _mla_gluon.launch(q_nope, q_pe, rows[0], rows[1], bt, table.seq_lens, ckv.shape[1], o, lp, oss, splits,
+                          sm_scale * LOG2E)
+    elif descriptors is not None:
         _mla_tma_kernel[grid](
             q_nope, q_pe, *descriptors, bt, table.seq_lens, o, lp, heads,
             q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), bt.stride(0),

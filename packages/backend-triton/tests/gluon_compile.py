@@ -1,0 +1,44 @@
+"""Compile a Gluon kernel for sm_90 on a machine without a GPU (ptxas included), for the tests of the experimental
+Gluon kernels. Runs in a subprocess without ``TRITON_INTERPRET``: under the interpreter Triton's own jit helpers
+(the reductions' combine functions) are interpreted functions, which the Gluon compiler rejects."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+_SCRIPT = textwrap.dedent("""
+    import importlib, json, sys
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    module, kernel, signature, descriptors, constexprs, num_warps = json.loads(sys.argv[1])
+    for name, (dtype, block) in descriptors.items():
+        layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, dtype))
+        short = {"bfloat16": "bf16", "float16": "fp16", "float8e4nv": "fp8e4nv", "float32": "fp32"}[dtype]
+        signature[name] = f"tensordesc<{short}[{block[0]}, {block[1]}],{layout!r}>"
+    for name in constexprs:
+        signature[name] = "constexpr"
+    fn = getattr(importlib.import_module(module), kernel)
+    compiled = triton.compile(GluonASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": num_warps})
+    print(json.dumps({"ptx": compiled.asm["ptx"], "shared": compiled.metadata.shared}))
+""")
+
+
+def compile_for_hopper(module: str, kernel: str, signature: dict[str, str], descriptors: dict[str, Any],
+                       constexprs: dict[str, Any], num_warps: int) -> dict[str, Any]:
+    """{"ptx": str, "shared": bytes} of ``module.kernel`` compiled for sm_90. ``descriptors``: name -> (Gluon dtype
+    name, block shape) of each TMA descriptor argument (default NVMMA shared layout)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    args = json.dumps([module, kernel, signature, descriptors, constexprs, num_warps])
+    done = subprocess.run([sys.executable, "-c", _SCRIPT, args], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
