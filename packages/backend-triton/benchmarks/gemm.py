@@ -132,7 +132,7 @@ def bench_gemm(device: str | torch.device = "cuda") -> list[dict[str, Any]]:
 
 def _gluon_rows(qa: torch.Tensor, qb: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, want: torch.Tensor,
                 flops: float) -> list[dict[str, Any]]:
-    """The experimental Gluon block-scaled kernel (branch fp8-gluon) at 3 / 4 / 5 TMA stages."""
+    """The experimental Gluon block-scaled kernel (opt-in, ``_gemm_gluon``) at 3 / 4 / 5 TMA stages."""
     try:
         from kernel_switchboard_triton import _gemm_gluon
     except Exception as exc:  # no Gluon in this Triton

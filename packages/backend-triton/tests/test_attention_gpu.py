@@ -124,7 +124,7 @@ def test_prefill_fp8_hnd() -> None:
                                                            (128, False, None), (64, True, 1), (128, True, 3)])
 def test_mla_decode_deepseek_shape(page_size: int, gluon: bool, splits: int | None,
                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    if gluon:  # the experimental Gluon kernel (branch mla-gluon), one and several KV splits
+    if gluon:  # the experimental Gluon kernel (opt-in MLAConfig.gluon), one and several KV splits
         from kernel_switchboard_triton import _mla
 
         real_config = _mla.mla_config

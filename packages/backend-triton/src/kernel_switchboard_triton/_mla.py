@@ -12,7 +12,7 @@ run asynchronously ahead of the dots and no address tensors occupy registers.
 Compute bound at 128 heads (~240 FLOP per KV byte): Triton lays out the score dot, whose result feeds the PV
 dot, with every warp along M, so with 64 heads and 8 warps both warpgroups compute the whole score tile (the
 PV dot splits the 512 outputs between them and each needs all of P). Passing P through an L2 scratch behind a
-CTA barrier gives each warpgroup half of the score tile but ran 7% slower on the H200 (branch ``mla-p-scratch``).
+CTA barrier gives each warpgroup half of the score tile but ran 7% slower on the H200 (commit e3839ef).
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ memory between the two. K / V latent tiles arrive by TMA through a ring of ``STA
 next tile are issued before this tile's PV MMA, and their softmax runs while that MMA does (FlashAttention-3's
 order), so the tensor cores see S(t + 1) and PV(t) back to back.
 
-Experimental (branch ``mla-gluon``): compiled on the host for sm_90 only (Triton 3.6: 255 registers, no spills,
-225 KB of shared memory); not yet run on a GPU.
+Experimental, opt-in (``MLAConfig.gluon``; ``mla_config`` never sets it): compiled on the host for sm_90 only
+(Triton 3.6: 255 registers, no spills, 225 KB of shared memory); not yet run on a GPU.
 """
 
 from __future__ import annotations
