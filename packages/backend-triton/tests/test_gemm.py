@@ -142,14 +142,16 @@ def test_gluon_fp8_block_kernel_compiles_for_hopper() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("m", "n", "k"), [(4000, 4000, 2064), (256, 384, 1024), (130, 128, 128)])
-def test_gpu_fp8_block_gluon(m: int, n: int, k: int) -> None:
-    # odd and even K-step counts (the two product buffers' tails), edge tiles in M and N, one K step
+@pytest.mark.parametrize(("m", "n", "k", "persistent"), [(4000, 4000, 2064, True), (4000, 4000, 2064, False),
+                                                         (256, 384, 1024, True), (130, 128, 128, True)])
+def test_gpu_fp8_block_gluon(m: int, n: int, k: int, persistent: bool) -> None:
+    # odd and even K-step counts (the two product buffers' tails), edge tiles in M and N, one K step; persistent
+    # programs walk several tiles each (the ring runs on into the next tile)
     from kernel_switchboard_triton import _gemm_gluon
 
     qa, sa = quantize_fp8(_randn(m, k, seed=3), 1, 128)
     qw, sw = quantize_fp8(_randn(n, k, seed=4, scale=k**-0.5), 128, 128)
-    c = _gemm_gluon.mm_fp8_block(qa, qw.t(), sa, sw.t(), torch.bfloat16)
+    c = _gemm_gluon.mm_fp8_block(qa, qw.t(), sa, sw.t(), torch.bfloat16, persistent=persistent)
     want = ksb.gemm.mm_fp8(qa, qw.t(), sa, sw.t(), out_dtype=torch.float32, backend="reference")
     rel = ((c.float() - want).norm() / want.norm()).item()
     assert rel < 1e-2, rel
