@@ -26,8 +26,10 @@ WORD = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", to
 HALF = frozenset({torch.float16, torch.bfloat16})
 FP8_OUT = frozenset({torch.bfloat16, torch.float16, torch.float32})
 LAYOUT_WORD = {"R": "row", "C": "col"}
-#: rough sustained rates on an H100/H200 (flop/s) and HBM bandwidth; they only rank kernels
-RATE = {"mm": 650e12, "mm_fp8": 1100e12, "grouped_mm": 550e12}
+#: rough sustained rates on an H100/H200 (flop/s) and HBM bandwidth; they only rank kernels. fp8 by scale mode:
+#: H200 8192^3 (notes/gpu-runs.md runs 10-14): 128x128 block scales 932-1005 TFLOP/s, per-tensor 484-497 (its
+#: epilogue-scaled kernel accumulates without fast accumulation), where Triton's per-tensor kernel ran 938-1118
+RATE = {"mm": 650e12, "mm_fp8": 1100e12, "mm_fp8_tensor": 500e12, "grouped_mm": 550e12}
 BANDWIDTH = 3.3e12
 #: host work per call: ctypes, CUTLASS initialize (TMA descriptors), launch
 HOST_S = 12e-6
@@ -238,7 +240,8 @@ def _cost(kind: str):  # type: ignore[no-untyped-def]
         item = 1 if kind == "mm_fp8" else 2
         flops = 2.0 * problem.m * problem.n * problem.k
         nbytes = item * (problem.m * problem.k + problem.k * problem.n * (problem.groups or 1)) + 2 * problem.m * problem.n
-        return HOST_S + max(flops / RATE[kind], nbytes / BANDWIDTH)
+        rate = RATE["mm_fp8_tensor" if kind == "mm_fp8" and problem.scale_mode == "tensor" else kind]
+        return HOST_S + max(flops / rate, nbytes / BANDWIDTH)
 
     return cost
 
