@@ -31,9 +31,11 @@ def memory_bound(problem: Any, nbytes: float, launches: int = 1) -> float:
     return launches * LAUNCH + nbytes / BANDWIDTH
 
 
-def compute_bound(problem: Any, flops: float, nbytes: float, dtype: torch.dtype, launches: int = 1) -> float:
-    """Roofline seconds: the larger of the matmul time at our rate and the memory time (inf off the GPU)."""
+def compute_bound(problem: Any, flops: float, nbytes: float, dtype: torch.dtype, launches: int = 1,
+                  rate: float | None = None) -> float:
+    """Roofline seconds: the larger of the matmul time at ``rate`` (default: ours for ``dtype``) and the memory
+    time (inf off the GPU)."""
     if not on_gpu(problem):
         return math.inf
-    rate = MATMUL_RATE.get(dtype, 300e12)
+    rate = rate or MATMUL_RATE.get(dtype, 300e12)
     return launches * LAUNCH + max(flops / rate, nbytes / BANDWIDTH)

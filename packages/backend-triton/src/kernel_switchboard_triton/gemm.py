@@ -189,11 +189,20 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> torch
 
 
 # -- capabilities and costs -----------------------------------------------------------------------
-def _cost(problem: Any) -> float:
-    m, n, k = problem.m, problem.n, problem.k
-    size_in = problem.dtype.itemsize
-    nbytes = (m * k + k * n * (problem.groups or 1)) * size_in + m * n * problem.out_dtype.itemsize
-    return compute_bound(problem, 2.0 * m * n * k, nbytes, problem.dtype)
+#: sustained rates of these kernels on the H200 at 8192^3 (notes/gpu-runs.md runs 10-18): bf16 mm 684-798 TFLOP/s
+#: (CUTLASS 660-680), grouped DeepSeek-V3 experts 229-247 (CUTLASS 286-293); fp8 takes the shared table (1000)
+RATE = {"mm": 720e12, "grouped_mm": 240e12}
+
+
+def _cost(name: str):  # type: ignore[no-untyped-def]
+    def cost(problem: Any) -> float:
+        m, n, k = problem.m, problem.n, problem.k
+        size_in = problem.dtype.itemsize
+        nbytes = (m * k + k * n * (problem.groups or 1)) * size_in + m * n * problem.out_dtype.itemsize
+        rate = RATE.get(name) if problem.dtype != torch.float32 else None
+        return compute_bound(problem, 2.0 * m * n * k, nbytes, problem.dtype, rate=rate)
+
+    return cost
 
 
 _FEATURES = frozenset({"cuda_graph", "deterministic"})
@@ -202,13 +211,13 @@ _FEATURES = frozenset({"cuda_graph", "deterministic"})
 def kernels() -> list[Kernel]:
     return [
         Kernel("gemm.mm", "mm", BACKEND, Capability(devices=DEVICES, dtypes=DTYPES, features=_FEATURES), mm,
-               priority=PRIORITY, cost=_cost, doc="grouped-order tiled matmul, fixed tiles by shape, fp32 accumulation"),
+               priority=PRIORITY, cost=_cost("mm"), doc="grouped-order tiled matmul, fixed tiles by shape, fp32 accumulation"),
         Kernel("gemm.mm_fp8", "mm_fp8", BACKEND,
                Capability(devices=DEVICES, min_cc=(8, 9), dtypes=FP8, out_dtypes=FP8_OUT, features=_FEATURES,
                           allowed={"scale_mode": frozenset({"tensor", "row_col", "block"})}),
-               mm_fp8, priority=PRIORITY, cost=_cost,
+               mm_fp8, priority=PRIORITY, cost=_cost("mm_fp8"),
                doc="e4m3 matmul; block scales applied per 128-wide K step in the accumulation loop"),
         Kernel("gemm.grouped_mm", "grouped_mm", BACKEND,
                Capability(devices=DEVICES, dtypes=DTYPES, features=_FEATURES), grouped_mm, priority=PRIORITY,
-               cost=_cost, doc="row-segment grouped matmul; group of each tile found in-kernel (no host sync)"),
+               cost=_cost("grouped_mm"), doc="row-segment grouped matmul; group of each tile found in-kernel (no host sync)"),
     ]
