@@ -13,6 +13,7 @@ Compute bound at 128 heads (~240 FLOP per KV byte): Triton lays out the score do
 dot, with every warp along M, so with 64 heads and 8 warps both warpgroups compute the whole score tile (the
 PV dot splits the 512 outputs between them and each needs all of P). Passing P through an L2 scratch behind a
 CTA barrier gives each warpgroup half of the score tile but ran 7% slower on the H200 (commit e3839ef).
+``MLAConfig.gluon`` (opt-in, not yet run on a GPU) launches ``_mla_gluon``, which sets those layouts explicitly.
 """
 
 from __future__ import annotations
