@@ -30,7 +30,8 @@ _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
 @gluon.jit
 def _tile_coords(pid, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
-    """(pid_m, pid_n) of program ``pid`` in grouped order (GROUP_M tile rows share columns of b in L2)."""
+    """(pid_m, pid_n) of program ``pid`` in grouped order (GROUP_M tile rows share columns of b in L2); the twin of
+    ``_gemm_kernels._tile_coords`` (a Gluon kernel cannot call a ``triton.jit`` helper)."""
     num_m = gl.cdiv(M, BLOCK_M)
     num_n = gl.cdiv(N, BLOCK_N)
     per_group = GROUP_M * num_n
