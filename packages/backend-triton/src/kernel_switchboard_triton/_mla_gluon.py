@@ -100,25 +100,16 @@ def _softmax_to(p_smem, s, m_i, l_i, start, end, tile, BLOCK_N: gl.constexpr, s_
 
 @gluon.jit
 def mla_decode_kernel(
-    qn_ptr,  # (B, H, Dc) q_nope, bf16 / fp16
-    qp_ptr,  # (B, H, Dr) q_pe
-    ckv_desc,  # TMA descriptor of the latent pages flattened to (P * S, Dc), block (BLOCK_N, Dc)
-    kpe_desc,  # TMA descriptor of the rope-key pages flattened to (P * S, Dr), block (BLOCK_N, Dr)
-    block_table_ptr,  # (B, max_pages) int32
-    seq_lens_ptr,  # (B,) int32
-    o_ptr,  # out: (B, H, Dc) final when NUM_SPLITS == 1, else float32 partials (B, H, NUM_SPLITS, Dc)
-    lse_ptr,  # float32 natural-log LSE: (B, H) or partials (B, H, NUM_SPLITS)
-    heads,  # H
-    stride_qnb, stride_qnh, stride_qpb, stride_qph,  # query strides (batch, head)
-    stride_bt,  # block_table row stride
-    stride_ob, stride_oh, stride_os,  # out strides (batch, head, split)
-    stride_lb, stride_lh,  # lse strides (batch, head; split stride 1)
-    qk_scale,  # sm_scale * log2 e
+    qn_ptr, qp_ptr, ckv_desc, kpe_desc, block_table_ptr, seq_lens_ptr, o_ptr, lse_ptr, heads,
+    stride_qnb, stride_qnh, stride_qpb, stride_qph, stride_bt, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
+    qk_scale,
     PAGE_SIZE: gl.constexpr,  # tokens per page, a multiple of BLOCK_N
     NUM_SPLITS: gl.constexpr,  # KV splits per request (grid dim 2)
     STAGES: gl.constexpr,  # TMA ring slots
     num_warps: gl.constexpr,  # 8: two warpgroups
 ):
+    """Arguments as ``_mla._mla_tma_kernel``'s (the descriptors are Gluon's, block (64, Dc) and (64, Dr)); 64 heads
+    and 64-key tiles per program, fixed."""
     BLOCK_N: gl.constexpr = ckv_desc.block_type.shape[0]
     DC: gl.constexpr = ckv_desc.block_type.shape[1]
     DR: gl.constexpr = kpe_desc.block_type.shape[1]

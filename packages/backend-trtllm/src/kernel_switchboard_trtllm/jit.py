@@ -77,6 +77,11 @@ MOE_NOT_BUILT = ("flashinfer's fused-MoE module is not built for this GPU; it co
                  "build it first with `switchboard build --preset moe` (or tools/gpu_check.sh moe-build)")
 
 
+def _moe_module_on_disk(cc: tuple[int, int]) -> bool:
+    """Whether flashinfer's compiled fused-MoE module for ``cc`` is on disk (raises when flashinfer is missing)."""
+    return any(p.is_file() for p in moe_module_paths(cc))
+
+
 def moe_module_missing() -> bool:
     """Whether a CUDA GPU is here but flashinfer's fused-MoE module for it is not on disk (False without a GPU)."""
     import torch
@@ -84,13 +89,13 @@ def moe_module_missing() -> bool:
     if not torch.cuda.is_available():
         return False
     try:
-        return not any(p.is_file() for p in moe_module_paths(torch.cuda.get_device_capability()))
+        return not _moe_module_on_disk(torch.cuda.get_device_capability())
     except Exception:  # flashinfer missing or unimportable: its kernels are unavailable and say why
         return False
 
 
 def moe_needs_build(problem: Any) -> bool:
     try:
-        return not any(p.is_file() for p in moe_module_paths(problem.cc))
+        return not _moe_module_on_disk(problem.cc)
     except Exception:
         return True
