@@ -121,14 +121,18 @@ def test_prefill_fp8_hnd() -> None:
 
 
 @pytest.mark.parametrize(("page_size", "gluon", "splits"), [(1, False, None), (16, False, None), (64, False, None),
-                                                           (128, False, None), (64, True, 1), (128, True, 3)])
+                                                           (128, False, None), (64, True, None), (64, True, 1),
+                                                           (128, True, 3)])
 def test_mla_decode_deepseek_shape(page_size: int, gluon: bool, splits: int | None,
                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    if gluon:  # the experimental Gluon kernel (opt-in MLAConfig.gluon), one and several KV splits
-        from kernel_switchboard_triton import _mla
+    """``gluon``: the Gluon kernel (the Hopper default on TMA-ready pages) with the default, one and three KV splits;
+    otherwise the Triton kernels (TMA or pointer loads)."""
+    from kernel_switchboard_triton import _mla
 
-        real_config = _mla.mla_config
-        monkeypatch.setattr(_mla, "mla_config", lambda *a: real_config(*a, splits)._replace(gluon=True))
+    real_config = _mla.mla_config
+    if gluon:
+        assert real_config(torch.device("cuda"), 4, 128, 8192).gluon == (torch.cuda.get_device_capability()[0] == 9)
+    monkeypatch.setattr(_mla, "mla_config", lambda *a: real_config(*a, splits)._replace(gluon=gluon))
     lens = [5000, 1, 2049, 700]
     g = _gen(4)
     width = max(math.ceil(n / page_size) for n in lens)
