@@ -132,17 +132,15 @@ def bench_gemm(device: str | torch.device = "cuda") -> list[dict[str, Any]]:
 
 def _gluon_rows(qa: torch.Tensor, qb: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, want: torch.Tensor,
                 flops: float) -> list[dict[str, Any]]:
-    """The experimental Gluon block-scaled kernel (opt-in, ``_gemm_gluon``): persistent with 3 / 4 / 5 TMA stages,
-    and one program per tile with 4."""
+    """The experimental warp-specialised Gluon block-scaled kernel (opt-in, ``_gemm_gluon``), 3 / 4 / 5 TMA stages."""
     try:
         from kernel_switchboard_triton import _gemm_gluon
     except Exception as exc:  # no Gluon in this Triton
         return [{"workload": "mm fp8 e4m3 8192^3", "impl": "gluon block 128x128", "error": repr(exc)}]
-    return [_row("mm fp8 e4m3 8192^3", f"gluon block 128x128 stages={stages} persistent={persistent} (experimental)",
-                 lambda stages=stages, persistent=persistent: _gemm_gluon.mm_fp8_block(
-                     qa, qb, sa, sb, torch.bfloat16, stages=stages, persistent=persistent), want, flops)
-            for stages, persistent in ((3, True), (4, True), (5, True), (4, False))]
-
+    return [_row("mm fp8 e4m3 8192^3", f"gluon block 128x128 warp-specialised stages={stages} (experimental)",
+                 lambda stages=stages: _gemm_gluon.mm_fp8_block(qa, qb, sa, sb, torch.bfloat16, stages=stages), want,
+                 flops)
+            for stages in (3, 4, 5)]
 
 if __name__ == "__main__":
     bench_gemm("cuda")

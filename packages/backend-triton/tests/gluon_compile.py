@@ -18,7 +18,7 @@ _SCRIPT = textwrap.dedent("""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    module, kernel, signature, descriptors, constexprs, num_warps = json.loads(sys.argv[1])
+    module, kernel, signature, descriptors, constexprs, options = json.loads(sys.argv[1])
     for name, (dtype, block) in descriptors.items():
         layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, dtype))
         short = {"bfloat16": "bf16", "float16": "fp16", "float8e4nv": "fp8e4nv", "float32": "fp32"}[dtype]
@@ -27,17 +27,18 @@ _SCRIPT = textwrap.dedent("""
         signature[name] = "constexpr"
     fn = getattr(importlib.import_module(module), kernel)
     compiled = triton.compile(GluonASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": num_warps})
+                              options=options)
     print(json.dumps({"ptx": compiled.asm["ptx"], "shared": compiled.metadata.shared}))
 """)
 
 
 def compile_for_hopper(module: str, kernel: str, signature: dict[str, str], descriptors: dict[str, Any],
-                       constexprs: dict[str, Any], num_warps: int) -> dict[str, Any]:
+                       constexprs: dict[str, Any], num_warps: int, maxnreg: int | None = None) -> dict[str, Any]:
     """{"ptx": str, "shared": bytes} of ``module.kernel`` compiled for sm_90. ``descriptors``: name -> (Gluon dtype
-    name, block shape) of each TMA descriptor argument (default NVMMA shared layout)."""
+    name, block shape) of each TMA descriptor argument (default NVMMA shared layout); ``maxnreg`` as at launch."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    args = json.dumps([module, kernel, signature, descriptors, constexprs, num_warps])
+    options = {"num_warps": num_warps} | ({"maxnreg": maxnreg} if maxnreg else {})
+    args = json.dumps([module, kernel, signature, descriptors, constexprs, options])
     done = subprocess.run([sys.executable, "-c", _SCRIPT, args], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])

@@ -136,22 +136,25 @@ def test_gluon_fp8_block_kernel_compiles_for_hopper() -> None:
            "K": "i32", "stride_sam": "i32", "stride_sak": "i32", "stride_sbk": "i32", "stride_sbn": "i32"}
     kernel = compile_for_hopper("kernel_switchboard_triton._gemm_gluon", "mm_fp8_block_kernel", sig,
                                 {"a_desc": ("float8e4nv", [128, 128]), "b_desc": ("float8e4nv", [128, 128]),
-                                 "c_desc": ("bfloat16", [128, 128])}, {"GROUP_M": 8, "STAGES": 4, "num_warps": 8}, 8)
-    assert "wgmma.wait_group.sync.aligned 1" in kernel["ptx"]  # the next MMA stays in flight while a product is scaled
+                                 "c_desc": ("bfloat16", [64, 128])}, {"GROUP_M": 8, "STAGES": 4, "num_warps": 4}, 4,
+                                maxnreg=168)
+    ptx = kernel["ptx"]
+    assert "setmaxnreg.dec.sync.aligned.u32 \t40" in ptx  # the loader / storer warps give registers back
+    assert ptx.count("wgmma.mma_async") == 8  # two consumer warpgroups, four m64n128k32 MMAs per K step each
     assert kernel["shared"] <= 227 * 1024
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("m", "n", "k", "persistent"), [(4000, 4000, 2064, True), (4000, 4000, 2064, False),
-                                                         (256, 384, 1024, True), (130, 128, 128, True)])
-def test_gpu_fp8_block_gluon(m: int, n: int, k: int, persistent: bool) -> None:
-    # odd and even K-step counts (the two product buffers' tails), edge tiles in M and N, one K step; persistent
-    # programs walk several tiles each (the ring runs on into the next tile)
+@pytest.mark.parametrize(("m", "n", "k", "stages"), [(4000, 4000, 2064, 4), (256, 384, 1024, 3), (130, 128, 128, 4),
+                                                     (1000, 3000, 7168, 5)])
+def test_gpu_fp8_block_gluon(m: int, n: int, k: int, stages: int) -> None:
+    # edge tiles in M and N, a partial last K step, one K step, fewer tiles than SMs and several tiles per program
+    # (the ring and the store buffers carry on across tiles)
     from kernel_switchboard_triton import _gemm_gluon
 
     qa, sa = quantize_fp8(_randn(m, k, seed=3), 1, 128)
     qw, sw = quantize_fp8(_randn(n, k, seed=4, scale=k**-0.5), 128, 128)
-    c = _gemm_gluon.mm_fp8_block(qa, qw.t(), sa, sw.t(), torch.bfloat16, persistent=persistent)
+    c = _gemm_gluon.mm_fp8_block(qa, qw.t(), sa, sw.t(), torch.bfloat16, stages=stages)
     want = ksb.gemm.mm_fp8(qa, qw.t(), sa, sw.t(), out_dtype=torch.float32, backend="reference")
     rel = ((c.float() - want).norm() / want.norm()).item()
     assert rel < 1e-2, rel

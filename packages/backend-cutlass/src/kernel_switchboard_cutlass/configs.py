@@ -93,8 +93,10 @@ def mm_config(dtype: str, layout_a: str, layout_b: str, m: int, n: int, sm_count
 
 #: fp8 block-scaled tiles by role: the first two are the defaults (M <= 64, larger M), the others candidates
 #: that the benchmark measures (``KSB_CUTLASS_FP8_BLOCK_TILE`` forces one). H200 8192^3, run 14, TFLOP/s:
-#: coop 932 (1005 in run 11), coop_c2x1 975, coop_c1x1 972: within the spread between runs. Dropped after
-#: that run: 64x128x128 pingpong with a 1x2 cluster (672) and 128x256x128 cooperative (nvcc rejects it).
+#: coop 932 (1005 in run 11), coop_c2x1 975, coop_c1x1 972; run 19: coop 936, coop_c2x1 1001, coop_c1x1 939.
+#: coop_c2x1 becomes the default once the GPU conformance (odd M: clusters cut by the problem's edge) passed
+#: with it forced (notes/gpu-runs.md, next GPU session). Dropped after run 14: 64x128x128 pingpong with a 1x2
+#: cluster (672) and 128x256x128 cooperative (nvcc rejects it).
 FP8_BLOCK_TILES: dict[str, tuple[tuple[int, int, int], tuple[int, int, int], str]] = {
     "small_m": ((64, 128, 128), (1, 1, 1), "pingpong"),
     "coop": ((128, 128, 128), (1, 2, 1), "cooperative"),
