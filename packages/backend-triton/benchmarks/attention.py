@@ -244,12 +244,15 @@ def _mla_point(dev: torch.device, g: torch.Generator, sweep: bool, batch: int = 
                 cfgs.append(MLAConfig(64, 64, splits, 8, stages, False, tma))
         if base.num_splits != 1:
             cfgs.append(base._replace(num_splits=1))
+        if base.gluon:  # the experimental warp-specialised Gluon kernel
+            cfgs += [base._replace(gluon_ws=True, num_splits=s) for s in sorted({1, base.num_splits})]
     rows = []
     for i, cfg in enumerate(cfgs):
         run = (lambda cfg=cfg: mla_decode(qn, qp, ckv, kpe, table, p, cfg)[0])
         rows.append(_row(workload, "triton" if i == 0 else "triton (sweep)",
                          f"BLOCK_H={cfg.block_h} BLOCK_N={cfg.block_n} splits={cfg.num_splits} warps={cfg.num_warps} "
-                         f"stages={cfg.num_stages} tma={cfg.tma} gluon={cfg.gluon}", run, lambda run=run: _err(run(), want),
+                         f"stages={cfg.num_stages} tma={cfg.tma} gluon={cfg.gluon} gluon_ws={cfg.gluon_ws}", run,
+                         lambda run=run: _err(run(), want),
                          nbytes, "tb_s"))
     return rows
 

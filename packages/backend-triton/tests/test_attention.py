@@ -471,20 +471,38 @@ def test_dense_cost_stays_within_a_third_of_the_h200_times() -> None:
     assert _dense_cost(captured) < 0.05e-3  # replayed from a CUDA graph: no eager host floor
 
 
+_MLA_GLUON_SIG = {"qn_ptr": "*bf16", "qp_ptr": "*bf16", "ckv_desc": "", "kpe_desc": "", "block_table_ptr": "*i32",
+                  "seq_lens_ptr": "*i32", "o_ptr": "*bf16", "lse_ptr": "*fp32", "heads": "i32",
+                  **{name: "i32" for name in ("stride_qnb", "stride_qnh", "stride_qpb", "stride_qph", "stride_bt",
+                                              "stride_ob", "stride_oh", "stride_os", "stride_lb", "stride_lh")},
+                  "qk_scale": "fp32"}
+_MLA_GLUON_DESCRIPTORS = {"ckv_desc": ("bfloat16", [64, 512]), "kpe_desc": ("bfloat16", [64, 64])}
+
+
 def test_gluon_mla_kernel_compiles_for_hopper() -> None:
-    """The experimental Gluon MLA kernel runs only on a GPU; here it is compiled for sm_90 (ptxas included) so an
-    API change of Triton's Gluon shows in CI: scores on m64n32 wgmma (each warpgroup half of the keys), the output
-    on m64n256 (each half of the 512 columns), within the 227 KB of shared memory."""
+    """The Gluon MLA kernel runs only on a GPU; here it is compiled for sm_90 (ptxas included) so an API change of
+    Triton's Gluon shows in CI: scores on m64n32 wgmma (each warpgroup half of the keys), the output on m64n256
+    (each half of the 512 columns), within the 227 KB of shared memory."""
     pytest.importorskip("triton.experimental.gluon")
     from gluon_compile import compile_for_hopper
 
-    strides = ("stride_qnb", "stride_qnh", "stride_qpb", "stride_qph", "stride_bt", "stride_ob", "stride_oh",
-               "stride_os", "stride_lb", "stride_lh")
-    sig = {"qn_ptr": "*bf16", "qp_ptr": "*bf16", "ckv_desc": "", "kpe_desc": "", "block_table_ptr": "*i32",
-           "seq_lens_ptr": "*i32", "o_ptr": "*bf16", "lse_ptr": "*fp32", "heads": "i32",
-           **{name: "i32" for name in strides}, "qk_scale": "fp32"}
-    kernel = compile_for_hopper("kernel_switchboard_triton._mla_gluon", "mla_decode_kernel", sig,
-                                {"ckv_desc": ("bfloat16", [64, 512]), "kpe_desc": ("bfloat16", [64, 64])},
-                                {"PAGE_SIZE": 64, "NUM_SPLITS": 1, "STAGES": 2, "num_warps": 8}, 8)
+    kernel = compile_for_hopper("kernel_switchboard_triton._mla_gluon", "mla_decode_kernel", _MLA_GLUON_SIG,
+                                _MLA_GLUON_DESCRIPTORS, {"PAGE_SIZE": 64, "NUM_SPLITS": 1, "STAGES": 2, "num_warps": 8},
+                                8)
     assert "m64n32k16" in kernel["ptx"] and "m64n256k16" in kernel["ptx"]
+    assert kernel["shared"] <= 227 * 1024
+
+
+def test_gluon_ws_mla_kernel_compiles_for_hopper() -> None:
+    """The experimental warp-specialised Gluon MLA kernel, compiled for sm_90: whole 64 x 64 score tiles (m64n64),
+    half of the output columns per warpgroup (m64n256), partitions with their own register budgets."""
+    pytest.importorskip("triton.experimental.gluon")
+    from gluon_compile import compile_for_hopper
+
+    kernel = compile_for_hopper("kernel_switchboard_triton._mla_gluon_ws", "mla_decode_ws_kernel", _MLA_GLUON_SIG,
+                                _MLA_GLUON_DESCRIPTORS, {"PAGE_SIZE": 64, "NUM_SPLITS": 1, "num_warps": 4}, 4,
+                                maxnreg=168)
+    ptx = kernel["ptx"]
+    assert "m64n64k16" in ptx and "m64n256k16" in ptx and "m64n32k16" not in ptx
+    assert "setmaxnreg.dec.sync.aligned.u32 \t40" in ptx  # the loader warp gives registers back
     assert kernel["shared"] <= 227 * 1024

@@ -120,19 +120,22 @@ def test_prefill_fp8_hnd() -> None:
            ksb.attention.prefill(*args, return_lse=True, backend="reference"), FP8)
 
 
-@pytest.mark.parametrize(("page_size", "gluon", "splits"), [(1, False, None), (16, False, None), (64, False, None),
-                                                           (128, False, None), (64, True, None), (64, True, 1),
-                                                           (128, True, 3)])
-def test_mla_decode_deepseek_shape(page_size: int, gluon: bool, splits: int | None,
+@pytest.mark.parametrize(("page_size", "kernel", "splits"), [(1, "triton", None), (16, "triton", None),
+                                                            (64, "triton", None), (128, "triton", None),
+                                                            (64, "gluon", None), (64, "gluon", 1), (128, "gluon", 3),
+                                                            (64, "gluon_ws", None), (64, "gluon_ws", 1),
+                                                            (128, "gluon_ws", 3)])
+def test_mla_decode_deepseek_shape(page_size: int, kernel: str, splits: int | None,
                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """``gluon``: the Gluon kernel (the Hopper default on TMA-ready pages) with the default, one and three KV splits;
-    otherwise the Triton kernels (TMA or pointer loads)."""
+    ``gluon_ws``: its experimental warp-specialised variant; ``triton``: the Triton kernels (TMA or pointer loads)."""
     from kernel_switchboard_triton import _mla
 
     real_config = _mla.mla_config
-    if gluon:
+    if kernel == "gluon":
         assert real_config(torch.device("cuda"), 4, 128, 8192).gluon == (torch.cuda.get_device_capability()[0] == 9)
-    monkeypatch.setattr(_mla, "mla_config", lambda *a: real_config(*a, splits)._replace(gluon=gluon))
+    monkeypatch.setattr(_mla, "mla_config", lambda *a: real_config(*a, splits)._replace(
+        gluon=kernel != "triton", gluon_ws=kernel == "gluon_ws"))
     lens = [5000, 1, 2049, 700]
     g = _gen(4)
     width = max(math.ceil(n / page_size) for n in lens)

@@ -234,6 +234,8 @@ class MLAConfig(NamedTuple):
     tma: bool = False
     #: the Gluon kernel (``_mla_gluon``) where TMA can load the pages: Hopper (sm_90 wgmma), 64 heads x 64-key tiles
     gluon: bool = False
+    #: experimental, with ``gluon``: its warp-specialised variant (``_mla_gluon_ws``)
+    gluon_ws: bool = False
 
 
 @functools.lru_cache(maxsize=512)
@@ -314,15 +316,17 @@ def launch_mla(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv: torch.Tensor, kpe:
     shared = dict(HEAD_DIM=dc, HEAD_DIM_PE=q_pe.shape[2], BLOCK_H=cfg.block_h, PAGE_SIZE=ckv.shape[1],
                   BLOCK_N=cfg.block_n, NUM_SPLITS=splits, DOT_FP32=cfg.dot_fp32 and q_nope.dtype == torch.bfloat16,
                   num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if cfg.gluon and (cfg.block_h, cfg.block_n) != (64, 64):
-        raise ValueError(f"launch_mla: the Gluon kernel takes 64 heads x 64-key tiles, got {cfg}")
+    if (cfg.gluon and (cfg.block_h, cfg.block_n) != (64, 64)) or (cfg.gluon_ws and not cfg.gluon):
+        raise ValueError(f"launch_mla: the Gluon kernels take 64 heads x 64-key tiles (gluon_ws only with gluon), "
+                         f"got {cfg}")
     rows = _flat_rows(ckv, kpe, cfg) if cfg.gluon else None  # None: pages TMA cannot load, the kernels below
     descriptors = None if rows is not None else _tma_descriptors(ckv, kpe, cfg)
     if rows is not None:
-        from . import _mla_gluon
+        from . import _mla_gluon, _mla_gluon_ws
 
-        _mla_gluon.launch(q_nope, q_pe, rows[0], rows[1], bt, table.seq_lens, ckv.shape[1], o, lp, oss, splits,
-                          sm_scale * LOG2E)
+        kernel = _mla_gluon_ws if cfg.gluon_ws else _mla_gluon
+        kernel.launch(q_nope, q_pe, rows[0], rows[1], bt, table.seq_lens, ckv.shape[1], o, lp, oss, splits,
+                      sm_scale * LOG2E)
     elif descriptors is not None:
         _mla_tma_kernel[grid](
             q_nope, q_pe, *descriptors, bt, table.seq_lens, o, lp, heads,

@@ -1,0 +1,294 @@
+"""Absorbed MLA decode in Gluon with warp-specialised partitions (FlashMLA's "seesaw"), Hopper, 64 heads per program.
+
+Why a third kernel: in ``_mla_gluon`` both warpgroups compute half of every score tile (m64n32 wgmma, which reads
+three bytes of shared memory per 32 MACs and so runs at two thirds of the tensor-core rate) and meet at two CTA
+barriers per tile. Here the two consumer warpgroups take the score tiles in turn: warpgroup ``t % 2`` computes tile
+``t``'s whole 64 x 64 scores (m64n64), its online softmax, and publishes P and the row statistics through shared
+memory; both then multiply P by their half of the 512 latent columns (the owner with P in registers). While one
+runs its softmax the other's MMAs run. A one-warp loader partition fills a two-slot TMA ring (and zeroes the rows
+of a partial last tile past the request's end, which may hold NaN), so no CTA barrier is left in the loop.
+
+Experimental, opt-in (``MLAConfig.gluon_ws``): compiled on the host for sm_90 only (Triton 3.6 and 3.9; ptxas:
+168 registers at launch, 232 per consumer warpgroup, 112 bytes of spills, 225 KB of shared memory), not yet run
+on a GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+from ._mla_gluon import BLOCK_H, descriptors
+
+#: TMA loads: Triton 3.6 (the H200 image) names them async_copy_global_to_shared; 3.7+ async_load
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+
+
+@gluon.jit
+def _split_tiles(seq_lens_ptr, b, split, NUM_SPLITS: gl.constexpr, BLOCK_N: gl.constexpr):
+    """(start, end, tiles) of KV split ``split`` of request ``b``: splits take whole BLOCK_N tiles."""
+    seq_len = gl.load(seq_lens_ptr + b)
+    chunk = gl.cdiv(gl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * chunk
+    end = gl.minimum(start + chunk, seq_len)
+    return start, end, gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
+
+
+@gluon.jit
+def _loader(p):
+    """Worker (1 warp): TMA loads of the split's KV tiles into the ring, each slot once both consumers freed it. A
+    partial last tile lands on a private barrier first; its rows past the end are zeroed before it is published.
+    (Every partition takes the kernel's argument tuple ``p`` and unpacks all of it.)"""
+    io, sizes, smem, bars, PAGE_SIZE, NUM_SPLITS = p  # noqa: RUF059
+    ckv_desc, kpe_desc, block_table_ptr, seq_lens_ptr, stride_bt, o, lse, qk_scale = io  # noqa: RUF059
+    q_smem, qp_smem, ckv_smem, kpe_smem, p_smem, stats = smem  # noqa: RUF059
+    ready, empty, p_ready, tail = bars  # noqa: RUF059
+    BLOCK_N: gl.constexpr = ckv_desc.block_type.shape[0]
+    b = gl.program_id(1)
+    start, end, tiles = _split_tiles(seq_lens_ptr, b, gl.program_id(2), NUM_SPLITS, BLOCK_N)
+    bt_row = block_table_ptr + b.to(gl.int64) * stride_bt
+    nbytes: gl.constexpr = ckv_desc.block_type.nbytes + kpe_desc.block_type.nbytes
+    for t in range(tiles):
+        slot = t % 2
+        mbarrier.wait(empty.index(slot), ((t // 2) & 1) ^ 1)  # a fresh barrier passes phase 1
+        token = start + t * BLOCK_N
+        row = gl.load(bt_row + token // PAGE_SIZE) * PAGE_SIZE + token % PAGE_SIZE
+        valid = end - token
+        if valid >= BLOCK_N:
+            bar = ready.index(slot)
+            mbarrier.expect(bar, nbytes)
+            _tma_load(ckv_desc, [row, 0], bar, ckv_smem.index(slot))
+            _tma_load(kpe_desc, [row, 0], bar, kpe_smem.index(slot))
+        else:  # the last tile, partial: at most one per split, so the private barrier's phase is 0
+            mbarrier.expect(tail, nbytes)
+            _tma_load(ckv_desc, [row, 0], tail, ckv_smem.index(slot))
+            _tma_load(kpe_desc, [row, 0], tail, kpe_smem.index(slot))
+            mbarrier.wait(tail, 0)
+            _zero_rows_from(ckv_smem.index(slot), valid)
+            _zero_rows_from(kpe_smem.index(slot), valid)
+            fence_async_shared()
+            mbarrier.arrive(ready.index(slot), count=1)
+
+
+@gluon.jit
+def _zero_rows_from(smem, valid):
+    """Zero the rows >= ``valid`` of a (BLOCK_N, D) tile in shared memory, 8 x 64 elements at a time (one warp,
+    few registers)."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 2], [2, 16], [1, 1], [1, 0])
+    ROWS: gl.constexpr = 8
+    COLS: gl.constexpr = 64
+    for r in gl.static_range(smem.shape[0] // ROWS):
+        keep = r * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout)) < valid
+        for c in gl.static_range(smem.shape[1] // COLS):
+            part = smem.slice(r * ROWS, ROWS, dim=0).slice(c * COLS, COLS, dim=1)
+            t = part.load(layout)
+            part.store(gl.where(keep[:, None], t, gl.zeros_like(t)))
+
+
+@gluon.jit
+def _own_scores(q_smem, qp_smem, ckv_smem, kpe_smem, ready, t, s_layout: gl.constexpr):
+    """Start the (64, BLOCK_N) score MMAs of tile ``t`` once its slot is ready (two wgmma groups in flight)."""
+    slot = t % 2
+    mbarrier.wait(ready.index(slot), (t // 2) & 1)
+    BLOCK_H: gl.constexpr = q_smem.shape[1]
+    BLOCK_N: gl.constexpr = ckv_smem.shape[1]
+    s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_layout)  # not read: use_acc=False
+    # the queries' descriptors computed here, not hoisted out of the loop: index t >> 30 (always 0) is not a
+    # constant, so the 36 MMAs' 64-bit operand descriptors do not stay live across the loop (ptxas spilled them)
+    qn = q_smem.index(t >> 30)
+    qp = qp_smem.index(t >> 30)
+    s = warpgroup_mma(qn, ckv_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    return warpgroup_mma(qp, kpe_smem.index(slot).permute((1, 0)), s, is_async=True)
+
+
+@gluon.jit
+def _other_pv(p_smem, stats, ckv_smem, ready, p_ready, acc, l_i, t, WG: gl.constexpr, row_o: gl.constexpr):
+    """Start the PV MMA of the other warpgroup's tile ``t`` (P and its statistics from shared memory): returns
+    (the MMA in flight, l, m after tile t)."""
+    HALF: gl.constexpr = acc.shape[1]
+    mbarrier.wait(ready.index(t % 2), (t // 2) & 1)  # complete already: the other warpgroup waited on it
+    mbarrier.wait(p_ready, t & 1)
+    m_t = stats.index(0).load(row_o)
+    alpha = stats.index(1).load(row_o)
+    l_i = l_i * alpha + stats.index(2).load(row_o)
+    acc = acc * alpha[:, None]
+    v = ckv_smem.index(t % 2).slice(WG * HALF, HALF, dim=1)
+    return warpgroup_mma(p_smem.index(t >> 30), v, acc, is_async=True), l_i, m_t
+
+
+@gluon.jit
+def _publish_and_own_pv(p_smem, stats, ckv_smem, empty, p_ready, pr, m_new, alpha, psum, acc, l_i, t,
+                        WG: gl.constexpr, p_layout: gl.constexpr):
+    """Publish P(t) and its statistics to the other warpgroup (which consumed P(t - 1) before it published
+    anything newer), then fold tile t into this warpgroup's output columns with P from registers; frees the slot
+    (this warpgroup's part). Returns (acc, l, m)."""
+    HALF: gl.constexpr = acc.shape[1]
+    p_smem.index(0).store(pr)
+    stats.index(0).store(m_new)
+    stats.index(1).store(alpha)
+    stats.index(2).store(psum)
+    fence_async_shared()
+    mbarrier.arrive(p_ready, count=1)
+    acc = acc * alpha[:, None]
+    v = ckv_smem.index(t % 2).slice(WG * HALF, HALF, dim=1)
+    acc = warpgroup_mma(gl.convert_layout(pr, p_layout), v, acc)
+    mbarrier.arrive(empty.index(t % 2), count=1)
+    return acc, l_i * alpha + psum, m_new
+
+
+@gluon.jit
+def _softmax(s, m_i, valid, qk_scale, dtype: gl.constexpr, row_o: gl.constexpr):
+    """Online-softmax step of a (64, BLOCK_N) score tile whose first ``valid`` keys count: (P in ``dtype``, m,
+    alpha, row sums of P), the statistics in ``row_o``."""
+    row_s: gl.constexpr = gl.SliceLayout(1, s.type.layout)
+    keys = gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s.type.layout))
+    s = gl.where((keys < valid)[None, :], s * qk_scale, float("-inf"))
+    m_new = gl.maximum(m_i, gl.convert_layout(gl.max(s, 1), row_o))
+    pr = gl.exp2(s - gl.convert_layout(m_new, row_s)[:, None])
+    return pr.to(dtype), m_new, gl.exp2(m_i - m_new), gl.convert_layout(gl.sum(pr, 1), row_o)
+
+
+@gluon.jit
+def _consume(p, WG: gl.constexpr):
+    """Consumer warpgroup ``WG`` (4 warps): output columns [WG * 256, WG * 256 + 256) of every tile, the scores
+    and softmax of tiles t with t % 2 == WG. Before each of its score tiles' softmax it folds in the other
+    warpgroup's previous tile, so the other's P is consumed before its own is published over it."""
+    io, sizes, smem, bars, PAGE_SIZE, NUM_SPLITS = p  # noqa: RUF059
+    ckv_desc, kpe_desc, block_table_ptr, seq_lens_ptr, stride_bt, o, lse, qk_scale = io  # noqa: RUF059
+    q_smem, qp_smem, ckv_smem, kpe_smem, p_smem, stats = smem  # noqa: RUF059
+    ready, empty, p_ready, tail = bars  # noqa: RUF059
+    o_ptr, stride_ob, stride_oh, stride_os = o
+    lse_ptr, stride_lb, stride_lh = lse
+    heads = sizes
+    BLOCK_H: gl.constexpr = q_smem.shape[1]
+    BLOCK_N: gl.constexpr = ckv_desc.block_type.shape[0]
+    DC: gl.constexpr = ckv_desc.block_type.shape[1]
+    HALF: gl.constexpr = DC // 2
+    dtype: gl.constexpr = ckv_desc.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HALF, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+    b = gl.program_id(1)
+    split = gl.program_id(2)
+    start, end, tiles = _split_tiles(seq_lens_ptr, b, split, NUM_SPLITS, BLOCK_N)
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=row_o)
+    l_i = gl.zeros([BLOCK_H], gl.float32, layout=row_o)
+    acc = gl.zeros([BLOCK_H, HALF], gl.float32, layout=o_layout)
+    first = WG
+    if WG == 0:  # tile 0 has no other warpgroup's tile before it
+        if tiles > 0:
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(_own_scores(q_smem, qp_smem, ckv_smem, kpe_smem, ready, 0,
+                                                                        s_layout),))
+            pr, m_new, alpha, psum = _softmax(s, m_i, end - start, qk_scale, dtype, row_o)
+            acc, l_i, m_i = _publish_and_own_pv(p_smem, stats, ckv_smem, empty, p_ready, pr, m_new, alpha, psum, acc,
+                                                l_i, 0, WG, p_layout)
+        first = 2
+    for j in range(first, tiles, 2):
+        # the other warpgroup's tile j - 1 first: its PV MMA runs under this tile's softmax
+        s_mma = _own_scores(q_smem, qp_smem, ckv_smem, kpe_smem, ready, j, s_layout)
+        pv, l_i, m_i = _other_pv(p_smem, stats, ckv_smem, ready, p_ready, acc, l_i, j - 1, WG, row_o)
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s_mma,))
+        pr, m_new, alpha, psum = _softmax(s, m_i, end - (start + j * BLOCK_N), qk_scale, dtype, row_o)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
+        mbarrier.arrive(empty.index((j - 1) % 2), count=1)
+        acc, l_i, m_i = _publish_and_own_pv(p_smem, stats, ckv_smem, empty, p_ready, pr, m_new, alpha, psum, acc, l_i,
+                                            j, WG, p_layout)
+    last = tiles - 1
+    if (last >= 0) & (last % 2 != WG):  # the split's last tile is the other's: fold it in
+        pv, l_i, m_i = _other_pv(p_smem, stats, ckv_smem, ready, p_ready, acc, l_i, last, WG, row_o)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
+        mbarrier.arrive(empty.index(last % 2), count=1)
+
+    empty_row = l_i == 0.0
+    safe = gl.where(empty_row, 1.0, l_i)
+    out = acc * (1.0 / safe)[:, None]
+    oh = gl.program_id(0) * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_o)
+    oc = WG * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, o_layout))
+    o_rows = o_ptr + b.to(gl.int64) * stride_ob + oh[:, None] * stride_oh + split * stride_os
+    gl.store(o_rows + oc[None, :], out.to(o_ptr.dtype.element_ty), mask=(oh < heads)[:, None])
+    if WG == 0:
+        lse_v = gl.where(empty_row, float("-inf"), (m_i + gl.log2(safe)) * 0.6931471805599453)
+        gl.store(lse_ptr + b.to(gl.int64) * stride_lb + oh * stride_lh + split, lse_v, mask=oh < heads)
+
+
+@gluon.jit
+def _consumer0(p):
+    _consume(p, 0)
+
+
+@gluon.jit
+def _consumer1(p):
+    _consume(p, 1)
+
+
+@gluon.jit
+def mla_decode_ws_kernel(
+    qn_ptr, qp_ptr, ckv_desc, kpe_desc, block_table_ptr, seq_lens_ptr, o_ptr, lse_ptr, heads,
+    stride_qnb, stride_qnh, stride_qpb, stride_qph, stride_bt, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
+    qk_scale,
+    PAGE_SIZE: gl.constexpr,  # tokens per page, a multiple of BLOCK_N
+    NUM_SPLITS: gl.constexpr,  # KV splits per request (grid dim 2)
+    num_warps: gl.constexpr,  # 4: the default partition is consumer warpgroup 0
+):
+    """Arguments as ``_mla_gluon.mla_decode_kernel``'s; grid (head blocks, batch, splits), 64 heads per program."""
+    BLOCK_H: gl.constexpr = 64
+    BLOCK_N: gl.constexpr = ckv_desc.block_type.shape[0]
+    DC: gl.constexpr = ckv_desc.block_type.shape[1]
+    DR: gl.constexpr = kpe_desc.block_type.shape[1]
+    dtype: gl.constexpr = ckv_desc.dtype
+    # the queries, staged by the default partition's 4 warps before the partitions fork, 64 columns at a time
+    q_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_H, DC],
+                                       gl.NVMMASharedLayout.get_default_for([BLOCK_H, DC], dtype))
+    qp_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_H, DR],
+                                        gl.NVMMASharedLayout.get_default_for([BLOCK_H, DR], dtype))
+    ld_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+    b = gl.program_id(1)
+    offs_h = gl.program_id(0) * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld_layout))
+    cols = gl.arange(0, 64, layout=gl.SliceLayout(0, ld_layout))
+    qn_rows = qn_ptr + b.to(gl.int64) * stride_qnb + offs_h[:, None] * stride_qnh
+    for c in gl.static_range(DC // 64):
+        q_smem.index(0).slice(c * 64, 64, dim=1).store(gl.load(qn_rows + c * 64 + cols[None, :], mask=(offs_h < heads)[:, None],
+                                                      other=0.0))
+    qp_rows = qp_ptr + b.to(gl.int64) * stride_qpb + offs_h[:, None] * stride_qph
+    qp_smem.index(0).store(gl.load(qp_rows + cols[None, :], mask=(offs_h < heads)[:, None], other=0.0))
+    ckv_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DC], ckv_desc.layout)
+    kpe_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DR], kpe_desc.layout)
+    p_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_H, BLOCK_N],
+                                       gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], dtype))
+    stats = gl.allocate_shared_memory(gl.float32, [3, BLOCK_H], gl.SwizzledSharedLayout(1, 1, 1, [0]))  # three rows of 64
+    ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    tail = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(ready.index(i), count=1)  # the loader's expect + the TMA bytes, or its arrive (partial tile)
+        mbarrier.init(empty.index(i), count=2)  # one arrival per consumer warpgroup
+    mbarrier.init(p_ready, count=1)
+    mbarrier.init(tail, count=1)
+    fence_async_shared()
+    io = (ckv_desc, kpe_desc, block_table_ptr, seq_lens_ptr, stride_bt, (o_ptr, stride_ob, stride_oh, stride_os),
+          (lse_ptr, stride_lb, stride_lh), qk_scale)
+    p = (io, heads, (q_smem, qp_smem, ckv_smem, kpe_smem, p_smem, stats), (ready, empty, p_ready, tail), PAGE_SIZE,
+         NUM_SPLITS)
+    gl.warp_specialize([(_consumer0, (p,)), (_consumer1, (p,)), (_loader, (p,))], [4, 1], [232, 40])
+
+
+def launch(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_rows: torch.Tensor, kpe_rows: torch.Tensor,
+           block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, o: torch.Tensor, lse: torch.Tensor,
+           stride_os: int, splits: int, qk_scale: float) -> None:
+    """As ``_mla_gluon.launch``."""
+    batch, heads, _ = q_nope.shape
+    ckv_desc, kpe_desc = descriptors(ckv_rows, kpe_rows)
+    grid = (triton.cdiv(heads, BLOCK_H), batch, splits)
+    mla_decode_ws_kernel[grid](
+        q_nope, q_pe, ckv_desc, kpe_desc, block_table, seq_lens, o, lse, heads,
+        q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), block_table.stride(0),
+        o.stride(0), o.stride(1), stride_os, lse.stride(0), lse.stride(1), qk_scale,
+        PAGE_SIZE=page_size, NUM_SPLITS=splits, num_warps=4, maxnreg=168)
