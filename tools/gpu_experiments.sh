@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One device call that tests and times the opt-in Gluon kernels (fp8 block mm, MLA decode) on a lent H200, each
-# part in its own process under its own time limit (a hung kernel stops only its part; worst case ~560 s).
+# One device call that tests and times the Gluon kernels (the opt-in fp8 block mm and warp-specialised MLA decode,
+# the default MLA decode) on a lent H200, each part in its own process under its own time limit (a hung kernel
+# stops only its part; worst case ~560 s).
 # Usage, from the project root, carrying .gpu/core:  bash tools/gpu_experiments.sh   (results: $OUT/experiments.tgz)
 set -u
 OUT=${OUT:-/tmp/ksb-out}
