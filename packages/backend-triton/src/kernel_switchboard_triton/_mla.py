@@ -267,7 +267,7 @@ def _gluon_hopper_available() -> bool:
     """Whether this Triton has Gluon's Hopper language (wgmma, TMA, mbarriers): Triton 3.5 and newer."""
     try:
         from . import _mla_gluon  # noqa: F401
-    except ImportError:
+    except (ImportError, AttributeError):  # no Gluon, or one without the Hopper names the kernel uses
         return False
     return True
 
