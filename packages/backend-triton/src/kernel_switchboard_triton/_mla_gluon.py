@@ -15,6 +15,8 @@ host ptxas sm_90 (Triton 3.6): 255 registers, no spills, 225 KB of shared memory
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 from triton.experimental import gluon
@@ -226,13 +228,16 @@ def descriptors(ckv_rows: torch.Tensor, kpe_rows: torch.Tensor) -> tuple[TensorD
 
 def launch(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_rows: torch.Tensor, kpe_rows: torch.Tensor,
            block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, o: torch.Tensor, lse: torch.Tensor,
-           stride_os: int, splits: int, qk_scale: float) -> None:
-    """One launch over (head blocks, batch, splits); o / lse as in ``_mla._mla_tma_kernel``."""
+           stride_os: int, splits: int, qk_scale: float, kernel: Any = None, **options: Any) -> None:
+    """One launch over (head blocks, batch, splits); o / lse as in ``_mla._mla_tma_kernel``. ``kernel`` and
+    ``options``: another Gluon kernel with this argument list (``_mla_gluon_ws``) and its launch options."""
     batch, heads, _ = q_nope.shape
     ckv_desc, kpe_desc = descriptors(ckv_rows, kpe_rows)
     grid = (triton.cdiv(heads, BLOCK_H), batch, splits)
-    mla_decode_kernel[grid](
+    if kernel is None:
+        kernel, options = mla_decode_kernel, {"STAGES": STAGES, "num_warps": 8}
+    kernel[grid](
         q_nope, q_pe, ckv_desc, kpe_desc, block_table, seq_lens, o, lse, heads,
         q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), block_table.stride(0),
         o.stride(0), o.stride(1), stride_os, lse.stride(0), lse.stride(1), qk_scale,
-        PAGE_SIZE=page_size, NUM_SPLITS=splits, STAGES=STAGES, num_warps=8)
+        PAGE_SIZE=page_size, NUM_SPLITS=splits, **options)

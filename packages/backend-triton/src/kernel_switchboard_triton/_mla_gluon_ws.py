@@ -15,16 +15,14 @@ on a GPU.
 
 from __future__ import annotations
 
-import torch
-import triton
+from typing import Any
+
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma, warpgroup_mma_wait
 
-from ._mla_gluon import BLOCK_H, descriptors
-
-#: TMA loads: Triton 3.6 (the H200 image) names them async_copy_global_to_shared; 3.7+ async_load
-_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+from . import _mla_gluon
+from ._mla_gluon import _tma_load
 
 
 @gluon.jit
@@ -280,15 +278,6 @@ def mla_decode_ws_kernel(
     gl.warp_specialize([(_consumer0, (p,)), (_consumer1, (p,)), (_loader, (p,))], [4, 1], [232, 40])
 
 
-def launch(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_rows: torch.Tensor, kpe_rows: torch.Tensor,
-           block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, o: torch.Tensor, lse: torch.Tensor,
-           stride_os: int, splits: int, qk_scale: float) -> None:
-    """As ``_mla_gluon.launch``."""
-    batch, heads, _ = q_nope.shape
-    ckv_desc, kpe_desc = descriptors(ckv_rows, kpe_rows)
-    grid = (triton.cdiv(heads, BLOCK_H), batch, splits)
-    mla_decode_ws_kernel[grid](
-        q_nope, q_pe, ckv_desc, kpe_desc, block_table, seq_lens, o, lse, heads,
-        q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), block_table.stride(0),
-        o.stride(0), o.stride(1), stride_os, lse.stride(0), lse.stride(1), qk_scale,
-        PAGE_SIZE=page_size, NUM_SPLITS=splits, num_warps=4, maxnreg=168)
+def launch(*args: Any) -> None:
+    """As ``_mla_gluon.launch``, with this kernel (4 warps per partition, 168 registers a thread at launch)."""
+    _mla_gluon.launch(*args, kernel=mla_decode_ws_kernel, num_warps=4, maxnreg=168)
