@@ -142,5 +142,6 @@ def _gluon_rows(qa: torch.Tensor, qb: torch.Tensor, sa: torch.Tensor, sb: torch.
                  flops)
             for stages in (3, 4, 5)]
 
+
 if __name__ == "__main__":
     bench_gemm("cuda")
