@@ -220,6 +220,10 @@ def _mla_tma_kernel(
     tl.store(lse_ptr + b.to(tl.int64) * stride_lb + offs_h * stride_lh + split, lse, mask=mask_h)
 
 
+#: dtypes checked on the H200 through the Gluon kernels (run 19); others take the Triton kernels until they are
+GLUON_DTYPES = frozenset({torch.bfloat16})
+
+
 class MLAConfig(NamedTuple):
     """Static launch choices of one MLA decode shape."""
 
@@ -319,7 +323,8 @@ def launch_mla(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv: torch.Tensor, kpe:
     if (cfg.gluon and (cfg.block_h, cfg.block_n) != (64, 64)) or (cfg.gluon_ws and not cfg.gluon):
         raise ValueError(f"launch_mla: the Gluon kernels take 64 heads x 64-key tiles (gluon_ws only with gluon), "
                          f"got {cfg}")
-    rows = _flat_rows(ckv, kpe, cfg) if cfg.gluon else None  # None: pages TMA cannot load, the kernels below
+    gluon = cfg.gluon and q_nope.dtype in GLUON_DTYPES
+    rows = _flat_rows(ckv, kpe, cfg) if gluon else None  # None: pages TMA cannot load, the kernels below
     descriptors = None if rows is not None else _tma_descriptors(ckv, kpe, cfg)
     if rows is not None:
         from . import _mla_gluon, _mla_gluon_ws
