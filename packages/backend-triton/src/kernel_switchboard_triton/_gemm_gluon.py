@@ -8,8 +8,10 @@ loads of a ring of ``STAGES`` (A, B) tiles, two consumer warpgroups each own 64 
 TMA. The consumers drift apart, so one's MMAs run while the other scales, and the next tile's loads run under
 this tile's epilogue. Programs are persistent (one per SM, tiles in grouped order).
 
-Experimental, opt-in (benchmark rows and tests only; ``mm_fp8`` does not route to it). The previous Gluon kernel
-(one partition, ``wgmma.wait_group 1`` overlap) ran 683-706 TFLOP/s on the H200, below Triton's 860 (run 19).
+Experimental, opt-in (benchmark rows and tests only; ``mm_fp8`` does not route to it): compiled on the host for
+sm_90 (Triton 3.6 and 3.9; ptxas: 168 registers at launch, no spills, 164 KB of shared memory with 4 stages), not
+yet run on a GPU. The previous Gluon kernel (one partition, ``wgmma.wait_group 1`` overlap) ran 683-706 TFLOP/s on
+the H200, below Triton's 860 (run 19; history: commit e9866a6).
 """
 
 from __future__ import annotations
