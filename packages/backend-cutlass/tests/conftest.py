@@ -20,6 +20,7 @@ def _prebuild_cutlass_kernels(request: pytest.FixtureRequest) -> None:
         return
     from kernel_switchboard.registry import registry
     from kernel_switchboard.testing.conformance import op_cases
+    from kernel_switchboard_cutlass import build, configs
     from kernel_switchboard_cutlass.prebuild import prebuild
 
     if not registry.all_backends()["cutlass"].available:
@@ -27,6 +28,7 @@ def _prebuild_cutlass_kernels(request: pytest.FixtureRequest) -> None:
     device = torch.device("cuda")
     calls = [(c.op, c.args, c.kwargs) for op in ("gemm.mm", "gemm.mm_fp8", "gemm.grouped_mm")
              for c in op_cases(op, device, "large")]
-    from test_cutlass_gpu import gpu_calls
+    from test_cutlass_gpu import FORCED_FP8_BLOCK_TILES, gpu_calls
 
     prebuild(calls + gpu_calls(device))
+    build.compile_many(configs.fp8_block_config("bf16", 4096, role) for role in FORCED_FP8_BLOCK_TILES)

@@ -105,9 +105,10 @@ FP8_BLOCK_TILES: dict[str, tuple[tuple[int, int, int], tuple[int, int, int], str
 }
 
 
-def fp8_block_config(out_dtype: str, m: int) -> GemmConfig:
-    """DeepSeek-style fp8 GEMM with 1x128 (A) and 128x128 (B) float32 scales."""
-    role = os.environ.get("KSB_CUTLASS_FP8_BLOCK_TILE") or ("small_m" if m <= 64 else "coop")
+def fp8_block_config(out_dtype: str, m: int, role: str | None = None) -> GemmConfig:
+    """DeepSeek-style fp8 GEMM with 1x128 (A) and 128x128 (B) float32 scales; ``role`` (else
+    ``KSB_CUTLASS_FP8_BLOCK_TILE``, else chosen by ``m``) names one of ``FP8_BLOCK_TILES``."""
+    role = role or os.environ.get("KSB_CUTLASS_FP8_BLOCK_TILE") or ("small_m" if m <= 64 else "coop")
     if role not in FP8_BLOCK_TILES:
         raise ValueError(f"KSB_CUTLASS_FP8_BLOCK_TILE={role!r}: expected one of {sorted(FP8_BLOCK_TILES)}")
     return GemmConfig("mm_fp8_block", "e4m3", out_dtype, "row", "col", *FP8_BLOCK_TILES[role])
