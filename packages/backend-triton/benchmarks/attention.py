@@ -252,8 +252,7 @@ def _mla_point(dev: torch.device, g: torch.Generator, sweep: bool, batch: int = 
         rows.append(_row(workload, "triton" if i == 0 else "triton (sweep)",
                          f"BLOCK_H={cfg.block_h} BLOCK_N={cfg.block_n} splits={cfg.num_splits} warps={cfg.num_warps} "
                          f"stages={cfg.num_stages} tma={cfg.tma} gluon={cfg.gluon} gluon_ws={cfg.gluon_ws}", run,
-                         lambda run=run: _err(run(), want),
-                         nbytes, "tb_s"))
+                         lambda run=run: _err(run(), want), nbytes, "tb_s"))
     return rows
 
 

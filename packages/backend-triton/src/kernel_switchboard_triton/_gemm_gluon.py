@@ -125,15 +125,6 @@ def _consume(p, WG: gl.constexpr):
         mbarrier.arrive(c_ready.index(WG), count=1)
 
 
-@gluon.jit
-def _consumer0(p):
-    _consume(p, 0)
-
-
-@gluon.jit
-def _consumer1(p):
-    _consume(p, 1)
-
 
 @gluon.jit
 def mm_fp8_block_kernel(
@@ -164,7 +155,7 @@ def mm_fp8_block_kernel(
         mbarrier.init(c_empty.index(i), count=1)
     p = (a_desc, b_desc, c_desc, sa_ptr, sb_ptr, M, N, K, (stride_sam, stride_sak, stride_sbk, stride_sbn),
          a_smem, b_smem, c_smem, (ready, empty, c_ready, c_empty), GROUP_M)
-    gl.warp_specialize([(_consumer0, (p,)), (_consumer1, (p,)), (_loader, (p,)), (_storer, (p,))],
+    gl.warp_specialize([(_consume, (p, 0)), (_consume, (p, 1)), (_loader, (p,)), (_storer, (p,))],
                        [4, 1, 1], [232, 40, 40])
 
 

@@ -35,6 +35,16 @@ STAGES = 2  # TMA ring slots (224 KB of shared memory with the queries and P)
 
 
 @gluon.jit
+def _split_tiles(seq_lens_ptr, b, split, NUM_SPLITS: gl.constexpr, BLOCK_N: gl.constexpr):
+    """(start, end, tiles) of KV split ``split`` of request ``b``: splits take whole BLOCK_N tiles."""
+    seq_len = gl.load(seq_lens_ptr + b)
+    chunk = gl.cdiv(gl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * chunk
+    end = gl.minimum(start + chunk, seq_len)
+    return start, end, gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
+
+
+@gluon.jit
 def _tile_row(bt_row, token, PAGE_SIZE: gl.constexpr):
     """Row of token ``token`` in the pages flattened to (P * S, D)."""
     return gl.load(bt_row + token // PAGE_SIZE) * PAGE_SIZE + token % PAGE_SIZE
@@ -131,11 +141,7 @@ def mla_decode_kernel(
     pid_h = gl.program_id(0)
     b = gl.program_id(1)
     split = gl.program_id(2)
-    seq_len = gl.load(seq_lens_ptr + b)
-    chunk = gl.cdiv(gl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = split * chunk
-    end = gl.minimum(start + chunk, seq_len)
-    tiles = gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
+    start, end, tiles = _split_tiles(seq_lens_ptr, b, split, NUM_SPLITS, BLOCK_N)
     bt_row = block_table_ptr + b.to(gl.int64) * stride_bt
 
     # the KV ring first, so its loads run while the queries are staged

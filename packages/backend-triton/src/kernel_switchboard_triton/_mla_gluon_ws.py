@@ -22,17 +22,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma, warpgroup_mma_wait
 
 from . import _mla_gluon
-from ._mla_gluon import _tma_load
-
-
-@gluon.jit
-def _split_tiles(seq_lens_ptr, b, split, NUM_SPLITS: gl.constexpr, BLOCK_N: gl.constexpr):
-    """(start, end, tiles) of KV split ``split`` of request ``b``: splits take whole BLOCK_N tiles."""
-    seq_len = gl.load(seq_lens_ptr + b)
-    chunk = gl.cdiv(gl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = split * chunk
-    end = gl.minimum(start + chunk, seq_len)
-    return start, end, gl.cdiv(gl.maximum(end - start, 0), BLOCK_N)
+from ._mla_gluon import _split_tiles, _tma_load
 
 
 @gluon.jit
@@ -216,15 +206,6 @@ def _consume(p, WG: gl.constexpr):
         gl.store(lse_ptr + b.to(gl.int64) * stride_lb + oh * stride_lh + split, lse_v, mask=oh < heads)
 
 
-@gluon.jit
-def _consumer0(p):
-    _consume(p, 0)
-
-
-@gluon.jit
-def _consumer1(p):
-    _consume(p, 1)
-
 
 @gluon.jit
 def mla_decode_ws_kernel(
@@ -275,7 +256,7 @@ def mla_decode_ws_kernel(
           (lse_ptr, stride_lb, stride_lh), qk_scale)
     p = (io, heads, (q_smem, qp_smem, ckv_smem, kpe_smem, p_smem, stats), (ready, empty, p_ready, tail), PAGE_SIZE,
          NUM_SPLITS)
-    gl.warp_specialize([(_consumer0, (p,)), (_consumer1, (p,)), (_loader, (p,))], [4, 1], [232, 40])
+    gl.warp_specialize([(_consume, (p, 0)), (_consume, (p, 1)), (_loader, (p,))], [4, 1], [232, 40])
 
 
 def launch(*args: Any) -> None:
