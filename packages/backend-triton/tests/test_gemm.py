@@ -144,6 +144,18 @@ def test_gluon_fp8_block_kernel_compiles_for_hopper() -> None:
     assert kernel["shared"] <= 227 * 1024
 
 
+def test_gluon_fp8_block_descriptors_match_the_kernel_tiles() -> None:
+    # the host half of the launch (descriptors take plain ints, not the kernel's constexpr globals) runs on a CPU
+    pytest.importorskip("triton.experimental.gluon")
+    from kernel_switchboard_triton import _gemm_gluon
+
+    a = torch.zeros(130, 256, dtype=torch.float8_e4m3fn)
+    b = torch.zeros(384, 256, dtype=torch.float8_e4m3fn).t()
+    c = torch.empty(130, 384, dtype=torch.bfloat16)
+    shapes = [list(d.block_shape) for d in _gemm_gluon._descriptors(a, b, c)]
+    assert shapes == [[128, 128], [128, 128], [64, 128]]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(("m", "n", "k", "stages"), [(4000, 4000, 2064, 4), (256, 384, 1024, 3), (130, 128, 128, 4),
                                                      (1000, 3000, 7168, 5)])

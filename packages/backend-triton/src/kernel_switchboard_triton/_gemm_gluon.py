@@ -163,6 +163,18 @@ _GL_DTYPES = {torch.float8_e4m3fn: gl.float8e4nv, torch.bfloat16: gl.bfloat16, t
               torch.float32: gl.float32}
 
 
+def _descriptors(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> tuple:
+    """TMA descriptors of a (M, K) and b.t() (N, K) e4m3 and c (M, N): whole tiles in, one consumer's half out."""
+    block_m, block_n, block_k = BLOCK_M.value, BLOCK_N.value, BLOCK_K.value  # host code takes plain ints
+    half = block_m // 2
+    fp8 = gl.float8e4nv
+    return (TensorDescriptor.from_tensor(a, [block_m, block_k], gl.NVMMASharedLayout.get_default_for([block_m, block_k], fp8)),
+            TensorDescriptor.from_tensor(b.t(), [block_n, block_k],
+                                         gl.NVMMASharedLayout.get_default_for([block_n, block_k], fp8)),
+            TensorDescriptor.from_tensor(c, [half, block_n],
+                                         gl.NVMMASharedLayout.get_default_for([half, block_n], _GL_DTYPES[c.dtype])))
+
+
 def mm_fp8_block(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
                  out_dtype: torch.dtype, stages: int = 4, group_m: int = 8) -> torch.Tensor:
     """a (M, K) row-major e4m3; b (K, N) K-major e4m3 (b.t() row-major); scale_a (M, K/128), scale_b (K/128, N/128)
@@ -170,14 +182,8 @@ def mm_fp8_block(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_
     m, k = a.shape
     n = b.shape[1]
     c = torch.empty((m, n), dtype=out_dtype, device=a.device)
-    half = BLOCK_M // 2
-    a_desc = TensorDescriptor.from_tensor(a, [BLOCK_M, BLOCK_K],
-                                          gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], gl.float8e4nv))
-    b_desc = TensorDescriptor.from_tensor(b.t(), [BLOCK_N, BLOCK_K],
-                                          gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], gl.float8e4nv))
-    c_desc = TensorDescriptor.from_tensor(c, [half, BLOCK_N],
-                                          gl.NVMMASharedLayout.get_default_for([half, BLOCK_N], _GL_DTYPES[out_dtype]))
-    tiles = triton.cdiv(m, BLOCK_M) * triton.cdiv(n, BLOCK_N)
+    a_desc, b_desc, c_desc = _descriptors(a, b, c)
+    tiles = triton.cdiv(m, BLOCK_M.value) * triton.cdiv(n, BLOCK_N.value)
     sms = torch.cuda.get_device_properties(a.device).multi_processor_count
     mm_fp8_block_kernel[(min(tiles, sms),)](
         a_desc, b_desc, c_desc, scale_a, scale_b, m, n, k, scale_a.stride(0), scale_a.stride(1), scale_b.stride(0),
