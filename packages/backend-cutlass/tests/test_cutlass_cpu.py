@@ -177,10 +177,12 @@ def test_tile_choice_by_shape(monkeypatch) -> None:
     monkeypatch.setenv("KSB_CUTLASS_MM_TILE", "huge")
     with pytest.raises(ValueError, match="KSB_CUTLASS_MM_TILE='huge'"):
         configs.mm_config("bf16", "row", "row", 8192, 8192)
-    assert configs.fp8_block_config("bf16", 8192).tile == (128, 128, 128)
-    assert configs.fp8_block_config("bf16", 8192, "coop_c2x1").cluster == (2, 1, 1)  # a tile named by the caller
-    monkeypatch.setenv("KSB_CUTLASS_FP8_BLOCK_TILE", "coop_c2x1")
+    assert configs.fp8_block_config("bf16", 64).tile == (64, 128, 128)
+    assert configs.fp8_block_config("bf16", 128).cluster == (1, 2, 1)  # one tile row: no cluster along M
     assert configs.fp8_block_config("bf16", 8192).cluster == (2, 1, 1)
+    assert configs.fp8_block_config("bf16", 8192, "coop_c1x1").cluster == (1, 1, 1)  # a tile named by the caller
+    monkeypatch.setenv("KSB_CUTLASS_FP8_BLOCK_TILE", "coop")
+    assert configs.fp8_block_config("bf16", 8192).cluster == (1, 2, 1)
     monkeypatch.setenv("KSB_CUTLASS_FP8_BLOCK_TILE", "huge")
     with pytest.raises(ValueError, match="KSB_CUTLASS_FP8_BLOCK_TILE='huge'"):
         configs.fp8_block_config("bf16", 8192)

@@ -237,15 +237,16 @@ def _mla_point(dev: torch.device, g: torch.Generator, sweep: bool, batch: int = 
     base = mla_config(dev, batch, heads, round_len(length))
     cfgs = [base]
     if sweep:
-        # the Triton kernels (the Gluon one is the Hopper default) and the default with one split; older sweeps
-        # (BLOCK_N 32, one stage, 32-head tiles: all slower) are in notes/gpu-runs.md
+        # the Triton kernels (the warp-specialised Gluon one is the Hopper default), the Gluon kernel without warp
+        # specialisation, the default with one split; older sweeps (BLOCK_N 32, one stage, 32-head tiles: all
+        # slower) are in notes/gpu-runs.md
         for stages, tma in ((2, False), (2, True)):
             for splits in sorted({1, base.num_splits}):
                 cfgs.append(MLAConfig(64, 64, splits, 8, stages, False, tma))
         if base.num_splits != 1:
             cfgs.append(base._replace(num_splits=1))
-        if base.gluon:  # the experimental warp-specialised Gluon kernel
-            cfgs += [base._replace(gluon_ws=True, num_splits=s) for s in sorted({1, base.num_splits})]
+        if base.gluon:
+            cfgs += [base._replace(gluon_ws=False, num_splits=s) for s in sorted({1, base.num_splits})]
     rows = []
     for i, cfg in enumerate(cfgs):
         run = (lambda cfg=cfg: mla_decode(qn, qp, ckv, kpe, table, p, cfg)[0])

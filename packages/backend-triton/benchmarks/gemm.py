@@ -5,8 +5,9 @@
 ``bench_gemm(device) -> list[dict]``: rows with ``ms``, ``tflops`` and ``rel_err`` (Frobenius, against a
 float32 product of the same operands), plus ``vs`` = TFLOP/s over the baseline measured in the same run
 (cuBLAS bf16 for mm, torch._scaled_mm per-tensor for fp8). Every row is checked before it is timed.
-"pointer kernel" rows switch the TMA path off, for comparison; "sweep" rows try other fp8 tiles
-(``FP8_SWEEP``: the former 128 x 128 per-tensor default and other candidates).
+"pointer kernel" rows switch the TMA path off, "Gluon off" the sm_90 Gluon kernel, for comparison; "sweep" rows
+try other fp8 tiles (``FP8_SWEEP``: the former 128 x 128 per-tensor default and other candidates, on the Triton
+kernels) and other stage counts of the Gluon kernel.
 """
 
 from __future__ import annotations
@@ -62,31 +63,34 @@ def _fp8(x: torch.Tensor, rows: int, cols: int) -> tuple[torch.Tensor, torch.Ten
     return quantize_fp8(x, rows, cols)
 
 
-def _pointer_kernels(fn: Callable[[], Any]) -> Callable[[], Any]:
-    """``fn`` with the TMA path switched off (the pointer kernels, for comparison)."""
+def _patched(fn: Callable[[], Any], **attrs: Any) -> Callable[[], Any]:
+    """``fn`` with attributes of the Triton ``gemm`` module replaced while it runs (comparison and sweep rows)."""
     from kernel_switchboard_triton import gemm
 
     def run() -> Any:
-        saved, gemm.TMA_MIN_M = gemm.TMA_MIN_M, 1 << 62
+        saved = {name: getattr(gemm, name) for name in attrs}
+        for name, value in attrs.items():
+            setattr(gemm, name, value)
         try:
             return fn()
         finally:
-            gemm.TMA_MIN_M = saved
+            for name, value in saved.items():
+                setattr(gemm, name, value)
     return run
+
+
+def _pointer_kernels(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` with the TMA path (and so the Gluon kernel) switched off: the pointer kernels, for comparison."""
+    return _patched(fn, TMA_MIN_M=1 << 62)
 
 
 def _fp8_tiles(fn: Callable[[], Any], tiles: tuple[int, ...]) -> Callable[[], Any]:
-    """``fn`` with every large fp8 matmul on ``tiles`` (a sweep row)."""
+    """``fn`` with every large fp8 matmul on the Triton kernels with ``tiles`` (a sweep row)."""
     from kernel_switchboard_triton import gemm
 
-    def run() -> Any:
-        saved = gemm.fp8_tiles
-        gemm.fp8_tiles = lambda m, n, k, mode, tma=False: gemm.Tiles(*tiles) if m > 64 else saved(m, n, k, mode, tma)
-        try:
-            return fn()
-        finally:
-            gemm.fp8_tiles = saved
-    return run
+    default = gemm.fp8_tiles
+    return _patched(fn, GLUON_FP8=False, fp8_tiles=lambda m, n, k, mode, tma=False: gemm.Tiles(*tiles) if m > 64
+                    else default(m, n, k, mode, tma))
 
 
 def bench_gemm(device: str | torch.device = "cuda") -> list[dict[str, Any]]:
@@ -119,6 +123,8 @@ def bench_gemm(device: str | torch.device = "cuda") -> list[dict[str, Any]]:
     wants = {"block": want_b, "tensor": want_t}
     rows = [
         _row("mm fp8 e4m3 8192^3", "triton block 128x128", fns["block"], want_b, flops),
+        _row("mm fp8 e4m3 8192^3", "triton block 128x128 Triton TMA kernel (Gluon off)",
+             _patched(fns["block"], GLUON_FP8=False), want_b, flops),
         _row("mm fp8 e4m3 8192^3", "triton block 128x128 pointer kernel", _pointer_kernels(fns["block"]), want_b, flops),
         _row("mm fp8 e4m3 8192^3", "triton per-tensor", fns["tensor"], want_t, flops),
         _row("mm fp8 e4m3 8192^3", "triton per-tensor pointer kernel", _pointer_kernels(fns["tensor"]), want_t, flops),
@@ -126,22 +132,22 @@ def bench_gemm(device: str | torch.device = "cuda") -> list[dict[str, Any]]:
                _fp8_tiles(fns[mode], t), wants[mode], flops) for mode, t in FP8_SWEEP),
         _row("mm fp8 e4m3 8192^3", "torch._scaled_mm per-tensor",
              lambda: torch._scaled_mm(ta, tw.t(), scale_a=tsa, scale_b=tsw, out_dtype=torch.bfloat16), want_t, flops),
-        *_gluon_rows(qa, qb, sa, sb, want_b, flops),  # last: an experimental kernel that hangs stops only itself
+        *_gluon_rows(qa, qb, sa, sb, want_b, flops),
     ]
     return out + _ratio(rows, "torch._scaled_mm per-tensor")
 
 
 def _gluon_rows(qa: torch.Tensor, qb: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, want: torch.Tensor,
                 flops: float) -> list[dict[str, Any]]:
-    """The experimental warp-specialised Gluon block-scaled kernel (opt-in, ``_gemm_gluon``), 3 / 4 / 5 TMA stages."""
-    try:
-        from kernel_switchboard_triton import _gemm_gluon
-    except Exception as exc:  # no Gluon in this Triton
-        return [{"workload": "mm fp8 e4m3 8192^3", "impl": "gluon block 128x128", "error": repr(exc)}]
-    return [_row("mm fp8 e4m3 8192^3", f"gluon block 128x128 warp-specialised stages={stages} (experimental)",
-                 lambda stages=stages: _gemm_gluon.mm_fp8_block(qa, qb, sa, sb, torch.bfloat16, stages=stages), want,
-                 flops)
-            for stages in (3, 4, 5)]
+    """The Gluon block-scaled kernel (``_gemm_gluon``, sm_90) with 3 and 5 TMA stages (the default: 4)."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        return []
+    from kernel_switchboard_triton import _gemm_gluon
+
+    out = torch.empty_like(want, dtype=torch.bfloat16)
+    return [_row("mm fp8 e4m3 8192^3", f"gluon block 128x128 stages={stages} (sweep)",
+                 lambda stages=stages: _gemm_gluon.mm_fp8_block(qa, qb, sa, sb, out, stages=stages), want, flops)
+            for stages in (3, 5)]
 
 
 if __name__ == "__main__":

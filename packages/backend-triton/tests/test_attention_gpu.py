@@ -130,16 +130,16 @@ BF16, F16 = torch.bfloat16, torch.float16
     ids=str)
 def test_mla_decode_deepseek_shape(page_size: int, kernel: str, splits: int | None, dtype: torch.dtype,
                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """``gluon``: the Gluon kernel (the Hopper default on TMA-ready pages) with the default, one and three KV splits;
-    ``gluon_ws``: its experimental warp-specialised variant; ``triton``: the Triton kernels (TMA or pointer loads)."""
+    """``gluon_ws``: the warp-specialised Gluon kernel (the Hopper default on TMA-ready pages) with the default, one
+    and three KV splits; ``gluon``: the Gluon kernel without warp specialisation; ``triton``: the Triton kernels
+    (TMA or pointer loads)."""
     from kernel_switchboard_triton import _mla
 
     real_config = _mla.mla_config
     if kernel != "triton":
         if torch.cuda.get_device_capability()[0] != 9:
             pytest.skip("the Gluon MLA kernels use Hopper's wgmma (sm_90 only)")
-        assert real_config(torch.device("cuda"), 4, 128, 8192).gluon  # the default here
-        monkeypatch.setattr(_mla, "GLUON_DTYPES", frozenset({dtype}))  # fp16: not yet among the checked dtypes
+        assert real_config(torch.device("cuda"), 4, 128, 8192).gluon_ws  # the default here
     monkeypatch.setattr(_mla, "mla_config", lambda *a: real_config(*a, splits)._replace(
         gluon=kernel != "triton", gluon_ws=kernel == "gluon_ws"))
     lens = [5000, 1, 2049, 700]

@@ -157,18 +157,22 @@ def test_gluon_fp8_block_descriptors_match_the_kernel_tiles() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("m", "n", "k", "stages"), [(4000, 4000, 2064, 4), (256, 384, 1024, 3), (130, 128, 128, 4),
-                                                     (1000, 3000, 7168, 5)])
-def test_gpu_fp8_block_gluon(m: int, n: int, k: int, stages: int) -> None:
+@pytest.mark.parametrize(("m", "n", "k", "stages", "out"), [
+    (4000, 4000, 2064, 4, torch.bfloat16), (256, 384, 1024, 3, torch.float16), (130, 128, 128, 4, torch.float32),
+    (1000, 3000, 7168, 5, torch.bfloat16), (65, 256, 512, 4, torch.bfloat16)], ids=str)
+def test_gpu_fp8_block_gluon(m: int, n: int, k: int, stages: int, out: torch.dtype) -> None:
     # edge tiles in M and N, a partial last K step, one K step, fewer tiles than SMs and several tiles per program
-    # (the ring and the store buffers carry on across tiles)
+    # (the ring and the store buffers carry on across tiles); every output dtype; the smallest M mm_fp8 routes here
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon fp8 kernel uses Hopper's wgmma (sm_90 only)")
     from kernel_switchboard_triton import _gemm_gluon
 
     qa, sa = quantize_fp8(_randn(m, k, seed=3), 1, 128)
     qw, sw = quantize_fp8(_randn(n, k, seed=4, scale=k**-0.5), 128, 128)
-    c = _gemm_gluon.mm_fp8_block(qa, qw.t(), sa, sw.t(), torch.bfloat16, stages=stages)
+    c = _gemm_gluon.mm_fp8_block(qa, qw.t(), sa, sw.t(), torch.empty(m, n, dtype=out, device="cuda"), stages=stages)
     want = ksb.gemm.mm_fp8(qa, qw.t(), sa, sw.t(), out_dtype=torch.float32, backend="reference")
     rel = ((c.float() - want).norm() / want.norm()).item()
     assert rel < 1e-2, rel
+    if stages == 4:  # the default: mm_fp8 routes TMA-ready block-scaled operands on sm_90 to this kernel
+        routed = ksb.gemm.mm_fp8(qa, qw.t(), sa, sw.t(), out_dtype=out, backend="triton")
+        assert torch.equal(routed, c)

@@ -91,12 +91,12 @@ def mm_config(dtype: str, layout_a: str, layout_b: str, m: int, n: int, sm_count
     return _mm(dtype, layout_a, layout_b, *MM_TILES[role])
 
 
-#: fp8 block-scaled tiles by role: the first two are the defaults (M <= 64, larger M), the others candidates
-#: that the benchmark measures (``KSB_CUTLASS_FP8_BLOCK_TILE`` forces one). H200 8192^3, run 14, TFLOP/s:
-#: coop 932 (1005 in run 11), coop_c2x1 975, coop_c1x1 972; run 19: coop 936, coop_c2x1 1001, coop_c1x1 939.
-#: coop_c2x1 becomes the default once the GPU conformance (odd M: clusters cut by the problem's edge) passed
-#: with it forced (notes/gpu-runs.md, next GPU session). Dropped after run 14: 64x128x128 pingpong with a 1x2
-#: cluster (672) and 128x256x128 cooperative (nvcc rejects it).
+#: fp8 block-scaled tiles by role: ``small_m`` (M <= 64), ``coop`` (M <= 128: one tile row, which a 2x1 cluster
+#: would leave half idle) and ``coop_c2x1`` (larger M) are the defaults, ``coop_c1x1`` a candidate the benchmark
+#: measures (``KSB_CUTLASS_FP8_BLOCK_TILE`` forces one). H200 8192^3, TFLOP/s: run 14 coop 932 (1005 in run 11),
+#: coop_c2x1 975, coop_c1x1 972; run 19 coop 936, coop_c2x1 1001, coop_c1x1 939. coop_c2x1's GPU conformance with
+#: clusters cut by the problem's edge (M = 333, 1100) passed in run 20. Dropped after run 14: 64x128x128 pingpong
+#: with a 1x2 cluster (672) and 128x256x128 cooperative (nvcc rejects it).
 FP8_BLOCK_TILES: dict[str, tuple[tuple[int, int, int], tuple[int, int, int], str]] = {
     "small_m": ((64, 128, 128), (1, 1, 1), "pingpong"),
     "coop": ((128, 128, 128), (1, 2, 1), "cooperative"),
@@ -108,7 +108,8 @@ FP8_BLOCK_TILES: dict[str, tuple[tuple[int, int, int], tuple[int, int, int], str
 def fp8_block_config(out_dtype: str, m: int, role: str | None = None) -> GemmConfig:
     """DeepSeek-style fp8 GEMM with 1x128 (A) and 128x128 (B) float32 scales; ``role`` (else
     ``KSB_CUTLASS_FP8_BLOCK_TILE``, else chosen by ``m``) names one of ``FP8_BLOCK_TILES``."""
-    role = role or os.environ.get("KSB_CUTLASS_FP8_BLOCK_TILE") or ("small_m" if m <= 64 else "coop")
+    role = role or os.environ.get("KSB_CUTLASS_FP8_BLOCK_TILE") or ("small_m" if m <= 64 else "coop" if m <= 128
+                                                                     else "coop_c2x1")
     if role not in FP8_BLOCK_TILES:
         raise ValueError(f"KSB_CUTLASS_FP8_BLOCK_TILE={role!r}: expected one of {sorted(FP8_BLOCK_TILES)}")
     return GemmConfig("mm_fp8_block", "e4m3", out_dtype, "row", "col", *FP8_BLOCK_TILES[role])

@@ -27,10 +27,11 @@ HALF = frozenset({torch.float16, torch.bfloat16})
 FP8_OUT = frozenset({torch.bfloat16, torch.float16, torch.float32})
 LAYOUT_WORD = {"R": "row", "C": "col"}
 #: rough sustained rates on an H100/H200 (flop/s) and HBM bandwidth; they only rank kernels. fp8 by scale mode:
-#: H200 8192^3 (notes/gpu-runs.md runs 10-14): 128x128 block scales 932-1005 TFLOP/s, per-tensor 484-497 (its
-#: epilogue-scaled kernel accumulates without fast accumulation), where Triton's per-tensor kernel ran 938-1118
-#: (Triton's estimate: 1000); bf16 mm 660-680 (Triton 684-798); grouped DeepSeek-V3 experts 286-293 (Triton 229-247)
-RATE = {"mm": 650e12, "mm_fp8": 1100e12, "mm_fp8_tensor": 500e12, "grouped_mm": 290e12}
+#: H200 8192^3 (notes/gpu-runs.md runs 10-20): 128x128 block scales 932-1005 TFLOP/s (Triton's sm_90 Gluon kernel
+#: 1119), per-tensor 484-497 (its epilogue-scaled kernel accumulates without fast accumulation), where Triton's
+#: per-tensor kernel ran 938-1158; bf16 mm 660-680 (Triton 684-798); grouped DeepSeek-V3 experts 286-293
+#: (Triton 229-247)
+RATE = {"mm": 650e12, "mm_fp8": 1000e12, "mm_fp8_tensor": 500e12, "grouped_mm": 290e12}
 BANDWIDTH = 3.3e12
 #: host work per call: ctypes, CUTLASS initialize (TMA descriptors), launch
 HOST_S = 12e-6

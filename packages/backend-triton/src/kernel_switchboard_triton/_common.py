@@ -21,6 +21,23 @@ def has_tma(device: torch.device) -> bool:
     return triton_interpreting() or (device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
+@functools.cache
+def _gluon_importable() -> bool:
+    """Whether this Triton has the Gluon Hopper language our Gluon kernels use (wgmma, TMA, mbarriers; 3.5+)."""
+    try:
+        from . import _gemm_gluon, _mla_gluon_ws  # noqa: F401  (_mla_gluon_ws imports _mla_gluon)
+    except (ImportError, AttributeError):  # no Gluon, or one without the Hopper names the kernels use
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=8)
+def gluon_hopper(device: torch.device) -> bool:
+    """The Gluon kernels can run on ``device``: an sm_90 GPU (their MMAs are Hopper's wgmma), never interpreted."""
+    return (not triton_interpreting() and device.type == "cuda"
+            and torch.cuda.get_device_capability(device)[0] == 9 and _gluon_importable())
+
+
 def row_major_for_tma(t: torch.Tensor) -> bool:
     """TMA can describe the 2-D ``t`` as it is: unit last stride, 16-byte aligned row stride and base."""
     size = t.element_size()

@@ -13,8 +13,10 @@ Compute bound at 128 heads (~240 FLOP per KV byte): Triton lays out the score do
 dot, with every warp along M, so with 64 heads and 8 warps both warpgroups compute the whole score tile (the
 PV dot splits the 512 outputs between them and each needs all of P). Passing P through an L2 scratch behind a
 CTA barrier gives each warpgroup half of the score tile but ran 7% slower on the H200 (commit e3839ef).
-On Hopper the default is therefore ``_mla_gluon`` (``MLAConfig.gluon``), the same tiles in Gluon with explicit
-layouts: H200, B=128 L=8192 H=128 page 64, 1.46 TB/s against this module's TMA kernel's 1.25 (run 19).
+On Hopper the default is therefore Gluon with explicit layouts (``MLAConfig.gluon``): ``_mla_gluon_ws``, where
+warp-specialised warpgroups take whole score tiles in turn (``gluon_ws``), else ``_mla_gluon``, the same tiles
+split between both warpgroups. H200, B=128 L=8192 H=128 page 64 (run 20): 1.67 TB/s, 1.45 and this module's
+TMA kernel's 1.24.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._attn_common import LOG2E, cc_major, choose_splits, interpreting, resident_ctas, sm_count
-from ._common import has_tma, row_major_for_tma
+from ._common import gluon_hopper, has_tma, row_major_for_tma
 from ._decode import launch_merge_splits, round_len
 
 
@@ -220,10 +222,6 @@ def _mla_tma_kernel(
     tl.store(lse_ptr + b.to(tl.int64) * stride_lb + offs_h * stride_lh + split, lse, mask=mask_h)
 
 
-#: dtypes checked on the H200 through the Gluon kernels (run 19); others take the Triton kernels until they are
-GLUON_DTYPES = frozenset({torch.bfloat16})
-
-
 class MLAConfig(NamedTuple):
     """Static launch choices of one MLA decode shape."""
 
@@ -236,9 +234,9 @@ class MLAConfig(NamedTuple):
     dot_fp32: bool
     #: load page tiles with TMA where the pages allow it (see ``_tma_descriptors``)
     tma: bool = False
-    #: the Gluon kernel (``_mla_gluon``) where TMA can load the pages: Hopper (sm_90 wgmma), 64 heads x 64-key tiles
+    #: a Gluon kernel where TMA can load the pages: Hopper (sm_90 wgmma), 64 heads x 64-key tiles
     gluon: bool = False
-    #: experimental, with ``gluon``: its warp-specialised variant (``_mla_gluon_ws``)
+    #: with ``gluon``: the warp-specialised ``_mla_gluon_ws`` (the default), else ``_mla_gluon``
     gluon_ws: bool = False
 
 
@@ -255,25 +253,15 @@ def mla_config(device: torch.device, batch: int, heads: int, kv_len: int,
     # the queries) let the next tile's loads (TMA where pages allow) run under this tile's dots. H200 sweep
     # (B=128 L=8192 H=128 p64, notes/gpu-runs.md runs 8 and 17), BLOCK_N 64: TMA two stages 1.25 TB/s, one 0.96;
     # pointer loads two stages 0.97, one 0.76; TMA BLOCK_N 32 with 2-4 stages 0.79-0.82; 32-head tiles 0.60;
-    # the Gluon kernel on the TMA tiles (sm_90 only: wgmma) 1.46 (run 19).
+    # the Gluon kernels on the TMA tiles (sm_90 only: wgmma) 1.45, warp-specialised 1.67 (run 20).
     block_h = 64 if hopper and heads >= 64 else (32 if heads >= 32 else 16)
     block_n, warps, stages = (64, 8, 2) if hopper else (32, 8, 1)
     if num_splits is None:
         smem = stages * block_n * (512 + 64) * 2 + block_h * (512 + 64) * 2
         slots = sm_count(device) * resident_ctas(device, smem, warps, 255 if block_h == 64 else 192)
         num_splits = choose_splits(batch * triton.cdiv(heads, block_h), kv_len, block_n, slots)
-    gluon = cc_major(device) == 9 and (block_h, block_n) == (64, 64) and _gluon_hopper_available()
-    return MLAConfig(block_h, block_n, num_splits, warps, stages, False, has_tma(device), gluon)
-
-
-@functools.cache
-def _gluon_hopper_available() -> bool:
-    """Whether this Triton has Gluon's Hopper language (wgmma, TMA, mbarriers): Triton 3.5 and newer."""
-    try:
-        from . import _mla_gluon  # noqa: F401
-    except (ImportError, AttributeError):  # no Gluon, or one without the Hopper names the kernel uses
-        return False
-    return True
+    gluon = gluon_hopper(device) and (block_h, block_n) == (64, 64)
+    return MLAConfig(block_h, block_n, num_splits, warps, stages, False, has_tma(device), gluon, gluon)
 
 
 def _flat_rows(ckv: torch.Tensor, kpe: torch.Tensor, cfg: MLAConfig) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -323,8 +311,7 @@ def launch_mla(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv: torch.Tensor, kpe:
     if (cfg.gluon and (cfg.block_h, cfg.block_n) != (64, 64)) or (cfg.gluon_ws and not cfg.gluon):
         raise ValueError(f"launch_mla: the Gluon kernels take 64 heads x 64-key tiles (gluon_ws only with gluon), "
                          f"got {cfg}")
-    gluon = cfg.gluon and q_nope.dtype in GLUON_DTYPES
-    rows = _flat_rows(ckv, kpe, cfg) if gluon else None  # None: pages TMA cannot load, the kernels below
+    rows = _flat_rows(ckv, kpe, cfg) if cfg.gluon else None  # None: pages TMA cannot load, the kernels below
     descriptors = None if rows is not None else _tma_descriptors(ckv, kpe, cfg)
     if rows is not None:
         from . import _mla_gluon, _mla_gluon_ws

@@ -8,9 +8,10 @@ memory between the two. K / V latent tiles arrive by TMA through a ring of ``STA
 next tile are issued before this tile's PV MMA, and their softmax runs while that MMA does (FlashAttention-3's
 order), so the tensor cores see S(t + 1) and PV(t) back to back.
 
-The default MLA decode on Hopper where TMA can load the pages (``_mla.mla_config`` sets ``MLAConfig.gluon``).
-H200 (run 19, B=128 L=8192 H=128 page 64): 1.46 TB/s, max error 1.2e-4, against the Triton TMA kernel's 1.25;
-host ptxas sm_90 (Triton 3.6): 255 registers, no spills, 225 KB of shared memory.
+Used on Hopper when ``MLAConfig.gluon_ws`` is off (the warp-specialised ``_mla_gluon_ws`` is the default; it
+shares this module's launch and tile helpers). H200 (B=128 L=8192 H=128 page 64): 1.46 TB/s in run 19, 1.45 in
+run 20 (``_mla_gluon_ws`` 1.67), max error 1.2e-4; host ptxas sm_90 (Triton 3.6): 255 registers, no spills,
+225 KB of shared memory.
 """
 
 from __future__ import annotations

@@ -8,9 +8,10 @@ memory; both then multiply P by their half of the 512 latent columns (the owner 
 runs its softmax the other's MMAs run. A one-warp loader partition fills a two-slot TMA ring (and zeroes the rows
 of a partial last tile past the request's end, which may hold NaN), so no CTA barrier is left in the loop.
 
-Experimental, opt-in (``MLAConfig.gluon_ws``): compiled on the host for sm_90 only (Triton 3.6 and 3.9; ptxas:
-168 registers at launch, 232 per consumer warpgroup, 112 bytes of spills, 225 KB of shared memory), not yet run
-on a GPU.
+The default MLA decode on Hopper where TMA can load the pages (``_mla.mla_config`` sets ``MLAConfig.gluon_ws``).
+H200 (run 20, B=128 L=8192 H=128 page 64): 1.67 TB/s, max error 1.2e-4, against ``_mla_gluon``'s 1.45 and the
+Triton TMA kernel's 1.24 in the same run; first call 5.6 s. Host ptxas sm_90 (Triton 3.6): 168 registers at
+launch, 232 per consumer warpgroup, 112 bytes of spills, 225 KB of shared memory.
 """
 
 from __future__ import annotations

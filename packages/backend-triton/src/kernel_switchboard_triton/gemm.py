@@ -3,11 +3,12 @@ block scales, applied per K block inside the accumulation loop) and ``grouped_mm
 
 Signatures: :mod:`kernel_switchboard.ops.gemm`. Operands TMA can describe (unit stride along a row of a, of c and
 of b or of b's transpose; 16-byte aligned rows; at least ``TMA_MIN_M`` rows) on Hopper or newer take persistent TMA
-kernels, one program per SM; other strides take the pointer kernels. Fixed tile configurations
-chosen by shape (no autotuning at run time); float32 accumulation; any operand strides. float32 operands use exact
-float32 products (``input_precision="ieee"``, CUDA cores, no TF32), so they rank below cuBLAS. ``grouped_mm``
-launches ``ceil(T / BLOCK_M) + G`` row tiles, which bounds the tiles of any split of T rows into G groups, so it
-needs no host sync; extra programs exit at once.
+kernels, one program per SM; other strides take the pointer kernels. On sm_90 the 128x128 block-scaled fp8
+matmul with such operands (b K-major) runs the warp-specialised Gluon kernel (``_gemm_gluon``, ``GLUON_FP8``).
+Fixed tile configurations chosen by shape (no autotuning at run time); float32 accumulation; any operand
+strides. float32 operands use exact float32 products (``input_precision="ieee"``, CUDA cores, no TF32), so they
+rank below cuBLAS. ``grouped_mm`` launches ``ceil(T / BLOCK_M) + G`` row tiles, which bounds the tiles of any
+split of T rows into G groups, so it needs no host sync; extra programs exit at once.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from kernel_switchboard import Capability, Kernel
 from kernel_switchboard.availability import triton_interpreting
 
 from . import _gemm_kernels as K
-from ._common import BACKEND, DEVICES, PRIORITY, has_tma, row_major_for_tma
+from ._common import BACKEND, DEVICES, PRIORITY, gluon_hopper, has_tma, row_major_for_tma
 from ._perf import compute_bound
 
 DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
@@ -138,6 +139,9 @@ def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 _MODES = {"tensor": 0, "row_col": 1, "block": 2}
+#: block-scaled fp8 on sm_90 takes the Gluon kernel (H200 8192^3, run 20: 1119 TFLOP/s against this module's TMA
+#: kernel's 812); the benchmark switches it off for comparison
+GLUON_FP8 = True
 
 
 def mm_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, scale_mode: str,
@@ -153,6 +157,10 @@ def mm_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: tor
     sb = scale_b.reshape(1, 1) if scale_mode == "tensor" else scale_b
     tma = m >= TMA_MIN_M and _b_layout(b) is True and row_major_for_tma(a) and row_major_for_tma(c) \
         and has_tma(a.device)
+    if tma and scale_mode == "block" and GLUON_FP8 and gluon_hopper(a.device):
+        from . import _gemm_gluon
+
+        return _gemm_gluon.mm_fp8_block(a, b, sa, sb, c)
     t = fp8_tiles(m, n, k, scale_mode, tma)
     if tma:
         a_desc, b_desc, c_desc = _descriptors(a, b, c, t, True)
@@ -193,16 +201,28 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> torch
 #: sustained rates of these kernels on the H200 at 8192^3 (notes/gpu-runs.md runs 10-18): bf16 mm 684-798 TFLOP/s
 #: (CUTLASS 660-680), grouped DeepSeek-V3 experts 229-247 (CUTLASS 286-293); fp8 takes the shared table (1000)
 RATE = {"mm": 720e12, "grouped_mm": 240e12}
+#: fp8 by scale mode (H200 8192^3, runs 19-20: per-tensor 1060-1158 TFLOP/s, block scales 804-865 on the Triton
+#: kernels and 1119 on the sm_90 Gluon kernel)
+FP8_RATE = {"tensor": 1050e12, "row_col": 1050e12, "block": 830e12, "block_gluon": 1100e12}
+
+
+def _rate(name: str, problem: Any) -> float | None:
+    """The rate kernel ``name`` reaches on ``problem`` (None: the shared table's, by dtype)."""
+    if problem.dtype == torch.float32:
+        return None
+    if name != "mm_fp8":
+        return RATE[name]
+    mode = problem.scale_mode
+    return FP8_RATE["block_gluon" if mode == "block" and gluon_hopper(torch.device("cuda")) else mode]
 
 
 def _cost(name: str) -> Callable[[Any], float]:
-    """The cost estimate of kernel ``name``: a roofline at its measured rate (``RATE``; fp8 and float32: the shared table)."""
+    """The cost estimate of kernel ``name``: a roofline at its measured rate (``_rate``)."""
     def cost(problem: Any) -> float:
         m, n, k = problem.m, problem.n, problem.k
         size_in = problem.dtype.itemsize
         nbytes = (m * k + k * n * (problem.groups or 1)) * size_in + m * n * problem.out_dtype.itemsize
-        rate = RATE.get(name) if problem.dtype != torch.float32 else None
-        return compute_bound(problem, 2.0 * m * n * k, nbytes, problem.dtype, rate=rate)
+        return compute_bound(problem, 2.0 * m * n * k, nbytes, problem.dtype, rate=_rate(name, problem))
 
     return cost
 

@@ -246,7 +246,7 @@ def _flashinfer_externals(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]
 
     if os.environ.get("KSB_BENCH_FLASHINFER", "1") == "0":  # its JIT costs 12-320 s per module on first use
         return {}
-    if op not in ("attention.decode", "attention.prefill_ragged") or "variant" in kwargs:
+    if op not in ("attention.decode", "attention.prefill_ragged", "attention.mla_decode") or "variant" in kwargs:
         return {}
     try:
         flashinfer = importlib.import_module("flashinfer")
@@ -262,6 +262,18 @@ def _flashinfer_externals(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]
             w.plan(qo_indptr, kv_indptr, q.shape[1], k.shape[1], q.shape[2], v.shape[2],
                    causal=kwargs.get("causal", True), q_data_type=q.dtype, kv_data_type=k.dtype, **masking)
             out["flashinfer prefill"] = lambda: w.run(q, k, v)
+        except Exception:  # noqa: BLE001 - a baseline that cannot run this point is left out
+            pass
+    if op == "attention.mla_decode":  # its default backend: FA3 on sm_90
+        qn, qp, ckv, kpe, table = args[:5]
+        try:
+            indptr, indices, _ = table.to_csr(ckv.shape[1])
+            sm_scale = kwargs.get("sm_scale") or (ckv.shape[2] + kpe.shape[2]) ** -0.5
+            qo_indptr = torch.arange(qn.shape[0] + 1, dtype=torch.int32, device=qn.device)
+            w = flashinfer.mla.BatchMLAPagedAttentionWrapper(ws)
+            w.plan(qo_indptr, indptr, indices, table.seq_lens, qn.shape[1], ckv.shape[2], kpe.shape[2], ckv.shape[1],
+                   False, sm_scale, qn.dtype, ckv.dtype)
+            out["flashinfer mla"] = lambda: w.run(qn, qp, ckv, kpe)
         except Exception:  # noqa: BLE001 - a baseline that cannot run this point is left out
             pass
     if op == "attention.decode":
