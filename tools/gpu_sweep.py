@@ -1,7 +1,7 @@
 """Tile sweeps of the Triton prefill, MLA decode and small-batch decode kernels on the GPU (issues 3 and 7);
 rows printed as they finish and written to one JSON file.
 
-    python3 tools/gpu_sweep.py OUT.json [prefill] [mla] [decode-small] [same-plan]
+    python3 tools/gpu_sweep.py OUT.json [prefill] [mla] [mla-small] [decode-small] [same-plan]
 
 ``decode-small``: split counts and tiles at batch 1 and 16 (page 16, NHD), each plan timed in a CUDA graph.
 ``same-plan``: the grid's B=1 L=1024 p16 NHD decode, where the automatic plan and the explicit Triton plan
@@ -30,6 +30,10 @@ def main() -> int:
     if "mla" in parts:
         rows += bench._mla_point(dev, g, True)
         out.write_text(json.dumps(rows, indent=1, default=str))
+    if "mla-small" in parts:  # the deepseek-v3-mla preset's small point, eager and in CUDA graphs, split counts
+        for graph in (False, True):
+            rows += bench._mla_point(dev, g, True, batch=16, length=4096, graph=graph, splits=(2, 4, 8, 16))
+            out.write_text(json.dumps(rows, indent=1, default=str))
     if "decode-small" in parts:
         for batch, length in ((1, 1024), (1, 4096), (1, 8192), (16, 1024)):
             rows += bench._decode_point(batch, length, "NHD", dev, g, True, graph=True,

@@ -220,7 +220,9 @@ def _prefill_point(batch: int, length: int, dev: torch.device, g: torch.Generato
 
 # -- MLA ------------------------------------------------------------------------------------------
 def _mla_point(dev: torch.device, g: torch.Generator, sweep: bool, batch: int = 128, length: int = 8192,
-               page: int = 64, heads: int = 128) -> list[dict[str, Any]]:
+               page: int = 64, heads: int = 128, graph: bool = False, splits: tuple[int, ...] = ()) -> list[dict[str, Any]]:
+    """Rows of the default configuration and, with ``sweep``, of the other kernels and of the default with one
+    split and each count in ``splits``; ``graph``: each replayed in a CUDA graph (the GPU time alone)."""
     from kernel_switchboard.reference import attention as ref
     from kernel_switchboard_triton._decode import round_len
     from kernel_switchboard_triton._mla import MLAConfig, mla_config, mla_decode
@@ -243,14 +245,19 @@ def _mla_point(dev: torch.device, g: torch.Generator, sweep: bool, batch: int = 
         for stages, tma in ((2, False), (2, True)):
             for splits in sorted({1, base.num_splits}):
                 cfgs.append(MLAConfig(64, 64, splits, 8, stages, False, tma))
-        if base.num_splits != 1:
-            cfgs.append(base._replace(num_splits=1))
+        cfgs += [base._replace(num_splits=s) for s in sorted({1, *splits} - {base.num_splits})]
         if base.gluon:
             cfgs += [base._replace(gluon_ws=False, num_splits=s) for s in sorted({1, base.num_splits})]
     rows = []
     for i, cfg in enumerate(cfgs):
         run = (lambda cfg=cfg: mla_decode(qn, qp, ckv, kpe, table, p, cfg)[0])
-        rows.append(_row(workload, "triton" if i == 0 else "triton (sweep)",
+        if graph and dev.type == "cuda":
+            out = run()  # compile outside the capture
+            cuda_graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(cuda_graph):
+                out = run()
+            run = (lambda cuda_graph=cuda_graph, out=out: (cuda_graph.replay(), out)[1])
+        rows.append(_row(workload + (" graph" if graph else ""), "triton" if i == 0 else "triton (sweep)",
                          f"BLOCK_H={cfg.block_h} BLOCK_N={cfg.block_n} splits={cfg.num_splits} warps={cfg.num_warps} "
                          f"stages={cfg.num_stages} tma={cfg.tma} gluon={cfg.gluon} gluon_ws={cfg.gluon_ws}", run,
                          lambda run=run: _err(run(), want), nbytes, "tb_s"))
