@@ -152,34 +152,27 @@ def test_gluon_fp8_block_descriptors_match_the_kernel_tiles() -> None:
     a = torch.zeros(130, 256, dtype=torch.float8_e4m3fn)
     b = torch.zeros(384, 256, dtype=torch.float8_e4m3fn).t()
     c = torch.empty(130, 384, dtype=torch.bfloat16)
-    for block_n in _gemm_gluon.BLOCK_NS:
-        shapes = [list(d.block_shape) for d in _gemm_gluon._descriptors(a, b, c, block_n)]
-        assert shapes == [[128, 128], [block_n, 128], [64, 128]]
-    with pytest.raises(ValueError, match="block_n=192"):
-        _gemm_gluon.mm_fp8_block(a, b, torch.ones(130, 2), torch.ones(2, 3), c, block_n=192)
+    shapes = [list(d.block_shape) for d in _gemm_gluon._descriptors(a, b, c)]
+    assert shapes == [[128, 128], [128, 128], [64, 128]]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("m", "n", "k", "stages", "out", "block_n"), [
-    (4000, 4000, 2064, 4, torch.bfloat16, 128), (256, 384, 1024, 3, torch.float16, 128),
-    (130, 128, 128, 4, torch.float32, 128), (1000, 3000, 7168, 5, torch.bfloat16, 128),
-    (65, 256, 512, 4, torch.bfloat16, 128), (4000, 4000, 2064, 3, torch.bfloat16, 256),
-    (256, 384, 1024, 3, torch.float16, 256), (130, 130, 256, 3, torch.bfloat16, 256)], ids=str)
-def test_gpu_fp8_block_gluon(m: int, n: int, k: int, stages: int, out: torch.dtype, block_n: int) -> None:
+@pytest.mark.parametrize(("m", "n", "k", "stages", "out"), [
+    (4000, 4000, 2064, 4, torch.bfloat16), (256, 384, 1024, 3, torch.float16), (130, 128, 128, 4, torch.float32),
+    (1000, 3000, 7168, 5, torch.bfloat16), (65, 256, 512, 4, torch.bfloat16)], ids=str)
+def test_gpu_fp8_block_gluon(m: int, n: int, k: int, stages: int, out: torch.dtype) -> None:
     # edge tiles in M and N, a partial last K step, one K step, fewer tiles than SMs and several tiles per program
-    # (the ring and the store buffers carry on across tiles); every output dtype; the smallest M mm_fp8 routes here;
-    # 256-column tiles whose second part lies partly (N = 384, 4000) or wholly (N = 130) past N
+    # (the ring and the store buffers carry on across tiles); every output dtype; the smallest M mm_fp8 routes here
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon fp8 kernel uses Hopper's wgmma (sm_90 only)")
     from kernel_switchboard_triton import _gemm_gluon
 
     qa, sa = quantize_fp8(_randn(m, k, seed=3), 1, 128)
     qw, sw = quantize_fp8(_randn(n, k, seed=4, scale=k**-0.5), 128, 128)
-    c = _gemm_gluon.mm_fp8_block(qa, qw.t(), sa, sw.t(), torch.empty(m, n, dtype=out, device="cuda"), stages=stages,
-                                 block_n=block_n)
+    c = _gemm_gluon.mm_fp8_block(qa, qw.t(), sa, sw.t(), torch.empty(m, n, dtype=out, device="cuda"), stages=stages)
     want = ksb.gemm.mm_fp8(qa, qw.t(), sa, sw.t(), out_dtype=torch.float32, backend="reference")
     rel = ((c.float() - want).norm() / want.norm()).item()
     assert rel < 1e-2, rel
-    if (stages, block_n) == (4, 128):  # the default: mm_fp8 routes TMA-ready block-scaled operands on sm_90 to this kernel
+    if stages == 4:  # the default: mm_fp8 routes TMA-ready block-scaled operands on sm_90 to this kernel
         routed = ksb.gemm.mm_fp8(qa, qw.t(), sa, sw.t(), out_dtype=out, backend="triton")
         assert torch.equal(routed, c)

@@ -29,10 +29,8 @@ _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
 
 BLOCK_M = gl.constexpr(128)  # output rows per tile: two consumer warpgroups of 64
+BLOCK_N = gl.constexpr(128)  # output columns per tile: one scale_b block
 BLOCK_K = gl.constexpr(128)  # K per step: one scale block
-SCALE_BLOCK = gl.constexpr(128)  # rows and columns of b per scale; the columns of one MMA
-#: output columns per tile (the block of b's descriptor): one or two scale blocks of 128
-BLOCK_NS = (128, 256)
 
 
 @gluon.jit
@@ -61,7 +59,6 @@ def _loader(p):
     a_desc, b_desc, c_desc, sa_ptr, sb_ptr, M, N, K, strides, a_smem, b_smem, c_smem, bars, GROUP_M = p  # noqa: RUF059
     ready, empty, c_ready, c_empty = bars  # noqa: RUF059
     STAGES: gl.constexpr = a_smem.shape[0]
-    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
     steps = gl.cdiv(K, BLOCK_K)
     g = 0
     for local in range(_my_tiles(M, N, BLOCK_M, BLOCK_N)):
@@ -78,19 +75,15 @@ def _loader(p):
 
 @gluon.jit
 def _storer(p):
-    """Worker (1 warp): TMA stores of each consumer's finished 64-row half tile, 128 columns at a time."""
+    """Worker (1 warp): TMA stores of each consumer's finished 64-row half tile."""
     a_desc, b_desc, c_desc, sa_ptr, sb_ptr, M, N, K, strides, a_smem, b_smem, c_smem, bars, GROUP_M = p  # noqa: RUF059
     ready, empty, c_ready, c_empty = bars  # noqa: RUF059
     HALF: gl.constexpr = c_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
-    PARTS: gl.constexpr = BLOCK_N // SCALE_BLOCK
     for local in range(_my_tiles(M, N, BLOCK_M, BLOCK_N)):
         pid_m, pid_n = _tile_coords(gl.program_id(0) + local * gl.num_programs(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
         for wg in gl.static_range(2):
             mbarrier.wait(c_ready.index(wg), local & 1)
-            for part in gl.static_range(PARTS):
-                _tma_store(c_desc, [pid_m * BLOCK_M + wg * HALF, pid_n * BLOCK_N + part * SCALE_BLOCK],
-                           c_smem.index(wg * PARTS + part))
+            _tma_store(c_desc, [pid_m * BLOCK_M + wg * HALF, pid_n * BLOCK_N], c_smem.index(wg))
         tma.store_wait(pendings=0)
         for wg in gl.static_range(2):
             mbarrier.arrive(c_empty.index(wg), count=1)
@@ -98,62 +91,47 @@ def _storer(p):
 
 @gluon.jit
 def _consume(p, WG: gl.constexpr):
-    """Consumer warpgroup ``WG`` (4 warps): rows [WG * 64, WG * 64 + 64) of each tile. Per K step and 128 columns
-    (one or two parts): wait for the stage, wgmma into a fresh product, wait for it, add product * scale_a[row] *
-    scale_b to that part's float32 accumulator; free the stage after the last part. Then the half tile goes
-    through shared memory to the storer."""
+    """Consumer warpgroup ``WG`` (4 warps): rows [WG * 64, WG * 64 + 64) of each tile. Per K step: wait for the
+    stage, wgmma into a fresh product, wait for it, free the stage, add product * scale_a[row] * scale_b to the
+    float32 accumulator. Then the half tile goes through shared memory to the storer."""
     a_desc, b_desc, c_desc, sa_ptr, sb_ptr, M, N, K, strides, a_smem, b_smem, c_smem, bars, GROUP_M = p  # noqa: RUF059
     ready, empty, c_ready, c_empty = bars  # noqa: RUF059
     stride_sam, stride_sak, stride_sbk, stride_sbn = strides
     STAGES: gl.constexpr = a_smem.shape[0]
     HALF: gl.constexpr = c_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
-    PARTS: gl.constexpr = BLOCK_N // SCALE_BLOCK
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                     instr_shape=[16, SCALE_BLOCK, 32])
+                                                     instr_shape=[16, BLOCK_N, 32])
     steps = gl.cdiv(K, BLOCK_K)
     g = 0
-    product = gl.zeros((HALF, SCALE_BLOCK), dtype=gl.float32, layout=layout)
+    product = gl.zeros((HALF, BLOCK_N), dtype=gl.float32, layout=layout)
     for local in range(_my_tiles(M, N, BLOCK_M, BLOCK_N)):
         pid_m, pid_n = _tile_coords(gl.program_id(0) + local * gl.num_programs(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
         rows = pid_m * BLOCK_M + WG * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, layout))
         sa_rows = sa_ptr + rows * stride_sam
-        sb_col = sb_ptr + pid_n * PARTS * stride_sbn  # the scale block of the tile's first 128 columns
-        second_ok = pid_n * PARTS + 1 < gl.cdiv(N, SCALE_BLOCK)  # PARTS 2: the second part is inside N
-        acc0 = gl.zeros((HALF, SCALE_BLOCK), dtype=gl.float32, layout=layout)
-        acc1 = gl.zeros((HALF, SCALE_BLOCK), dtype=gl.float32, layout=layout)  # PARTS 2 only
+        sb_col = sb_ptr + pid_n * stride_sbn  # one 128-column scale block per tile
+        acc = gl.zeros((HALF, BLOCK_N), dtype=gl.float32, layout=layout)
         for ks in range(steps):
-            sa = gl.load(sa_rows + ks * stride_sak, mask=rows < M, other=0.0)
+            scale = gl.load(sa_rows + ks * stride_sak, mask=rows < M, other=0.0) * gl.load(sb_col + ks * stride_sbk)
             slot = g % STAGES
-            a_rows = a_smem.index(slot).slice(WG * HALF, HALF)
             mbarrier.wait(ready.index(slot), (g // STAGES) & 1)
-            product = warpgroup_mma(a_rows, b_smem.index(slot).slice(0, SCALE_BLOCK).permute((1, 0)), product,
-                                    use_acc=False, is_async=True)
+            product = warpgroup_mma(a_smem.index(slot).slice(WG * HALF, HALF), b_smem.index(slot).permute((1, 0)),
+                                    product, use_acc=False, is_async=True)
             product = warpgroup_mma_wait(num_outstanding=0, deps=(product,))
-            if PARTS == 1:
-                mbarrier.arrive(empty.index(slot), count=1)
-            acc0 += product * (sa * gl.load(sb_col + ks * stride_sbk))[:, None]
-            if PARTS == 2:
-                product = warpgroup_mma(a_rows, b_smem.index(slot).slice(SCALE_BLOCK, SCALE_BLOCK).permute((1, 0)),
-                                        product, use_acc=False, is_async=True)
-                product = warpgroup_mma_wait(num_outstanding=0, deps=(product,))
-                mbarrier.arrive(empty.index(slot), count=1)
-                sb1 = gl.load(sb_col + stride_sbn + ks * stride_sbk, mask=second_ok, other=0.0)
-                acc1 += product * (sa * sb1)[:, None]
+            mbarrier.arrive(empty.index(slot), count=1)
+            acc += product * scale[:, None]
             g += 1
         mbarrier.wait(c_empty.index(WG), (local & 1) ^ 1)  # the storer is done with the previous tile's half
-        c_smem.index(WG * PARTS).store(acc0.to(c_desc.dtype))
-        if PARTS == 2:
-            c_smem.index(WG * PARTS + 1).store(acc1.to(c_desc.dtype))
+        c_smem.index(WG).store(acc.to(c_desc.dtype))
         fence_async_shared()
         mbarrier.arrive(c_ready.index(WG), count=1)
+
 
 
 @gluon.jit
 def mm_fp8_block_kernel(
     a_desc,  # TMA descriptor of a (M, K) float8_e4m3fn, block (128, 128)
-    b_desc,  # TMA descriptor of b.T (N, K) float8_e4m3fn, block (BLOCK_N, 128), BLOCK_N in BLOCK_NS
-    c_desc,  # TMA descriptor of c (M, N) bf16 / fp16 / fp32, block (64, 128): a part of one consumer's half tile
+    b_desc,  # TMA descriptor of b.T (N, K) float8_e4m3fn, block (128, 128)
+    c_desc,  # TMA descriptor of c (M, N) bf16 / fp16 / fp32, block (64, 128): one consumer's half tile
     sa_ptr,  # scale_a (M, ceil(K/128)) float32
     sb_ptr,  # scale_b (ceil(K/128), ceil(N/128)) float32
     M, N, K,  # problem sizes
@@ -165,8 +143,7 @@ def mm_fp8_block_kernel(
     """Persistent program: the partitions walk the same tiles (program_id, + programs, ...) and K steps."""
     a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)  # noqa: RUF005
     b_smem = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)  # noqa: RUF005
-    PARTS: gl.constexpr = b_desc.block_type.shape[0] // SCALE_BLOCK
-    c_smem = gl.allocate_shared_memory(c_desc.dtype, [2 * PARTS] + c_desc.block_type.shape, c_desc.layout)  # noqa: RUF005
+    c_smem = gl.allocate_shared_memory(c_desc.dtype, [2] + c_desc.block_type.shape, c_desc.layout)  # noqa: RUF005
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     c_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -187,29 +164,27 @@ _GL_DTYPES = {torch.float8_e4m3fn: gl.float8e4nv, torch.bfloat16: gl.bfloat16, t
               torch.float32: gl.float32}
 
 
-def _descriptors(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, block_n: int) -> tuple:
+def _descriptors(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> tuple:
     """TMA descriptors of a (M, K) and b.t() (N, K) e4m3 and c (M, N): whole tiles in, one consumer's half out."""
-    block_m, block_k = BLOCK_M.value, BLOCK_K.value  # host code takes plain ints
+    block_m, block_n, block_k = BLOCK_M.value, BLOCK_N.value, BLOCK_K.value  # host code takes plain ints
     half = block_m // 2
     fp8 = gl.float8e4nv
     return (TensorDescriptor.from_tensor(a, [block_m, block_k], gl.NVMMASharedLayout.get_default_for([block_m, block_k], fp8)),
             TensorDescriptor.from_tensor(b.t(), [block_n, block_k],
                                          gl.NVMMASharedLayout.get_default_for([block_n, block_k], fp8)),
-            TensorDescriptor.from_tensor(c, [half, block_k],
-                                         gl.NVMMASharedLayout.get_default_for([half, block_k], _GL_DTYPES[c.dtype])))
+            TensorDescriptor.from_tensor(c, [half, block_n],
+                                         gl.NVMMASharedLayout.get_default_for([half, block_n], _GL_DTYPES[c.dtype])))
 
 
 def mm_fp8_block(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, c: torch.Tensor,
-                 stages: int = 4, group_m: int = 8, block_n: int = 128) -> torch.Tensor:
+                 stages: int = 4, group_m: int = 8) -> torch.Tensor:
     """c (M, N) bf16 / fp16 / fp32 = a @ b with block scales, written in place and returned: a (M, K) e4m3 and
     b.t() (N, K) e4m3 and c row-major and TMA-ready; scale_a (M, ceil(K/128)), scale_b (ceil(K/128), ceil(N/128))
-    float32, any strides; ``block_n`` one of ``BLOCK_NS``. Hopper."""
-    if block_n not in BLOCK_NS:
-        raise ValueError(f"mm_fp8_block: block_n={block_n}, expected one of {BLOCK_NS}")
+    float32, any strides. Hopper."""
     m, k = a.shape
     n = b.shape[1]
-    a_desc, b_desc, c_desc = _descriptors(a, b, c, block_n)
-    tiles = triton.cdiv(m, BLOCK_M.value) * triton.cdiv(n, block_n)
+    a_desc, b_desc, c_desc = _descriptors(a, b, c)
+    tiles = triton.cdiv(m, BLOCK_M.value) * triton.cdiv(n, BLOCK_N.value)
     sms = torch.cuda.get_device_properties(a.device).multi_processor_count
     mm_fp8_block_kernel[(min(tiles, sms),)](
         a_desc, b_desc, c_desc, scale_a, scale_b, m, n, k, scale_a.stride(0), scale_a.stride(1), scale_b.stride(0),
