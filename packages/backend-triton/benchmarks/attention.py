@@ -243,8 +243,8 @@ def _mla_point(dev: torch.device, g: torch.Generator, sweep: bool, batch: int = 
         # specialisation, the default with one split; older sweeps (BLOCK_N 32, one stage, 32-head tiles: all
         # slower) are in notes/gpu-runs.md
         for stages, tma in ((2, False), (2, True)):
-            for splits in sorted({1, base.num_splits}):
-                cfgs.append(MLAConfig(64, 64, splits, 8, stages, False, tma))
+            for n_splits in sorted({1, base.num_splits}):
+                cfgs.append(MLAConfig(64, 64, n_splits, 8, stages, False, tma))
         cfgs += [base._replace(num_splits=s) for s in sorted({1, *splits} - {base.num_splits})]
         if base.gluon:
             cfgs += [base._replace(gluon_ws=False, num_splits=s) for s in sorted({1, base.num_splits})]
