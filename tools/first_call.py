@@ -1,10 +1,11 @@
 """Seconds of each kernel's first call in a fresh process: JIT compile or graph build plus one run,
 with an empty Triton cache (what a new machine pays; imports and input creation not counted).
 
-    python3 tools/first_call.py [OUT.jsonl]          # every kernel below, one child process each
-    python3 tools/first_call.py --one OP KERNEL k=v ...  # the child: prints one JSON line
+    python3 tools/first_call.py [OUT.jsonl [KERNEL_PREFIX ...]]  # the kernels below (or those named), one child each
+    python3 tools/first_call.py --one OP KERNEL k=v ...            # the child: prints one JSON line
 
-Shapes: Llama-3-8B heads, bf16; decode B=16 L=2048, prefill one request of 2048 tokens.
+Shapes: Llama-3-8B heads, bf16; decode B=16 L=2048, prefill one request of 2048 tokens; DeepSeek-V3 MLA decode
+B=16 L=4096 page 64; fp8 block-scaled mm 4096^3 with a K-major b.
 """
 
 from __future__ import annotations
@@ -26,19 +27,24 @@ KERNELS = [
     ("cudnn:sdpa_ragged_prefill", PREFILL),
     ("fa:fa4@", (*DECODE, "page_size=128", "layout=NHD")),
     ("fa:fa4@", PREFILL),
+    ("triton:mla_decode", ("attention.mla_decode", "batch=16", "kv_len=4096", "num_heads=128", "page_size=64")),
+    ("triton:mm_fp8", ("gemm.mm_fp8", "m=4096", "n=4096", "k=4096", "layout=RC", "scale_mode=block")),
 ]
 
 
 def one(op: str, prefix: str, params: list[str]) -> dict[str, object]:
     """The child: build the inputs, then time the first call of the kernel whose id starts with ``prefix``."""
+    import importlib
+
     import torch
 
     from kernel_switchboard import registry
-    from kernel_switchboard.testing.cases.attention import example
 
     device = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: checks this script with reference kernels
     kernel = next(k.id for k in registry.kernels(op) if k.id.startswith(prefix))
-    case = example(op, device, **dict(p.split("=", 1) for p in params))
+    example = importlib.import_module(f"kernel_switchboard.testing.cases.{op.partition('.')[0]}").example
+    shape = {key: int(value) if value.isdigit() else value for key, value in (p.split("=", 1) for p in params)}
+    case = example(op, torch.device(device), **shape)
     times = []
     for _ in range(2):
         sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -56,7 +62,8 @@ def main(argv: list[str]) -> int:
         print(json.dumps(one(argv[1], argv[2], argv[3:])), flush=True)
         return 0
     out = open(argv[0], "w") if argv else None
-    for kernel, (op, *params) in KERNELS:
+    chosen = [(kernel, rest) for kernel, rest in KERNELS if len(argv) < 2 or any(kernel.startswith(a) for a in argv[1:])]
+    for kernel, (op, *params) in chosen:
         with tempfile.TemporaryDirectory() as cache:
             env = {**os.environ, "TRITON_CACHE_DIR": cache}
             proc = subprocess.run([sys.executable, __file__, "--one", op, kernel, *params], env=env,

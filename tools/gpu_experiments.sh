@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# One device call that tests and times the Gluon kernels (the opt-in fp8 block mm and warp-specialised MLA decode,
-# the default MLA decode) on a lent H200, each part in its own process under its own time limit (a hung kernel
-# stops only its part; worst case ~550 s).
+# One device call that tests and times the Gluon kernels (the Hopper defaults: warp-specialised MLA decode and fp8
+# block-scaled mm; the MLA kernel without warp specialisation) on a lent H200, each part in its own process under
+# its own time limit (a hung kernel stops only its part; worst case ~560 s).
 # Usage, from the project root, carrying .gpu/core:  bash tools/gpu_experiments.sh   (results: $OUT/experiments.tgz)
 set -u
 OUT=${OUT:-/tmp/ksb-out}
@@ -10,21 +10,20 @@ export PYTHONUNBUFFERED=1 KSB_TEST_DEVICE=cuda
 source .gpu/core/setup.sh > "$OUT/exp/setup.txt" 2>&1
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e packages/core -e packages/backend-triton \
   > "$OUT/exp/install.txt" 2>&1
-echo "[experiments $(date +%T)] GPU tests: the default Gluon MLA kernel, then each warp-specialised kernel alone"
+echo "[experiments $(date +%T)] GPU tests: MLA decode (every kernel), then the Gluon fp8 mm"
 T=packages/backend-triton/tests
 run_tests() {  # name, time limit, pytest selection...
   local name=$1 limit=$2; shift 2
   timeout -s INT -k 10 "$limit" python3 -m pytest -v -m gpu -p no:cacheprovider "$@" > "$OUT/exp/tests-$name.txt" 2>&1
   echo "$name: exit $?"; grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/exp/tests-$name.txt" | tail -14
 }
-run_tests mla 90 $T/test_attention_gpu.py -k "mla and not gluon_ws"
-run_tests mla-ws 60 $T/test_attention_gpu.py -k gluon_ws
-run_tests fp8-ws 60 $T/test_gemm.py -k gluon
-echo "[experiments $(date +%T)] gemm benchmark (the warp-specialised Gluon rows last)"
-timeout -k 10 180 python3 packages/backend-triton/benchmarks/gemm.py > "$OUT/exp/gemm.txt" 2> "$OUT/exp/gemm-progress.txt"
+run_tests mla 120 $T/test_attention_gpu.py -k mla
+run_tests fp8 60 $T/test_gemm.py -k gluon
+echo "[experiments $(date +%T)] gemm benchmark (the Gluon sweep rows last)"
+timeout -k 10 150 python3 packages/backend-triton/benchmarks/gemm.py > "$OUT/exp/gemm.txt" 2> "$OUT/exp/gemm-progress.txt"
 grep fp8 "$OUT/exp/gemm.txt" || grep -E "fp8.*(tflops|error)" "$OUT/exp/gemm-progress.txt"; tail -1 "$OUT/exp/gemm-progress.txt"
-echo "[experiments $(date +%T)] MLA sweep (the default, the Triton kernels, then gluon_ws=True)"
-timeout -s INT -k 10 150 python3 tools/gpu_sweep.py "$OUT/exp/sweep.json" mla > "$OUT/exp/sweep.txt" 2>&1
+echo "[experiments $(date +%T)] MLA sweeps: B=128 L=8192, then B=16 L=4096 eager and in CUDA graphs"
+timeout -s INT -k 10 200 python3 tools/gpu_sweep.py "$OUT/exp/sweep.json" mla mla-small > "$OUT/exp/sweep.txt" 2>&1
 grep -E "mla" "$OUT/exp/sweep.txt" | cut -c1-260
 tar czf /tmp/experiments.tgz -C "$OUT" exp && rm -rf "$OUT/exp" && mv /tmp/experiments.tgz "$OUT/"
 echo "[experiments $(date +%T)] done: $OUT/experiments.tgz"

@@ -139,15 +139,17 @@ def bench_gemm(device: str | torch.device = "cuda") -> list[dict[str, Any]]:
 
 def _gluon_rows(qa: torch.Tensor, qb: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, want: torch.Tensor,
                 flops: float) -> list[dict[str, Any]]:
-    """The Gluon block-scaled kernel (``_gemm_gluon``, sm_90) with 3 and 5 TMA stages (the default: 4)."""
+    """The Gluon block-scaled kernel (``_gemm_gluon``, sm_90) with other TMA stages and tile-row groups than the
+    default's 4 and 8, then the default again (clocks drift over a run)."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         return []
     from kernel_switchboard_triton import _gemm_gluon
 
     out = torch.empty_like(want, dtype=torch.bfloat16)
-    return [_row("mm fp8 e4m3 8192^3", f"gluon block 128x128 stages={stages} (sweep)",
-                 lambda stages=stages: _gemm_gluon.mm_fp8_block(qa, qb, sa, sb, out, stages=stages), want, flops)
-            for stages in (3, 5)]
+    return [_row("mm fp8 e4m3 8192^3", f"gluon block 128x128 stages={stages} group_m={group_m} (sweep)",
+                 lambda stages=stages, group_m=group_m: _gemm_gluon.mm_fp8_block(qa, qb, sa, sb, out, stages=stages,
+                                                                                 group_m=group_m), want, flops)
+            for stages, group_m in ((3, 8), (5, 8), (4, 4), (4, 16), (4, 8))]
 
 
 if __name__ == "__main__":
