@@ -7,7 +7,7 @@ float32 product of the same operands), plus ``vs`` = TFLOP/s over the baseline m
 (cuBLAS bf16 for mm, torch._scaled_mm per-tensor for fp8). Every row is checked before it is timed.
 "pointer kernel" rows switch the TMA path off, "Gluon off" the sm_90 Gluon kernel, for comparison; "sweep" rows
 try other fp8 tiles (``FP8_SWEEP``: the former 128 x 128 per-tensor default and other candidates, on the Triton
-kernels) and other stage counts of the Gluon kernel.
+kernels) and other stage counts and tile-row groups of the Gluon kernel.
 """
 
 from __future__ import annotations

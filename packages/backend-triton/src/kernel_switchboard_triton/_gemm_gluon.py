@@ -8,11 +8,12 @@ loads of a ring of ``STAGES`` (A, B) tiles, two consumer warpgroups each own 64 
 TMA. The consumers drift apart, so one's MMAs run while the other scales, and the next tile's loads run under
 this tile's epilogue. Programs are persistent (one per SM, tiles in grouped order).
 
-``mm_fp8`` routes 128x128 block-scaled problems with TMA-ready operands on sm_90 here (``gemm._use_gluon``).
-H200 8192^3 (run 20): 1119 TFLOP/s with 4 stages (3: 1065, 5: 1012), 0.88x torch._scaled_mm per-tensor (1273)
-in the same run, against Triton's block kernel's 812; host ptxas sm_90 (Triton 3.6): 168 registers at launch, no
-spills, 164 KB of shared memory with 4 stages. The previous Gluon kernel (one partition, ``wgmma.wait_group 1``
-overlap) ran 683-706 TFLOP/s (run 19; history: commit e9866a6).
+``gemm.mm_fp8`` routes 128x128 block-scaled problems with TMA-ready operands on sm_90 here (``gemm.GLUON_FP8``).
+H200 8192^3 (run 20, five runs): 1042-1175 TFLOP/s with 4 stages, 0.72-0.96x torch._scaled_mm per-tensor in the
+same run (median 0.88x; other stage counts and tile-row groups within that spread), against Triton's block kernel's
+803-864; 128x256 tiles (two 128-column accumulators) spilled and ran 434-438. Host ptxas sm_90 (Triton 3.6): 168
+registers at launch, no spills, 164 KB of shared memory with 4 stages. The previous Gluon kernel (one partition,
+``wgmma.wait_group 1`` overlap) ran 683-706 TFLOP/s (run 19; history: commit e9866a6).
 """
 
 from __future__ import annotations

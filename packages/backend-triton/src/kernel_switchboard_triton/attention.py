@@ -133,7 +133,8 @@ def kernels() -> list[Kernel]:
                cost=_prefill_cost, priority=PRIORITY, doc="FlashAttention-2 style over ragged KV"),
         Kernel("attention.mla_decode", "mla_decode_splitkv", BACKEND, MLA, mla_decode, version=__version__,
                cost=_mla_cost, priority=PRIORITY,
-               doc="absorbed MLA decode (512 + 64), split-KV, head tiles share each latent KV tile"),
+               doc="absorbed MLA decode (512 + 64), split-KV, head tiles share each latent KV tile (sm_90: the "
+                   "warp-specialised Gluon kernel)"),
         Kernel("attention.merge_states", "merge_states", BACKEND, MERGE, merge_states, version=__version__,
                cost=_merge_cost, priority=PRIORITY, doc="elementwise LSE merge"),
         Kernel("attention.dense", "dense", BACKEND, DENSE, dense, version=__version__, cost=_dense_cost,

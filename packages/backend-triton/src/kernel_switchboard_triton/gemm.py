@@ -26,7 +26,7 @@ from kernel_switchboard.availability import triton_interpreting
 
 from . import _gemm_kernels as K
 from ._common import BACKEND, DEVICES, PRIORITY, gluon_hopper, has_tma, row_major_for_tma
-from ._perf import compute_bound
+from ._perf import compute_bound, on_gpu
 
 DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
 FP8 = frozenset({torch.float8_e4m3fn})
@@ -139,8 +139,8 @@ def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 _MODES = {"tensor": 0, "row_col": 1, "block": 2}
-#: block-scaled fp8 on sm_90 takes the Gluon kernel (H200 8192^3, run 20: 1119 TFLOP/s against this module's TMA
-#: kernel's 812); the benchmark switches it off for comparison
+#: block-scaled fp8 on sm_90 takes the Gluon kernel (H200 8192^3, run 20: 1042-1175 TFLOP/s against this module's
+#: TMA kernel's 803-864); the benchmark switches it off for comparison
 GLUON_FP8 = True
 
 
@@ -201,8 +201,8 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> torch
 #: sustained rates of these kernels on the H200 at 8192^3 (notes/gpu-runs.md runs 10-18): bf16 mm 684-798 TFLOP/s
 #: (CUTLASS 660-680), grouped DeepSeek-V3 experts 229-247 (CUTLASS 286-293); fp8 takes the shared table (1000)
 RATE = {"mm": 720e12, "grouped_mm": 240e12}
-#: fp8 by scale mode (H200 8192^3, runs 19-20: per-tensor 1060-1158 TFLOP/s, block scales 804-865 on the Triton
-#: kernels and 1119 on the sm_90 Gluon kernel)
+#: fp8 by scale mode (H200 8192^3, runs 19-20: per-tensor 1060-1187 TFLOP/s, block scales 803-868 on the Triton
+#: kernels and 1042-1175 on the sm_90 Gluon kernel)
 FP8_RATE = {"tensor": 1050e12, "row_col": 1050e12, "block": 830e12, "block_gluon": 1100e12}
 
 
@@ -213,7 +213,8 @@ def _rate(name: str, problem: Any) -> float | None:
     if name != "mm_fp8":
         return RATE[name]
     mode = problem.scale_mode
-    return FP8_RATE["block_gluon" if mode == "block" and gluon_hopper(torch.device("cuda")) else mode]
+    gluon = mode == "block" and on_gpu(problem) and gluon_hopper(torch.device("cuda"))
+    return FP8_RATE["block_gluon" if gluon else mode]
 
 
 def _cost(name: str) -> Callable[[Any], float]:
@@ -238,7 +239,8 @@ def kernels() -> list[Kernel]:
                Capability(devices=DEVICES, min_cc=(8, 9), dtypes=FP8, out_dtypes=FP8_OUT, features=_FEATURES,
                           allowed={"scale_mode": frozenset({"tensor", "row_col", "block"})}),
                mm_fp8, priority=PRIORITY, cost=_cost("mm_fp8"),
-               doc="e4m3 matmul; block scales applied per 128-wide K step in the accumulation loop"),
+               doc="e4m3 matmul; block scales applied per 128-wide K step in the accumulation loop (sm_90: the "
+                   "warp-specialised Gluon kernel)"),
         Kernel("gemm.grouped_mm", "grouped_mm", BACKEND,
                Capability(devices=DEVICES, dtypes=DTYPES, features=_FEATURES), grouped_mm, priority=PRIORITY,
                cost=_cost("grouped_mm"), doc="row-segment grouped matmul; group of each tile found in-kernel (no host sync)"),
