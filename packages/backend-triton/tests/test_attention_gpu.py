@@ -174,6 +174,31 @@ def test_mla_decode_on_views_of_one_latent_cache() -> None:
            ksb.attention.mla_decode(*args, sm_scale=0.07, return_lse=True, backend="reference"), torch.bfloat16)
 
 
+def test_mla_decode_cuda_graph_capture_and_replay() -> None:
+    """MLA decode (the warp-specialised Gluon kernel on sm_90, split KV) captured once, replayed on new queries and
+    latent rows written in place: the capture keeps the TMA descriptors and the split count of the first call."""
+    lens = [3000, 64, 1, 1500]
+    g = _gen(12)
+    ckv = (torch.randn(200, 64, 512, device="cuda", generator=g) * 0.3).to(torch.bfloat16)
+    kpe = torch.randn(200, 64, 64, device="cuda", generator=g).to(torch.bfloat16)
+    bt = torch.randperm(200, device="cuda", generator=g)[:4 * 47].view(4, 47).to(torch.int32)
+    table = PageTable(bt, torch.tensor(lens, dtype=torch.int32, device="cuda"))
+    qn, qp = _q(4, 128, 512), _q(4, 128, 64, seed=5)
+    args = (qn, qp, ckv, kpe, table)
+    ksb.attention.mla_decode(*args, return_lse=True, backend="triton")  # warm-up compiles outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = ksb.attention.mla_decode(*args, return_lse=True, backend="triton")
+    for step in range(2):
+        qn.copy_(_q(4, 128, 512, seed=20 + step))
+        qp.copy_(_q(4, 128, 64, seed=30 + step))
+        ckv[int(bt[0, 0])].copy_(torch.randn(64, 512, device="cuda", generator=g).to(torch.bfloat16))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        _close((out, lse), ksb.attention.mla_decode(*args, return_lse=True, backend="reference"), torch.bfloat16)
+
+
 def test_decode_plan_cuda_graph_capture_and_replay() -> None:
     lens = [100, 2000, 3990, 33]
     cache, written = _cache([n + 3 for n in lens], 16, 8, 128, layout="HND")  # the three replays' tokens
