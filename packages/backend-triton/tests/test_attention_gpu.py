@@ -142,7 +142,7 @@ def test_mla_decode_deepseek_shape(page_size: int, kernel: str, splits: int | No
         assert real_config(torch.device("cuda"), 4, 128, 8192).gluon_ws  # the default here
     monkeypatch.setattr(_mla, "mla_config", lambda *a: real_config(*a, splits)._replace(
         gluon=kernel != "triton", gluon_ws=kernel == "gluon_ws"))
-    lens = [5000, 1, 2049, 700]
+    lens = [5000, 1, 0, 2049, 700]  # an empty request: zero tiles in every split, out 0 and lse -inf
     g = _gen(4)
     width = max(math.ceil(n / page_size) for n in lens)
     pages = len(lens) * width + 3
