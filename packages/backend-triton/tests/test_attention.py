@@ -494,7 +494,7 @@ def test_gluon_mla_kernel_compiles_for_hopper() -> None:
 
 
 def test_gluon_ws_mla_kernel_compiles_for_hopper() -> None:
-    """The experimental warp-specialised Gluon MLA kernel, compiled for sm_90: whole 64 x 64 score tiles (m64n64),
+    """The warp-specialised Gluon MLA kernel (the Hopper default), compiled for sm_90: whole 64 x 64 score tiles (m64n64),
     half of the output columns per warpgroup (m64n256), partitions with their own register budgets."""
     pytest.importorskip("triton.experimental.gluon")
     from gluon_compile import compile_for_hopper

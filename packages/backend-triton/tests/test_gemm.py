@@ -127,7 +127,7 @@ def test_gpu_fp8_real_sizes(mode: str) -> None:
 
 
 def test_gluon_fp8_block_kernel_compiles_for_hopper() -> None:
-    # the experimental Gluon kernel runs only on a GPU; here it is compiled for sm_90 (ptxas included) so an API
+    # the Gluon kernel (sm_90's block-scaled default) runs only on a GPU; here it is compiled for sm_90 (ptxas) so an API
     # change of Triton's Gluon shows in CI
     pytest.importorskip("triton.experimental.gluon")
     from gluon_compile import compile_for_hopper

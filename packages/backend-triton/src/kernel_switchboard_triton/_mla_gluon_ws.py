@@ -23,7 +23,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma, warpgroup_mma_wait
 
 from . import _mla_gluon
-from ._mla_gluon import _split_tiles, _tma_load
+from ._mla_gluon import _split_tiles, _tile_row, _tma_load
 
 
 @gluon.jit
@@ -44,7 +44,7 @@ def _loader(p):
         slot = t % 2
         mbarrier.wait(empty.index(slot), ((t // 2) & 1) ^ 1)  # a fresh barrier passes phase 1
         token = start + t * BLOCK_N
-        row = gl.load(bt_row + token // PAGE_SIZE) * PAGE_SIZE + token % PAGE_SIZE
+        row = _tile_row(bt_row, token, PAGE_SIZE)
         valid = end - token
         if valid >= BLOCK_N:
             bar = ready.index(slot)
