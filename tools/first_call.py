@@ -1,5 +1,6 @@
 """Seconds of each kernel's first call in a fresh process: JIT compile or graph build plus one run,
-with an empty Triton cache (what a new machine pays; imports and input creation not counted).
+with an empty Triton cache (what a new machine pays; imports and input creation not counted); for Triton
+kernels also each compiled kernel's compile and load seconds (``triton_kernels``).
 
     python3 tools/first_call.py [OUT.jsonl [KERNEL_PREFIX ...]]  # the kernels below (or those named), one child each
     python3 tools/first_call.py --one OP KERNEL k=v ...            # the child: prints one JSON line
@@ -32,11 +33,42 @@ KERNELS = [
 ]
 
 
+def _time_triton_compiles() -> list[dict[str, object]]:
+    """Record each Triton / Gluon kernel's compile (``triton.compile``) and its first load (cubin load and
+    launcher build) in the returned list, one entry per kernel: the issue's per-kernel first-call figures."""
+    try:
+        import triton.compiler as tc
+        from triton.compiler.compiler import CompiledKernel
+    except ImportError:
+        return []
+    spans: list[dict[str, object]] = []
+    compile_fn, init_handles = tc.compile, CompiledKernel._init_handles
+
+    def timed_compile(src, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        t0 = time.perf_counter()
+        kernel = compile_fn(src, *args, **kwargs)
+        spans.append({"kernel": getattr(getattr(src, "fn", None), "__name__", "?"),
+                      "compile_s": round(time.perf_counter() - t0, 3)})
+        return kernel
+
+    def timed_init(self):  # noqa: ANN001, ANN202
+        fresh = self.module is None
+        t0 = time.perf_counter()
+        init_handles(self)
+        if fresh:
+            spans.append({"kernel": self.name, "load_s": round(time.perf_counter() - t0, 3)})
+
+    tc.compile, CompiledKernel._init_handles = timed_compile, timed_init
+    return spans
+
+
 def one(op: str, prefix: str, params: list[str]) -> dict[str, object]:
     """The child: build the inputs, then time the first call of the kernel whose id starts with ``prefix``."""
     import importlib
 
     import torch
+
+    spans = _time_triton_compiles()
 
     from kernel_switchboard import registry
 
@@ -54,7 +86,7 @@ def one(op: str, prefix: str, params: list[str]) -> dict[str, object]:
         sync()
         times.append(time.perf_counter() - t0)
     return {"op": op, "kernel": kernel, "params": params, "first_call_s": round(times[0], 3),
-            "second_call_s": round(times[1], 4)}
+            "second_call_s": round(times[1], 4), "triton_kernels": spans}
 
 
 def main(argv: list[str]) -> int:

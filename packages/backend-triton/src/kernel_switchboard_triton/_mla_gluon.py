@@ -10,7 +10,7 @@ order), so the tensor cores see S(t + 1) and PV(t) back to back.
 
 Used on Hopper when ``MLAConfig.gluon_ws`` is off (the warp-specialised ``_mla_gluon_ws`` is the default; it
 shares this module's launch and tile helpers). H200 (B=128 L=8192 H=128 page 64): 1.46 TB/s in run 19, 1.45 in
-run 20 (``_mla_gluon_ws`` 1.67), max error 1.2e-4; host ptxas sm_90 (Triton 3.6): 255 registers, no spills,
+run 20 (``_mla_gluon_ws`` 1.67 then, 2.02 in run 21), max error 1.2e-4; host ptxas sm_90 (Triton 3.6): 255 registers, no spills,
 225 KB of shared memory.
 """
 
@@ -224,22 +224,26 @@ def mla_decode_kernel(
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
-def descriptors(ckv_rows: torch.Tensor, kpe_rows: torch.Tensor) -> tuple[TensorDescriptor, TensorDescriptor]:
-    """Gluon TMA descriptors of the pages flattened to token rows, (P * S, Dc) and (P * S, Dr)."""
+def descriptors(ckv_rows: torch.Tensor, kpe_rows: torch.Tensor,
+                ckv_cols: int | None = None) -> tuple[TensorDescriptor, TensorDescriptor]:
+    """Gluon TMA descriptors of the pages flattened to token rows, (P * S, Dc) and (P * S, Dr); a latent block
+    is ``ckv_cols`` columns wide (default: the whole row)."""
     dt = _GL_DTYPES[ckv_rows.dtype]
-    return (TensorDescriptor.from_tensor(ckv_rows, [BLOCK_N, ckv_rows.shape[1]],
-                                         gl.NVMMASharedLayout.get_default_for([BLOCK_N, ckv_rows.shape[1]], dt)),
+    cols = ckv_cols or ckv_rows.shape[1]
+    return (TensorDescriptor.from_tensor(ckv_rows, [BLOCK_N, cols], gl.NVMMASharedLayout.get_default_for([BLOCK_N, cols], dt)),
             TensorDescriptor.from_tensor(kpe_rows, [BLOCK_N, kpe_rows.shape[1]],
                                          gl.NVMMASharedLayout.get_default_for([BLOCK_N, kpe_rows.shape[1]], dt)))
 
 
 def launch(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_rows: torch.Tensor, kpe_rows: torch.Tensor,
            block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, o: torch.Tensor, lse: torch.Tensor,
-           stride_os: int, splits: int, qk_scale: float, kernel: Any = None, **options: Any) -> None:
-    """One launch over (head blocks, batch, splits); o / lse as in ``_mla._mla_tma_kernel``. ``kernel`` and
-    ``options``: another Gluon kernel with this argument list (``_mla_gluon_ws``) and its launch options."""
+           stride_os: int, splits: int, qk_scale: float, kernel: Any = None, ckv_cols: int | None = None,
+           **options: Any) -> None:
+    """One launch over (head blocks, batch, splits); o / lse as in ``_mla._mla_tma_kernel``. ``kernel``,
+    ``ckv_cols`` and ``options``: another Gluon kernel with this argument list (``_mla_gluon_ws``), the width of
+    its latent TMA blocks and its launch options."""
     batch, heads, _ = q_nope.shape
-    ckv_desc, kpe_desc = descriptors(ckv_rows, kpe_rows)
+    ckv_desc, kpe_desc = descriptors(ckv_rows, kpe_rows, ckv_cols)
     grid = (triton.cdiv(heads, BLOCK_H), batch, splits)
     if kernel is None:
         kernel, options = mla_decode_kernel, {"STAGES": STAGES, "num_warps": 8}

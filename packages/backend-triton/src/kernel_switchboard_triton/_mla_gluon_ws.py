@@ -8,10 +8,17 @@ memory; both then multiply P by their half of the 512 latent columns (the owner 
 runs its softmax the other's MMAs run. A one-warp loader partition fills a two-slot TMA ring (and zeroes the rows
 of a partial last tile past the request's end, which may hold NaN), so no CTA barrier is left in the loop.
 
+The schedule is set by the ring: with the queries, two 72 KB tiles fill shared memory, so tile t + 2 can load only
+once both warpgroups are done with tile t. Each warpgroup therefore multiplies the other's tile t - 1 first (its
+PV MMA is issued before this tile's scores, and the slot is released when it is done, before this tile's
+softmax), and a tile arrives in nine TMA pieces (eight 64-column latent pieces and k_pe), each on its own barrier,
+so the score MMAs start on the first piece that lands (FlashMLA's fine-grained pipelining).
+
 The default MLA decode on Hopper where TMA can load the pages (``_mla.mla_config`` sets ``MLAConfig.gluon_ws``).
-H200 (run 20, B=128 L=8192 H=128 page 64): 1.67 TB/s, max error 1.2e-4, against ``_mla_gluon``'s 1.45 and the
-Triton TMA kernel's 1.24 in the same run; first call 5.6 s. Host ptxas sm_90 (Triton 3.6): 168 registers at
-launch, 232 per consumer warpgroup, 112 bytes of spills, 225 KB of shared memory.
+H200 (B=128 L=8192 H=128 page 64, notes/gpu-runs.md run 21): 1.93-2.14 TB/s over six timings, max error 1.2e-4,
+against 1.53-1.65 for the previous order (scores first, whole-tile loads) in the same runs; the ring, not the
+DRAM, is the limit now: with every tile on one page (L2-resident) 2.14-2.21. Host ptxas sm_90 (Triton 3.6): 168
+registers at launch, 232 per consumer warpgroup, 40 bytes of spills, no injected wgmma wait, 225 KB of shared memory.
 """
 
 from __future__ import annotations
@@ -28,38 +35,45 @@ from ._mla_gluon import _split_tiles, _tile_row, _tma_load
 
 @gluon.jit
 def _loader(p):
-    """Worker (1 warp): TMA loads of the split's KV tiles into the ring, each slot once both consumers freed it. A
-    partial last tile lands on a private barrier first; its rows past the end are zeroed before it is published.
+    """Worker (1 warp): TMA loads of the split's KV tiles into the ring, each slot once both consumers freed it, in
+    64-column pieces with a barrier each. A partial last tile lands on a private barrier first; its rows past the end
+    are zeroed before all of its pieces are published.
     (Every partition takes the kernel's argument tuple ``p`` and unpacks all of it.)"""
     io, sizes, smem, bars, PAGE_SIZE, NUM_SPLITS = p  # noqa: RUF059
     ckv_desc, kpe_desc, block_table_ptr, seq_lens_ptr, stride_bt, o, lse, qk_scale = io  # noqa: RUF059
     q_smem, qp_smem, ckv_smem, kpe_smem, p_smem, stats = smem  # noqa: RUF059
     ready, empty, p_ready, tail = bars  # noqa: RUF059
     BLOCK_N: gl.constexpr = ckv_desc.block_type.shape[0]
+    PIECE: gl.constexpr = ckv_desc.block_type.shape[1]
+    PIECES: gl.constexpr = ckv_smem.shape[2] // PIECE
     b = gl.program_id(1)
     start, end, tiles = _split_tiles(seq_lens_ptr, b, gl.program_id(2), NUM_SPLITS, BLOCK_N)
     bt_row = block_table_ptr + b.to(gl.int64) * stride_bt
-    nbytes: gl.constexpr = ckv_desc.block_type.nbytes + kpe_desc.block_type.nbytes
     for t in range(tiles):
         slot = t % 2
         mbarrier.wait(empty.index(slot), ((t // 2) & 1) ^ 1)  # a fresh barrier passes phase 1
         token = start + t * BLOCK_N
         row = _tile_row(bt_row, token, PAGE_SIZE)
         valid = end - token
-        if valid >= BLOCK_N:
-            bar = ready.index(slot)
-            mbarrier.expect(bar, nbytes)
-            _tma_load(ckv_desc, [row, 0], bar, ckv_smem.index(slot))
+        if valid >= BLOCK_N:  # each piece on its own barrier: the score MMAs start as the first one lands
+            for c in gl.static_range(PIECES):
+                bar = ready.index(slot * (PIECES + 1) + c)
+                mbarrier.expect(bar, ckv_desc.block_type.nbytes)
+                _tma_load(ckv_desc, [row, c * PIECE], bar, ckv_smem.index(slot).slice(c * PIECE, PIECE, dim=1))
+            bar = ready.index(slot * (PIECES + 1) + PIECES)
+            mbarrier.expect(bar, kpe_desc.block_type.nbytes)
             _tma_load(kpe_desc, [row, 0], bar, kpe_smem.index(slot))
         else:  # the last tile, partial: at most one per split, so the private barrier's phase is 0
-            mbarrier.expect(tail, nbytes)
-            _tma_load(ckv_desc, [row, 0], tail, ckv_smem.index(slot))
+            mbarrier.expect(tail, PIECES * ckv_desc.block_type.nbytes + kpe_desc.block_type.nbytes)
+            for c in gl.static_range(PIECES):
+                _tma_load(ckv_desc, [row, c * PIECE], tail, ckv_smem.index(slot).slice(c * PIECE, PIECE, dim=1))
             _tma_load(kpe_desc, [row, 0], tail, kpe_smem.index(slot))
             mbarrier.wait(tail, 0)
             _zero_rows_from(ckv_smem.index(slot), valid)
             _zero_rows_from(kpe_smem.index(slot), valid)
             fence_async_shared()
-            mbarrier.arrive(ready.index(slot), count=1)
+            for c in gl.static_range(PIECES + 1):
+                mbarrier.arrive(ready.index(slot * (PIECES + 1) + c), count=1)
 
 
 @gluon.jit
@@ -79,18 +93,24 @@ def _zero_rows_from(smem, valid):
 
 @gluon.jit
 def _own_scores(q_smem, qp_smem, ckv_smem, kpe_smem, ready, t, s_layout: gl.constexpr):
-    """Start the (64, BLOCK_N) score MMAs of tile ``t`` once its slot is ready (two wgmma groups in flight)."""
+    """Start the (64, BLOCK_N) score MMAs of tile ``t``, each 64-column piece once it has landed (one wgmma group
+    per piece in flight)."""
     slot = t % 2
-    mbarrier.wait(ready.index(slot), (t // 2) & 1)
+    phase = (t // 2) & 1
     BLOCK_H: gl.constexpr = q_smem.shape[1]
     BLOCK_N: gl.constexpr = ckv_smem.shape[1]
-    s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_layout)  # not read: use_acc=False
+    PIECES: gl.constexpr = ready.shape[0] // 2 - 1  # latent pieces per tile (each slot's last barrier: k_pe)
+    PIECE: gl.constexpr = ckv_smem.shape[2] // PIECES
+    s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_layout)  # not read: use_acc=False
     # the queries' descriptors computed here, not hoisted out of the loop: index t >> 30 (always 0) is not a
     # constant, so the 36 MMAs' 64-bit operand descriptors do not stay live across the loop (ptxas spilled them)
     qn = q_smem.index(t >> 30)
-    qp = qp_smem.index(t >> 30)
-    s = warpgroup_mma(qn, ckv_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    return warpgroup_mma(qp, kpe_smem.index(slot).permute((1, 0)), s, is_async=True)
+    for c in gl.static_range(PIECES):
+        mbarrier.wait(ready.index(slot * (PIECES + 1) + c), phase)
+        k = ckv_smem.index(slot).slice(c * PIECE, PIECE, dim=1)
+        s = warpgroup_mma(qn.slice(c * PIECE, PIECE, dim=1), k.permute((1, 0)), s, use_acc=c > 0, is_async=True)
+    mbarrier.wait(ready.index(slot * (PIECES + 1) + PIECES), phase)
+    return warpgroup_mma(qp_smem.index(t >> 30), kpe_smem.index(slot).permute((1, 0)), s, is_async=True)
 
 
 @gluon.jit
@@ -98,7 +118,9 @@ def _other_pv(p_smem, stats, ckv_smem, ready, p_ready, acc, l_i, t, WG: gl.const
     """Start the PV MMA of the other warpgroup's tile ``t`` (P and its statistics from shared memory): returns
     (the MMA in flight, l, m after tile t)."""
     HALF: gl.constexpr = acc.shape[1]
-    mbarrier.wait(ready.index(t % 2), (t // 2) & 1)  # complete already: the other warpgroup waited on it
+    PIECES: gl.constexpr = ready.shape[0] // 2 - 1
+    for c in gl.static_range(WG * PIECES // 2, (WG + 1) * PIECES // 2):  # this half's pieces: complete already
+        mbarrier.wait(ready.index((t % 2) * (PIECES + 1) + c), (t // 2) & 1)
     mbarrier.wait(p_ready, t & 1)
     m_t = stats.index(0).load(row_o)
     alpha = stats.index(1).load(row_o)
@@ -143,8 +165,9 @@ def _softmax(s, m_i, valid, qk_scale, dtype: gl.constexpr, row_o: gl.constexpr):
 @gluon.jit
 def _consume(p, WG: gl.constexpr):
     """Consumer warpgroup ``WG`` (4 warps): output columns [WG * 256, WG * 256 + 256) of every tile, the scores
-    and softmax of tiles t with t % 2 == WG. Before each of its score tiles' softmax it folds in the other
-    warpgroup's previous tile, so the other's P is consumed before its own is published over it."""
+    and softmax of tiles t with t % 2 == WG. Each of its score tiles starts by folding in the other warpgroup's
+    previous tile, so the other's P is consumed before its own is published over it and that tile's slot is
+    released early."""
     io, sizes, smem, bars, PAGE_SIZE, NUM_SPLITS = p  # noqa: RUF059
     ckv_desc, kpe_desc, block_table_ptr, seq_lens_ptr, stride_bt, o, lse, qk_scale = io  # noqa: RUF059
     q_smem, qp_smem, ckv_smem, kpe_smem, p_smem, stats = smem  # noqa: RUF059
@@ -154,8 +177,9 @@ def _consume(p, WG: gl.constexpr):
     heads = sizes
     BLOCK_H: gl.constexpr = q_smem.shape[1]
     BLOCK_N: gl.constexpr = ckv_desc.block_type.shape[0]
-    DC: gl.constexpr = ckv_desc.block_type.shape[1]
+    DC: gl.constexpr = ckv_smem.shape[2]
     HALF: gl.constexpr = DC // 2
+    PIECES: gl.constexpr = ready.shape[0] // 2 - 1
     dtype: gl.constexpr = ckv_desc.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -180,13 +204,14 @@ def _consume(p, WG: gl.constexpr):
                                                 l_i, 0, WG, p_layout)
         first = 2
     for j in range(first, tiles, 2):
-        # the other warpgroup's tile j - 1 first: its PV MMA runs under this tile's softmax
-        s_mma = _own_scores(q_smem, qp_smem, ckv_smem, kpe_smem, ready, j, s_layout)
+        # the other warpgroup's tile j - 1 first, so its slot is released as soon as that PV MMA is done (the next
+        # tile's loads start before this tile's softmax); then this tile's scores, piece by piece as they land
         pv, l_i, m_i = _other_pv(p_smem, stats, ckv_smem, ready, p_ready, acc, l_i, j - 1, WG, row_o)
-        s = warpgroup_mma_wait(num_outstanding=1, deps=(s_mma,))
-        pr, m_new, alpha, psum = _softmax(s, m_i, end - (start + j * BLOCK_N), qk_scale, dtype, row_o)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
+        s_mma = _own_scores(q_smem, qp_smem, ckv_smem, kpe_smem, ready, j, s_layout)
+        acc = warpgroup_mma_wait(num_outstanding=PIECES + 1, deps=(pv,))  # the score groups may still run
         mbarrier.arrive(empty.index((j - 1) % 2), count=1)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s_mma,))
+        pr, m_new, alpha, psum = _softmax(s, m_i, end - (start + j * BLOCK_N), qk_scale, dtype, row_o)
         acc, l_i, m_i = _publish_and_own_pv(p_smem, stats, ckv_smem, empty, p_ready, pr, m_new, alpha, psum, acc, l_i,
                                             j, WG, p_layout)
     last = tiles - 1
@@ -215,12 +240,14 @@ def mla_decode_ws_kernel(
     qk_scale,
     PAGE_SIZE: gl.constexpr,  # tokens per page, a multiple of BLOCK_N
     NUM_SPLITS: gl.constexpr,  # KV splits per request (grid dim 2)
+    DC: gl.constexpr,  # latent columns (the TMA blocks are 64-column pieces)
     num_warps: gl.constexpr,  # 4: the default partition is consumer warpgroup 0
 ):
-    """Arguments as ``_mla_gluon.mla_decode_kernel``'s; grid (head blocks, batch, splits), 64 heads per program."""
+    """Arguments as ``_mla_gluon.mla_decode_kernel``'s (``ckv_desc``'s blocks: 64-column pieces); grid (head blocks,
+    batch, splits), 64 heads per program."""
     BLOCK_H: gl.constexpr = 64
     BLOCK_N: gl.constexpr = ckv_desc.block_type.shape[0]
-    DC: gl.constexpr = ckv_desc.block_type.shape[1]
+    PIECES: gl.constexpr = DC // ckv_desc.block_type.shape[1]
     DR: gl.constexpr = kpe_desc.block_type.shape[1]
     dtype: gl.constexpr = ckv_desc.dtype
     # the queries, staged by the default partition's 4 warps before the partitions fork, 64 columns at a time
@@ -243,12 +270,13 @@ def mla_decode_ws_kernel(
     p_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_H, BLOCK_N],
                                        gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], dtype))
     stats = gl.allocate_shared_memory(gl.float32, [3, BLOCK_H], gl.SwizzledSharedLayout(1, 1, 1, [0]))  # three rows of 64
-    ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [2 * (PIECES + 1), 1], mbarrier.MBarrierLayout())  # per piece
     empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     tail = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
+    for i in gl.static_range(2 * (PIECES + 1)):
         mbarrier.init(ready.index(i), count=1)  # the loader's expect + the TMA bytes, or its arrive (partial tile)
+    for i in gl.static_range(2):
         mbarrier.init(empty.index(i), count=2)  # one arrival per consumer warpgroup
     mbarrier.init(p_ready, count=1)
     mbarrier.init(tail, count=1)
@@ -261,5 +289,6 @@ def mla_decode_ws_kernel(
 
 
 def launch(*args: Any) -> None:
-    """As ``_mla_gluon.launch``, with this kernel (4 warps per partition, 168 registers a thread at launch)."""
-    _mla_gluon.launch(*args, kernel=mla_decode_ws_kernel, num_warps=4, maxnreg=168)
+    """As ``_mla_gluon.launch``, with this kernel (64-column latent TMA pieces; 4 warps per partition, 168 registers a
+    thread at launch)."""
+    _mla_gluon.launch(*args, kernel=mla_decode_ws_kernel, ckv_cols=64, DC=args[2].shape[1], num_warps=4, maxnreg=168)
