@@ -32,6 +32,9 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from . import _mla_gluon
 from ._mla_gluon import _split_tiles, _tile_row, _tma_load
 
+#: Triton 3.6 (the H200 image) names a shared-memory view's retyping ``_reinterpret``, 3.7+ ``reinterpret``
+_REINTERPRET_IS_PRIVATE = gl.constexpr(not hasattr(gl.shared_memory_descriptor, "reinterpret"))
+
 
 @gluon.jit
 def _loader(p):
@@ -69,7 +72,9 @@ def _loader(p):
                 _tma_load(ckv_desc, [row, c * PIECE], tail, ckv_smem.index(slot).slice(c * PIECE, PIECE, dim=1))
             _tma_load(kpe_desc, [row, 0], tail, kpe_smem.index(slot))
             mbarrier.wait(tail, 0)
-            _zero_rows_from(ckv_smem.index(slot), valid)
+            pieces = _as_pieces(ckv_smem.index(slot), PIECE)
+            for c in range(PIECES):  # a loop, not unrolled: this runs once per split, and unrolled it was a
+                _zero_rows_from(pieces.index(c), valid)  # quarter of the kernel's compile time
             _zero_rows_from(kpe_smem.index(slot), valid)
             fence_async_shared()
             for c in gl.static_range(PIECES + 1):
@@ -77,18 +82,27 @@ def _loader(p):
 
 
 @gluon.jit
+def _as_pieces(tile, PIECE: gl.constexpr):
+    """A (BLOCK_N, D) tile in shared memory as its D / PIECE column pieces, (D / PIECE, BLOCK_N, PIECE): with a
+    128-byte swizzle each 64-column piece is stored whole, one after another."""
+    shape: gl.constexpr = [tile.shape[1] // PIECE, tile.shape[0], PIECE]
+    if _REINTERPRET_IS_PRIVATE:
+        return tile._reinterpret(tile.dtype, shape, tile.layout)
+    else:
+        return tile.reinterpret(tile.dtype, shape, tile.layout)
+
+
+@gluon.jit
 def _zero_rows_from(smem, valid):
-    """Zero the rows >= ``valid`` of a (BLOCK_N, D) tile in shared memory, 8 x 64 elements at a time (one warp,
-    few registers)."""
+    """Zero the rows >= ``valid`` of a (BLOCK_N, 64) piece in shared memory, 8 rows at a time (one warp, few
+    registers)."""
     layout: gl.constexpr = gl.BlockedLayout([1, 2], [2, 16], [1, 1], [1, 0])
     ROWS: gl.constexpr = 8
-    COLS: gl.constexpr = 64
     for r in gl.static_range(smem.shape[0] // ROWS):
         keep = r * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout)) < valid
-        for c in gl.static_range(smem.shape[1] // COLS):
-            part = smem.slice(r * ROWS, ROWS, dim=0).slice(c * COLS, COLS, dim=1)
-            t = part.load(layout)
-            part.store(gl.where(keep[:, None], t, gl.zeros_like(t)))
+        part = smem.slice(r * ROWS, ROWS, dim=0)
+        t = part.load(layout)
+        part.store(gl.where(keep[:, None], t, gl.zeros_like(t)))
 
 
 @gluon.jit
