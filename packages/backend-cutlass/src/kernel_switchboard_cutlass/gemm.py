@@ -27,11 +27,11 @@ HALF = frozenset({torch.float16, torch.bfloat16})
 FP8_OUT = frozenset({torch.bfloat16, torch.float16, torch.float32})
 LAYOUT_WORD = {"R": "row", "C": "col"}
 #: rough sustained rates on an H100/H200 (flop/s) and HBM bandwidth; they only rank kernels. fp8 by scale mode:
-#: H200 8192^3 (notes/gpu-runs.md runs 10-20): 128x128 block scales 932-1005 TFLOP/s (Triton's sm_90 Gluon kernel
-#: 1119), per-tensor 484-497 (its epilogue-scaled kernel accumulates without fast accumulation), where Triton's
-#: per-tensor kernel ran 938-1158; bf16 mm 660-680 (Triton 684-798); grouped DeepSeek-V3 experts 286-293
-#: (Triton 229-247)
-RATE = {"mm": 650e12, "mm_fp8": 1000e12, "mm_fp8_tensor": 500e12, "grouped_mm": 290e12}
+#: H200 8192^3 (notes/gpu-runs.md runs 10-21): 128x128 block scales 1088-1123 TFLOP/s with swizzle 8 (run 21, where
+#: Triton's sm_90 Gluon kernel ran 847-1026 in the same calls; 932-1005 before), per-tensor 484-497 (its
+#: epilogue-scaled kernel accumulates without fast accumulation), where Triton's per-tensor kernel ran 938-1158;
+#: bf16 mm 660-680 (Triton 684-798); grouped DeepSeek-V3 experts 286-293 (Triton 229-247)
+RATE = {"mm": 650e12, "mm_fp8": 1100e12, "mm_fp8_tensor": 500e12, "grouped_mm": 290e12}
 BANDWIDTH = 3.3e12
 #: host work per call: ctypes, CUTLASS initialize (TMA descriptors), launch
 HOST_S = 12e-6
@@ -43,9 +43,17 @@ def _sm_count(index: int) -> int:
     return int(torch.cuda.get_device_properties(index).multi_processor_count)
 
 
-def swizzle() -> int:
-    """CTA rasterisation swizzle of the persistent tile scheduler (1, 2, 4 or 8): ``KSB_CUTLASS_SWIZZLE``, default 1."""
-    return int(os.environ.get("KSB_CUTLASS_SWIZZLE", "1"))
+#: rasterisation swizzle per GEMM kind where it is not 1. fp8 block-scaled 8192^3 on the H200 (run 21, TFLOP/s), the 2x1
+#: cluster at swizzle 1 / 2 / 4 / 8: 1005-1009 / 944-1068 / 1072-1097 / 1098-1103, and 1088-1123 in five later timings
+#: at 8 (the scheduler's raster order, along M or N, made no difference); bf16 mm's large tile gained 2-4% at 8 (runs
+#: 10 and 19), within those runs' spread, so it keeps 1.
+SWIZZLE = {"mm_fp8_block": 8}
+
+
+def swizzle(kind: str) -> int:
+    """CTA rasterisation swizzle of the persistent tile scheduler (1, 2, 4 or 8) for a GEMM ``kind``:
+    ``KSB_CUTLASS_SWIZZLE``, else :data:`SWIZZLE`, else 1."""
+    return int(os.environ.get("KSB_CUTLASS_SWIZZLE") or SWIZZLE.get(kind, 1))
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -95,7 +103,7 @@ class Launch(NamedTuple):
             return (a, b, d, _ptr(self.extra[0]), self.groups, self.n, self.k, self.a.ld, self.b.ld, self.d.stride(0),
                     self.b.tensor.stride(0))
         return (a, b, d, *(_ptr(t) for t in self.extra), self.m, self.n, self.k, self.a.ld, self.b.ld, self.d.stride(0),
-                swizzle())
+                swizzle(self.cfg.kind))
 
 
 def launch(job: Launch) -> None:

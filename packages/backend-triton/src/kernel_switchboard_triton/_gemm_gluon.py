@@ -11,9 +11,11 @@ this tile's epilogue. Programs are persistent (one per SM, tiles in grouped orde
 ``gemm.mm_fp8`` routes 128x128 block-scaled problems with TMA-ready operands on sm_90 here (``gemm.GLUON_FP8``).
 H200 8192^3 (run 20, five runs): 1042-1175 TFLOP/s with 4 stages, 0.72-0.96x torch._scaled_mm per-tensor in the
 same run (median 0.88x; other stage counts and tile-row groups within that spread), against Triton's block kernel's
-803-864; 128x256 tiles (two 128-column accumulators) spilled and ran 434-438. Host ptxas sm_90 (Triton 3.6): 168
-registers at launch, no spills, 164 KB of shared memory with 4 stages. The previous Gluon kernel (one partition,
-``wgmma.wait_group 1`` overlap) ran 683-706 TFLOP/s (run 19; history: commit e9866a6).
+803-864; 128x256 tiles (two 128-column accumulators) spilled and ran 434-438. Run 21: 847-1026, 847-893 of it with
+scale_b (K/128, N/128) row-major and ~1000 with the transposed view a checkpoint's (N/128, K/128) scales give;
+loading the next step's scales a step early did not change either (852-991), so the cause is not the scale loads'
+latency. Host ptxas sm_90 (Triton 3.6): 168 registers at launch, no spills, 164 KB of shared memory with 4 stages.
+The previous Gluon kernel (one partition, ``wgmma.wait_group 1`` overlap) ran 683-706 TFLOP/s (run 19; history: commit e9866a6).
 """
 
 from __future__ import annotations

@@ -201,9 +201,11 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> torch
 #: sustained rates of these kernels on the H200 at 8192^3 (notes/gpu-runs.md runs 10-18): bf16 mm 684-798 TFLOP/s
 #: (CUTLASS 660-680), grouped DeepSeek-V3 experts 229-247 (CUTLASS 286-293); fp8 takes the shared table (1000)
 RATE = {"mm": 720e12, "grouped_mm": 240e12}
-#: fp8 by scale mode (H200 8192^3, runs 19-20: per-tensor 1060-1187 TFLOP/s, block scales 803-868 on the Triton
-#: kernels and 1042-1175 on the sm_90 Gluon kernel)
-FP8_RATE = {"tensor": 1050e12, "row_col": 1050e12, "block": 830e12, "block_gluon": 1100e12}
+#: fp8 by scale mode (H200 8192^3, runs 19-21: per-tensor 1060-1187 TFLOP/s, block scales 803-868 on the Triton
+#: kernels and 847-1175 on the sm_90 Gluon kernel: 1042-1175 in run 20's Triton benchmark, 847-1026 in run 21's
+#: calls, 847-893 of them with scale_b (K/128, N/128) row-major, ~1000 with a checkpoint's transposed view; CUTLASS
+#: ran 1088-1123 in those calls)
+FP8_RATE = {"tensor": 1050e12, "row_col": 1050e12, "block": 830e12, "block_gluon": 1000e12}
 
 
 def _rate(name: str, problem: Any) -> float | None:
