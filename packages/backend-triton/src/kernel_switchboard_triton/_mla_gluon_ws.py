@@ -18,7 +18,7 @@ The default MLA decode on Hopper where TMA can load the pages (``_mla.mla_config
 H200 (B=128 L=8192 H=128 page 64, notes/gpu-runs.md run 21): 1.93-2.14 TB/s over six timings, max error 1.2e-4,
 against 1.53-1.65 for the previous order (scores first, whole-tile loads) in the same runs; the ring, not the
 DRAM, is the limit now: with every tile on one page (L2-resident) 2.14-2.21. Host ptxas sm_90 (Triton 3.6): 168
-registers at launch, 232 per consumer warpgroup, 40 bytes of spills, no injected wgmma wait, 225 KB of shared memory.
+registers at launch, 232 per consumer warpgroup, 36 bytes of spills, no injected wgmma wait, 225 KB of shared memory.
 """
 
 from __future__ import annotations
@@ -128,17 +128,15 @@ def _own_scores(q_smem, qp_smem, ckv_smem, kpe_smem, ready, t, s_layout: gl.cons
 
 
 @gluon.jit
-def _other_pv(p_smem, stats, ckv_smem, ready, p_ready, acc, l_i, t, WG: gl.constexpr, row_o: gl.constexpr):
+def _other_pv(p_smem, stats, ckv_smem, p_ready, acc, l_i, t, WG: gl.constexpr, row_o: gl.constexpr):
     """Start the PV MMA of the other warpgroup's tile ``t`` (P and its statistics from shared memory): returns
     (the MMA in flight, l, m after tile t)."""
     HALF: gl.constexpr = acc.shape[1]
-    PIECES: gl.constexpr = ready.shape[0] // 2 - 1
-    for c in gl.static_range(WG * PIECES // 2, (WG + 1) * PIECES // 2):  # this half's pieces: complete already
-        mbarrier.wait(ready.index((t % 2) * (PIECES + 1) + c), (t // 2) & 1)
+    # no wait on the tile's pieces: the owner waited on them before publishing P, and p_ready orders this after that
     mbarrier.wait(p_ready, t & 1)
-    m_t = stats.index(0).load(row_o)
-    alpha = stats.index(1).load(row_o)
-    l_i = l_i * alpha + stats.index(2).load(row_o)
+    m_t = stats[0].load(row_o)
+    alpha = stats[1].load(row_o)
+    l_i = l_i * alpha + stats[2].load(row_o)
     acc = acc * alpha[:, None]
     v = ckv_smem.index(t % 2).slice(WG * HALF, HALF, dim=1)
     return warpgroup_mma(p_smem.index(t >> 30), v, acc, is_async=True), l_i, m_t
@@ -152,9 +150,9 @@ def _publish_and_own_pv(p_smem, stats, ckv_smem, empty, p_ready, pr, m_new, alph
     (this warpgroup's part). Returns (acc, l, m)."""
     HALF: gl.constexpr = acc.shape[1]
     p_smem.index(0).store(pr)
-    stats.index(0).store(m_new)
-    stats.index(1).store(alpha)
-    stats.index(2).store(psum)
+    stats[0].store(m_new)
+    stats[1].store(alpha)
+    stats[2].store(psum)
     fence_async_shared()
     mbarrier.arrive(p_ready, count=1)
     acc = acc * alpha[:, None]
@@ -220,7 +218,7 @@ def _consume(p, WG: gl.constexpr):
     for j in range(first, tiles, 2):
         # the other warpgroup's tile j - 1 first, so its slot is released as soon as that PV MMA is done (the next
         # tile's loads start before this tile's softmax); then this tile's scores, piece by piece as they land
-        pv, l_i, m_i = _other_pv(p_smem, stats, ckv_smem, ready, p_ready, acc, l_i, j - 1, WG, row_o)
+        pv, l_i, m_i = _other_pv(p_smem, stats, ckv_smem, p_ready, acc, l_i, j - 1, WG, row_o)
         s_mma = _own_scores(q_smem, qp_smem, ckv_smem, kpe_smem, ready, j, s_layout)
         acc = warpgroup_mma_wait(num_outstanding=PIECES + 1, deps=(pv,))  # the score groups may still run
         mbarrier.arrive(empty.index((j - 1) % 2), count=1)
@@ -230,7 +228,7 @@ def _consume(p, WG: gl.constexpr):
                                             j, WG, p_layout)
     last = tiles - 1
     if (last >= 0) & (last % 2 != WG):  # the split's last tile is the other's: fold it in
-        pv, l_i, m_i = _other_pv(p_smem, stats, ckv_smem, ready, p_ready, acc, l_i, last, WG, row_o)
+        pv, l_i, m_i = _other_pv(p_smem, stats, ckv_smem, p_ready, acc, l_i, last, WG, row_o)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
         mbarrier.arrive(empty.index(last % 2), count=1)
 
@@ -283,7 +281,12 @@ def mla_decode_ws_kernel(
     kpe_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DR], kpe_desc.layout)
     p_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_H, BLOCK_N],
                                        gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], dtype))
-    stats = gl.allocate_shared_memory(gl.float32, [3, BLOCK_H], gl.SwizzledSharedLayout(1, 1, 1, [0]))  # three rows of 64
+    # the row statistics of a published P (m, alpha, row sums), three buffers: stores to one buffer would be
+    # separated by CTA barriers (Gluon cannot tell its rows apart)
+    row_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    stats = (gl.allocate_shared_memory(gl.float32, [BLOCK_H], row_layout),
+             gl.allocate_shared_memory(gl.float32, [BLOCK_H], row_layout),
+             gl.allocate_shared_memory(gl.float32, [BLOCK_H], row_layout))
     ready = gl.allocate_shared_memory(gl.int64, [2 * (PIECES + 1), 1], mbarrier.MBarrierLayout())  # per piece
     empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
