@@ -15,7 +15,7 @@ PV dot splits the 512 outputs between them and each needs all of P). Passing P t
 CTA barrier gives each warpgroup half of the score tile but ran 7% slower on the H200 (commit e3839ef).
 On Hopper the default is therefore Gluon with explicit layouts (``MLAConfig.gluon``): ``_mla_gluon_ws``, where
 warp-specialised warpgroups take whole score tiles in turn (``gluon_ws``), else ``_mla_gluon``, the same tiles
-split between both warpgroups. H200, B=128 L=8192 H=128 page 64: 2.02-2.03 TB/s (run 21; FlashInfer 2.16-2.18 in
+split between both warpgroups. H200, B=128 L=8192 H=128 page 64: 2.02-2.05 TB/s (run 21; FlashInfer 2.16-2.18 in
 the same runs); in run 20 the three kernels ran 1.67 (before run 21's schedule), 1.45 and this module's TMA kernel's 1.24.
 """
 
