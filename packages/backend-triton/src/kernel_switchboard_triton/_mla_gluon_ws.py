@@ -244,7 +244,6 @@ def _consume(p, WG: gl.constexpr):
         gl.store(lse_ptr + b.to(gl.int64) * stride_lb + oh * stride_lh + split, lse_v, mask=oh < heads)
 
 
-
 @gluon.jit
 def mla_decode_ws_kernel(
     qn_ptr, qp_ptr, ckv_desc, kpe_desc, block_table_ptr, seq_lens_ptr, o_ptr, lse_ptr, heads,

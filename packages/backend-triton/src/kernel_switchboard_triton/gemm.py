@@ -199,7 +199,7 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> torch
 
 # -- capabilities and costs -----------------------------------------------------------------------
 #: sustained rates of these kernels on the H200 at 8192^3 (notes/gpu-runs.md runs 10-18): bf16 mm 684-798 TFLOP/s
-#: (CUTLASS 660-680), grouped DeepSeek-V3 experts 229-247 (CUTLASS 286-293); fp8 takes the shared table (1000)
+#: (CUTLASS 660-680), grouped DeepSeek-V3 experts 229-247 (CUTLASS 286-293); fp8 rates by scale mode below
 RATE = {"mm": 720e12, "grouped_mm": 240e12}
 #: fp8 by scale mode (H200 8192^3, runs 19-21: per-tensor 1060-1187 TFLOP/s, block scales 803-868 on the Triton
 #: kernels and 847-1175 on the sm_90 Gluon kernel: 1042-1175 in run 20's Triton benchmark, 847-1026 in run 21's
