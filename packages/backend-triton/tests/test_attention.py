@@ -500,11 +500,14 @@ def test_gluon_ws_mla_kernel_compiles_for_hopper() -> None:
     pytest.importorskip("triton.experimental.gluon")
     from gluon_compile import compile_for_hopper
 
-    pieces = {**_MLA_GLUON_DESCRIPTORS, "ckv_desc": ("bfloat16", [64, 64])}  # the latent tiles load in 64-column pieces
+    from kernel_switchboard_triton._mla_gluon_ws import PIECE_COLS
+
+    boxes = {**_MLA_GLUON_DESCRIPTORS, "ckv_desc": ("bfloat16", [64, 64])}  # the latent tiles load in 64-column boxes
     kernel = compile_for_hopper("kernel_switchboard_triton._mla_gluon_ws", "mla_decode_ws_kernel", _MLA_GLUON_SIG,
-                                pieces, {"PAGE_SIZE": 64, "NUM_SPLITS": 1, "DC": 512, "num_warps": 4}, 4, maxnreg=168)
+                                boxes, {"PAGE_SIZE": 64, "NUM_SPLITS": 1, "DC": 512, "PIECE": PIECE_COLS, "num_warps": 4},
+                                4, maxnreg=168)
     ptx = kernel["ptx"]
     assert "m64n64k16" in ptx and "m64n256k16" in ptx and "m64n32k16" not in ptx
-    assert ptx.count("cp.async.bulk.tensor") == 2 * 9  # full and partial tiles: 8 latent pieces and k_pe each
+    assert ptx.count("cp.async.bulk.tensor") == 2 * 9  # full and partial tiles: 8 latent boxes and k_pe each
     assert "setmaxnreg.dec.sync.aligned.u32 \t40" in ptx  # the loader warp gives registers back
     assert kernel["shared"] <= 227 * 1024

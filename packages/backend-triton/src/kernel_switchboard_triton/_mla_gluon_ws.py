@@ -11,14 +11,18 @@ of a partial last tile past the request's end, which may hold NaN), so no CTA ba
 The schedule is set by the ring: with the queries, two 72 KB tiles fill shared memory, so tile t + 2 can load only
 once both warpgroups are done with tile t. Each warpgroup therefore multiplies the other's tile t - 1 first (its
 PV MMA is issued before this tile's scores, and the slot is released when it is done, before this tile's
-softmax), and a tile arrives in nine TMA pieces (eight 64-column latent pieces and k_pe), each on its own barrier,
-so the score MMAs start on the first piece that lands (FlashMLA's fine-grained pipelining).
+softmax), and a tile arrives in five pieces (four 128-column latent pieces, each two 64-column TMA boxes, and
+k_pe), each on its own barrier, so the score MMAs start on the first piece that lands (FlashMLA's fine-grained
+pipelining). Each piece's barrier pair is its own allocation, and warpgroup 0's first tile runs the loop's code (a
+stand-in for "the other's tile -1"): the first saves the CTA barriers the compiler puts between waits on one
+allocation, the second a copy of the loop body to compile.
 
 The default MLA decode on Hopper where TMA can load the pages (``_mla.mla_config`` sets ``MLAConfig.gluon_ws``).
-H200 (B=128 L=8192 H=128 page 64, notes/gpu-runs.md run 21): 1.93-2.14 TB/s over six timings, max error 1.2e-4,
-against 1.53-1.65 for the previous order (scores first, whole-tile loads) in the same runs; the ring, not the
-DRAM, is the limit now: with every tile on one page (L2-resident) 2.14-2.21. Host ptxas sm_90 (Triton 3.6): 168
-registers at launch, 232 per consumer warpgroup, 36 bytes of spills, no injected wgmma wait, 225 KB of shared memory.
+H200 (B=128 L=8192 H=128 page 64, notes/gpu-runs.md run 22): 2.29-2.37 TB/s over 14 timings of 20 calls
+(2.18 in ``switchboard bench``, FlashInfer 2.24), against 2.07-2.30 for run 21's kernel (64-column pieces, one
+barrier allocation, a separate first tile) in the same call; all 19 MLA GPU tests pass. First call in a fresh
+process: compile 3.1-4.2 s + load 0.25-0.39 s. Host ptxas sm_90 (Triton 3.6): 168 registers at launch, 232 per
+consumer warpgroup, no spills, no injected wgmma wait, 225 KB of shared memory.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from ._mla_gluon import _split_tiles, _tile_row, _tma_load
 
 #: Triton 3.6 (the H200 image) names a shared-memory view's retyping ``_reinterpret``, 3.7+ ``reinterpret``
 _REINTERPRET_IS_PRIVATE = gl.constexpr(not hasattr(gl.shared_memory_descriptor, "reinterpret"))
+#: latent columns per ready barrier: the score MMAs start as each such piece lands (two 64-column TMA boxes)
+PIECE_COLS = 128
 
 
 @gluon.jit
@@ -47,8 +53,10 @@ def _loader(p):
     q_smem, qp_smem, ckv_smem, kpe_smem, p_smem, stats = smem  # noqa: RUF059
     ready, empty, p_ready, tail = bars  # noqa: RUF059
     BLOCK_N: gl.constexpr = ckv_desc.block_type.shape[0]
-    PIECE: gl.constexpr = ckv_desc.block_type.shape[1]
-    PIECES: gl.constexpr = ckv_smem.shape[2] // PIECE
+    BOX: gl.constexpr = ckv_desc.block_type.shape[1]
+    PIECES: gl.constexpr = len(ready) - 1
+    PIECE: gl.constexpr = ckv_smem.shape[2] // PIECES
+    DCOLS: gl.constexpr = ckv_smem.shape[2]
     b = gl.program_id(1)
     start, end, tiles = _split_tiles(seq_lens_ptr, b, gl.program_id(2), NUM_SPLITS, BLOCK_N)
     bt_row = block_table_ptr + b.to(gl.int64) * stride_bt
@@ -60,25 +68,26 @@ def _loader(p):
         valid = end - token
         if valid >= BLOCK_N:  # each piece on its own barrier: the score MMAs start as the first one lands
             for c in gl.static_range(PIECES):
-                bar = ready.index(slot * (PIECES + 1) + c)
-                mbarrier.expect(bar, ckv_desc.block_type.nbytes)
-                _tma_load(ckv_desc, [row, c * PIECE], bar, ckv_smem.index(slot).slice(c * PIECE, PIECE, dim=1))
-            bar = ready.index(slot * (PIECES + 1) + PIECES)
+                bar = ready[c].index(slot)
+                mbarrier.expect(bar, (PIECE // BOX) * ckv_desc.block_type.nbytes)
+                for x in gl.static_range(c * PIECE, (c + 1) * PIECE, BOX):
+                    _tma_load(ckv_desc, [row, x], bar, ckv_smem.index(slot).slice(x, BOX, dim=1))
+            bar = ready[PIECES].index(slot)
             mbarrier.expect(bar, kpe_desc.block_type.nbytes)
             _tma_load(kpe_desc, [row, 0], bar, kpe_smem.index(slot))
         else:  # the last tile, partial: at most one per split, so the private barrier's phase is 0
-            mbarrier.expect(tail, PIECES * ckv_desc.block_type.nbytes + kpe_desc.block_type.nbytes)
-            for c in gl.static_range(PIECES):
-                _tma_load(ckv_desc, [row, c * PIECE], tail, ckv_smem.index(slot).slice(c * PIECE, PIECE, dim=1))
+            mbarrier.expect(tail, (DCOLS // BOX) * ckv_desc.block_type.nbytes + kpe_desc.block_type.nbytes)
+            for x in gl.static_range(0, DCOLS, BOX):
+                _tma_load(ckv_desc, [row, x], tail, ckv_smem.index(slot).slice(x, BOX, dim=1))
             _tma_load(kpe_desc, [row, 0], tail, kpe_smem.index(slot))
             mbarrier.wait(tail, 0)
-            pieces = _as_pieces(ckv_smem.index(slot), PIECE)
-            for c in range(PIECES):  # a loop, not unrolled: this runs once per split, and unrolled it was a
+            pieces = _as_pieces(ckv_smem.index(slot), BOX)
+            for c in range(DCOLS // BOX):  # a loop, not unrolled: this runs once per split, and unrolled it was a
                 _zero_rows_from(pieces.index(c), valid)  # quarter of the kernel's compile time
             _zero_rows_from(kpe_smem.index(slot), valid)
             fence_async_shared()
             for c in gl.static_range(PIECES + 1):
-                mbarrier.arrive(ready.index(slot * (PIECES + 1) + c), count=1)
+                mbarrier.arrive(ready[c].index(slot), count=1)
 
 
 @gluon.jit
@@ -113,32 +122,41 @@ def _own_scores(q_smem, qp_smem, ckv_smem, kpe_smem, ready, t, s_layout: gl.cons
     phase = (t // 2) & 1
     BLOCK_H: gl.constexpr = q_smem.shape[1]
     BLOCK_N: gl.constexpr = ckv_smem.shape[1]
-    PIECES: gl.constexpr = ready.shape[0] // 2 - 1  # latent pieces per tile (each slot's last barrier: k_pe)
+    PIECES: gl.constexpr = len(ready) - 1  # latent pieces per tile (the last barrier pair: k_pe)
     PIECE: gl.constexpr = ckv_smem.shape[2] // PIECES
     s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_layout)  # not read: use_acc=False
     # the queries' descriptors computed here, not hoisted out of the loop: index t >> 30 (always 0) is not a
     # constant, so the 36 MMAs' 64-bit operand descriptors do not stay live across the loop (ptxas spilled them)
     qn = q_smem.index(t >> 30)
     for c in gl.static_range(PIECES):
-        mbarrier.wait(ready.index(slot * (PIECES + 1) + c), phase)
+        mbarrier.wait(ready[c].index(slot), phase)
         k = ckv_smem.index(slot).slice(c * PIECE, PIECE, dim=1)
         s = warpgroup_mma(qn.slice(c * PIECE, PIECE, dim=1), k.permute((1, 0)), s, use_acc=c > 0, is_async=True)
-    mbarrier.wait(ready.index(slot * (PIECES + 1) + PIECES), phase)
+    mbarrier.wait(ready[PIECES].index(slot), phase)
     return warpgroup_mma(qp_smem.index(t >> 30), kpe_smem.index(slot).permute((1, 0)), s, is_async=True)
 
 
 @gluon.jit
-def _other_pv(p_smem, stats, ckv_smem, p_ready, acc, l_i, t, WG: gl.constexpr, row_o: gl.constexpr):
+def _other_pv(p_smem, stats, ckv_smem, ready, p_ready, acc, l_i, t, WG: gl.constexpr, row_o: gl.constexpr):
     """Start the PV MMA of the other warpgroup's tile ``t`` (P and its statistics from shared memory): returns
-    (the MMA in flight, l, m after tile t)."""
+    (the MMA in flight, l, m after tile t). Warpgroup 0's first tile has a stand-in for ``t = -1``: the kernel's
+    initial P (zeros) and statistics (m = -inf, alpha = 1, sums 0), with V from this warpgroup's half of tile 0 once
+    it has landed (finite: a partial tile's rows past the end are zeroed before they are published)."""
     HALF: gl.constexpr = acc.shape[1]
     # no wait on the tile's pieces: the owner waited on them before publishing P, and p_ready orders this after that
-    mbarrier.wait(p_ready, t & 1)
+    mbarrier.wait(p_ready, t & 1)  # t = -1: a fresh barrier passes phase 1
+    slot = t % 2
+    if WG == 0:
+        if t < 0:  # in a branch: consecutive waits on one barrier allocation get a CTA barrier between them
+            PIECE: gl.constexpr = ckv_smem.shape[2] // (len(ready) - 1)
+            for c in gl.static_range(HALF // PIECE):
+                mbarrier.wait(ready[c].index(0), 0)
+        slot = gl.where(t < 0, 0, slot)
     m_t = stats[0].load(row_o)
     alpha = stats[1].load(row_o)
     l_i = l_i * alpha + stats[2].load(row_o)
     acc = acc * alpha[:, None]
-    v = ckv_smem.index(t % 2).slice(WG * HALF, HALF, dim=1)
+    v = ckv_smem.index(slot).slice(WG * HALF, HALF, dim=1)
     return warpgroup_mma(p_smem.index(t >> 30), v, acc, is_async=True), l_i, m_t
 
 
@@ -191,7 +209,7 @@ def _consume(p, WG: gl.constexpr):
     BLOCK_N: gl.constexpr = ckv_desc.block_type.shape[0]
     DC: gl.constexpr = ckv_smem.shape[2]
     HALF: gl.constexpr = DC // 2
-    PIECES: gl.constexpr = ready.shape[0] // 2 - 1
+    PIECES: gl.constexpr = len(ready) - 1
     dtype: gl.constexpr = ckv_desc.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -206,29 +224,20 @@ def _consume(p, WG: gl.constexpr):
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=row_o)
     l_i = gl.zeros([BLOCK_H], gl.float32, layout=row_o)
     acc = gl.zeros([BLOCK_H, HALF], gl.float32, layout=o_layout)
-    first = WG
-    if WG == 0:  # tile 0 has no other warpgroup's tile before it
-        if tiles > 0:
-            s = warpgroup_mma_wait(num_outstanding=0, deps=(_own_scores(q_smem, qp_smem, ckv_smem, kpe_smem, ready, 0,
-                                                                        s_layout),))
-            pr, m_new, alpha, psum = _softmax(s, m_i, end - start, qk_scale, dtype, row_o)
-            acc, l_i, m_i = _publish_and_own_pv(p_smem, stats, ckv_smem, empty, p_ready, pr, m_new, alpha, psum, acc,
-                                                l_i, 0, WG, p_layout)
-        first = 2
-    for j in range(first, tiles, 2):
+    for j in range(WG, tiles, 2):
         # the other warpgroup's tile j - 1 first, so its slot is released as soon as that PV MMA is done (the next
         # tile's loads start before this tile's softmax); then this tile's scores, piece by piece as they land
-        pv, l_i, m_i = _other_pv(p_smem, stats, ckv_smem, p_ready, acc, l_i, j - 1, WG, row_o)
+        pv, l_i, m_i = _other_pv(p_smem, stats, ckv_smem, ready, p_ready, acc, l_i, j - 1, WG, row_o)
         s_mma = _own_scores(q_smem, qp_smem, ckv_smem, kpe_smem, ready, j, s_layout)
         acc = warpgroup_mma_wait(num_outstanding=PIECES + 1, deps=(pv,))  # the score groups may still run
-        mbarrier.arrive(empty.index((j - 1) % 2), count=1)
+        mbarrier.arrive(empty.index((j + 1) % 2), count=1, pred=j > 0)  # tile j - 1's slot (none before tile 0)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s_mma,))
         pr, m_new, alpha, psum = _softmax(s, m_i, end - (start + j * BLOCK_N), qk_scale, dtype, row_o)
         acc, l_i, m_i = _publish_and_own_pv(p_smem, stats, ckv_smem, empty, p_ready, pr, m_new, alpha, psum, acc, l_i,
                                             j, WG, p_layout)
     last = tiles - 1
     if (last >= 0) & (last % 2 != WG):  # the split's last tile is the other's: fold it in
-        pv, l_i, m_i = _other_pv(p_smem, stats, ckv_smem, p_ready, acc, l_i, last, WG, row_o)
+        pv, l_i, m_i = _other_pv(p_smem, stats, ckv_smem, ready, p_ready, acc, l_i, last, WG, row_o)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
         mbarrier.arrive(empty.index(last % 2), count=1)
 
@@ -251,14 +260,15 @@ def mla_decode_ws_kernel(
     qk_scale,
     PAGE_SIZE: gl.constexpr,  # tokens per page, a multiple of BLOCK_N
     NUM_SPLITS: gl.constexpr,  # KV splits per request (grid dim 2)
-    DC: gl.constexpr,  # latent columns (the TMA blocks are 64-column pieces)
+    DC: gl.constexpr,  # latent columns
+    PIECE: gl.constexpr,  # latent columns per ready barrier (the TMA blocks: 64 columns, the 128-byte swizzle's width)
     num_warps: gl.constexpr,  # 4: the default partition is consumer warpgroup 0
 ):
     """Arguments as ``_mla_gluon.mla_decode_kernel``'s (``ckv_desc``'s blocks: 64-column pieces); grid (head blocks,
     batch, splits), 64 heads per program."""
     BLOCK_H: gl.constexpr = 64
     BLOCK_N: gl.constexpr = ckv_desc.block_type.shape[0]
-    PIECES: gl.constexpr = DC // ckv_desc.block_type.shape[1]
+    PIECES: gl.constexpr = DC // PIECE
     DR: gl.constexpr = kpe_desc.block_type.shape[1]
     dtype: gl.constexpr = ckv_desc.dtype
     # the queries, staged by the default partition's 4 warps before the partitions fork, 64 columns at a time
@@ -286,12 +296,24 @@ def mla_decode_ws_kernel(
     stats = (gl.allocate_shared_memory(gl.float32, [BLOCK_H], row_layout),
              gl.allocate_shared_memory(gl.float32, [BLOCK_H], row_layout),
              gl.allocate_shared_memory(gl.float32, [BLOCK_H], row_layout))
-    ready = gl.allocate_shared_memory(gl.int64, [2 * (PIECES + 1), 1], mbarrier.MBarrierLayout())  # per piece
+    # the stand-in for "the other warpgroup's tile -1" that warpgroup 0 folds in first (``_other_pv``): P = 0,
+    # m = -inf, alpha = 1, row sums 0, so warpgroup 0's first tile runs the loop's code (no separate copy to compile)
+    p_smem.index(0).store(gl.zeros([BLOCK_H, BLOCK_N], dtype, ld_layout))
+    row_ld: gl.constexpr = gl.SliceLayout(1, ld_layout)
+    stats[0].store(gl.full([BLOCK_H], float("-inf"), gl.float32, row_ld))
+    stats[1].store(gl.full([BLOCK_H], 1.0, gl.float32, row_ld))
+    stats[2].store(gl.zeros([BLOCK_H], gl.float32, row_ld))
+    # a barrier pair (one per ring slot) for each latent piece and for k_pe, each its own allocation: the compiler
+    # separates waits on one allocation by a CTA barrier (it cannot tell which barrier a dynamic index names)
+    ready = ()
+    for _ in gl.static_range(PIECES + 1):  # (the Gluon frontend concatenates tuples; it does not unpack them)
+        ready = ready + (gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout()),)  # noqa: RUF005
     empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     tail = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2 * (PIECES + 1)):
-        mbarrier.init(ready.index(i), count=1)  # the loader's expect + the TMA bytes, or its arrive (partial tile)
+    for c in gl.static_range(PIECES + 1):
+        for i in gl.static_range(2):
+            mbarrier.init(ready[c].index(i), count=1)  # the loader's expect + the TMA bytes, or its arrive (partial tile)
     for i in gl.static_range(2):
         mbarrier.init(empty.index(i), count=2)  # one arrival per consumer warpgroup
     mbarrier.init(p_ready, count=1)
@@ -305,6 +327,7 @@ def mla_decode_ws_kernel(
 
 
 def launch(*args: Any) -> None:
-    """As ``_mla_gluon.launch``, with this kernel (64-column latent TMA pieces; 4 warps per partition, 168 registers a
-    thread at launch)."""
-    _mla_gluon.launch(*args, kernel=mla_decode_ws_kernel, ckv_cols=64, DC=args[2].shape[1], num_warps=4, maxnreg=168)
+    """As ``_mla_gluon.launch``, with this kernel (64-column latent TMA boxes, ``PIECE_COLS`` columns per barrier; 4 warps
+    per partition, 168 registers a thread at launch)."""
+    _mla_gluon.launch(*args, kernel=mla_decode_ws_kernel, ckv_cols=64, DC=args[2].shape[1], PIECE=PIECE_COLS,
+                      num_warps=4, maxnreg=168)
