@@ -13,16 +13,18 @@ once both warpgroups are done with tile t. Each warpgroup therefore multiplies t
 PV MMA is issued before this tile's scores, and the slot is released when it is done, before this tile's
 softmax), and a tile arrives in five pieces (four 128-column latent pieces, each two 64-column TMA boxes, and
 k_pe), each on its own barrier, so the score MMAs start on the first piece that lands (FlashMLA's fine-grained
-pipelining). Each piece's barrier pair is its own allocation, and warpgroup 0's first tile runs the loop's code (a
-stand-in for "the other's tile -1"): the first saves the CTA barriers the compiler puts between waits on one
-allocation, the second a copy of the loop body to compile.
+pipelining). Each piece's barrier pair is its own allocation (the compiler syncs the warpgroup's warps between waits
+on one allocation), and one loop body serves every tile: warpgroup 0's first tile folds in a stand-in for "the other's
+tile -1", and the loop runs one step further when the split's last tile is the other's (a copy of the body less
+to compile).
 
 The default MLA decode on Hopper where TMA can load the pages (``_mla.mla_config`` sets ``MLAConfig.gluon_ws``).
-H200 (B=128 L=8192 H=128 page 64, notes/gpu-runs.md run 22): 2.29-2.37 TB/s over 14 timings of 20 calls
-(2.18 in ``switchboard bench``, FlashInfer 2.24), against 2.07-2.30 for run 21's kernel (64-column pieces, one
-barrier allocation, a separate first tile) in the same call; all 19 MLA GPU tests pass. First call in a fresh
-process: compile 3.1-4.2 s + load 0.25-0.39 s. Host ptxas sm_90 (Triton 3.6): 168 registers at launch, 232 per
-consumer warpgroup, no spills, no injected wgmma wait, 225 KB of shared memory.
+H200 (B=128 L=8192 H=128 page 64, notes/gpu-runs.md run 22), medians of seven timings of 20 calls: 2.28-2.34 TB/s
+where run 21's kernel (64-column pieces, one barrier allocation, separate first and last tiles) ran 2.22, each step
+timed against the previous one in the same call; ``switchboard bench`` 2.10-2.18 against FlashInfer's 2.24. All 19
+MLA GPU tests pass. First call in a fresh process: compile 3.6-4.8 s + load 0.33-0.38 s (run 21's: 5.1 + 0.3). Host
+ptxas sm_90 (Triton 3.6): 168 registers at launch, 232 per consumer warpgroup, no spills, no injected wgmma wait,
+225 KB of shared memory.
 """
 
 from __future__ import annotations
@@ -224,22 +226,22 @@ def _consume(p, WG: gl.constexpr):
     m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=row_o)
     l_i = gl.zeros([BLOCK_H], gl.float32, layout=row_o)
     acc = gl.zeros([BLOCK_H, HALF], gl.float32, layout=o_layout)
-    for j in range(WG, tiles, 2):
+    # j runs one step past this warpgroup's last tile when the split's last tile is the other's, to fold that in
+    for j in range(WG, tiles + (tiles > 0), 2):
         # the other warpgroup's tile j - 1 first, so its slot is released as soon as that PV MMA is done (the next
         # tile's loads start before this tile's softmax); then this tile's scores, piece by piece as they land
         pv, l_i, m_i = _other_pv(p_smem, stats, ckv_smem, ready, p_ready, acc, l_i, j - 1, WG, row_o)
-        s_mma = _own_scores(q_smem, qp_smem, ckv_smem, kpe_smem, ready, j, s_layout)
-        acc = warpgroup_mma_wait(num_outstanding=PIECES + 1, deps=(pv,))  # the score groups may still run
-        mbarrier.arrive(empty.index((j + 1) % 2), count=1, pred=j > 0)  # tile j - 1's slot (none before tile 0)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s_mma,))
-        pr, m_new, alpha, psum = _softmax(s, m_i, end - (start + j * BLOCK_N), qk_scale, dtype, row_o)
-        acc, l_i, m_i = _publish_and_own_pv(p_smem, stats, ckv_smem, empty, p_ready, pr, m_new, alpha, psum, acc, l_i,
-                                            j, WG, p_layout)
-    last = tiles - 1
-    if (last >= 0) & (last % 2 != WG):  # the split's last tile is the other's: fold it in
-        pv, l_i, m_i = _other_pv(p_smem, stats, ckv_smem, ready, p_ready, acc, l_i, last, WG, row_o)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
-        mbarrier.arrive(empty.index(last % 2), count=1)
+        if j < tiles:
+            s_mma = _own_scores(q_smem, qp_smem, ckv_smem, kpe_smem, ready, j, s_layout)
+            acc = warpgroup_mma_wait(num_outstanding=PIECES + 1, deps=(pv,))  # the score groups may still run
+            mbarrier.arrive(empty.index((j + 1) % 2), count=1, pred=j > 0)  # tile j - 1's slot (none before tile 0)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s_mma,))
+            pr, m_new, alpha, psum = _softmax(s, m_i, end - (start + j * BLOCK_N), qk_scale, dtype, row_o)
+            acc, l_i, m_i = _publish_and_own_pv(p_smem, stats, ckv_smem, empty, p_ready, pr, m_new, alpha, psum, acc,
+                                                l_i, j, WG, p_layout)
+        else:
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
+            mbarrier.arrive(empty.index((j + 1) % 2), count=1)
 
     empty_row = l_i == 0.0
     safe = gl.where(empty_row, 1.0, l_i)
@@ -307,7 +309,8 @@ def mla_decode_ws_kernel(
     # separates waits on one allocation by a CTA barrier (it cannot tell which barrier a dynamic index names)
     ready = ()
     for _ in gl.static_range(PIECES + 1):  # (the Gluon frontend concatenates tuples; it does not unpack them)
-        ready = ready + (gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout()),)  # noqa: RUF005
+        pair = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        ready = ready + (pair,)  # type: ignore[assignment]  # noqa: RUF005
     empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     tail = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
