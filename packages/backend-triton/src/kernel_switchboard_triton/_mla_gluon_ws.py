@@ -149,7 +149,7 @@ def _other_pv(p_smem, stats, ckv_smem, ready, p_ready, acc, l_i, t, WG: gl.const
     mbarrier.wait(p_ready, t & 1)  # t = -1: a fresh barrier passes phase 1
     slot = t % 2
     if WG == 0:
-        if t < 0:  # in a branch: consecutive waits on one barrier allocation get a CTA barrier between them
+        if t < 0:  # in a branch: the compiler syncs the warpgroup's warps between waits on one barrier allocation
             PIECE: gl.constexpr = ckv_smem.shape[2] // (len(ready) - 1)
             for c in gl.static_range(HALF // PIECE):
                 mbarrier.wait(ready[c].index(0), 0)
@@ -306,7 +306,7 @@ def mla_decode_ws_kernel(
     stats[1].store(gl.full([BLOCK_H], 1.0, gl.float32, row_ld))
     stats[2].store(gl.zeros([BLOCK_H], gl.float32, row_ld))
     # a barrier pair (one per ring slot) for each latent piece and for k_pe, each its own allocation: the compiler
-    # separates waits on one allocation by a CTA barrier (it cannot tell which barrier a dynamic index names)
+    # syncs a partition's warps between two waits on one allocation (it cannot tell which barrier an index names)
     ready = ()
     for _ in gl.static_range(PIECES + 1):  # (the Gluon frontend concatenates tuples; it does not unpack them)
         pair = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
