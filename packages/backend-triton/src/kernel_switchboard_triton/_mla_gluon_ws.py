@@ -10,21 +10,22 @@ of a partial last tile past the request's end, which may hold NaN), so no CTA ba
 
 The schedule is set by the ring: with the queries, two 72 KB tiles fill shared memory, so tile t + 2 can load only
 once both warpgroups are done with tile t. Each warpgroup therefore multiplies the other's tile t - 1 first (its
-PV MMA is issued before this tile's scores, and the slot is released when it is done, before this tile's
-softmax), and a tile arrives in five pieces (four 128-column latent pieces, each two 64-column TMA boxes, and
-k_pe), each on its own barrier, so the score MMAs start on the first piece that lands (FlashMLA's fine-grained
-pipelining). Each piece's barrier pair is its own allocation (the compiler syncs the warpgroup's warps between waits
-on one allocation), and one loop body serves every tile: warpgroup 0's first tile folds in a stand-in for "the other's
-tile -1", and the loop runs one step further when the split's last tile is the other's (a copy of the body less
-to compile).
+PV MMA is issued before this tile's scores, and its half of that tile is released when it is done, before this
+tile's softmax). Each part of a slot is released on its own (k_pe once the owner's scores are done, each latent
+half once its warpgroup's PV is), and the loader refills each part as soon as it is free. A tile arrives in five
+pieces (k_pe, then four 128-column latent pieces of two 64-column TMA boxes), each on its own barrier, and the
+score MMAs take them in that order as they land (FlashMLA's fine-grained pipelining). Each piece's barrier pair is
+its own allocation (the compiler syncs the warpgroup's warps between waits on one allocation), and one loop body
+serves every tile: warpgroup 0's first tile folds in a stand-in for "the other's tile -1", and the loop runs one
+step further when the split's last tile is the other's (a copy of the body less to compile).
 
 The default MLA decode on Hopper where TMA can load the pages (``_mla.mla_config`` sets ``MLAConfig.gluon_ws``).
-H200 (B=128 L=8192 H=128 page 64, notes/gpu-runs.md run 22), medians of seven timings of 20 calls: 2.28-2.34 TB/s
-where run 21's kernel (64-column pieces, one barrier allocation, separate first and last tiles) ran 2.22, each step
-timed against the previous one in the same call; ``switchboard bench`` 2.10-2.18 against FlashInfer's 2.24. All 19
-MLA GPU tests pass. First call in a fresh process: compile 3.6-4.8 s + load 0.33-0.38 s (run 21's: 5.1 + 0.3). Host
-ptxas sm_90 (Triton 3.6): 168 registers at launch, 232 per consumer warpgroup, no spills, no injected wgmma wait,
-225 KB of shared memory.
+H200 (B=128 L=8192 H=128 page 64, notes/gpu-runs.md run 22), medians of seven timings of 20 calls: 2.28-2.35 TB/s
+(L2-resident 2.52) where run 21's kernel (64-column pieces, one barrier allocation and one release per slot,
+separate first and last tiles) ran 2.22, each step timed against the previous one in the same call;
+``switchboard bench`` 2.16 against FlashInfer's 2.20 (0.98x). All 19 MLA GPU tests pass. First call in a fresh
+process: compile 3.6-4.8 s + load 0.33-0.41 s (run 21's: 5.1 + 0.3). Host ptxas sm_90 (Triton 3.6): 168 registers
+at launch, 232 per consumer warpgroup, no spills, no injected wgmma wait, 225 KB of shared memory.
 """
 
 from __future__ import annotations
@@ -46,9 +47,10 @@ PIECE_COLS = 128
 
 @gluon.jit
 def _loader(p):
-    """Worker (1 warp): TMA loads of the split's KV tiles into the ring, each slot once both consumers freed it, in
-    64-column pieces with a barrier each. A partial last tile lands on a private barrier first; its rows past the end
-    are zeroed before all of its pieces are published.
+    """Worker (1 warp): TMA loads of the split's KV tiles into the ring, each part of a slot (k_pe, latent half 0, half
+    1) as soon as tile t - 2 is done with it, in pieces with a barrier each. A partial last tile waits for the whole
+    slot and lands on a private barrier first; its rows past the end are zeroed before all of its pieces are
+    published.
     (Every partition takes the kernel's argument tuple ``p`` and unpacks all of it.)"""
     io, sizes, smem, bars, PAGE_SIZE, NUM_SPLITS = p  # noqa: RUF059
     ckv_desc, kpe_desc, block_table_ptr, seq_lens_ptr, stride_bt, o, lse, qk_scale = io  # noqa: RUF059
@@ -64,20 +66,25 @@ def _loader(p):
     bt_row = block_table_ptr + b.to(gl.int64) * stride_bt
     for t in range(tiles):
         slot = t % 2
-        mbarrier.wait(empty.index(slot), ((t // 2) & 1) ^ 1)  # a fresh barrier passes phase 1
+        freed = ((t // 2) & 1) ^ 1  # the phase that frees tile t - 2's parts (a fresh barrier passes phase 1)
         token = start + t * BLOCK_N
         row = _tile_row(bt_row, token, PAGE_SIZE)
         valid = end - token
-        if valid >= BLOCK_N:  # each piece on its own barrier: the score MMAs start as the first one lands
-            for c in gl.static_range(PIECES):
-                bar = ready[c].index(slot)
-                mbarrier.expect(bar, (PIECE // BOX) * ckv_desc.block_type.nbytes)
-                for x in gl.static_range(c * PIECE, (c + 1) * PIECE, BOX):
-                    _tma_load(ckv_desc, [row, x], bar, ckv_smem.index(slot).slice(x, BOX, dim=1))
+        if valid >= BLOCK_N:  # each part as soon as tile t - 2 is done with it, each piece on its own barrier
+            mbarrier.wait(empty[2].index(slot), freed)
             bar = ready[PIECES].index(slot)
             mbarrier.expect(bar, kpe_desc.block_type.nbytes)
             _tma_load(kpe_desc, [row, 0], bar, kpe_smem.index(slot))
+            for h in gl.static_range(2):
+                mbarrier.wait(empty[h].index(slot), freed)
+                for c in gl.static_range(h * PIECES // 2, (h + 1) * PIECES // 2):
+                    bar = ready[c].index(slot)
+                    mbarrier.expect(bar, (PIECE // BOX) * ckv_desc.block_type.nbytes)
+                    for x in gl.static_range(c * PIECE, (c + 1) * PIECE, BOX):
+                        _tma_load(ckv_desc, [row, x], bar, ckv_smem.index(slot).slice(x, BOX, dim=1))
         else:  # the last tile, partial: at most one per split, so the private barrier's phase is 0
+            for part in gl.static_range(3):
+                mbarrier.wait(empty[part].index(slot), freed)
             mbarrier.expect(tail, (DCOLS // BOX) * ckv_desc.block_type.nbytes + kpe_desc.block_type.nbytes)
             for x in gl.static_range(0, DCOLS, BOX):
                 _tma_load(ckv_desc, [row, x], tail, ckv_smem.index(slot).slice(x, BOX, dim=1))
@@ -130,12 +137,13 @@ def _own_scores(q_smem, qp_smem, ckv_smem, kpe_smem, ready, t, s_layout: gl.cons
     # the queries' descriptors computed here, not hoisted out of the loop: index t >> 30 (always 0) is not a
     # constant, so the 36 MMAs' 64-bit operand descriptors do not stay live across the loop (ptxas spilled them)
     qn = q_smem.index(t >> 30)
+    mbarrier.wait(ready[PIECES].index(slot), phase)  # k_pe first: its part of the slot is freed first
+    s = warpgroup_mma(qp_smem.index(t >> 30), kpe_smem.index(slot).permute((1, 0)), s, use_acc=False, is_async=True)
     for c in gl.static_range(PIECES):
         mbarrier.wait(ready[c].index(slot), phase)
         k = ckv_smem.index(slot).slice(c * PIECE, PIECE, dim=1)
-        s = warpgroup_mma(qn.slice(c * PIECE, PIECE, dim=1), k.permute((1, 0)), s, use_acc=c > 0, is_async=True)
-    mbarrier.wait(ready[PIECES].index(slot), phase)
-    return warpgroup_mma(qp_smem.index(t >> 30), kpe_smem.index(slot).permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma(qn.slice(c * PIECE, PIECE, dim=1), k.permute((1, 0)), s, is_async=True)
+    return s
 
 
 @gluon.jit
@@ -166,8 +174,8 @@ def _other_pv(p_smem, stats, ckv_smem, ready, p_ready, acc, l_i, t, WG: gl.const
 def _publish_and_own_pv(p_smem, stats, ckv_smem, empty, p_ready, pr, m_new, alpha, psum, acc, l_i, t,
                         WG: gl.constexpr, p_layout: gl.constexpr):
     """Publish P(t) and its statistics to the other warpgroup (which consumed P(t - 1) before it published
-    anything newer), then fold tile t into this warpgroup's output columns with P from registers; frees the slot
-    (this warpgroup's part). Returns (acc, l, m)."""
+    anything newer), then fold tile t into this warpgroup's output columns with P from registers; frees this
+    warpgroup's latent half of the slot. Returns (acc, l, m)."""
     HALF: gl.constexpr = acc.shape[1]
     p_smem.index(0).store(pr)
     stats[0].store(m_new)
@@ -178,7 +186,7 @@ def _publish_and_own_pv(p_smem, stats, ckv_smem, empty, p_ready, pr, m_new, alph
     acc = acc * alpha[:, None]
     v = ckv_smem.index(t % 2).slice(WG * HALF, HALF, dim=1)
     acc = warpgroup_mma(gl.convert_layout(pr, p_layout), v, acc)
-    mbarrier.arrive(empty.index(t % 2), count=1)
+    mbarrier.arrive(empty[WG].index(t % 2), count=1)  # this warpgroup's latent half of tile t
     return acc, l_i * alpha + psum, m_new
 
 
@@ -198,8 +206,8 @@ def _softmax(s, m_i, valid, qk_scale, dtype: gl.constexpr, row_o: gl.constexpr):
 def _consume(p, WG: gl.constexpr):
     """Consumer warpgroup ``WG`` (4 warps): output columns [WG * 256, WG * 256 + 256) of every tile, the scores
     and softmax of tiles t with t % 2 == WG. Each of its score tiles starts by folding in the other warpgroup's
-    previous tile, so the other's P is consumed before its own is published over it and that tile's slot is
-    released early."""
+    previous tile, so the other's P is consumed before its own is published over it and this warpgroup's half of
+    that tile is released early."""
     io, sizes, smem, bars, PAGE_SIZE, NUM_SPLITS = p  # noqa: RUF059
     ckv_desc, kpe_desc, block_table_ptr, seq_lens_ptr, stride_bt, o, lse, qk_scale = io  # noqa: RUF059
     q_smem, qp_smem, ckv_smem, kpe_smem, p_smem, stats = smem  # noqa: RUF059
@@ -228,20 +236,21 @@ def _consume(p, WG: gl.constexpr):
     acc = gl.zeros([BLOCK_H, HALF], gl.float32, layout=o_layout)
     # j runs one step past this warpgroup's last tile when the split's last tile is the other's, to fold that in
     for j in range(WG, tiles + (tiles > 0), 2):
-        # the other warpgroup's tile j - 1 first, so its slot is released as soon as that PV MMA is done (the next
-        # tile's loads start before this tile's softmax); then this tile's scores, piece by piece as they land
+        # the other warpgroup's tile j - 1 first, so this warpgroup's half of it is released as soon as that PV MMA is
+        # done (the next tile's loads start before this tile's softmax); then this tile's scores, piece by piece
         pv, l_i, m_i = _other_pv(p_smem, stats, ckv_smem, ready, p_ready, acc, l_i, j - 1, WG, row_o)
         if j < tiles:
             s_mma = _own_scores(q_smem, qp_smem, ckv_smem, kpe_smem, ready, j, s_layout)
             acc = warpgroup_mma_wait(num_outstanding=PIECES + 1, deps=(pv,))  # the score groups may still run
-            mbarrier.arrive(empty.index((j + 1) % 2), count=1, pred=j > 0)  # tile j - 1's slot (none before tile 0)
+            mbarrier.arrive(empty[WG].index((j + 1) % 2), count=1, pred=j > 0)  # its half of tile j - 1 (if any)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s_mma,))
+            mbarrier.arrive(empty[2].index(j % 2), count=1)  # tile j's k_pe: only its scores read it
             pr, m_new, alpha, psum = _softmax(s, m_i, end - (start + j * BLOCK_N), qk_scale, dtype, row_o)
             acc, l_i, m_i = _publish_and_own_pv(p_smem, stats, ckv_smem, empty, p_ready, pr, m_new, alpha, psum, acc,
                                                 l_i, j, WG, p_layout)
         else:
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
-            mbarrier.arrive(empty.index((j + 1) % 2), count=1)
+            mbarrier.arrive(empty[WG].index((j + 1) % 2), count=1)
 
     empty_row = l_i == 0.0
     safe = gl.where(empty_row, 1.0, l_i)
@@ -311,14 +320,19 @@ def mla_decode_ws_kernel(
     for _ in gl.static_range(PIECES + 1):  # (the Gluon frontend concatenates tuples; it does not unpack them)
         pair = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         ready = ready + (pair,)  # type: ignore[assignment]  # noqa: RUF005
-    empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    # per ring slot, the parts of a tile each freed on its own: latent half 0 (by warpgroup 0's PV), half 1 (by
+    # warpgroup 1's), k_pe (by the owner's scores)
+    empty = (gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout()),
+             gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout()),
+             gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout()))
     p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     tail = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     for c in gl.static_range(PIECES + 1):
         for i in gl.static_range(2):
             mbarrier.init(ready[c].index(i), count=1)  # the loader's expect + the TMA bytes, or its arrive (partial tile)
     for i in gl.static_range(2):
-        mbarrier.init(empty.index(i), count=2)  # one arrival per consumer warpgroup
+        for part in gl.static_range(3):
+            mbarrier.init(empty[part].index(i), count=1)
     mbarrier.init(p_ready, count=1)
     mbarrier.init(tail, count=1)
     fence_async_shared()
