@@ -15,8 +15,8 @@ PV dot splits the 512 outputs between them and each needs all of P). Passing P t
 CTA barrier gives each warpgroup half of the score tile but ran 7% slower on the H200 (commit e3839ef).
 On Hopper the default is therefore Gluon with explicit layouts (``MLAConfig.gluon``): ``_mla_gluon_ws``, where
 warp-specialised warpgroups take whole score tiles in turn (``gluon_ws``), else ``_mla_gluon``, the same tiles
-split between both warpgroups. H200, B=128 L=8192 H=128 page 64: 2.02-2.05 TB/s (run 21; FlashInfer 2.16-2.18 in
-the same runs); in run 20 the three kernels ran 1.67 (before run 21's schedule), 1.45 and this module's TMA kernel's 1.24.
+split between both warpgroups. H200, B=128 L=8192 H=128 page 64: 2.16 TB/s (run 22; FlashInfer 2.20 in the same
+run); in run 20 the three kernels ran 1.67 (before runs 21-22's schedule), 1.45 and this module's TMA kernel's 1.24.
 """
 
 from __future__ import annotations
@@ -253,7 +253,7 @@ def mla_config(device: torch.device, batch: int, heads: int, kv_len: int,
     # the queries) let the next tile's loads (TMA where pages allow) run under this tile's dots. H200 sweep
     # (B=128 L=8192 H=128 p64, notes/gpu-runs.md runs 8 and 17), BLOCK_N 64: TMA two stages 1.25 TB/s, one 0.96;
     # pointer loads two stages 0.97, one 0.76; TMA BLOCK_N 32 with 2-4 stages 0.79-0.82; 32-head tiles 0.60;
-    # the Gluon kernels on the TMA tiles (sm_90 only: wgmma) 1.45, warp-specialised 1.67 (run 20), 2.02 (run 21).
+    # the Gluon kernels on the TMA tiles (sm_90 only: wgmma) 1.45, warp-specialised 1.67 (run 20), 2.02 (run 21), 2.16 (run 22).
     block_h = 64 if hopper and heads >= 64 else (32 if heads >= 32 else 16)
     block_n, warps, stages = (64, 8, 2) if hopper else (32, 8, 1)
     if num_splits is None:

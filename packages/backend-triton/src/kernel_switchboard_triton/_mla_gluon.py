@@ -10,7 +10,7 @@ order), so the tensor cores see S(t + 1) and PV(t) back to back.
 
 Used on Hopper when ``MLAConfig.gluon_ws`` is off (the warp-specialised ``_mla_gluon_ws`` is the default; it
 shares this module's launch and tile helpers). H200 (B=128 L=8192 H=128 page 64): 1.46 TB/s in run 19, 1.45 in
-run 20 (``_mla_gluon_ws`` 1.67 then, 2.02 in run 21), max error 1.2e-4; host ptxas sm_90 (Triton 3.6): 255 registers, no spills,
+run 20 (``_mla_gluon_ws`` 1.67 then, 2.16 in run 22), max error 1.2e-4; host ptxas sm_90 (Triton 3.6): 255 registers, no spills,
 225 KB of shared memory.
 """
 

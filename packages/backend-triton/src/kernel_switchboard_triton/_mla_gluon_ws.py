@@ -90,9 +90,9 @@ def _loader(p):
                 _tma_load(ckv_desc, [row, x], tail, ckv_smem.index(slot).slice(x, BOX, dim=1))
             _tma_load(kpe_desc, [row, 0], tail, kpe_smem.index(slot))
             mbarrier.wait(tail, 0)
-            pieces = _as_pieces(ckv_smem.index(slot), BOX)
+            boxes = _as_boxes(ckv_smem.index(slot), BOX)
             for c in range(DCOLS // BOX):  # a loop, not unrolled: this runs once per split, and unrolled it was a
-                _zero_rows_from(pieces.index(c), valid)  # quarter of the kernel's compile time
+                _zero_rows_from(boxes.index(c), valid)  # quarter of the kernel's compile time
             _zero_rows_from(kpe_smem.index(slot), valid)
             fence_async_shared()
             for c in gl.static_range(PIECES + 1):
@@ -100,10 +100,10 @@ def _loader(p):
 
 
 @gluon.jit
-def _as_pieces(tile, PIECE: gl.constexpr):
-    """A (BLOCK_N, D) tile in shared memory as its D / PIECE column pieces, (D / PIECE, BLOCK_N, PIECE): with a
-    128-byte swizzle each 64-column piece is stored whole, one after another."""
-    shape: gl.constexpr = [tile.shape[1] // PIECE, tile.shape[0], PIECE]
+def _as_boxes(tile, BOX: gl.constexpr):
+    """A (BLOCK_N, D) tile in shared memory as its BOX-column TMA boxes, (D / BOX, BLOCK_N, BOX): with a 128-byte
+    swizzle each 64-column box is stored whole, one after another."""
+    shape: gl.constexpr = [tile.shape[1] // BOX, tile.shape[0], BOX]
     if _REINTERPRET_IS_PRIVATE:
         return tile._reinterpret(tile.dtype, shape, tile.layout)
     else:
@@ -112,7 +112,7 @@ def _as_pieces(tile, PIECE: gl.constexpr):
 
 @gluon.jit
 def _zero_rows_from(smem, valid):
-    """Zero the rows >= ``valid`` of a (BLOCK_N, 64) piece in shared memory, 8 rows at a time (one warp, few
+    """Zero the rows >= ``valid`` of a (BLOCK_N, 64) box in shared memory, 8 rows at a time (one warp, few
     registers)."""
     layout: gl.constexpr = gl.BlockedLayout([1, 2], [2, 16], [1, 1], [1, 0])
     ROWS: gl.constexpr = 8
@@ -125,8 +125,8 @@ def _zero_rows_from(smem, valid):
 
 @gluon.jit
 def _own_scores(q_smem, qp_smem, ckv_smem, kpe_smem, ready, t, s_layout: gl.constexpr):
-    """Start the (64, BLOCK_N) score MMAs of tile ``t``, each 64-column piece once it has landed (one wgmma group
-    per piece in flight)."""
+    """Start the (64, BLOCK_N) score MMAs of tile ``t``: k_pe, then each latent piece, each once it has landed (one
+    wgmma group per piece in flight)."""
     slot = t % 2
     phase = (t // 2) & 1
     BLOCK_H: gl.constexpr = q_smem.shape[1]
