@@ -122,7 +122,7 @@ def test_version_parsers(tmp_path: Path) -> None:
     ("mm", {"dtype": F32, "out_dtype": F32}, "dtype=float32 not supported"),
     ("mm", {"layout": "SR"}, "layout=SR not supported"),
     ("mm", {"align_bytes": 8}, "align_bytes=8: TMA needs 16-byte"),
-    ("mm", {"features": frozenset({"cuda_graph"})}, "features {cuda_graph} not supported"),
+    ("mm", {"features": frozenset({"in_place"})}, "features {in_place} not supported"),
     ("mm_fp8", {"dtype": FP8, "layout": "RR", "scale_mode": "block"}, "layout=RR not supported"),
     ("mm_fp8", {"dtype": FP8, "layout": "RC", "scale_mode": "row_col"}, "scale_mode=row_col not supported"),
     ("grouped_mm", {"layout": "CR", "groups": 8}, "a must be row-major"),
@@ -291,6 +291,28 @@ def test_mm_fp8_translation_matches_reference(case) -> None:
     got = _run_emulated(job, a.shape[0], b.shape[1])
     want = ref.mm_fp8(a, b, sa, sb, mode, out)
     assert_close(got, want, atol=case.tol[0], rtol=case.tol[1], what=case.id)
+
+
+
+def test_block_scales_of_a_are_copied_only_when_tma_needs_it() -> None:
+    """SFA is M-major (K/128, M) and TMA-loaded: scales already stored so are passed as they are; row-major ones
+    get one transposing copy; an M that is not a multiple of 4 (or a misaligned view) gets a zero-padded copy."""
+    m, k, n = 64, 256, 128
+    qa, qb = torch.ones(m, k, dtype=FP8), torch.ones(n, k, dtype=FP8).t()
+    sb = torch.rand(k // 128, n // 128)
+    m_major = torch.rand(k // 128, m)  # the layout DeepGEMM-style quantisers write
+    job = gemm.prepare_mm_fp8(qa, qb, m_major.t(), sb, "block", BF16)
+    assert job.extra[0].data_ptr() == m_major.data_ptr()
+    row_major = torch.rand(m, k // 128)
+    job = gemm.prepare_mm_fp8(qa, qb, row_major, sb, "block", BF16)
+    assert torch.equal(job.extra[0], row_major.t()) and job.extra[0].is_contiguous()
+    shifted = torch.rand(k // 128 * m + 1)[1:].view(k // 128, m)  # 4 bytes past an aligned address
+    job = gemm.prepare_mm_fp8(qa, qb, shifted.t(), sb, "block", BF16)
+    assert job.extra[0].data_ptr() % 16 == 0 and torch.equal(job.extra[0], shifted)
+    odd = torch.rand(m - 3, k // 128)
+    job = gemm.prepare_mm_fp8(qa[: m - 3], qb, odd, sb, "block", BF16)
+    assert job.extra[0].shape == (k // 128, m) and torch.equal(job.extra[0][:, : m - 3], odd.t())
+    assert torch.count_nonzero(job.extra[0][:, m - 3:]) == 0
 
 
 @pytest.mark.parametrize("case", _declared("gemm.grouped_mm"), ids=lambda c: c.id)

@@ -1,5 +1,6 @@
 """CUTLASS kernels on a Hopper GPU against the reference: odd shapes, every layout, fp8 scale modes,
-grouped GEMM with empty groups, the first call from a warm disk cache, and `explain` on a cold one."""
+grouped GEMM with empty groups, CUDA-graph capture and replay, the first call from a warm disk cache, and
+`explain` on a cold one."""
 
 from __future__ import annotations
 
@@ -125,6 +126,44 @@ def test_grouped_mm(device: torch.device, sizes: tuple[int, ...], order: str) ->
     a, b, offsets = _grouped_args(sizes, 2816, 1024, order, device)
     got = ksb.gemm.grouped_mm(a, b, offsets, backend="cutlass")
     assert_close(got, ref.grouped_mm(a, b, offsets), atol=2e-2, rtol=2e-2, what=f"grouped {sizes} {order}")
+
+
+
+def test_each_kind_captures_in_a_cuda_graph_and_replays_on_new_inputs(device: torch.device) -> None:
+    """mm, mm_fp8 (block scales with padded rows, per-tensor) and grouped_mm (empty groups), each loaded by one
+    eager call, captured once, then replayed on inputs rewritten in place: every replay matches the reference on
+    the new inputs."""
+    mm_args = _mm_args(1000, 1000, 1000, "CR", BF16, device)
+    block = _fp8_args(333, 2112, 7168, "block", device)
+    tensor = _fp8_args(7, 136, 256, "tensor", device)
+    grouped = _grouped_args(GROUPS[0], 2816, 1024, "R", device)
+    calls = {
+        "mm": (lambda: ksb.gemm.mm(*mm_args, backend="cutlass"), lambda: ref.mm(*mm_args)),
+        "mm_fp8 block": (lambda: ksb.gemm.mm_fp8(*block, out_dtype=BF16, backend="cutlass"),
+                         lambda: ref.mm_fp8(*block, "block", BF16)),
+        "mm_fp8 tensor": (lambda: ksb.gemm.mm_fp8(*tensor, out_dtype=BF16, backend="cutlass"),
+                          lambda: ref.mm_fp8(*tensor, "tensor", BF16)),
+        "grouped_mm": (lambda: ksb.gemm.grouped_mm(*grouped, backend="cutlass"), lambda: ref.grouped_mm(*grouped)),
+    }
+    for run, _ in calls.values():
+        run()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = {name: run() for name, (run, _) in calls.items()}
+    for seed in (1, 2):
+        g = torch.Generator(device=device).manual_seed(seed)
+        mm_args[0].copy_(torch.randn(mm_args[0].shape, generator=g, device=device))
+        qa, sa = quantize_fp8(torch.randn(block[0].shape, generator=g, device=device), 1, 128)
+        block[0].copy_(qa)
+        block[2].copy_(sa)
+        tensor[0].copy_(torch.randn(tensor[0].shape, generator=g, device=device).to(tensor[0].dtype))
+        grouped[0].copy_(torch.randn(grouped[0].shape, generator=g, device=device))
+        for out in outs.values():
+            out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        for name, (_, want) in calls.items():
+            assert_close(outs[name], want(), atol=2e-2, rtol=2e-2, what=f"{name}, replay {seed}")
 
 
 def test_a_new_process_loads_the_warm_disk_cache_without_nvcc(device: torch.device, monkeypatch) -> None:

@@ -157,10 +157,12 @@ def prepare_mm_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scal
     d, _ = padded_output(mr, np_, out_dtype, a.device)
     cfg = fp8_config_for(scale_mode, out_dtype, m)
     if scale_mode == "block":
-        # CUTLASS layouts: SFA M-major (K/128, M), SFB K-major (N/128, K/128)
-        sfa = torch.zeros(scale_a.shape[1], mr, dtype=torch.float32, device=a.device)
-        sfa[:, :m] = scale_a.t()
-        sfb = scale_b.t().contiguous()
+        # CUTLASS layouts: SFA M-major (K/128, M), SFB K-major (N/128, K/128), each free where the scales already are
+        sfa = scale_a.t().contiguous() if mr == m else None
+        if sfa is None or sfa.data_ptr() % 16:  # TMA loads SFA: 16-byte rows (zero scales pad them), aligned base
+            sfa = torch.zeros(scale_a.shape[1], mr, dtype=torch.float32, device=a.device)
+            sfa[:, :m] = scale_a.t()
+        sfb = scale_b.t().contiguous()  # (loaded with cp.async: 4-byte alignment)
         return Launch(cfg, "ksb_gemm_block", op_a, op_b, d, mr, np_, kp, (sfa, sfb))
     alpha = (scale_a.reshape(1) * scale_b.reshape(1)).contiguous()
     return Launch(cfg, "ksb_gemm", op_a, op_b, d, mr, np_, kp, (alpha,))
@@ -273,13 +275,17 @@ def _build(of_problem):  # type: ignore[no-untyped-def]
     return run_build
 
 
-CAP_MM = Capability(devices=frozenset({"cuda"}), min_cc=CC, max_cc=CC, dtypes=HALF,
+#: every call is stream-ordered with no host synchronisation (group pointers are filled on the device), so a
+#: call captures in a CUDA graph once its library is loaded (tests/test_cutlass_gpu.py replays each kind)
+_FEATURES = frozenset({"cuda_graph"})
+CAP_MM = Capability(devices=frozenset({"cuda"}), min_cc=CC, max_cc=CC, dtypes=HALF, features=_FEATURES,
                     allowed={"layout": frozenset({"RR", "RC", "CR", "CC"})}, check=_tma_aligned)
 CAP_FP8 = Capability(devices=frozenset({"cuda"}), min_cc=CC, max_cc=CC, dtypes=frozenset({torch.float8_e4m3fn}),
-                     out_dtypes=FP8_OUT,
+                     out_dtypes=FP8_OUT, features=_FEATURES,
                      allowed={"layout": frozenset({"RC"}), "scale_mode": frozenset({"tensor", "block"})},
                      check=_tma_aligned)
-CAP_GROUPED = Capability(devices=frozenset({"cuda"}), min_cc=CC, max_cc=CC, dtypes=HALF, check=_grouped_check)
+CAP_GROUPED = Capability(devices=frozenset({"cuda"}), min_cc=CC, max_cc=CC, dtypes=HALF, features=_FEATURES,
+                         check=_grouped_check)
 
 
 def kernels(version: str) -> list[Kernel]:
