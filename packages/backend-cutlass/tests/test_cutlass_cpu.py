@@ -293,7 +293,6 @@ def test_mm_fp8_translation_matches_reference(case) -> None:
     assert_close(got, want, atol=case.tol[0], rtol=case.tol[1], what=case.id)
 
 
-
 def test_block_scales_of_a_are_copied_only_when_tma_needs_it() -> None:
     """SFA is M-major (K/128, M) and TMA-loaded: scales already stored so are passed as they are; row-major ones
     get one transposing copy; an M that is not a multiple of 4 (or a misaligned view) gets a zero-padded copy."""

@@ -128,7 +128,6 @@ def test_grouped_mm(device: torch.device, sizes: tuple[int, ...], order: str) ->
     assert_close(got, ref.grouped_mm(a, b, offsets), atol=2e-2, rtol=2e-2, what=f"grouped {sizes} {order}")
 
 
-
 def test_each_kind_captures_in_a_cuda_graph_and_replays_on_new_inputs(device: torch.device) -> None:
     """mm, mm_fp8 (block scales with padded rows, per-tensor) and grouped_mm (empty groups), each loaded by one
     eager call, captured once, then replayed on inputs rewritten in place: every replay matches the reference on
