@@ -23,9 +23,16 @@ The default MLA decode on Hopper where TMA can load the pages (``_mla.mla_config
 H200 (B=128 L=8192 H=128 page 64, notes/gpu-runs.md run 22), medians of seven timings of 20 calls: 2.28-2.35 TB/s
 (L2-resident 2.52) where run 21's kernel (64-column pieces, one barrier allocation and one release per slot,
 separate first and last tiles) ran 2.22, each step timed against the previous one in the same call;
-``switchboard bench`` 2.16 against FlashInfer's 2.20 (0.98x). All 19 MLA GPU tests pass. First call in a fresh
-process: compile 3.6-4.8 s + load 0.33-0.41 s (run 21's: 5.1 + 0.3). Host ptxas sm_90 (Triton 3.6): 168 registers
-at launch, 232 per consumer warpgroup, no spills, no injected wgmma wait, 225 KB of shared memory.
+``switchboard bench`` 2.15-2.16 against FlashInfer's 2.20 (0.98x, runs 22-23); CUDA graphs replayed back to back
+2.50 against 2.53 (run 23). All 19 MLA GPU tests pass. First call in a fresh process: compile 3.2-4.8 s + load
+0.26-0.41 s (run 21's: 5.1 + 0.3). Host ptxas sm_90 (Triton 3.6): 168 registers at launch, 232 per consumer
+warpgroup, no spills, no injected wgmma wait, 225 KB of shared memory.
+
+What bounds it (run 23): L2 reads into shared memory. The two head-block programs of a request each read every tile
+(~4.6 TB/s of L2 reads at 2.3 TB/s of KV); with the tiles L2-resident it runs no faster, and with one head block per
+request (64 heads) it streams 3.8-3.95 TB/s. A 2-CTA cluster multicasting each tile would halve those reads; Triton
+3.6's Gluon TMA copy has no multicast. Issuing each warpgroup's scores before the other's P (so a softmax never idles
+the tensor cores) is faster only when loads are short: on a two-slot ring it delays the next tile's loads.
 """
 
 from __future__ import annotations
