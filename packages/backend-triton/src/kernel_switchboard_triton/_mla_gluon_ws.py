@@ -28,11 +28,11 @@ separate first and last tiles) ran 2.22, each step timed against the previous on
 0.26-0.41 s (run 21's: 5.1 + 0.3). Host ptxas sm_90 (Triton 3.6): 168 registers at launch, 232 per consumer
 warpgroup, no spills, no injected wgmma wait, 225 KB of shared memory.
 
-What bounds it (run 23): L2 reads into shared memory. The two head-block programs of a request each read every tile
-(~4.6 TB/s of L2 reads at 2.3 TB/s of KV); with the tiles L2-resident it runs no faster, and with one head block per
-request (64 heads) it streams 3.8-3.95 TB/s. A 2-CTA cluster multicasting each tile would halve those reads; Triton
-3.6's Gluon TMA copy has no multicast. Issuing each warpgroup's scores before the other's P (so a softmax never idles
-the tensor cores) is faster only when loads are short: on a two-slot ring it delays the next tile's loads.
+What bounds it (run 23): not DRAM (as fast with the tiles L2-resident); the two head-block programs of a request each
+read every tile from L2 (~4.6 TB/s of L2 reads at 2.3 TB/s of KV), and the loop still waits ~20% of its time for
+tile pieces. A 2-CTA cluster multicasting each tile would halve those reads; Triton 3.6's Gluon TMA copy has no
+multicast. Issuing each warpgroup's scores before the other's P (so a softmax never idles the tensor cores) is
+faster only when loads are short: on a two-slot ring it delays the next tile's loads.
 """
 
 from __future__ import annotations
