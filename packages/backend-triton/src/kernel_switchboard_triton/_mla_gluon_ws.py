@@ -67,7 +67,7 @@ def _loader(p):
     BOX: gl.constexpr = ckv_desc.block_type.shape[1]
     PIECES: gl.constexpr = len(ready) - 1
     PIECE: gl.constexpr = ckv_smem.shape[2] // PIECES
-    DCOLS: gl.constexpr = ckv_smem.shape[2]
+    DC: gl.constexpr = ckv_smem.shape[2]
     b = gl.program_id(1)
     start, end, tiles = _split_tiles(seq_lens_ptr, b, gl.program_id(2), NUM_SPLITS, BLOCK_N)
     bt_row = block_table_ptr + b.to(gl.int64) * stride_bt
@@ -92,13 +92,13 @@ def _loader(p):
         else:  # the last tile, partial: at most one per split, so the private barrier's phase is 0
             for part in gl.static_range(3):
                 mbarrier.wait(empty[part].index(slot), freed)
-            mbarrier.expect(tail, (DCOLS // BOX) * ckv_desc.block_type.nbytes + kpe_desc.block_type.nbytes)
-            for x in gl.static_range(0, DCOLS, BOX):
+            mbarrier.expect(tail, (DC // BOX) * ckv_desc.block_type.nbytes + kpe_desc.block_type.nbytes)
+            for x in gl.static_range(0, DC, BOX):
                 _tma_load(ckv_desc, [row, x], tail, ckv_smem.index(slot).slice(x, BOX, dim=1))
             _tma_load(kpe_desc, [row, 0], tail, kpe_smem.index(slot))
             mbarrier.wait(tail, 0)
             boxes = _as_boxes(ckv_smem.index(slot), BOX)
-            for c in range(DCOLS // BOX):  # a loop, not unrolled: this runs once per split, and unrolled it was a
+            for c in range(DC // BOX):  # a loop, not unrolled: this runs once per split, and unrolled it was a
                 _zero_rows_from(boxes.index(c), valid)  # quarter of the kernel's compile time
             _zero_rows_from(kpe_smem.index(slot), valid)
             fence_async_shared()
@@ -279,11 +279,11 @@ def mla_decode_ws_kernel(
     PAGE_SIZE: gl.constexpr,  # tokens per page, a multiple of BLOCK_N
     NUM_SPLITS: gl.constexpr,  # KV splits per request (grid dim 2)
     DC: gl.constexpr,  # latent columns
-    PIECE: gl.constexpr,  # latent columns per ready barrier (the TMA blocks: 64 columns, the 128-byte swizzle's width)
+    PIECE: gl.constexpr,  # latent columns per ready barrier (whole 64-column TMA boxes, the 128-byte swizzle's width)
     num_warps: gl.constexpr,  # 4: the default partition is consumer warpgroup 0
 ):
-    """Arguments as ``_mla_gluon.mla_decode_kernel``'s (``ckv_desc``'s blocks: 64-column pieces); grid (head blocks,
-    batch, splits), 64 heads per program."""
+    """Arguments as ``_mla_gluon.mla_decode_kernel``'s (``ckv_desc``'s blocks: 64-column TMA boxes); grid (head
+    blocks, batch, splits), 64 heads per program."""
     BLOCK_H: gl.constexpr = 64
     BLOCK_N: gl.constexpr = ckv_desc.block_type.shape[0]
     PIECES: gl.constexpr = DC // PIECE
