@@ -15,6 +15,7 @@ from kernel_switchboard.testing.cases.attention import (
     AttnSpec,
     decode_case,
     indptr,
+    mla_case,
     prefill_case,
     ragged_case,
     random_pages,
@@ -130,8 +131,13 @@ class _RunOnlyBackend:
             _RunOnlyBackend.calls += 1
             return ref_attention.decode(q, cache, table, p)
 
+        def run_mla(*args: Any) -> Any:
+            _RunOnlyBackend.calls += 1
+            return ref_attention.mla_decode(*args)
+
         cap = Capability(devices=frozenset({"cpu"}), features=FEATURES)
-        return ksb.Backend("runonly", kernels=[ksb.Kernel("attention.decode", "decode", "runonly", cap, run)])
+        return ksb.Backend("runonly", kernels=[ksb.Kernel("attention.decode", "decode", "runonly", cap, run),
+                                               ksb.Kernel("attention.mla_decode", "mla", "runonly", cap, run_mla)])
 
 
 def test_plan_wraps_a_kernel_without_plan() -> None:
@@ -146,6 +152,81 @@ def test_plan_wraps_a_kernel_without_plan() -> None:
         want, want_lse = ksb.attention.decode(q, cache, table, return_lse=True, backend="reference")
         torch.testing.assert_close(out, want, atol=0, rtol=0)
         torch.testing.assert_close(lse, want_lse, atol=0, rtol=0)
+    finally:
+        ksb.registry.unregister(plugin)
+
+
+# -- MLA decode plans ------------------------------------------------------------------------------------------
+def _mla_plan(case: Any, **kw: Any) -> Any:
+    q_nope, _, ckv, kpe, table = case.args
+    return ksb.attention.plan_mla_decode(table, num_heads=q_nope.shape[1], head_dim_ckv=ckv.shape[2],
+                                         head_dim_kpe=kpe.shape[2], dtype=q_nope.dtype, page_size=ckv.shape[1],
+                                         **case.kwargs, **kw)
+
+
+@pytest.mark.parametrize("case", [mla_case(F16, (0, 1, 37), 4, 16, "cpu"),
+                                  mla_case(F32, (23, 40), 2, 1, "cpu", lse=True, seed=1)], ids=lambda c: c.id)
+def test_plan_mla_decode_runs_every_layer_like_mla_decode(case: Any) -> None:
+    """One plan per step; each layer passes its own pages (here a second set, NaN still in the unwritten slots) and
+    gets what the eager op gives."""
+    q_nope, q_pe, ckv, kpe, table = case.args
+    plan = _mla_plan(case)
+    assert plan.kernel.id == "reference:mla_decode" and "MLADecodePlan" in repr(plan)
+    lse = case.kwargs.get("return_lse", False)
+    layer2 = (ckv.roll(1, dims=2), kpe * -0.5)
+    for pages in ((ckv, kpe), layer2):
+        want = ksb.attention.mla_decode(q_nope, q_pe, *pages, table, **case.kwargs)
+        got = plan.run(q_nope, q_pe, *pages)
+        for g, w in zip(got if lse else (got,), want if lse else (want,)):
+            torch.testing.assert_close(g, w, atol=0, rtol=0)
+
+
+def test_plan_mla_decode_writes_given_outputs_and_sees_in_place_table_updates() -> None:
+    case = mla_case(F32, (17, 9, 23), 4, 16, "cpu", lse=True, seed=3)
+    q_nope, q_pe, ckv, kpe, table = case.args
+    plan = _mla_plan(case)
+    out, lse = torch.full((3, 4, 512), float("nan")), torch.full((3, 4), float("nan"))
+    got, got_lse = plan.run(q_nope, q_pe, ckv, kpe, out=out, lse=lse)
+    assert got is out and got_lse is lse
+    torch.testing.assert_close((out, lse), ksb.attention.mla_decode(q_nope, q_pe, ckv, kpe, table, **case.kwargs))
+    table.seq_lens.copy_(torch.tensor([3, 9, 1], dtype=torch.int32))  # shorter: inside the planned bound
+    want = ksb.attention.mla_decode(q_nope, q_pe, ckv, kpe, ksb.PageTable(table.block_table, table.seq_lens.clone()),
+                                    **case.kwargs)
+    torch.testing.assert_close(plan.run(q_nope, q_pe, ckv, kpe), want)
+
+
+def test_plan_mla_decode_bad_arguments_name_the_argument() -> None:
+    case = mla_case(F16, (5, 9), 4, 16, "cpu")
+    q_nope, q_pe, ckv, kpe, table = case.args
+    good = dict(num_heads=4, head_dim_ckv=512, head_dim_kpe=64, dtype=F16, page_size=16)
+    bad = {"num_heads": dict(good, num_heads=0), "head_dim_ckv": dict(good, head_dim_ckv=None),
+           "dtype": dict(good, dtype=torch.int8), "page_size": dict(good, page_size=0),
+           "max_kv_len": dict(good, max_kv_len=10**6)}
+    for name, kw in bad.items():
+        with pytest.raises(ksb.InvalidArgumentError, match=name):
+            ksb.attention.plan_mla_decode(table, **kw)
+    with pytest.raises(ksb.InvalidArgumentError, match="table"):
+        ksb.attention.plan_mla_decode(table.block_table, **good)
+    plan = ksb.attention.plan_mla_decode(table, **good)
+    wrong = {"q_nope": (q_nope[:1], q_pe, ckv, kpe), "q_pe": (q_nope, q_pe.float(), ckv, kpe),
+             "ckv_pages": (q_nope, q_pe, ckv[:, :8], kpe), "kpe_pages": (q_nope, q_pe, ckv, kpe[1:])}
+    for name, args in wrong.items():
+        with pytest.raises(ksb.InvalidArgumentError, match=f"{name}="):
+            plan.run(*args)
+
+
+def test_plan_mla_decode_wraps_a_kernel_without_plan() -> None:
+    plugin = _RunOnlyBackend()
+    ksb.registry.register(plugin)
+    try:
+        case = mla_case(F16, (5, 40), 4, 16, "cpu", lse=True, seed=4)
+        plan = _mla_plan(case, backend="runonly")
+        assert plan.kernel.id == "runonly:mla"
+        before = _RunOnlyBackend.calls
+        out, lse = plan.run(*case.args[:4])
+        assert _RunOnlyBackend.calls == before + 1
+        want = ksb.attention.mla_decode(*case.args, **case.kwargs, backend="reference")
+        torch.testing.assert_close((out, lse), want, atol=0, rtol=0)
     finally:
         ksb.registry.unregister(plugin)
 
@@ -263,6 +344,38 @@ def test_decode_plan_is_captured_and_replays_with_new_inputs(backend: str | None
     tol = 0 if backend == "reference" else 2e-2
     torch.testing.assert_close(out, want, atol=tol, rtol=tol)
     torch.testing.assert_close(lse, want_lse, atol=tol, rtol=tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["reference", None])
+def test_mla_decode_plan_is_captured_and_replays_with_new_inputs(backend: str | None) -> None:
+    """An MLA plan (what a plain plan selects: the Triton kernel on sm_90, several splits) captures into a CUDA
+    graph with two layers' pages and sees new queries and in-place seq_lens updates at replay."""
+    case = mla_case(torch.bfloat16, (300, 1, 77, 1024), 128, 64, "cuda", lse=True, seed=5)
+    q_nope, q_pe, ckv, kpe, table = case.args
+    ckv2, kpe2 = torch.randn_like(ckv), torch.randn_like(kpe)  # a second layer
+    plan = _mla_plan(case, backend=backend)
+    assert "cuda_graph" in plan.problem.features
+    qn, qp = q_nope.clone(), q_pe.clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        plan.run(qn, qp, ckv, kpe)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [plan.run(qn, qp, c, k) for c, k in ((ckv, kpe), (ckv2, kpe2))]
+    qn.copy_(torch.randn_like(qn))
+    qp.copy_(torch.randn_like(qp))
+    table.seq_lens.copy_(torch.tensor([299, 0, 64, 1024], dtype=torch.int32, device="cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
+    new_table = ksb.PageTable(table.block_table, table.seq_lens.clone())
+    tol = 0 if backend == "reference" else 2e-2
+    for (out, lse), pages in zip(outs, ((ckv, kpe), (ckv2, kpe2))):
+        want, want_lse = ksb.attention.mla_decode(qn, qp, *pages, new_table, **case.kwargs, backend="reference")
+        torch.testing.assert_close(out, want, atol=tol, rtol=tol)
+        torch.testing.assert_close(lse, want_lse, atol=tol, rtol=tol)
 
 
 @pytest.mark.gpu

@@ -59,6 +59,15 @@ def test_bench_times_attention_through_plans_and_reports_regret_per_call_kind(tm
     assert all(r["regret"] is not None and r["regret"] > 0 for r in auto.values())
 
 
+def test_bench_times_mla_decode_through_its_plan(tmp_path) -> None:
+    args = ["bench", "--op", "attention.mla_decode", "--param", "batch=2", "--param", "kv_len=40", "--param",
+            "num_heads=4", "--param", "page_size=16", "--param", "dtype=fp32", "--device", "cpu", "--reps-ms", "2",
+            "--out", str(tmp_path)]
+    assert main(args) == 0
+    names = {r["kernel"] for r in json.loads((tmp_path / "bench.json").read_text())["rows"]}
+    assert {"reference:mla_decode [plan]", "auto -> reference:mla_decode [plan]"} <= names
+
+
 def test_bench_times_a_high_regret_again_back_to_back_with_the_best(monkeypatch) -> None:
     import torch
 

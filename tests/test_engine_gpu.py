@@ -53,9 +53,9 @@ def test_cuda_graph_decode_matches_eager(family: str) -> None:
     for a, b in zip(graphed, eager):  # bf16, possibly different (capturable) kernels: loose, but a wrong page is O(1)
         torch.testing.assert_close(a, b, rtol=5e-2, atol=1e-1)
         assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 2 / 3
-    if family == "llama":
-        plans = runner.plans()
-        assert plans and all("cuda_graph" in p.problem.features for p in plans)
+    plans = runner.plans()
+    assert plans and all("cuda_graph" in p.problem.features for p in plans)
+    assert all(p.selection.op == ("attention.decode" if family == "llama" else "attention.mla_decode") for p in plans)
 
 
 def test_engine_cuda_graph_greedy_equals_eager_engine() -> None:

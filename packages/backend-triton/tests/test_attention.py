@@ -355,6 +355,31 @@ def test_mla_decode_reads_latent_and_rope_views_of_one_cache(monkeypatch: pytest
     _close(got, want, torch.bfloat16)
 
 
+def test_mla_plan_serves_two_layers_and_in_place_table_updates() -> None:
+    """``plan_mla_decode`` on the Triton kernel: split schedule and workspace made once (several splits in the
+    interpreter at these lengths), each layer's pages passed at run, seq_lens shortened in place between runs."""
+    from kernel_switchboard_triton import _mla
+
+    g = _gen(9)
+    lens, page_size, heads = [45, 7, 0], 16, 16
+    bt = torch.randperm(16, generator=g)[:9].view(3, 3).to(DEVICE, torch.int32)
+    table = PageTable(bt, torch.tensor(lens, dtype=torch.int32, device=DEVICE))
+    layers = [((torch.randn(16, page_size, 512, generator=g) * 0.3).to(DEVICE, torch.bfloat16),
+               torch.randn(16, page_size, 64, generator=g).to(DEVICE, torch.bfloat16)) for _ in range(2)]
+    qn, qp = _randn(3, heads, 512, dtype=torch.bfloat16), _randn(3, heads, 64, dtype=torch.bfloat16, seed=2)
+    plan = ksb.attention.plan_mla_decode(table, num_heads=heads, head_dim_ckv=512, head_dim_kpe=64,
+                                         dtype=torch.bfloat16, page_size=page_size, sm_scale=0.04, return_lse=True,
+                                         backend="triton")
+    runner = plan._runner
+    assert isinstance(runner, _mla.MLAPlan) and runner.cfg.num_splits > 1
+    for new_lens in (lens, [30, 7, 1]):
+        table.seq_lens.copy_(torch.tensor(new_lens, dtype=torch.int32))
+        for ckv, kpe in layers:
+            want = ksb.attention.mla_decode(qn, qp, ckv, kpe, PageTable(bt, table.seq_lens.clone()), sm_scale=0.04,
+                                            return_lse=True, backend="reference")
+            _close(plan.run(qn, qp, ckv, kpe), want, torch.bfloat16)
+
+
 # -- merge_states -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_merge_states_matches_reference(dtype: torch.dtype) -> None:

@@ -334,17 +334,41 @@ def launch_mla(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv: torch.Tensor, kpe:
         launch_merge_splits(o, lp, out, lse)
 
 
+class MLAPlan:
+    """An MLA decode launch prepared once for a table: the split schedule (``cfg``) and its workspace.
+
+    ``run(q_nope, q_pe, ckv_pages, kpe_pages, out, lse)`` only launches (no host synchronisation, no allocation),
+    so it can be captured in a CUDA graph; one plan serves every layer of a step. It writes ``out`` (B, H, Dc) and
+    ``lse`` (B, H) float32 (default: the plan's own scratch)."""
+
+    def __init__(self, table: Any, heads: int, dc: int, sm_scale: float, max_kv_len: int,
+                 cfg: MLAConfig | None = None) -> None:
+        device = table.block_table.device
+        batch = table.block_table.shape[0]
+        self.table, self.sm_scale = table, sm_scale
+        self.cfg = cfg or mla_config(device, batch, heads, round_len(max_kv_len))
+        s = self.cfg.num_splits
+        self.lse_scratch = torch.empty(batch, heads, device=device, dtype=torch.float32)
+        self.part_out = torch.empty(batch, heads, s, dc, device=device, dtype=torch.float32) if s > 1 else None
+        self.part_lse = torch.empty(batch, heads, s, device=device, dtype=torch.float32) if s > 1 else None
+
+    def run(self, q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_pages: torch.Tensor, kpe_pages: torch.Tensor,
+            out: torch.Tensor, lse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        lse = self.lse_scratch if lse is None else lse
+        if q_nope.shape[0]:
+            launch_mla(q_nope, q_pe, ckv_pages, kpe_pages, self.table, self.sm_scale, out, lse, self.part_out,
+                       self.part_lse, self.cfg)
+        return out, lse
+
+
+def plan_mla(problem: Any, table: Any, p: Any, **_: Any) -> MLAPlan:
+    """``Kernel.plan`` of the MLA decode kernel: the split schedule and workspace for this table."""
+    return MLAPlan(table, problem.num_q_heads, problem.head_dim, p.sm_scale, p.max_kv_len)
+
+
 def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_pages: torch.Tensor, kpe_pages: torch.Tensor,
                table: Any, p: Any, cfg: MLAConfig | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The ``attention.mla_decode`` kernel: q_nope (B, H, 512), q_pe (B, H, 64) -> out (B, H, 512), lse (B, H)."""
-    batch, heads, dc = q_nope.shape
-    if cfg is None:
-        cfg = mla_config(q_nope.device, batch, heads, round_len(p.max_kv_len))
-    out = q_nope.new_empty(batch, heads, dc)
-    lse = q_nope.new_empty(batch, heads, dtype=torch.float32)
-    s = cfg.num_splits
-    part_out = q_nope.new_empty(batch, heads, s, dc, dtype=torch.float32) if s > 1 else None
-    part_lse = q_nope.new_empty(batch, heads, s, dtype=torch.float32) if s > 1 else None
-    if batch:
-        launch_mla(q_nope, q_pe, ckv_pages, kpe_pages, table, p.sm_scale, out, lse, part_out, part_lse, cfg)
+    plan = MLAPlan(table, q_nope.shape[1], q_nope.shape[2], p.sm_scale, p.max_kv_len, cfg)
+    out, lse = plan.run(q_nope, q_pe, ckv_pages, kpe_pages, q_nope.new_empty(q_nope.shape))
     return out, (lse if p.return_lse else None)

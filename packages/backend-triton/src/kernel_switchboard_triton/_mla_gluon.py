@@ -16,6 +16,7 @@ run 20 (``_mla_gluon_ws`` 1.67 then, 2.16 in run 22), max error 1.2e-4; host ptx
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -224,15 +225,20 @@ def mla_decode_kernel(
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
+@functools.lru_cache(maxsize=64)
+def _smem_layout(cols: int, dtype: torch.dtype) -> Any:
+    """The shared-memory layout of a (BLOCK_N, cols) TMA block (built once: it is on every call's host path)."""
+    return gl.NVMMASharedLayout.get_default_for([BLOCK_N, cols], _GL_DTYPES[dtype])
+
+
 def descriptors(ckv_rows: torch.Tensor, kpe_rows: torch.Tensor,
                 ckv_cols: int | None = None) -> tuple[TensorDescriptor, TensorDescriptor]:
     """Gluon TMA descriptors of the pages flattened to token rows, (P * S, Dc) and (P * S, Dr); a latent block
     is ``ckv_cols`` columns wide (default: the whole row)."""
-    dt = _GL_DTYPES[ckv_rows.dtype]
     cols = ckv_cols or ckv_rows.shape[1]
-    return (TensorDescriptor.from_tensor(ckv_rows, [BLOCK_N, cols], gl.NVMMASharedLayout.get_default_for([BLOCK_N, cols], dt)),
-            TensorDescriptor.from_tensor(kpe_rows, [BLOCK_N, kpe_rows.shape[1]],
-                                         gl.NVMMASharedLayout.get_default_for([BLOCK_N, kpe_rows.shape[1]], dt)))
+    dr = kpe_rows.shape[1]
+    return (TensorDescriptor.from_tensor(ckv_rows, [BLOCK_N, cols], _smem_layout(cols, ckv_rows.dtype)),
+            TensorDescriptor.from_tensor(kpe_rows, [BLOCK_N, dr], _smem_layout(dr, kpe_rows.dtype)))
 
 
 def launch(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_rows: torch.Tensor, kpe_rows: torch.Tensor,

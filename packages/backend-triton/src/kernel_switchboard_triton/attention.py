@@ -36,7 +36,7 @@ from ._attn_common import (
 from ._common import BACKEND, DEVICES, PRIORITY
 from ._decode import decode, plan_decode
 from ._merge import merge_states
-from ._mla import mla_decode
+from ._mla import mla_decode, plan_mla
 from ._prefill import PrefillPlan, prefill, prefill_ragged
 from .dense import dense
 
@@ -132,7 +132,7 @@ def kernels() -> list[Kernel]:
         Kernel("attention.prefill_ragged", "prefill_ragged", BACKEND, RAGGED, prefill_ragged, version=__version__,
                cost=_prefill_cost, priority=PRIORITY, doc="FlashAttention-2 style over ragged KV"),
         Kernel("attention.mla_decode", "mla_decode_splitkv", BACKEND, MLA, mla_decode, version=__version__,
-               cost=_mla_cost, priority=PRIORITY,
+               plan=plan_mla, cost=_mla_cost, priority=PRIORITY,
                doc="absorbed MLA decode (512 + 64), split-KV, head tiles share each latent KV tile (sm_90: the "
                    "warp-specialised Gluon kernel)"),
         Kernel("attention.merge_states", "merge_states", BACKEND, MERGE, merge_states, version=__version__,

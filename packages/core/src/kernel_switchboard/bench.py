@@ -456,9 +456,19 @@ def _ragged_plan(kernel_id: str | None, args: tuple[Any, ...], kwargs: dict[str,
     return plan, lambda: plan.run(q, k, v)
 
 
+def _mla_plan(kernel_id: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Callable[[], Any]]:
+    from .ops.attention import plan_mla_decode
+
+    q_nope, q_pe, ckv, kpe, table = args
+    plan = plan_mla_decode(table, num_heads=q_nope.shape[1], head_dim_ckv=ckv.shape[2], head_dim_kpe=kpe.shape[2],
+                           dtype=q_nope.dtype, page_size=ckv.shape[1], backend=kernel_id, **kwargs)
+    return plan, lambda: plan.run(q_nope, q_pe, ckv, kpe)
+
+
 #: op -> (kernel id or None, case args, case kwargs) -> (plan, call)
 _PLANNERS: dict[str, Callable[..., tuple[Any, Callable[[], Any]]]] = {
-    "attention.decode": _decode_plan, "attention.prefill": _prefill_plan, "attention.prefill_ragged": _ragged_plan}
+    "attention.decode": _decode_plan, "attention.prefill": _prefill_plan, "attention.prefill_ragged": _ragged_plan,
+    "attention.mla_decode": _mla_plan}
 
 
 def _print_table(rows: list[Row], ceil: dict[str, float]) -> None:

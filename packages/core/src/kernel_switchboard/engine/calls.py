@@ -150,6 +150,14 @@ def plan_prefill(qo_indptr: torch.Tensor, cache: ksb.PagedKVCache, table: ksb.Pa
                                       causal=True, sm_scale=sm_scale, capturable=False)
 
 
+def plan_mla_decode(table: ksb.PageTable, num_heads: int, head_dim_ckv: int, head_dim_kpe: int, dtype: torch.dtype,
+                    page_size: int, sm_scale: float, max_kv_len: int | None = None, capturable: bool = False) -> Any:
+    """One ``attention.plan_mla_decode`` per step, run by every layer with its own latent pages."""
+    return ksb.attention.plan_mla_decode(table, num_heads=num_heads, head_dim_ckv=head_dim_ckv,
+                                         head_dim_kpe=head_dim_kpe, dtype=dtype, page_size=page_size,
+                                         sm_scale=sm_scale, max_kv_len=max_kv_len, capturable=capturable)
+
+
 def plan_prefill_ragged(qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, num_heads: int, head_dim: int,
                         head_dim_v: int, dtype: torch.dtype, sm_scale: float) -> Any:
     """One causal ``attention.plan_prefill_ragged`` per step (MHA: as many KV heads as query heads)."""

@@ -54,6 +54,7 @@ class _DecodeRows:
 
     rows: torch.Tensor | None  # (Bd,) int64 token rows; None = every row of the step
     table: PageTable
+    plan: Any = None  # the step's attention.plan_mla_decode, made once and run by every layer (None: eager calls)
 
 
 @dataclass
@@ -122,14 +123,17 @@ class DeepseekModel(PagedModel):
     # -- steps -------------------------------------------------------------------------------------
     def forward(self, batch: StepBatch, cache: MLACache) -> torch.Tensor:
         """Logits (N, vocab) of ``batch.logits_indices`` after writing the step's latents into ``cache``."""
-        rows = _plan_rows(batch, cache.page_size)
-        decode, prefill = rows
+        decode, prefill = _plan_rows(batch, cache.page_size)
+        s = self.spec
+        if decode is not None:  # one plan for every layer: validation, selection and the split schedule, once
+            decode = replace(decode, plan=calls.plan_mla_decode(decode.table, s.num_heads, s.kv_lora_rank,
+                                                                s.qk_rope_head_dim, self.dtype, cache.page_size,
+                                                                s.sm_scale))
         if prefill is not None:  # one plan for every layer: the step's indptrs are read back once
-            s = self.spec
             prefill = replace(prefill, plan=calls.plan_prefill_ragged(
                 prefill.qo_indptr, prefill.kv_indptr, s.num_heads, s.qk_nope_head_dim + s.qk_rope_head_dim,
                 s.v_head_dim, self.dtype, s.sm_scale))
-            rows = (decode, prefill)
+        rows = (decode, prefill)
         bidx = None if batch.is_decode else batch.batch_indices
         h = self._layers(batch.token_ids, batch.positions, bidx, batch.table, cache, rows, not batch.is_decode)
         return calls.mm(h[batch.logits_indices], self.w.lm_head)
@@ -138,10 +142,10 @@ class DeepseekModel(PagedModel):
                     plan: Any = None) -> torch.Tensor:
         """One token per request (every request has a cache): logits (B, vocab). Compile/graph friendly.
 
-        ``plan`` is accepted for symmetry with the Llama model; MLA decode has no plan/run split
-        in the switchboard, so it is ignored.
+        ``plan``: an ``attention.plan_mla_decode`` plan of ``table`` (CUDA-graph mode) that every layer runs; without
+        one each layer calls ``attention.mla_decode`` (what ``torch.compile`` traces).
         """
-        rows = (_DecodeRows(None, table), None)
+        rows = (_DecodeRows(None, table, plan), None)
         h = self._layers(token_ids, positions, None, table, cache, rows, False)
         return calls.mm(h, self.w.lm_head)
 
@@ -197,21 +201,24 @@ class DeepseekModel(PagedModel):
         q_nope = q[:, :, :nope]
         decode, prefill = rows
         if prefill is None and decode is not None and decode.rows is None:  # every row decodes
-            out = self._absorbed(layer, q_nope, q_pe, ckv_pages, kpe_pages, decode.table)
+            out = self._absorbed(layer, q_nope, q_pe, ckv_pages, kpe_pages, decode)
         else:
             out = torch.empty(t, nh, dv, dtype=h.dtype, device=h.device)
             if decode is not None and decode.rows is not None:
                 d = decode.rows
-                out[d] = self._absorbed(layer, q_nope[d], q_pe[d], ckv_pages, kpe_pages, decode.table)
+                out[d] = self._absorbed(layer, q_nope[d], q_pe[d], ckv_pages, kpe_pages, decode)
             if prefill is not None:
                 out[prefill.rows] = self._expanded(layer, q_nope, q_pe, ckv_pages, kpe_pages, prefill)
         return calls.mm(out.reshape(t, nh * dv), layer.w_o)
 
     def _absorbed(self, layer: MLALayer, q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_pages: torch.Tensor,
-                  kpe_pages: torch.Tensor, table: PageTable) -> torch.Tensor:
+                  kpe_pages: torch.Tensor, rows: _DecodeRows) -> torch.Tensor:
         """Absorbed MLA decode of B single tokens: (B, H, v)."""
-        q_lat = calls.bmm(q_nope.transpose(0, 1), layer.w_uk).transpose(0, 1)  # (B, H, R)
-        lat = calls.mla_decode(q_lat.contiguous(), q_pe.contiguous(), ckv_pages, kpe_pages, table, self.spec.sm_scale)
+        q_lat = calls.bmm(q_nope.transpose(0, 1), layer.w_uk).transpose(0, 1).contiguous()  # (B, H, R)
+        if rows.plan is not None:
+            lat = calls.run_plan(rows.plan, q_lat, q_pe.contiguous(), ckv_pages, kpe_pages)
+        else:
+            lat = calls.mla_decode(q_lat, q_pe.contiguous(), ckv_pages, kpe_pages, rows.table, self.spec.sm_scale)
         return calls.bmm(lat.transpose(0, 1), layer.w_uv).transpose(0, 1)  # (B, H, v)
 
     def _expanded(self, layer: MLALayer, q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_pages: torch.Tensor,

@@ -4,9 +4,9 @@ Every mode feeds ``model.decode_step`` from static buffers of a padded batch siz
 ``max_batch``): token ids, positions, and a :class:`PageTable` whose ``block_table`` (B, width) and
 ``seq_lens`` are updated in place each step, with ``max_seq_len`` fixed to ``width * page_size`` so
 nothing depends on host values that change. Padding rows decode a dummy token into a reserved
-scratch page. In ``"cuda_graph"`` mode the Llama attention goes through ``attention.plan_decode``
-(planned once per batch size; ``plan.run`` is capturable) and the whole step is captured once per
-batch size, then replayed.
+scratch page. In ``"cuda_graph"`` mode the attention goes through ``attention.plan_decode`` (Llama) or
+``attention.plan_mla_decode`` (DeepSeek), planned once per batch size (``plan.run`` is capturable), and
+the whole step is captured once per batch size, then replayed.
 """
 
 from __future__ import annotations
@@ -102,7 +102,8 @@ class DecodeRunner:
         return logits[:n]
 
     def plans(self) -> list[Any]:
-        """The ``attention.plan_decode`` plans made so far (CUDA-graph mode, Llama), one per batch size."""
+        """The attention plans made so far (CUDA-graph mode: ``plan_decode`` or ``plan_mla_decode``), one per batch
+        size."""
         return [slot.plan for slot in self._slots.values() if slot.plan is not None]
 
     def warmup(self) -> None:
@@ -148,13 +149,17 @@ class DecodeRunner:
         slot.seq_lens.copy_(lens, non_blocking=True)
 
     def _capture(self, slot: _Slot) -> None:
-        model = self.model
+        model, s = self.model, self.model.spec
+        max_kv = self.width * self.tables.page_size
         if model.family == "llama":
-            s = model.spec
             slot.plan = attention.plan_decode(slot.table, num_q_heads=s.num_heads, num_kv_heads=s.num_kv_heads,
                                               head_dim=s.head_dim, dtype=model.dtype, layout="NHD",
-                                              page_size=self.tables.page_size, sm_scale=s.sm_scale,
-                                              max_kv_len=self.width * self.tables.page_size)
+                                              page_size=self.tables.page_size, sm_scale=s.sm_scale, max_kv_len=max_kv)
+        else:
+            slot.plan = attention.plan_mla_decode(slot.table, num_heads=s.num_heads, head_dim_ckv=s.kv_lora_rank,
+                                                  head_dim_kpe=s.qk_rope_head_dim, dtype=model.dtype,
+                                                  page_size=self.tables.page_size, sm_scale=s.sm_scale,
+                                                  max_kv_len=max_kv)
         # warm up on a side stream (first-call table builds, lazy inits), then capture
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())

@@ -1,7 +1,7 @@
 """Attention ops: ``attention.decode``, ``attention.prefill``, ``attention.prefill_ragged``,
 ``attention.mla_decode``, ``attention.merge_states``, ``attention.dense`` (dense tensors with a bias or
 mask, :mod:`.attention_dense`); the :func:`cascade` helper; and plans
-(:func:`plan_decode`, :func:`plan_prefill`, :func:`plan_prefill_ragged`, defined in
+(:func:`plan_decode`, :func:`plan_prefill`, :func:`plan_prefill_ragged`, :func:`plan_mla_decode`, defined in
 :mod:`.attention_plans`) for repeated steps and CUDA graphs.
 
 Kernel ``run`` signatures (canonical, validated arguments; see docs/ops.md), each returning
@@ -15,7 +15,8 @@ Kernel ``run`` signatures (canonical, validated arguments; see docs/ops.md), eac
 
 A kernel may also offer ``plan(problem, table, p)`` (decode) / ``plan(problem, table, p,
 qo_indptr=...)`` (prefill) returning an object whose ``run(q, cache, out, lse)`` writes ``out``
-(and ``lse`` unless it is None) with no host synchronisation.
+(and ``lse`` unless it is None) with no host synchronisation; an MLA decode kernel's plan object has
+``run(q_nope, q_pe, ckv_pages, kpe_pages, out, lse)``.
 
 Conventions: ``p`` is an :class:`AttnParams`. Query token i of request b (qo_len_b tokens) sits
 at KV position ``seq_len_b - qo_len_b + i``; causal masks later positions; ``window_left = w >= 0``
@@ -769,9 +770,11 @@ from .attention_dense import DenseParams, DenseProblem, dense  # noqa: E402, F40
 from .attention_plans import (  # noqa: E402, F401
     AttentionPlan,
     DecodePlan,
+    MLADecodePlan,
     PrefillPlan,
     RaggedPrefillPlan,
     plan_decode,
+    plan_mla_decode,
     plan_prefill,
     plan_prefill_ragged,
 )

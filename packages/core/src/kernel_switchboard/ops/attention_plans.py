@@ -4,7 +4,9 @@
 
 A kernel may offer ``plan(problem, table, p)`` (decode) / ``plan(problem, table, p, qo_indptr=...)``
 (prefill) returning an object whose ``run(q, cache, out, lse)`` writes ``out`` (and ``lse`` unless it
-is None) with no host synchronisation; kernels without one are wrapped (:class:`_WrappedRun`).
+is None) with no host synchronisation; kernels without one are wrapped (:class:`_WrappedRun`). MLA decode
+kernels' ``plan(problem, table, p)`` returns one whose ``run(q_nope, q_pe, ckv_pages, kpe_pages, out, lse)``
+does the same (:class:`_WrappedMLARun` otherwise).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ._common import FLOAT_DTYPES, BackendArg, check_same_device, check_tensor, 
 from .attention import (
     _INT32,
     AttnParams,
+    MLADecodeProblem,
     RaggedPrefillProblem,
     _cache_dims,
     _decode_problem,
@@ -281,3 +284,99 @@ def plan_prefill_ragged(qo_indptr: _Tensor, kv_indptr: _Tensor, *, num_q_heads: 
     runner = None if kernel.plan is None else kernel.plan(problem, None, p, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
                                                           host_indptrs=(values[:batch + 1], values[batch + 1:]))
     return RaggedPrefillPlan(problem, p, selection, (qo_indptr, kv_indptr), expect, runner)
+
+
+class _WrappedMLARun:
+    """An MLA decode plan for a kernel without ``plan``: calls its ``run`` and copies into the outputs."""
+
+    __slots__ = ("fn", "p", "table")
+
+    def __init__(self, fn: Any, table: PageTable, p: AttnParams) -> None:
+        self.fn, self.table, self.p = fn, table, p
+
+    def run(self, q_nope: _Tensor, q_pe: _Tensor, ckv_pages: _Tensor, kpe_pages: _Tensor, out: _Tensor,
+            lse: _Tensor | None) -> None:
+        o, s = self.fn(q_nope, q_pe, ckv_pages, kpe_pages, self.table, self.p)
+        out.copy_(o)
+        if lse is not None:
+            lse.copy_(s)
+
+
+class MLADecodePlan:
+    """A planned :func:`mla_decode`: ``run(q_nope, q_pe, ckv_pages, kpe_pages)`` with q_nope (B, H, Dc), q_pe
+    (B, H, Dr), ckv_pages (P, S, Dc), kpe_pages (P, S, Dr); one plan per step serves every layer's pages. No host
+    synchronisation (CUDA-graph capturable); ``table``'s tensors are read on the device at every run, so they may
+    be updated in place while no sequence exceeds ``params.max_kv_len`` and every page index is below P."""
+
+    __slots__ = ("_expect", "_runner", "params", "problem", "selection", "table")
+
+    def __init__(self, problem: MLADecodeProblem, params: AttnParams, selection: Selection, table: PageTable,
+                 runner: Any, batch: int) -> None:
+        self.problem, self.params, self.selection, self.table, self._runner = problem, params, selection, table, runner
+        h, dc, dr = problem.num_q_heads, problem.head_dim, problem.head_dim_pe
+        self._expect = ((batch, h, dc), (batch, h, dr), problem.dtype, table.block_table.device,
+                        (problem.page_size, dc), (problem.page_size, dr))
+
+    @property
+    def kernel(self) -> Any:
+        return self.selection.kernel
+
+    def run(self, q_nope: _Tensor, q_pe: _Tensor, ckv_pages: _Tensor, kpe_pages: _Tensor, *,
+            out: _Tensor | None = None, lse: _Tensor | None = None) -> _Tensor | tuple[_Tensor, _Tensor]:
+        """out (B, H, Dc) in q's dtype [, lse (B, H) float32]; ``out``/``lse`` may be given to write into."""
+        qn_shape, qp_shape, dtype, device, ckv_dims, kpe_dims = self._expect
+        for name, t, shape in (("q_nope", q_nope, qn_shape), ("q_pe", q_pe, qp_shape)):
+            if not (isinstance(t, torch.Tensor) and t.shape == shape and t.dtype == dtype and t.device == device
+                    and t.stride(-1) == 1):
+                got = f"{tuple(t.shape)} {t.dtype} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
+                raise fail(name, got, f"{shape} {dtype} on {device}, unit last stride, as planned")
+        for name, t, dims in (("ckv_pages", ckv_pages, ckv_dims), ("kpe_pages", kpe_pages, kpe_dims)):
+            if not (isinstance(t, torch.Tensor) and t.dim() == 3 and t.shape[1:] == dims and t.dtype == dtype
+                    and t.device == device and t.stride(-1) == 1 and t.shape[0] == ckv_pages.shape[0]):
+                got = f"{tuple(t.shape)} {t.dtype} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
+                raise fail(name, got, f"(P, {dims[0]}, {dims[1]}) {dtype} on {device}, unit last stride, P as in "
+                                      f"ckv_pages, as planned")
+        if out is None:
+            out = torch.empty(qn_shape, dtype=dtype, device=device)
+        if self.params.return_lse and lse is None:
+            lse = torch.empty(qn_shape[:2], dtype=torch.float32, device=device)
+        self._runner.run(q_nope, q_pe, ckv_pages, kpe_pages, out, lse if self.params.return_lse else None)
+        return (out, lse) if self.params.return_lse else out  # type: ignore[return-value]
+
+    def __repr__(self) -> str:
+        return f"MLADecodePlan(kernel={self.kernel.id}, problem={self.problem})"
+
+
+def plan_mla_decode(table: PageTable, *, num_heads: int, head_dim_ckv: int, head_dim_kpe: int, dtype: torch.dtype,
+                    page_size: int, sm_scale: float | None = None, return_lse: bool = False,
+                    max_kv_len: int | None = None, capturable: bool = True,
+                    backend: BackendArg = None) -> MLADecodePlan:
+    """Plan :func:`mla_decode` for this table: validation, kernel selection and the kernel's own plan (its split
+    schedule and workspace), once per step; every layer then calls ``plan.run`` with its own pages. ``max_kv_len``
+    bounds the sequence lengths the plan will see (default: the table's now); on a GPU the selection requires the
+    ``cuda_graph`` feature unless ``capturable=False``."""
+    if not isinstance(table, PageTable):
+        raise fail("table", type(table).__name__, "a PageTable")
+    for name, value in (("num_heads", num_heads), ("head_dim_ckv", head_dim_ckv), ("head_dim_kpe", head_dim_kpe),
+                        ("page_size", page_size)):
+        if not (isinstance(value, int) and value >= 1):
+            raise fail(name, value, "a positive int")
+    if dtype not in FLOAT_DTYPES:
+        raise fail("dtype", dtype, "torch.float16, torch.bfloat16 or torch.float32")
+    table.check_against(page_size, 2**31 - 1)
+    capacity = table.max_pages * page_size
+    if max_kv_len is None:
+        max_kv_len = table.max_seq_len if table.max_seq_len is not None else capacity
+    elif not (isinstance(max_kv_len, int) and 0 <= max_kv_len <= capacity):
+        raise fail("max_kv_len", max_kv_len, f"an int in [0, max_pages * page_size = {capacity}] or None")
+    p = _params(head_dim_ckv + head_dim_kpe, sm_scale, None, None, True, bool(return_lse), 1, max_kv_len)
+    device = table.block_table.device
+    dev, cc = device_key(table.block_table)
+    feats = _features(("paged",), p, False, False, dev) | _plan_extra(device, capturable)
+    b = table.batch_size
+    problem = MLADecodeProblem(dev, cc, dtype, dtype, head_dim_ckv, head_dim_ckv, head_dim_kpe, page_size, None,
+                               num_heads, 1, num_heads, bucket(b), bucket(max_kv_len), feats)
+    selection = select("attention.mla_decode", problem, backend)
+    kernel = selection.kernel
+    runner = kernel.plan(problem, table, p) if kernel.plan is not None else _WrappedMLARun(kernel.run, table, p)
+    return MLADecodePlan(problem, p, selection, table, runner, b)
