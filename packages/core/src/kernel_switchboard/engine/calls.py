@@ -141,6 +141,15 @@ def append_mla(ckv: torch.Tensor, kpe: torch.Tensor, ckv_pages: torch.Tensor, kp
           batch_indices, check_indices=check)
 
 
+def plan_decode(cache: ksb.PagedKVCache, table: ksb.PageTable, num_q_heads: int, dtype: torch.dtype,
+                sm_scale: float) -> Any:
+    """One ``attention.plan_decode`` per decode step, run by every layer with its own cache."""
+    return ksb.attention.plan_decode(table, num_q_heads=num_q_heads, num_kv_heads=cache.num_kv_heads,
+                                     head_dim=cache.head_dim, head_dim_v=cache.head_dim_v, dtype=dtype,
+                                     kv_dtype=cache.dtype, layout=cache.layout, page_size=cache.page_size,
+                                     sm_scale=sm_scale, capturable=False)
+
+
 def plan_prefill(qo_indptr: torch.Tensor, cache: ksb.PagedKVCache, table: ksb.PageTable, num_q_heads: int,
                  dtype: torch.dtype, sm_scale: float) -> Any:
     """One causal ``attention.plan_prefill`` per step, run by every layer (the indptrs are read once)."""

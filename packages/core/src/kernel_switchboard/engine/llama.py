@@ -1,8 +1,8 @@
 """A Llama-family decoder (GQA, RoPE with Llama-3.1 scaling, RMSNorm, SwiGLU) on switchboard ops.
 
 Per layer: ``rms_norm`` (fused with the residual add after the first) -> ``gemm.mm`` to q|k|v ->
-``rope.apply`` -> ``kv_cache.append`` into the paged cache -> ``attention.prefill`` through one plan
-per step (any mix of prefill chunks and decode tokens, one ``qo_indptr``) or ``attention.decode``
+``rope.apply`` -> ``kv_cache.append`` into the paged cache -> attention through one plan per step:
+``attention.prefill`` (any mix of prefill chunks and decode tokens, one ``qo_indptr``) or ``attention.decode``
 (every request one token) -> ``gemm.mm`` -> ``fused_add_rms_norm`` -> ``gemm.mm`` -> ``silu_and_mul`` -> ``gemm.mm``.
 Plain torch only gathers embeddings and reshapes.
 """
@@ -63,10 +63,13 @@ class LlamaModel(PagedModel):
     def forward(self, batch: StepBatch, cache: LlamaKVCache) -> torch.Tensor:
         """Logits (N, vocab) of ``batch.logits_indices`` after writing the step's K/V into ``cache``."""
         decode = batch.is_decode
-        plan = None
-        if not decode:  # one plan for every layer: the step's indptrs are read back once, not once per layer
-            plan = calls.plan_prefill(batch.qo_indptr, cache.layers[0], batch.table, self.spec.num_heads,
-                                      self.w.embed.dtype, self.spec.sm_scale)
+        s, dtype = self.spec, self.w.embed.dtype
+        # one plan for every layer: validation, selection and the kernel's schedule once per step (and a prefill
+        # step's indptrs read back once, not once per layer)
+        if decode:
+            plan = calls.plan_decode(cache.layers[0], batch.table, s.num_heads, dtype, s.sm_scale)
+        else:
+            plan = calls.plan_prefill(batch.qo_indptr, cache.layers[0], batch.table, s.num_heads, dtype, s.sm_scale)
         h = self._layers(batch.token_ids, batch.positions, batch.batch_indices, batch.table, cache,
                          None if decode else batch.qo_indptr, plan)
         return calls.mm(h[batch.logits_indices], self.w.lm_head)
@@ -110,7 +113,7 @@ class LlamaModel(PagedModel):
         v = qkv[:, (s.num_heads + s.num_kv_heads) * d:].view(t, s.num_kv_heads, d)
         q, k = calls.rope(q, k, positions, s.rope_theta, s.rope_scaling, False)
         calls.append_kv(k, v, kv, table, positions, batch_indices, qo_indptr is not None)
-        if plan is not None:  # the step's prefill plan, or a decode plan (CUDA-graph mode)
+        if plan is not None:  # the step's plan (eager steps, CUDA-graph mode)
             o = calls.run_plan(plan, q, kv)
         else:
             o = calls.decode(q, kv, table, s.sm_scale)
