@@ -21,7 +21,7 @@ test_conformance = conformance_test("triton", ops=("rope.apply", "rope.apply_cos
 
 
 @triton.jit
-def _fma_residual_kernel(x_ptr, out_ptr):  # noqa: ANN001, ANN202
+def _fma_residual_kernel(x_ptr, out_ptr):
     x = tl.load(x_ptr)
     tl.store(out_ptr, tl.fma(x, x, -(x * x)))
 
