@@ -135,13 +135,20 @@ def _check_plan_args(table: Any, num_q_heads: int, num_kv_heads: int, head_dim: 
         raise fail("kv_dtype", kv_dtype, f"dtype ({dtype}), an fp8 dtype, or None")
     if layout not in LAYOUTS:
         raise fail("layout", layout, f"one of {LAYOUTS}")
+    max_kv = _planned_max_kv(table, page_size, max_kv_len)
+    return (kv_dtype, head_dim, head_dim_v, page_size, layout, num_kv_heads), max_kv
+
+
+def _planned_max_kv(table: PageTable, page_size: int, max_kv_len: int | None) -> int:
+    """Check the table's lengths against its pages; the longest KV length a plan must serve (default: the table's
+    now), at most the table's capacity."""
     table.check_against(page_size, 2**31 - 1)
     capacity = table.max_pages * page_size
     if max_kv_len is None:
-        max_kv_len = table.max_seq_len if table.max_seq_len is not None else capacity
-    elif not (isinstance(max_kv_len, int) and 0 <= max_kv_len <= capacity):
+        return table.max_seq_len if table.max_seq_len is not None else capacity
+    if not (isinstance(max_kv_len, int) and 0 <= max_kv_len <= capacity):
         raise fail("max_kv_len", max_kv_len, f"an int in [0, max_pages * page_size = {capacity}] or None")
-    return (kv_dtype, head_dim, head_dim_v, page_size, layout, num_kv_heads), max_kv_len
+    return max_kv_len
 
 
 def _runner(kernel: Any, problem: Any, table: PageTable, p: AttnParams, prefix: tuple[Any, ...],
@@ -363,12 +370,7 @@ def plan_mla_decode(table: PageTable, *, num_heads: int, head_dim_ckv: int, head
             raise fail(name, value, "a positive int")
     if dtype not in FLOAT_DTYPES:
         raise fail("dtype", dtype, "torch.float16, torch.bfloat16 or torch.float32")
-    table.check_against(page_size, 2**31 - 1)
-    capacity = table.max_pages * page_size
-    if max_kv_len is None:
-        max_kv_len = table.max_seq_len if table.max_seq_len is not None else capacity
-    elif not (isinstance(max_kv_len, int) and 0 <= max_kv_len <= capacity):
-        raise fail("max_kv_len", max_kv_len, f"an int in [0, max_pages * page_size = {capacity}] or None")
+    max_kv_len = _planned_max_kv(table, page_size, max_kv_len)
     p = _params(head_dim_ckv + head_dim_kpe, sm_scale, None, None, True, bool(return_lse), 1, max_kv_len)
     device = table.block_table.device
     dev, cc = device_key(table.block_table)
