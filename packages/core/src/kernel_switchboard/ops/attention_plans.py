@@ -48,10 +48,14 @@ class _WrappedRun:
         self.fn, self.prefix, self.args = fn, prefix, args
 
     def run(self, q: _Tensor, cache: PagedKVCache, out: _Tensor, lse: _Tensor | None) -> None:
-        o, s = self.fn(q, *self.prefix, cache, *self.args)
-        out.copy_(o)
-        if lse is not None:
-            lse.copy_(s)
+        _copy_result(self.fn(q, *self.prefix, cache, *self.args), out, lse)
+
+
+def _copy_result(result: tuple[_Tensor, _Tensor | None], out: _Tensor, lse: _Tensor | None) -> None:
+    """Copy a kernel's ``(out, lse)`` into a plan's outputs (``lse`` only where one is wanted)."""
+    out.copy_(result[0])
+    if lse is not None:
+        lse.copy_(result[1])  # type: ignore[arg-type]
 
 
 class AttentionPlan:
@@ -303,10 +307,7 @@ class _WrappedMLARun:
 
     def run(self, q_nope: _Tensor, q_pe: _Tensor, ckv_pages: _Tensor, kpe_pages: _Tensor, out: _Tensor,
             lse: _Tensor | None) -> None:
-        o, s = self.fn(q_nope, q_pe, ckv_pages, kpe_pages, self.table, self.p)
-        out.copy_(o)
-        if lse is not None:
-            lse.copy_(s)
+        _copy_result(self.fn(q_nope, q_pe, ckv_pages, kpe_pages, self.table, self.p), out, lse)
 
 
 class MLADecodePlan:
