@@ -224,6 +224,7 @@ def _mla_point(dev: torch.device, g: torch.Generator, sweep: bool, batch: int = 
     """Rows of the default configuration and, with ``sweep``, of the other kernels and of the default with one
     split and each count in ``splits``; ``graph``: each replayed in a CUDA graph (the GPU time alone)."""
     from kernel_switchboard.reference import attention as ref
+    from kernel_switchboard_triton._common import gluon_clusters
     from kernel_switchboard_triton._decode import round_len
     from kernel_switchboard_triton._mla import MLAConfig, mla_config, mla_decode
 
@@ -248,6 +249,8 @@ def _mla_point(dev: torch.device, g: torch.Generator, sweep: bool, batch: int = 
         cfgs += [base._replace(num_splits=s) for s in sorted({1, *splits} - {base.num_splits})]
         if base.gluon:
             cfgs += [base._replace(gluon_ws=False, num_splits=s) for s in sorted({1, base.num_splits})]
+        if base.gluon_ws and heads > 64 and gluon_clusters():  # 2-CTA clusters sharing each tile (Triton >= 3.9)
+            cfgs += [base._replace(cluster=True, num_splits=s) for s in sorted({1, base.num_splits, *splits})]
     rows = []
     for i, cfg in enumerate(cfgs):
         run = (lambda cfg=cfg: mla_decode(qn, qp, ckv, kpe, table, p, cfg)[0])
@@ -259,7 +262,8 @@ def _mla_point(dev: torch.device, g: torch.Generator, sweep: bool, batch: int = 
             run = (lambda cuda_graph=cuda_graph, out=out: (cuda_graph.replay(), out)[1])
         rows.append(_row(workload + (" graph" if graph else ""), "triton" if i == 0 else "triton (sweep)",
                          f"BLOCK_H={cfg.block_h} BLOCK_N={cfg.block_n} splits={cfg.num_splits} warps={cfg.num_warps} "
-                         f"stages={cfg.num_stages} tma={cfg.tma} gluon={cfg.gluon} gluon_ws={cfg.gluon_ws}", run,
+                         f"stages={cfg.num_stages} tma={cfg.tma} gluon={cfg.gluon} gluon_ws={cfg.gluon_ws}"
+                         f"{' cluster=2' if cfg.cluster else ''}", run,
                          lambda run=run: _err(run(), want), nbytes, "tb_s"))
     return rows
 

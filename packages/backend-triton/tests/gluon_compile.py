@@ -19,8 +19,8 @@ _SCRIPT = textwrap.dedent("""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     module, kernel, signature, descriptors, constexprs, options = json.loads(sys.argv[1])
-    for name, (dtype, block) in descriptors.items():
-        layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, dtype))
+    for name, (dtype, block, *cga) in descriptors.items():
+        layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, dtype), **({"cga_layout": cga[0]} if cga else {}))
         short = {"bfloat16": "bf16", "float16": "fp16", "float8e4nv": "fp8e4nv", "float32": "fp32"}[dtype]
         signature[name] = f"tensordesc<{short}[{block[0]}, {block[1]}],{layout!r}>"
     for name in constexprs:
@@ -33,11 +33,14 @@ _SCRIPT = textwrap.dedent("""
 
 
 def compile_for_hopper(module: str, kernel: str, signature: dict[str, str], descriptors: dict[str, Any],
-                       constexprs: dict[str, Any], num_warps: int, maxnreg: int | None = None) -> dict[str, Any]:
+                       constexprs: dict[str, Any], num_warps: int, maxnreg: int | None = None,
+                       num_ctas: int = 1) -> dict[str, Any]:
     """{"ptx": str, "shared": bytes} of ``module.kernel`` compiled for sm_90. ``descriptors``: name -> (Gluon dtype
-    name, block shape) of each TMA descriptor argument (default NVMMA shared layout); ``maxnreg`` as at launch."""
+    name, block shape[, CGA bases]) of each TMA descriptor argument (default NVMMA shared layout); ``maxnreg`` and
+    ``num_ctas`` (the CTAs of a cluster) as at launch."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    options = {"num_warps": num_warps} | ({"maxnreg": maxnreg} if maxnreg else {})
+    options = ({"num_warps": num_warps} | ({"maxnreg": maxnreg} if maxnreg else {})
+               | ({"num_ctas": num_ctas} if num_ctas > 1 else {}))
     args = json.dumps([module, kernel, signature, descriptors, constexprs, options])
     done = subprocess.run([sys.executable, "-c", _SCRIPT, args], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -8,6 +8,7 @@ checks at real sizes and capture plans in CUDA graphs.
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -380,6 +381,19 @@ def test_mla_plan_serves_two_layers_and_in_place_table_updates() -> None:
             _close(plan.run(qn, qp, ckv, kpe), want, torch.bfloat16)
 
 
+def test_mla_cluster_config_is_refused_where_the_cluster_kernel_cannot_run() -> None:
+    """``MLAConfig.cluster`` names the 2-CTA Gluon kernel: with another kernel (here the interpreter's) the launch
+    is refused with the reason, never run as something else."""
+    from kernel_switchboard_triton import _mla
+
+    bt = torch.arange(4, dtype=torch.int32, device=DEVICE).view(1, 4)
+    table = PageTable(bt, torch.tensor([50], dtype=torch.int32, device=DEVICE))
+    ckv, kpe = _randn(4, 16, 512), _randn(4, 16, 64, seed=2)
+    cfg = _mla.mla_config(torch.device(DEVICE), 1, 16, 64)._replace(cluster=True)
+    p = SimpleNamespace(sm_scale=0.04, max_kv_len=50, return_lse=False)
+    with pytest.raises(ValueError, match="cluster=True needs gluon_ws"):
+        _mla.mla_decode(_randn(1, 16, 512), _randn(1, 16, 64, seed=3), ckv, kpe, table, p, cfg)
+
 # -- merge_states -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_merge_states_matches_reference(dtype: torch.dtype) -> None:
@@ -529,10 +543,35 @@ def test_gluon_ws_mla_kernel_compiles_for_hopper() -> None:
 
     boxes = {**_MLA_GLUON_DESCRIPTORS, "ckv_desc": ("bfloat16", [64, 64])}  # the latent tiles load in 64-column boxes
     kernel = compile_for_hopper("kernel_switchboard_triton._mla_gluon_ws", "mla_decode_ws_kernel", _MLA_GLUON_SIG,
-                                boxes, {"PAGE_SIZE": 64, "NUM_SPLITS": 1, "DC": 512, "PIECE": PIECE_COLS, "num_warps": 4},
-                                4, maxnreg=168)
+                                boxes, {"PAGE_SIZE": 64, "NUM_SPLITS": 1, "DC": 512, "PIECE": PIECE_COLS, "CTAS": 1,
+                                        "num_warps": 4}, 4, maxnreg=168)
     ptx = kernel["ptx"]
     assert "m64n64k16" in ptx and "m64n256k16" in ptx and "m64n32k16" not in ptx
     assert ptx.count("cp.async.bulk.tensor") == 2 * 9  # full and partial tiles: 8 latent boxes and k_pe each
     assert "setmaxnreg.dec.sync.aligned.u32 \t40" in ptx  # the loader warp gives registers back
+    assert kernel["shared"] <= 227 * 1024
+
+
+def test_gluon_ws_mla_kernel_compiles_as_a_2cta_cluster() -> None:
+    """``MLAConfig.cluster`` (Triton >= 3.9): the same kernel on 2-CTA clusters of 128 heads, compiled for sm_90.
+    Each latent box is loaded once for both CTAs (a multicast copy, issued by CTA 0), the consumers free ring slots
+    on CTA 0's barriers (remote arrivals), and each CTA keeps the one-CTA kernel's registers and shared memory."""
+    pytest.importorskip("triton.experimental.gluon")
+    from gluon_compile import compile_for_hopper
+
+    from kernel_switchboard_triton._common import gluon_clusters
+    from kernel_switchboard_triton._mla_gluon_ws import PIECE_COLS
+
+    if not gluon_clusters():
+        pytest.skip("multi-CTA Gluon kernels need Triton >= 3.9")
+    whole_in_each = [[0, 0]]
+    boxes = {"ckv_desc": ("bfloat16", [64, 64], whole_in_each), "kpe_desc": ("bfloat16", [64, 64], whole_in_each)}
+    kernel = compile_for_hopper("kernel_switchboard_triton._mla_gluon_ws", "mla_decode_ws_kernel", _MLA_GLUON_SIG,
+                                boxes, {"PAGE_SIZE": 64, "NUM_SPLITS": 1, "DC": 512, "PIECE": PIECE_COLS, "CTAS": 2,
+                                        "num_warps": 4}, 4, maxnreg=168, num_ctas=2)
+    ptx = kernel["ptx"]
+    assert ".reqnctapercluster 2" in ptx
+    assert ptx.count("multicast::cluster") == 2 * 9  # every box of the full and partial tiles, multicast
+    assert "mbarrier.arrive.shared::cluster" in ptx  # slots freed on CTA 0's barriers
+    assert "m64n64k16" in ptx and "m64n256k16" in ptx  # 64 heads per CTA, as in one CTA
     assert kernel["shared"] <= 227 * 1024

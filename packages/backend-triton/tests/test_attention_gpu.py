@@ -142,6 +142,33 @@ def test_mla_decode_deepseek_shape(page_size: int, kernel: str, splits: int | No
         assert real_config(torch.device("cuda"), 4, 128, 8192).gluon_ws  # the default here
     monkeypatch.setattr(_mla, "mla_config", lambda *a: real_config(*a, splits)._replace(
         gluon=kernel != "triton", gluon_ws=kernel == "gluon_ws"))
+    _check_mla_on_deepseek_pages(page_size, dtype)
+
+
+@pytest.mark.parametrize(("heads", "page_size", "splits", "dtype"), [
+    (128, 64, None, BF16), (128, 64, 1, BF16), (128, 128, 3, BF16), (128, 64, None, F16), (96, 64, None, BF16),
+    (192, 64, 2, BF16)], ids=str)
+def test_mla_decode_on_2cta_clusters(heads: int, page_size: int, splits: int | None, dtype: torch.dtype,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """``MLAConfig.cluster``: the warp-specialised Gluon kernel on 2-CTA clusters of 128 heads that share each latent
+    tile (TMA multicast), with the default, one and three splits; 96 heads (the second CTA's rows partly past the
+    end) and 192 (a second cluster with one CTA's heads only)."""
+    from kernel_switchboard_triton import _mla, _mla_gluon_ws
+    from kernel_switchboard_triton._common import gluon_clusters
+
+    if torch.cuda.get_device_capability()[0] != 9 or not gluon_clusters():
+        pytest.skip("the 2-CTA MLA kernel needs Hopper (wgmma) and Triton >= 3.9's multi-CTA Gluon")
+    real_config, real_launch = _mla.mla_config, _mla_gluon_ws.launch
+    monkeypatch.setattr(_mla, "mla_config", lambda *a: real_config(*a, splits)._replace(cluster=True))
+    launched: list[int] = []
+    monkeypatch.setattr(_mla_gluon_ws, "launch", lambda *a, ctas=1: (launched.append(ctas), real_launch(*a, ctas=ctas)))
+    _check_mla_on_deepseek_pages(page_size, dtype, heads)
+    assert launched == [2]  # the cluster kernel ran, not another one
+
+
+def _check_mla_on_deepseek_pages(page_size: int, dtype: torch.dtype, heads: int = 128) -> None:
+    """The Triton backend's MLA decode against the reference on five requests of 0-5000 tokens whose unwritten page
+    slots hold NaN."""
     lens = [5000, 1, 0, 2049, 700]  # an empty request: zero tiles in every split, out 0 and lse -inf
     g = _gen(4)
     width = max(math.ceil(n / page_size) for n in lens)
@@ -156,7 +183,7 @@ def test_mla_decode_deepseek_shape(page_size: int, kernel: str, splits: int | No
     ckv[~written] = float("nan")  # unwritten slots must not reach the output (page 64: the TMA kernel's tail)
     kpe[~written] = float("nan")
     table = PageTable(bt, torch.tensor(lens, dtype=torch.int32, device="cuda"))
-    qn, qp = _q(len(lens), 128, 512, dtype=dtype), _q(len(lens), 128, 64, dtype=dtype, seed=5)
+    qn, qp = _q(len(lens), heads, 512, dtype=dtype), _q(len(lens), heads, 64, dtype=dtype, seed=5)
     args = (qn, qp, ckv, kpe, table)
     _close(ksb.attention.mla_decode(*args, sm_scale=0.07, return_lse=True, backend="triton"),
            ksb.attention.mla_decode(*args, sm_scale=0.07, return_lse=True, backend="reference"), dtype)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 
 import torch
+import triton
 
 from kernel_switchboard.availability import triton_interpreting
 
@@ -36,6 +37,15 @@ def gluon_hopper(device: torch.device) -> bool:
     """The Gluon kernels can run on ``device``: an sm_90 GPU (their MMAs are Hopper's wgmma), never interpreted."""
     return (not triton_interpreting() and device.type == "cuda"
             and torch.cuda.get_device_capability(device)[0] == 9 and _gluon_importable())
+
+
+@functools.cache
+def gluon_clusters() -> bool:
+    """Whether this Triton's Gluon runs our multi-CTA kernels: 3.9+, whose cluster-wide mbarriers (count multiplied
+    by the CTAs, every CTA's arrivals in CTA 0) and multicast TMA loads they rely on (3.7's multi-CTA barriers are
+    per CTA)."""
+    major, minor = (int(x) for x in triton.__version__.split(".")[:2])
+    return (major, minor) >= (3, 9) and _gluon_importable()
 
 
 def row_major_for_tma(t: torch.Tensor) -> bool:

@@ -30,7 +30,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._attn_common import LOG2E, cc_major, choose_splits, interpreting, resident_ctas, sm_count
-from ._common import gluon_hopper, has_tma, row_major_for_tma
+from ._common import gluon_clusters, gluon_hopper, has_tma, row_major_for_tma
 from ._decode import launch_merge_splits, round_len
 
 
@@ -238,6 +238,9 @@ class MLAConfig(NamedTuple):
     gluon: bool = False
     #: with ``gluon``: the warp-specialised ``_mla_gluon_ws`` (the default), else ``_mla_gluon``
     gluon_ws: bool = False
+    #: with ``gluon_ws``: 2-CTA clusters of 128 heads, each latent tile loaded once into both CTAs (TMA multicast;
+    #: Triton >= 3.9). Off by default until measured on a GPU (notes/gpu-runs.md, "For the next GPU session")
+    cluster: bool = False
 
 
 @functools.lru_cache(maxsize=512)
@@ -311,14 +314,19 @@ def launch_mla(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv: torch.Tensor, kpe:
     if (cfg.gluon and (cfg.block_h, cfg.block_n) != (64, 64)) or (cfg.gluon_ws and not cfg.gluon):
         raise ValueError(f"launch_mla: the Gluon kernels take 64 heads x 64-key tiles (gluon_ws only with gluon), "
                          f"got {cfg}")
+    if cfg.cluster and not (cfg.gluon_ws and gluon_clusters()):
+        raise ValueError(f"launch_mla: cluster=True needs gluon_ws and Triton >= 3.9 (have {triton.__version__}), "
+                         f"got {cfg}")
     rows = _flat_rows(ckv, kpe, cfg) if cfg.gluon else None  # None: pages TMA cannot load, the kernels below
     descriptors = None if rows is not None else _tma_descriptors(ckv, kpe, cfg)
     if rows is not None:
         from . import _mla_gluon, _mla_gluon_ws
 
-        kernel = _mla_gluon_ws if cfg.gluon_ws else _mla_gluon
-        kernel.launch(q_nope, q_pe, rows[0], rows[1], bt, table.seq_lens, ckv.shape[1], o, lp, oss, splits,
-                      sm_scale * LOG2E)
+        args = (q_nope, q_pe, rows[0], rows[1], bt, table.seq_lens, ckv.shape[1], o, lp, oss, splits, sm_scale * LOG2E)
+        if cfg.gluon_ws:
+            _mla_gluon_ws.launch(*args, ctas=2 if cfg.cluster else 1)
+        else:
+            _mla_gluon.launch(*args)
     elif descriptors is not None:
         _mla_tma_kernel[grid](
             q_nope, q_pe, *descriptors, bt, table.seq_lens, o, lp, heads,

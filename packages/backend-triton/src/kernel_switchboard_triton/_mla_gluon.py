@@ -16,6 +16,7 @@ run 20 (``_mla_gluon_ws`` 1.67 then, 2.16 in run 22), max error 1.2e-4; host ptx
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -226,31 +227,36 @@ _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
 @functools.lru_cache(maxsize=64)
-def _smem_layout(cols: int, dtype: torch.dtype) -> Any:
-    """The shared-memory layout of a (BLOCK_N, cols) TMA block (built once: it is on every call's host path)."""
-    return gl.NVMMASharedLayout.get_default_for([BLOCK_N, cols], _GL_DTYPES[dtype])
+def _smem_layout(cols: int, dtype: torch.dtype, ctas: int = 1) -> Any:
+    """The shared-memory layout of a (BLOCK_N, cols) TMA block (built once: it is on every call's host path); with
+    ``ctas`` 2, whole in each CTA of the cluster (a multicast load's destination)."""
+    layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, cols], _GL_DTYPES[dtype])
+    return layout if ctas == 1 else dataclasses.replace(layout, cga_layout=[[0, 0]])
 
 
-def descriptors(ckv_rows: torch.Tensor, kpe_rows: torch.Tensor,
-                ckv_cols: int | None = None) -> tuple[TensorDescriptor, TensorDescriptor]:
+def descriptors(ckv_rows: torch.Tensor, kpe_rows: torch.Tensor, ckv_cols: int | None = None,
+                ctas: int = 1) -> tuple[TensorDescriptor, TensorDescriptor]:
     """Gluon TMA descriptors of the pages flattened to token rows, (P * S, Dc) and (P * S, Dr); a latent block
-    is ``ckv_cols`` columns wide (default: the whole row)."""
+    is ``ckv_cols`` columns wide (default: the whole row), for programs of ``ctas`` CTAs."""
     cols = ckv_cols or ckv_rows.shape[1]
     dr = kpe_rows.shape[1]
-    return (TensorDescriptor.from_tensor(ckv_rows, [BLOCK_N, cols], _smem_layout(cols, ckv_rows.dtype)),
-            TensorDescriptor.from_tensor(kpe_rows, [BLOCK_N, dr], _smem_layout(dr, kpe_rows.dtype)))
+    return (TensorDescriptor.from_tensor(ckv_rows, [BLOCK_N, cols], _smem_layout(cols, ckv_rows.dtype, ctas)),
+            TensorDescriptor.from_tensor(kpe_rows, [BLOCK_N, dr], _smem_layout(dr, kpe_rows.dtype, ctas)))
 
 
 def launch(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_rows: torch.Tensor, kpe_rows: torch.Tensor,
            block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, o: torch.Tensor, lse: torch.Tensor,
            stride_os: int, splits: int, qk_scale: float, kernel: Any = None, ckv_cols: int | None = None,
-           **options: Any) -> None:
+           ctas: int = 1, **options: Any) -> None:
     """One launch over (head blocks, batch, splits); o / lse as in ``_mla._mla_tma_kernel``. ``kernel``,
-    ``ckv_cols`` and ``options``: another Gluon kernel with this argument list (``_mla_gluon_ws``), the width of
-    its latent TMA blocks and its launch options."""
+    ``ckv_cols``, ``ctas`` and ``options``: another Gluon kernel with this argument list (``_mla_gluon_ws``), the
+    width of its latent TMA blocks, the CTAs of its programs (a cluster, ``BLOCK_H`` heads each) and its launch
+    options."""
     batch, heads, _ = q_nope.shape
-    ckv_desc, kpe_desc = descriptors(ckv_rows, kpe_rows, ckv_cols)
-    grid = (triton.cdiv(heads, BLOCK_H), batch, splits)
+    ckv_desc, kpe_desc = descriptors(ckv_rows, kpe_rows, ckv_cols, ctas)
+    grid = (triton.cdiv(heads, BLOCK_H * ctas), batch, splits)
+    if ctas > 1:
+        options["num_ctas"] = ctas
     if kernel is None:
         kernel, options = mla_decode_kernel, {"STAGES": STAGES, "num_warps": 8}
     kernel[grid](

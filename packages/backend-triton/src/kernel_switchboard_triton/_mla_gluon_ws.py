@@ -30,9 +30,16 @@ warpgroup, no spills, no injected wgmma wait, 225 KB of shared memory.
 
 What bounds it (run 23): not DRAM (as fast with the tiles L2-resident); the two head-block programs of a request each
 read every tile from L2 (~4.6 TB/s of L2 reads at 2.3 TB/s of KV), and the loop still waits ~20% of its time for
-tile pieces. A 2-CTA cluster multicasting each tile would halve those reads; Triton 3.6's Gluon TMA copy has no
-multicast. Issuing each warpgroup's scores before the other's P (so a softmax never idles the tensor cores) is
+tile pieces. Issuing each warpgroup's scores before the other's P (so a softmax never idles the tensor cores) is
 faster only when loads are short: on a two-slot ring it delays the next tile's loads.
+
+``CTAS=2`` (``MLAConfig.cluster``, Triton >= 3.9) is meant to halve those L2 reads: a 2-CTA cluster takes 128
+heads, 64 per CTA (each CTA runs the code above on its rows: the layouts split the heads with CGA bases), and every
+latent box is loaded once into both CTAs by a TMA multicast that CTA 0 issues. The ring's "free" barriers live in
+CTA 0, where both CTAs' consumers arrive; each CTA's loader posts the bytes of its own ready barriers, the other
+CTA's after its consumers have seen the slot's previous tile (the bytes may land first: the phase stays open until
+then). Host ptxas sm_90 (Triton 3.9): 168 registers, no spills, 225 KB of shared memory per CTA, as with one CTA. Not yet
+run on a GPU: off by default (notes/gpu-runs.md, "For the next GPU session").
 """
 
 from __future__ import annotations
@@ -52,12 +59,38 @@ _REINTERPRET_IS_PRIVATE = gl.constexpr(not hasattr(gl.shared_memory_descriptor, 
 PIECE_COLS = 128
 
 
+@gluon.constexpr_function
+def _cga(ctas: int, split_dim: int | None, rank: int) -> list[list[int]]:
+    """CGA bases of a rank-``rank`` tensor in a program of ``ctas`` CTAs (1 or 2): halved along ``split_dim``
+    between the two, or whole in each when ``split_dim`` is None; none for one CTA."""
+    return [[int(d == split_dim) for d in range(rank)]] if ctas > 1 else []
+
+
+@gluon.constexpr_function
+def _on_ctas(layout: Any, bases: list[list[int]]) -> Any:
+    """``layout`` shared by a cluster's CTAs as ``bases`` say; ``layout`` itself without bases (one CTA: Triton
+    3.6's layouts have no ``cga_layout``). (Rebuilt from its fields: Triton's jit rejects ``dataclasses.replace``
+    in a constexpr function.)"""
+    return layout.__class__(**{**layout.__dict__, "cga_layout": bases}) if bases else layout
+
+
+@gluon.constexpr_function
+def _barrier_layout(ctas: int, shared: bool = False) -> Any:
+    """One mbarrier per CTA, or with ``shared`` one for the cluster in CTA 0 (every CTA's arrivals go there and
+    only CTA 0 waits; its count is multiplied by the CTAs)."""
+    if ctas == 1:
+        return mbarrier.MBarrierLayout()
+    return mbarrier.MBarrierLayout([[0]] if shared else [[1]])
+
+
 @gluon.jit
-def _loader(p):
+def _loader(p, CTAS: gl.constexpr):
     """Worker (1 warp): TMA loads of the split's KV tiles into the ring, each part of a slot (k_pe, latent half 0, half
     1) as soon as tile t - 2 is done with it, in pieces with a barrier each. A partial last tile waits for the whole
     slot and lands on a private barrier first; its rows past the end are zeroed before all of its pieces are
     published.
+    In a 2-CTA cluster CTA 0 issues each load once for both CTAs (TMA multicast) once both CTAs' consumers freed
+    the part, and each CTA's loader posts the bytes its own ready barriers expect.
     (Every partition takes the kernel's argument tuple ``p`` and unpacks all of it.)"""
     io, sizes, smem, bars, PAGE_SIZE, NUM_SPLITS = p  # noqa: RUF059
     ckv_desc, kpe_desc, block_table_ptr, seq_lens_ptr, stride_bt, o, lse, qk_scale = io  # noqa: RUF059
@@ -80,30 +113,52 @@ def _loader(p):
         if valid >= BLOCK_N:  # each part as soon as tile t - 2 is done with it, each piece on its own barrier
             mbarrier.wait(empty[2].index(slot), freed)
             bar = ready[PIECES].index(slot)
+            _after_phase(bar, freed, CTAS)
             mbarrier.expect(bar, kpe_desc.block_type.nbytes)
-            _tma_load(kpe_desc, [row, 0], bar, kpe_smem.index(slot))
+            _load(kpe_desc, row, 0, bar, kpe_smem.index(slot), CTAS)
             for h in gl.static_range(2):
                 mbarrier.wait(empty[h].index(slot), freed)
                 for c in gl.static_range(h * PIECES // 2, (h + 1) * PIECES // 2):
                     bar = ready[c].index(slot)
+                    _after_phase(bar, freed, CTAS)
                     mbarrier.expect(bar, (PIECE // BOX) * ckv_desc.block_type.nbytes)
                     for x in gl.static_range(c * PIECE, (c + 1) * PIECE, BOX):
-                        _tma_load(ckv_desc, [row, x], bar, ckv_smem.index(slot).slice(x, BOX, dim=1))
+                        _load(ckv_desc, row, x, bar, ckv_smem.index(slot).slice(x, BOX, dim=1), CTAS)
         else:  # the last tile, partial: at most one per split, so the private barrier's phase is 0
             for part in gl.static_range(3):
                 mbarrier.wait(empty[part].index(slot), freed)
             mbarrier.expect(tail, (DC // BOX) * ckv_desc.block_type.nbytes + kpe_desc.block_type.nbytes)
             for x in gl.static_range(0, DC, BOX):
-                _tma_load(ckv_desc, [row, x], tail, ckv_smem.index(slot).slice(x, BOX, dim=1))
-            _tma_load(kpe_desc, [row, 0], tail, kpe_smem.index(slot))
+                _load(ckv_desc, row, x, tail, ckv_smem.index(slot).slice(x, BOX, dim=1), CTAS)
+            _load(kpe_desc, row, 0, tail, kpe_smem.index(slot), CTAS)
             mbarrier.wait(tail, 0)
             boxes = _as_boxes(ckv_smem.index(slot), BOX)
             for c in range(DC // BOX):  # a loop, not unrolled: this runs once per split, and unrolled it was a
-                _zero_rows_from(boxes.index(c), valid)  # quarter of the kernel's compile time
-            _zero_rows_from(kpe_smem.index(slot), valid)
+                _zero_rows_from(boxes.index(c), valid, CTAS)  # quarter of the kernel's compile time
+            _zero_rows_from(kpe_smem.index(slot), valid, CTAS)
             fence_async_shared()
             for c in gl.static_range(PIECES + 1):
+                _after_phase(ready[c].index(slot), freed, CTAS)
                 mbarrier.arrive(ready[c].index(slot), count=1)
+
+
+@gluon.jit
+def _load(desc, row, col, bar, smem, CTAS: gl.constexpr):
+    """TMA load of ``desc``'s box at (row, col) into ``smem``, signalling ``bar``; in a 2-CTA cluster CTA 0 loads it
+    into both CTAs' ``smem`` at once (multicast), each CTA's ``bar`` counting the bytes it receives."""
+    if CTAS > 1:
+        _tma_load(desc, [row, col], bar, smem, multicast=True)
+    else:
+        _tma_load(desc, [row, col], bar, smem)
+
+
+@gluon.jit
+def _after_phase(bar, phase, CTAS: gl.constexpr):
+    """In a cluster, wait until ``bar`` (this CTA's) completed ``phase``, the one before the phase about to be
+    posted: only CTA 0 waits on the ring's free barriers (they are its own), so the other CTA's loader checks here
+    that its consumers have seen the slot's previous tile before it expects or publishes the next one."""
+    if CTAS > 1:
+        mbarrier.wait(bar, phase)
 
 
 @gluon.jit
@@ -118,10 +173,10 @@ def _as_boxes(tile, BOX: gl.constexpr):
 
 
 @gluon.jit
-def _zero_rows_from(smem, valid):
+def _zero_rows_from(smem, valid, CTAS: gl.constexpr):
     """Zero the rows >= ``valid`` of a (BLOCK_N, 64) box in shared memory, 8 rows at a time (one warp, few
-    registers)."""
-    layout: gl.constexpr = gl.BlockedLayout([1, 2], [2, 16], [1, 1], [1, 0])
+    registers); in a cluster each CTA its own copy."""
+    layout: gl.constexpr = _on_ctas(gl.BlockedLayout([1, 2], [2, 16], [1, 1], [1, 0]), _cga(CTAS, None, 2))
     ROWS: gl.constexpr = 8
     for r in gl.static_range(smem.shape[0] // ROWS):
         keep = r * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout)) < valid
@@ -210,11 +265,12 @@ def _softmax(s, m_i, valid, qk_scale, dtype: gl.constexpr, row_o: gl.constexpr):
 
 
 @gluon.jit
-def _consume(p, WG: gl.constexpr):
+def _consume(p, CTAS: gl.constexpr, WG: gl.constexpr):
     """Consumer warpgroup ``WG`` (4 warps): output columns [WG * 256, WG * 256 + 256) of every tile, the scores
     and softmax of tiles t with t % 2 == WG. Each of its score tiles starts by folding in the other warpgroup's
     previous tile, so the other's P is consumed before its own is published over it and this warpgroup's half of
-    that tile is released early."""
+    that tile is released early. In a 2-CTA cluster each CTA's warpgroup ``WG`` takes its CTA's half of the
+    heads."""
     io, sizes, smem, bars, PAGE_SIZE, NUM_SPLITS = p  # noqa: RUF059
     ckv_desc, kpe_desc, block_table_ptr, seq_lens_ptr, stride_bt, o, lse, qk_scale = io  # noqa: RUF059
     q_smem, qp_smem, ckv_smem, kpe_smem, p_smem, stats = smem  # noqa: RUF059
@@ -228,10 +284,11 @@ def _consume(p, WG: gl.constexpr):
     HALF: gl.constexpr = DC // 2
     PIECES: gl.constexpr = len(ready) - 1
     dtype: gl.constexpr = ckv_desc.dtype
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HALF, 16])
+    rows: gl.constexpr = _cga(CTAS, 0, 2)  # the heads split between a cluster's CTAs
+    s_layout: gl.constexpr = _on_ctas(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                                instr_shape=[16, BLOCK_N, 16]), rows)
+    o_layout: gl.constexpr = _on_ctas(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                                instr_shape=[16, HALF, 16]), rows)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
 
@@ -280,21 +337,23 @@ def mla_decode_ws_kernel(
     NUM_SPLITS: gl.constexpr,  # KV splits per request (grid dim 2)
     DC: gl.constexpr,  # latent columns
     PIECE: gl.constexpr,  # latent columns per ready barrier (whole 64-column TMA boxes, the 128-byte swizzle's width)
+    CTAS: gl.constexpr,  # 1, or 2: a cluster whose CTAs take 64 heads each and share every tile (TMA multicast)
     num_warps: gl.constexpr,  # 4: the default partition is consumer warpgroup 0
 ):
-    """Arguments as ``_mla_gluon.mla_decode_kernel``'s (``ckv_desc``'s blocks: 64-column TMA boxes); grid (head
-    blocks, batch, splits), 64 heads per program."""
-    BLOCK_H: gl.constexpr = 64
+    """Arguments as ``_mla_gluon.mla_decode_kernel``'s (``ckv_desc``'s blocks: 64-column TMA boxes, whole in each
+    CTA of a cluster); grid (head blocks, batch, splits), 64 * CTAS heads per program."""
+    BLOCK_H: gl.constexpr = 64 * CTAS
     BLOCK_N: gl.constexpr = ckv_desc.block_type.shape[0]
     PIECES: gl.constexpr = DC // PIECE
     DR: gl.constexpr = kpe_desc.block_type.shape[1]
     dtype: gl.constexpr = ckv_desc.dtype
+    rows: gl.constexpr = _cga(CTAS, 0, 2)  # the heads split between a cluster's CTAs
     # the queries, staged by the default partition's 4 warps before the partitions fork, 64 columns at a time
     q_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_H, DC],
-                                       gl.NVMMASharedLayout.get_default_for([BLOCK_H, DC], dtype))
+                                       _on_ctas(gl.NVMMASharedLayout.get_default_for([64, DC], dtype), rows))
     qp_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_H, DR],
-                                        gl.NVMMASharedLayout.get_default_for([BLOCK_H, DR], dtype))
-    ld_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+                                        _on_ctas(gl.NVMMASharedLayout.get_default_for([64, DR], dtype), rows))
+    ld_layout: gl.constexpr = _on_ctas(gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0]), rows)
     b = gl.program_id(1)
     offs_h = gl.program_id(0) * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld_layout))
     cols = gl.arange(0, 64, layout=gl.SliceLayout(0, ld_layout))
@@ -307,10 +366,10 @@ def mla_decode_ws_kernel(
     ckv_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DC], ckv_desc.layout)
     kpe_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DR], kpe_desc.layout)
     p_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_H, BLOCK_N],
-                                       gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], dtype))
+                                       _on_ctas(gl.NVMMASharedLayout.get_default_for([64, BLOCK_N], dtype), rows))
     # the row statistics of a published P (m, alpha, row sums), three buffers: stores to one buffer would be
     # separated by CTA barriers (Gluon cannot tell its rows apart)
-    row_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+    row_layout: gl.constexpr = _on_ctas(gl.SwizzledSharedLayout(1, 1, 1, [0]), _cga(CTAS, 0, 1))
     stats = (gl.allocate_shared_memory(gl.float32, [BLOCK_H], row_layout),
              gl.allocate_shared_memory(gl.float32, [BLOCK_H], row_layout),
              gl.allocate_shared_memory(gl.float32, [BLOCK_H], row_layout))
@@ -322,24 +381,28 @@ def mla_decode_ws_kernel(
     stats[1].store(gl.full([BLOCK_H], 1.0, gl.float32, row_ld))
     stats[2].store(gl.zeros([BLOCK_H], gl.float32, row_ld))
     # a barrier pair (one per ring slot) for each latent piece and for k_pe, each its own allocation: the compiler
-    # syncs a partition's warps between two waits on one allocation (it cannot tell which barrier an index names)
+    # syncs a partition's warps between two waits on one allocation (it cannot tell which barrier an index names);
+    # in a cluster, a pair in each CTA
+    own: gl.constexpr = _barrier_layout(CTAS)
     ready = ()
     for _ in gl.static_range(PIECES + 1):  # (the Gluon frontend concatenates tuples; it does not unpack them)
-        pair = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        pair = gl.allocate_shared_memory(gl.int64, [2, CTAS], own)
         ready = ready + (pair,)  # type: ignore[assignment]  # noqa: RUF005
     # per ring slot, the parts of a tile each freed on its own: latent half 0 (by warpgroup 0's PV), half 1 (by
-    # warpgroup 1's), k_pe (by the owner's scores)
-    empty = (gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout()),
-             gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout()),
-             gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout()))
-    p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    tail = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    # warpgroup 1's), k_pe (by the owner's scores); in a cluster one barrier in CTA 0 that every CTA's consumers free
+    # (CTA 0 loads each part into both)
+    free: gl.constexpr = _barrier_layout(CTAS, shared=True)
+    empty = (gl.allocate_shared_memory(gl.int64, [2, 1], free),
+             gl.allocate_shared_memory(gl.int64, [2, 1], free),
+             gl.allocate_shared_memory(gl.int64, [2, 1], free))
+    p_ready = gl.allocate_shared_memory(gl.int64, [CTAS], own)
+    tail = gl.allocate_shared_memory(gl.int64, [CTAS], own)
     for c in gl.static_range(PIECES + 1):
         for i in gl.static_range(2):
             mbarrier.init(ready[c].index(i), count=1)  # the loader's expect + the TMA bytes, or its arrive (partial tile)
     for i in gl.static_range(2):
         for part in gl.static_range(3):
-            mbarrier.init(empty[part].index(i), count=1)
+            mbarrier.init(empty[part].index(i), count=1)  # one consumer (in a cluster, one in each CTA)
     mbarrier.init(p_ready, count=1)
     mbarrier.init(tail, count=1)
     fence_async_shared()
@@ -347,11 +410,12 @@ def mla_decode_ws_kernel(
           (lse_ptr, stride_lb, stride_lh), qk_scale)
     p = (io, heads, (q_smem, qp_smem, ckv_smem, kpe_smem, p_smem, stats), (ready, empty, p_ready, tail), PAGE_SIZE,
          NUM_SPLITS)
-    gl.warp_specialize([(_consume, (p, 0)), (_consume, (p, 1)), (_loader, (p,))], [4, 1], [232, 40])
+    # (CTAS passed on its own: a constant inside the tuple ``p`` reaches the partitions as a tensor)
+    gl.warp_specialize([(_consume, (p, CTAS, 0)), (_consume, (p, CTAS, 1)), (_loader, (p, CTAS))], [4, 1], [232, 40])
 
 
-def launch(*args: Any) -> None:
+def launch(*args: Any, ctas: int = 1) -> None:
     """As ``_mla_gluon.launch``, with this kernel (64-column latent TMA boxes, ``PIECE_COLS`` columns per barrier; 4 warps
-    per partition, 168 registers a thread at launch)."""
-    _mla_gluon.launch(*args, kernel=mla_decode_ws_kernel, ckv_cols=64, DC=args[2].shape[1], PIECE=PIECE_COLS,
-                      num_warps=4, maxnreg=168)
+    per partition, 168 registers a thread at launch); ``ctas=2``: 2-CTA clusters of 128 heads sharing each tile."""
+    _mla_gluon.launch(*args, kernel=mla_decode_ws_kernel, ckv_cols=64, ctas=ctas, DC=args[2].shape[1],
+                      PIECE=PIECE_COLS, CTAS=ctas, num_warps=4, maxnreg=168)
