@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 from kernel_switchboard.cli import main
 
@@ -170,3 +172,21 @@ def test_flashinfer_baselines_get_the_points_masking(monkeypatch) -> None:
                if name == "decode.plan")
     monkeypatch.setenv("KSB_BENCH_FLASHINFER", "0")
     assert bench._flashinfer_externals(decode.op, decode.args, decode.kwargs) == {}
+
+
+def test_explain_and_bench_run_without_pytest(tmp_path) -> None:
+    """A user's install (README command 1) has no pytest: the case builders behind ``explain``, ``bench --op`` and
+    ``tune`` must not need it (only the conformance tests do)."""
+    script = (
+        "import sys; sys.modules['pytest'] = None  # `import pytest` now fails, as where it is not installed\n"
+        "from kernel_switchboard.cli import main\n"
+        "assert main(['explain', 'attention.mla_decode', '--device', 'cpu']) == 0\n"
+        f"assert main(['bench', '--op', 'norm.rms_norm', '--param', 'rows=4', '--param', 'hidden=64', '--device', 'cpu',"
+        f" '--reps-ms', '1', '--out', {str(tmp_path)!r}]) == 0\n"
+        "assert main(['explain', 'nosuch.op', '--device', 'cpu']) == 2\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "chosen reference:mla_decode" in done.stdout and "unknown op family 'nosuch'" in done.stderr
+    rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
+    assert rows and all(not r.get("error") for r in rows), rows

@@ -84,9 +84,12 @@ def _explain(args: argparse.Namespace) -> int:
     from .errors import SwitchboardError
 
     family = args.op.partition(".")[0]
+    module = f"kernel_switchboard.testing.cases.{family}"
     try:
-        cases = importlib.import_module(f"kernel_switchboard.testing.cases.{family}")
-    except ImportError:
+        cases = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name != module:
+            raise
         print(f"switchboard: unknown op family {family!r}", file=sys.stderr)
         return 2
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))

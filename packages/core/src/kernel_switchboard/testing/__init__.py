@@ -15,7 +15,18 @@ untested); an unavailable kernel (no GPU, no vendor library) is skipped with its
 
 from __future__ import annotations
 
+from typing import Any
+
 from .case import Case, assert_close, clone_args, finite_stale, tolerance
-from .conformance import conformance_test, kernel_cases
 
 __all__ = ["Case", "assert_close", "clone_args", "conformance_test", "finite_stale", "kernel_cases", "tolerance"]
+
+
+def __getattr__(name: str) -> Any:
+    """``conformance_test`` and ``kernel_cases`` on first use: they need pytest, which the case builders that
+    ``switchboard explain`` / ``bench`` / ``tune`` use do not (a user's install has no pytest)."""
+    if name in ("conformance_test", "kernel_cases"):
+        from . import conformance
+
+        return getattr(conformance, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
