@@ -187,6 +187,21 @@ def test_explain_and_bench_run_without_pytest(tmp_path) -> None:
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "chosen reference:mla_decode" in done.stdout and "unknown op family 'nosuch'" in done.stderr
+    assert "chosen reference:mla_decode" in done.stdout and "unknown op 'nosuch.op'" in done.stderr
     rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
     assert rows and all(not r.get("error") for r in rows), rows
+
+
+def test_an_unknown_op_is_a_usage_error_that_lists_the_known_ones(capsys) -> None:
+    """``attention.cascade`` is composed from registered ops (prefill, merge_states), not one itself."""
+    for command in (["explain", "attention.cascade"], ["bench", "--op", "attention.cascade", "--device", "cpu"],
+                    ["tune", "--op", "attention.cascade", "--device", "cpu"],
+                    ["build", "--op", "attention.cascade", "--device", "cpu"]):
+        assert main(command) == 2, command
+        err = capsys.readouterr().err
+        assert "unknown op 'attention.cascade'" in err and "attention.merge_states" in err, command
+
+
+def test_explain_names_the_shape_option_it_cannot_use(capsys) -> None:
+    assert main(["explain", "attention.decode", "batch=x", "--device", "cpu"]) == 1
+    assert "switchboard explain attention.decode batch=x: invalid literal" in capsys.readouterr().err

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from .cli import unknown_op
 from .device import fingerprint
 
 
@@ -568,6 +569,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps-ms", type=float, default=200.0, help="timing budget per measurement (ms)")
     p.add_argument("--device", help="cpu or cuda")
     args = p.parse_args(argv)
+    if unknown_op("switchboard bench", args.op):
+        return 2
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if args.preset:
         presets = args.preset
@@ -623,6 +626,8 @@ def tune_main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2, help="time the shortlist in turn this many times; each "
                    "kernel keeps its fastest time")
     args = p.parse_args(argv)
+    if unknown_op("switchboard tune", args.op):
+        return 2
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     for point, case, sel in _explained_points("tune", args, device):
         calls: dict[str, Callable[[], Any]] = {
@@ -695,6 +700,8 @@ def _graph_times(point: Point, case: Any, kernel_ids: list[str], device: torch.d
 def build_main(argv: list[str] | None = None) -> int:
     """Compile ahead of time every kernel with a ``build`` step for each preset point."""
     args = _points_parser("switchboard build").parse_args(argv)
+    if unknown_op("switchboard build", args.op):
+        return 2
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     built = 0
     for point, _, sel in _explained_points("build", args, device):

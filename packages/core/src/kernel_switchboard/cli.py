@@ -77,12 +77,24 @@ def _parse_value(value: str) -> Any:
     return value
 
 
+def unknown_op(prog: str, op: str | None) -> bool:
+    """Whether ``op`` (when given) names no registered op; if so, says so on stderr with the known ones."""
+    from .registry import registry
+
+    if op is None or op in registry.ops():
+        return False
+    print(f"{prog}: unknown op {op!r}; known ops: {', '.join(registry.ops())}", file=sys.stderr)
+    return True
+
+
 def _explain(args: argparse.Namespace) -> int:
     import torch
 
     from .dispatch import explain
     from .errors import SwitchboardError
 
+    if unknown_op("switchboard explain", args.op):
+        return 2
     family = args.op.partition(".")[0]
     module = f"kernel_switchboard.testing.cases.{family}"
     try:
@@ -103,8 +115,8 @@ def _explain(args: argparse.Namespace) -> int:
         if args.backend:
             kwargs["backend"] = args.backend
         sel = explain(args.op, *case.args, **kwargs)
-    except (SwitchboardError, TypeError) as exc:
-        print(f"switchboard explain {args.op}: {exc}", file=sys.stderr)
+    except (SwitchboardError, TypeError, ValueError) as exc:  # ValueError: a shape option the example rejects
+        print(f"switchboard explain {' '.join([args.op, *args.params])}: {exc}", file=sys.stderr)
         return 1
     print(sel)
     return 0
