@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call that tests and times the Gluon kernels (the Hopper defaults: warp-specialised MLA decode and fp8
 # block-scaled mm; the MLA kernel without warp specialisation) on a lent H200, each part in its own process under
-# its own time limit (a hung kernel stops only its part; worst case ~560 s, ~490 s with TV).
+# its own time limit (a hung kernel stops only its part; worst case ~560 s, ~490 s with TV, which runs only the MLA parts).
 # Usage, from the project root, carrying .gpu/core:  bash tools/gpu_experiments.sh   (results: $OUT/experiments.tgz)
 # TV=39 bash tools/gpu_experiments.sh: the same on the Triton 3.9 bundle stashed by an earlier call
 # (tools/triton_bundle.sh, tools/gpu_triton.sh), where the tests and sweeps include the 2-CTA MLA kernel.
@@ -24,14 +24,14 @@ run_tests() {  # name, time limit, pytest selection...
   echo "$name: exit $?"; grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/exp/tests-$name.txt" | tail -14
 }
 run_tests mla $([ -n "$TV" ] && echo 200 || echo 120) $T/test_attention_gpu.py -k mla  # 3.9 compiles ~6 s a variant
-run_tests fp8 60 $T/test_gemm.py -k gluon
-if [ -z "$TV" ]; then  # (skipped on a bundle: the time goes to the MLA tests, which compile longer there)
+[ -n "$TV" ] || run_tests fp8 60 $T/test_gemm.py -k gluon  # (on a bundle: the MLA parts only)
+if [ -z "$TV" ]; then
   echo "[experiments $(date +%T)] gemm benchmark (the Gluon sweep rows last)"
   timeout -k 10 150 python3 packages/backend-triton/benchmarks/gemm.py > "$OUT/exp/gemm.txt" 2> "$OUT/exp/gemm-progress.txt"
   grep fp8 "$OUT/exp/gemm.txt" || grep -E "fp8.*(tflops|error)" "$OUT/exp/gemm-progress.txt"; tail -1 "$OUT/exp/gemm-progress.txt"
 fi
 echo "[experiments $(date +%T)] MLA sweeps: B=128 L=8192, then B=16 L=4096 eager and in CUDA graphs"
-on_triton timeout -s INT -k 10 200 python3 tools/gpu_sweep.py "$OUT/exp/sweep.json" mla mla-small > "$OUT/exp/sweep.txt" 2>&1
+on_triton timeout -s INT -k 10 $([ -n "$TV" ] && echo 260 || echo 200) python3 tools/gpu_sweep.py "$OUT/exp/sweep.json" mla mla-small > "$OUT/exp/sweep.txt" 2>&1
 grep -E "mla" "$OUT/exp/sweep.txt" | cut -c1-260
 tar czf /tmp/experiments.tgz -C "$OUT" exp && rm -rf "$OUT/exp" && mv /tmp/experiments.tgz "$OUT/"
 echo "[experiments $(date +%T)] done: $OUT/experiments.tgz"

@@ -394,6 +394,7 @@ def test_mla_cluster_config_is_refused_where_the_cluster_kernel_cannot_run() -> 
     with pytest.raises(ValueError, match="cluster=True needs gluon_ws"):
         _mla.mla_decode(_randn(1, 16, 512), _randn(1, 16, 64, seed=3), ckv, kpe, table, p, cfg)
 
+
 # -- merge_states -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_merge_states_matches_reference(dtype: torch.dtype) -> None:

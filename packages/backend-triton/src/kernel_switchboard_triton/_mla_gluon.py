@@ -255,10 +255,10 @@ def launch(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_rows: torch.Tensor, kpe
     batch, heads, _ = q_nope.shape
     ckv_desc, kpe_desc = descriptors(ckv_rows, kpe_rows, ckv_cols, ctas)
     grid = (triton.cdiv(heads, BLOCK_H * ctas), batch, splits)
-    if ctas > 1:
-        options["num_ctas"] = ctas
     if kernel is None:
         kernel, options = mla_decode_kernel, {"STAGES": STAGES, "num_warps": 8}
+    if ctas > 1:
+        options["num_ctas"] = ctas
     kernel[grid](
         q_nope, q_pe, ckv_desc, kpe_desc, block_table, seq_lens, o, lse, heads,
         q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), block_table.stride(0),

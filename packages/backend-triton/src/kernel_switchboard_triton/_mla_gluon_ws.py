@@ -1,4 +1,4 @@
-"""Absorbed MLA decode in Gluon with warp-specialised partitions (FlashMLA's "seesaw"), Hopper, 64 heads per program.
+"""Absorbed MLA decode in Gluon with warp-specialised partitions (FlashMLA's "seesaw"), Hopper, 64 heads per CTA.
 
 Why a third kernel: in ``_mla_gluon`` both warpgroups compute half of every score tile (m64n32 wgmma, which reads
 three bytes of shared memory per 32 MACs and so runs at two thirds of the tensor-core rate) and meet at two CTA
