@@ -13,6 +13,8 @@ timed; a failure becomes a row with ``error``, never an exception. Rows:
   (KSB_CUTLASS_SWIZZLE), Triton;
 - fp8 8192^3: torch._scaled_mm per-tensor (cuBLAS), CUTLASS per-tensor, CUTLASS 1x128/128x128
   block scales (the default tile and each of ``FP8_BLOCK_CANDIDATES``), Triton block scales;
+- the issue's target ratios measured in turn (``_in_turn``): CUTLASS against cuBLAS (bf16), CUTLASS block scales
+  against ``torch._scaled_mm`` per-tensor and against Triton block scales, CUTLASS grouped against Triton;
 - grouped mm, DeepSeek-V3 experts (256 x 7168 -> 2048, 4096 tokens top-8 routed uniformly at random):
   CUTLASS, Triton, torch._grouped_mm when this torch has it;
 - on a GPU, the time nvcc took to build every kernel above (in parallel), and the first call after a process
@@ -80,6 +82,26 @@ def _row(workload: str, impl: str, config: str, run: Callable[[], torch.Tensor],
     print(row, flush=True)
     ROWS.append(row)
     return row
+
+
+def _in_turn(workload: str, impl: str, run: Callable[[], Any], anchor: str, anchor_run: Callable[[], Any],
+             rounds: int = 7, window_ms: float = 50.0) -> None:
+    """A target ratio of issue 10 measured in turn: ``run`` and ``anchor_run`` alternate for ``rounds`` rounds of
+    ``window_ms`` each, and the row's ``ratio`` is the median of the rounds' anchor ms / ms (with the lowest and
+    highest). Clocks drift during a long GEMM run: timed minutes apart, one fp8 kernel measured 0.84-0.97x of its
+    anchor over runs 21-23; timed in turn, a drift moves both alike."""
+    row: dict[str, Any] = {"workload": workload, "impl": f"{impl} / {anchor}", "config": f"in turn, {rounds} rounds"}
+    try:
+        ratios = []
+        for _ in range(rounds):
+            ratios.append(median_ms(anchor_run, rep_ms=window_ms, warmup=5) / median_ms(run, rep_ms=window_ms, warmup=5))
+        ratios.sort()
+        row.update(ratio=round(ratios[len(ratios) // 2], 3), ratio_low=round(ratios[0], 3),
+                   ratio_high=round(ratios[-1], 3))
+    except Exception as exc:  # as in _row: a failing call is a row, never an exception
+        row["error"] = f"{type(exc).__name__}: {str(exc)[:400]}"
+    print(row, flush=True)
+    ROWS.append(row)
 
 
 def _ratios(workload: str, anchor: str) -> None:
@@ -162,6 +184,8 @@ def bench_gemm(device: torch.device | str = "cuda", sizes: dict[str, int] | None
                  flops, env={"KSB_CUTLASS_MM_TILE": "large", "KSB_CUTLASS_SWIZZLE": sw})
         _row(w, "triton", "", lambda b=b: ksb.gemm.mm(a, b, backend="triton"), want, flops)
         _ratios(w, "torch.mm (cuBLAS)")
+        _in_turn(w, "cutlass", lambda b=b: ksb.gemm.mm(a, b, backend="cutlass"), "torch.mm (cuBLAS)",
+                 lambda b=b: torch.mm(a, b))
     del want
 
     w = f"fp8 mm {n}^3"
@@ -181,6 +205,11 @@ def bench_gemm(device: torch.device | str = "cuda", sizes: dict[str, int] | None
          want_b, flops)
     del want_b
     _ratios(w, "torch._scaled_mm per-tensor (cuBLAS)")
+    block = (lambda: ksb.gemm.mm_fp8(qa_b, qb_b, sa_b, sb_b, backend="cutlass"))
+    _in_turn(w, "cutlass block", block, "torch._scaled_mm per-tensor (cuBLAS)",
+             lambda: torch._scaled_mm(qa_t, qb_t, scale_a=sa_t, scale_b=sb_t, out_dtype=torch.bfloat16))
+    _in_turn(w, "cutlass block", block, "triton block",
+             lambda: ksb.gemm.mm_fp8(qa_b, qb_b, sa_b, sb_b, backend="triton"))
 
     w = f"grouped mm {experts}x{hidden}->{inter}, {tokens} tok top-{top_k}"
     gflops = 2.0 * tokens * top_k * hidden * inter
@@ -192,6 +221,8 @@ def bench_gemm(device: torch.device | str = "cuda", sizes: dict[str, int] | None
         ends = offsets[1:].contiguous()
         _row(w, "torch._grouped_mm", "b K-major", lambda: torch._grouped_mm(ga, gb_k, offs=ends), want_g, gflops)
     _ratios(w, "triton")
+    _in_turn(w, "cutlass b row-major", lambda: ksb.gemm.grouped_mm(ga, gb, offsets, backend="cutlass"),
+             "triton b row-major", lambda: ksb.gemm.grouped_mm(ga, gb, offsets, backend="triton"))
 
     _first_call(a, b_rr)
     return ROWS

@@ -355,10 +355,12 @@ def test_benchmark_smoke() -> None:
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     rows = mod.bench_gemm("cpu", mod.SMOKE)
-    assert rows and all(("tflop_s" in r) or ("error" in r) or ("seconds" in r) for r in rows)
+    assert rows and all(("tflop_s" in r) or ("error" in r) or ("seconds" in r) or ("ratio" in r) for r in rows)
     torch_rows = [r for r in rows if r["impl"] == "torch.mm (cuBLAS)"]
     assert torch_rows and all("tflop_s" in r and r["rel_err"] < 1e-2 for r in torch_rows), torch_rows
     assert all("error" in r for r in rows if r["impl"] == "cutlass" and r["workload"] != "build")
+    in_turn = [r for r in rows if r["config"].startswith("in turn")]
+    assert len(in_turn) == 5 and all("error" in r for r in in_turn)  # each pair has a CUTLASS side
 
 
 # -- the C ABI: emitted signatures, ctypes declarations and Python arguments agree ---------------------------
