@@ -30,8 +30,8 @@ if [ -z "$TV" ]; then
   timeout -k 10 150 python3 packages/backend-triton/benchmarks/gemm.py > "$OUT/exp/gemm.txt" 2> "$OUT/exp/gemm-progress.txt"
   grep fp8 "$OUT/exp/gemm.txt" || grep -E "fp8.*(tflops|error)" "$OUT/exp/gemm-progress.txt"; tail -1 "$OUT/exp/gemm-progress.txt"
 fi
-echo "[experiments $(date +%T)] MLA sweeps: B=128 L=8192, then B=16 L=4096 eager and in CUDA graphs"
-on_triton timeout -s INT -k 10 $([ -n "$TV" ] && echo 260 || echo 200) python3 tools/gpu_sweep.py "$OUT/exp/sweep.json" mla mla-small > "$OUT/exp/sweep.txt" 2>&1
+echo "[experiments $(date +%T)] MLA sweeps: B=128 L=8192 (128, then 16 heads), B=16 L=4096 eager and in CUDA graphs"
+on_triton timeout -s INT -k 10 $([ -n "$TV" ] && echo 260 || echo 200) python3 tools/gpu_sweep.py "$OUT/exp/sweep.json" mla mla-tp8 mla-small > "$OUT/exp/sweep.txt" 2>&1
 grep -E "mla" "$OUT/exp/sweep.txt" | cut -c1-260
 tar czf /tmp/experiments.tgz -C "$OUT" exp && rm -rf "$OUT/exp" && mv /tmp/experiments.tgz "$OUT/"
 echo "[experiments $(date +%T)] done: $OUT/experiments.tgz"

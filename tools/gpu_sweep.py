@@ -1,7 +1,7 @@
 """Tile sweeps of the Triton prefill, MLA decode and small-batch decode kernels on the GPU (issues 3 and 7);
 rows printed as they finish and written to one JSON file.
 
-    python3 tools/gpu_sweep.py OUT.json [prefill] [mla] [mla-small] [decode-small] [same-plan]
+    python3 tools/gpu_sweep.py OUT.json [prefill] [mla] [mla-tp8] [mla-small] [decode-small] [same-plan]
 
 ``decode-small``: split counts and tiles at batch 1 and 16 (page 16, NHD), each plan timed in a CUDA graph.
 ``same-plan``: the grid's B=1 L=1024 p16 NHD decode, where the automatic plan and the explicit Triton plan
@@ -29,6 +29,9 @@ def main() -> int:
     rows = []
     if "mla" in parts:
         rows += bench._mla_point(dev, g, True)
+        out.write_text(json.dumps(rows, indent=1, default=str))
+    if "mla-tp8" in parts:  # 16 heads (DeepSeek-V3 over eight-way tensor parallelism): Triton tiles against padded Gluon
+        rows += bench._mla_point(dev, g, True, heads=16)
         out.write_text(json.dumps(rows, indent=1, default=str))
     if "mla-small" in parts:  # the deepseek-v3-mla preset's small point, eager and in CUDA graphs, split counts
         for graph in (False, True):

@@ -224,7 +224,7 @@ def _mla_point(dev: torch.device, g: torch.Generator, sweep: bool, batch: int = 
     """Rows of the default configuration and, with ``sweep``, of the other kernels and of the default with one
     split and each count in ``splits``; ``graph``: each replayed in a CUDA graph (the GPU time alone)."""
     from kernel_switchboard.reference import attention as ref
-    from kernel_switchboard_triton._common import gluon_clusters
+    from kernel_switchboard_triton._common import gluon_clusters, gluon_hopper
     from kernel_switchboard_triton._decode import round_len
     from kernel_switchboard_triton._mla import MLAConfig, mla_config, mla_decode
 
@@ -251,6 +251,9 @@ def _mla_point(dev: torch.device, g: torch.Generator, sweep: bool, batch: int = 
             cfgs += [base._replace(gluon_ws=False, num_splits=s) for s in sorted({1, base.num_splits})]
         if base.gluon_ws and heads > 64 and gluon_clusters():  # 2-CTA clusters sharing each tile (Triton >= 3.9)
             cfgs += [base._replace(cluster=True, num_splits=s) for s in sorted({1, base.num_splits, *splits})]
+        if heads < 64 and gluon_hopper(dev):  # the warp-specialised kernel's 64-row tiles, the heads' rows valid
+            padded = base._replace(block_h=64, block_n=64, num_warps=8, num_stages=2, tma=True, gluon=True, gluon_ws=True)
+            cfgs += [padded._replace(num_splits=s) for s in sorted({1, base.num_splits, *splits})]
     rows = []
     for i, cfg in enumerate(cfgs):
         run = (lambda cfg=cfg: mla_decode(qn, qp, ckv, kpe, table, p, cfg)[0])

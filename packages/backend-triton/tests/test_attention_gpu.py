@@ -166,6 +166,21 @@ def test_mla_decode_on_2cta_clusters(heads: int, page_size: int, splits: int | N
     assert launched == [2]  # the cluster kernel ran, not another one
 
 
+@pytest.mark.parametrize(("heads", "splits"), [(16, None), (16, 1), (32, 3), (8, None)], ids=str)
+def test_mla_decode_fewer_heads_than_a_tile_on_gluon(heads: int, splits: int | None,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """16 heads (DeepSeek-V3 on eight-way tensor parallelism), 32 and 8 on the warp-specialised Gluon kernel's
+    64-row tiles: the rows past the heads are computed on zero queries and never stored."""
+    from kernel_switchboard_triton import _mla
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon MLA kernels use Hopper's wgmma (sm_90 only)")
+    real_config = _mla.mla_config
+    monkeypatch.setattr(_mla, "mla_config", lambda *a: real_config(*a, splits)._replace(
+        block_h=64, block_n=64, num_warps=8, num_stages=2, tma=True, gluon=True, gluon_ws=True))
+    _check_mla_on_deepseek_pages(64, BF16, heads)
+
+
 def _check_mla_on_deepseek_pages(page_size: int, dtype: torch.dtype, heads: int = 128) -> None:
     """The Triton backend's MLA decode against the reference on five requests of 0-5000 tokens whose unwritten page
     slots hold NaN."""

@@ -83,9 +83,11 @@ PRESETS: dict[str, Callable[[], list[Point]]] = {
     "llama3-8b": lambda: _decode_points((16, 128), (2048, 8192), (16,)) + _prefill_points(((1, 8192), (8, 2048))),
     "llama3-70b": lambda: _decode_points((16, 128), (2048, 8192), (16,), q=64, kv=8)
     + _prefill_points(((1, 8192),), q=64, kv=8),
-    "deepseek-v3-mla": lambda: [Point("attention.mla_decode", {"batch": b, "kv_len": n, "num_heads": 128,
+    # all 128 heads on one GPU (data-parallel attention), and the 16 of eight-way tensor parallelism
+    "deepseek-v3-mla": lambda: [Point("attention.mla_decode", {"batch": b, "kv_len": n, "num_heads": h,
                                                                 "page_size": 64, "dtype": "bfloat16"},
-                                      f"B={b} L={n} p64") for b, n in ((16, 4096), (128, 8192))],
+                                      f"B={b} L={n} p64" + ("" if h == 128 else f" H={h} (TP8)"))
+                                for b, n, h in ((16, 4096, 128), (128, 8192, 128), (128, 8192, 16))],
     "moe": lambda: [
         Point("moe.fused_moe", {"tokens": 4096, "experts": 8, "top_k": 2, "hidden": 4096, "inter": 14336,
                                 "dtype": "bfloat16"}, "mixtral 4096 tok"),
