@@ -67,7 +67,8 @@ class Selection:
     notes: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
-        lines = [f"op {self.op}", f"problem {_fmt_problem(self.problem)}"]
+        lines = [f"op {self.op}", f"problem {_fmt_problem(self.problem)}",
+                 "        (sizes such as batch and lengths are the problem's size bucket: rounded up to a power of two)"]
         if self.preferences:
             lines.append(f"preferences {', '.join(self.preferences)}")
         lines.append(f"chosen {self.kernel.id} ({_SOURCE_TEXT[self.source]})")
