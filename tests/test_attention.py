@@ -222,6 +222,39 @@ def test_mla_decode_matches_expanded_attention() -> None:
         assert_matches(lse[b], want_l[0], F32, f"lse {b}")
 
 
+def test_mla_decode_of_several_new_tokens_per_request_is_causal() -> None:
+    """q (B, T, H, D): each request's T newest tokens, every one attending to the cache up to itself; a request
+    shorter than T has empty first rows (out 0, lse -inf). Against the expanded oracle, position by position."""
+    case = mla_case(F32, (9, 2, 21), 4, 4, "cpu", lse=True, dc=32, dr=8)
+    _, _, ckv, kpe, table = case.args
+    t = 3
+    g = torch.Generator().manual_seed(7)
+    qn, qp = torch.randn(3, t, 4, 32, generator=g), torch.randn(3, t, 4, 8, generator=g)
+    out, lse = ksb.attention.mla_decode(qn, qp, ckv, kpe, table, **case.kwargs)
+    assert out.shape == (3, t, 4, 32) and lse.shape == (3, t, 4)
+    ps = ckv.shape[1]
+    for b in range(3):
+        n = int(table.seq_lens[b])
+        rows = [(int(table.block_table[b, i // ps]), i % ps) for i in range(n)]
+        k = torch.stack([torch.cat((ckv[p, s], kpe[p, s])) for p, s in rows])[:, None]
+        v = torch.stack([ckv[p, s] for p, s in rows])[:, None]
+        for i in range(t):
+            seen = n - t + i + 1  # this token and the ones before it
+            if seen <= 0:
+                assert bool((out[b, i] == 0).all()) and bool((lse[b, i] == float("-inf")).all()), (b, i)
+                continue
+            q = torch.cat((qn[b, i], qp[b, i]), dim=-1)[None]
+            want_o, want_l = oracle(q, k[:seen].double(), v[:seen].double(), sm_scale=case.kwargs["sm_scale"])
+            assert_matches(out[b, i], want_o[0], F32, f"request {b} token {i}")
+            assert_matches(lse[b, i], want_l[0], F32, f"lse {b} {i}")
+    plain = ksb.attention.mla_decode(qn, qp, ckv, kpe, table, sm_scale=case.kwargs["sm_scale"])
+    torch.testing.assert_close(plain, out, atol=0, rtol=0)
+    with pytest.raises(ksb.InvalidArgumentError, match=r"q_pe\.shape"):
+        ksb.attention.mla_decode(qn, qp[:, :2], ckv, kpe, table)
+    with pytest.raises(ksb.InvalidArgumentError, match=r"table\.batch_size"):
+        ksb.attention.mla_decode(qn[:2], qp[:2], ckv, kpe, table)
+
+
 def test_problem_records_features_and_buckets() -> None:
     spec = AttnSpec(F16, "HND", 16, 8, 2, head_dim=64, kv_lens=(30, 1, 12), q_lens=(30, 1, 4), kv_dtype=E4M3)
     q, qo, cache, table = prefill_case(spec, "cpu").args
@@ -338,11 +371,14 @@ def test_torch_compile_fullgraph_traces_ragged_mla_and_merge() -> None:
     qo, kv = torch.tensor([0, 2, 5], dtype=torch.int32), torch.tensor([0, 3, 7], dtype=torch.int32)
     q_nope, q_pe, ckv, kpe, table = mla_case(F32, (3, 5), 2, 4, "cpu", dc=32, dr=8).args
 
-    def f(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def f(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
         a, lse_a = ksb.attention.prefill_ragged(q, k, v, qo, kv, return_lse=True)
         b, lse_b = ksb.attention.prefill_ragged(q, k, v, qo, kv, causal=False, return_lse=True)
         out, _ = ksb.attention.merge_states(a, lse_a, b, lse_b)
-        return out, cast(torch.Tensor, ksb.attention.mla_decode(q_nope, q_pe, ckv, kpe, table, sm_scale=0.1))
+        mla = cast(torch.Tensor, ksb.attention.mla_decode(q_nope, q_pe, ckv, kpe, table, sm_scale=0.1))
+        two_new = cast(torch.Tensor, ksb.attention.mla_decode(q_nope[:, None].expand(-1, 2, -1, -1),
+                                                              q_pe[:, None].expand(-1, 2, -1, -1), ckv, kpe, table))
+        return out, mla, two_new
 
     got = torch.compile(f, fullgraph=True, backend="aot_eager")(q, k, v)
     for g, w in zip(got, f(q, k, v)):

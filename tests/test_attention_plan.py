@@ -215,6 +215,34 @@ def test_plan_mla_decode_bad_arguments_name_the_argument() -> None:
             plan.run(*args)
 
 
+def test_plan_mla_decode_of_several_new_tokens_per_request() -> None:
+    """``q_len=T``: queries (B, T, H, D) as in the eager op, over the rows the plan rewrites from the table at every
+    run (in-place seq_lens updates seen); given outputs of (B, T, ...) shape are written."""
+    case = mla_case(F32, (17, 1, 23), 4, 16, "cpu", lse=True, seed=6)
+    _, _, ckv, kpe, table = case.args
+    g = torch.Generator().manual_seed(8)
+    qn, qp = torch.randn(3, 2, 4, 512, generator=g), torch.randn(3, 2, 4, 64, generator=g)
+    plan = _mla_plan(case, q_len=2)
+    for lens in ((17, 1, 23), (16, 1, 5)):  # shorter in place: the slots past the case's lengths hold NaN
+        table.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        want = ksb.attention.mla_decode(qn, qp, ckv, kpe, ksb.PageTable(table.block_table, table.seq_lens.clone()),
+                                        **case.kwargs)
+        torch.testing.assert_close(plan.run(qn, qp, ckv, kpe), want, atol=0, rtol=0)
+    out, lse = torch.full((3, 2, 4, 512), float("nan")), torch.full((3, 2, 4), float("nan"))
+    assert plan.run(qn, qp, ckv, kpe, out=out, lse=lse)[0] is out
+    torch.testing.assert_close((out, lse), want, atol=0, rtol=0)
+    wrong = {"q_nope": (qn[:, :1], qp), "q_pe": (qn, qp[:, :, :2])}
+    for name, (a, b) in wrong.items():
+        with pytest.raises(ksb.InvalidArgumentError, match=f"{name}="):
+            plan.run(a, b, ckv, kpe)
+    with pytest.raises(ksb.InvalidArgumentError, match="q_nope="):  # B and T do not merge without a copy
+        plan.run(qn.transpose(0, 1).contiguous().transpose(0, 1), qp, ckv, kpe)
+    with pytest.raises(ksb.InvalidArgumentError, match="out="):
+        plan.run(qn, qp, ckv, kpe, out=out[:, :1])
+    with pytest.raises(ksb.InvalidArgumentError, match="q_len"):
+        _mla_plan(case, q_len=0)
+
+
 def test_plan_mla_decode_wraps_a_kernel_without_plan() -> None:
     plugin = _RunOnlyBackend()
     ksb.registry.register(plugin)
@@ -347,14 +375,17 @@ def test_decode_plan_is_captured_and_replays_with_new_inputs(backend: str | None
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["reference", None])
-def test_mla_decode_plan_is_captured_and_replays_with_new_inputs(backend: str | None) -> None:
+@pytest.mark.parametrize(("backend", "q_len"), [("reference", 1), (None, 1), (None, 2)])
+def test_mla_decode_plan_is_captured_and_replays_with_new_inputs(backend: str | None, q_len: int) -> None:
     """An MLA plan (what a plain plan selects: the Triton kernel on sm_90, several splits) captures into a CUDA
-    graph with two layers' pages and sees new queries and in-place seq_lens updates at replay."""
+    graph with two layers' pages and sees new queries and in-place seq_lens updates at replay; with ``q_len=2``
+    the rows table is rewritten inside the graph."""
     case = mla_case(torch.bfloat16, (300, 1, 77, 1024), 128, 64, "cuda", lse=True, seed=5)
     q_nope, q_pe, ckv, kpe, table = case.args
+    if q_len > 1:
+        q_nope, q_pe = (torch.stack([q, q.flip(1)], dim=1) for q in (q_nope, q_pe))
     ckv2, kpe2 = torch.randn_like(ckv), torch.randn_like(kpe)  # a second layer
-    plan = _mla_plan(case, backend=backend)
+    plan = _mla_plan(case, backend=backend, q_len=q_len)
     assert "cuda_graph" in plan.problem.features
     qn, qp = q_nope.clone(), q_pe.clone()
     s = torch.cuda.Stream()

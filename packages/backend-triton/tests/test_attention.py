@@ -381,6 +381,25 @@ def test_mla_plan_serves_two_layers_and_in_place_table_updates() -> None:
             _close(plan.run(qn, qp, ckv, kpe), want, torch.bfloat16)
 
 
+def test_mla_decode_of_several_new_tokens_per_request() -> None:
+    """Multi-token prediction / speculative verification: q (B, T, H, D), each new token causal, eager and planned,
+    on the Triton kernel (B * T rows sharing their request's pages)."""
+    g = _gen(12)
+    lens, page_size, heads, t = [40, 2, 0], 16, 16, 3
+    bt = torch.randperm(12, generator=g)[:9].view(3, 3).to(DEVICE, torch.int32)
+    table = PageTable(bt, torch.tensor(lens, dtype=torch.int32, device=DEVICE))
+    ckv = (torch.randn(12, page_size, 512, generator=g) * 0.3).to(DEVICE, torch.bfloat16)
+    kpe = torch.randn(12, page_size, 64, generator=g).to(DEVICE, torch.bfloat16)
+    qn, qp = _randn(3, t, heads, 512, dtype=torch.bfloat16), _randn(3, t, heads, 64, dtype=torch.bfloat16, seed=2)
+    want = ksb.attention.mla_decode(qn, qp, ckv, kpe, table, sm_scale=0.04, return_lse=True, backend="reference")
+    _close(ksb.attention.mla_decode(qn, qp, ckv, kpe, table, sm_scale=0.04, return_lse=True, backend="triton"), want,
+           torch.bfloat16)
+    plan = ksb.attention.plan_mla_decode(table, num_heads=heads, head_dim_ckv=512, head_dim_kpe=64,
+                                         dtype=torch.bfloat16, page_size=page_size, sm_scale=0.04, return_lse=True,
+                                         q_len=t, backend="triton")
+    _close(plan.run(qn, qp, ckv, kpe), want, torch.bfloat16)
+
+
 def test_mla_cluster_config_is_refused_where_the_cluster_kernel_cannot_run() -> None:
     """``MLAConfig.cluster`` names the 2-CTA Gluon kernel: with another kernel (here the interpreter's) the launch
     is refused with the reason, never run as something else."""

@@ -272,10 +272,12 @@ def _flashinfer_externals(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]
         try:
             indptr, indices, _ = table.to_csr(ckv.shape[1])
             sm_scale = kwargs.get("sm_scale") or (ckv.shape[2] + kpe.shape[2]) ** -0.5
-            qo_indptr = torch.arange(qn.shape[0] + 1, dtype=torch.int32, device=qn.device)
+            new = qn.shape[1] if qn.dim() == 4 else 1  # new tokens per request, causal among themselves
+            qn, qp = qn.reshape(-1, *qn.shape[-2:]), qp.reshape(-1, *qp.shape[-2:])
+            qo_indptr = torch.arange(0, qn.shape[0] + 1, new, dtype=torch.int32, device=qn.device)
             w = flashinfer.mla.BatchMLAPagedAttentionWrapper(ws)
             w.plan(qo_indptr, indptr, indices, table.seq_lens, qn.shape[1], ckv.shape[2], kpe.shape[2], ckv.shape[1],
-                   False, sm_scale, qn.dtype, ckv.dtype)
+                   new > 1, sm_scale, qn.dtype, ckv.dtype)
             out["flashinfer mla"] = lambda: w.run(qn, qp, ckv, kpe)
         except Exception:  # noqa: BLE001 - a baseline that cannot run this point is left out
             pass
@@ -463,8 +465,9 @@ def _mla_plan(kernel_id: str | None, args: tuple[Any, ...], kwargs: dict[str, An
     from .ops.attention import plan_mla_decode
 
     q_nope, q_pe, ckv, kpe, table = args
-    plan = plan_mla_decode(table, num_heads=q_nope.shape[1], head_dim_ckv=ckv.shape[2], head_dim_kpe=kpe.shape[2],
-                           dtype=q_nope.dtype, page_size=ckv.shape[1], backend=kernel_id, **kwargs)
+    plan = plan_mla_decode(table, num_heads=q_nope.shape[-2], head_dim_ckv=ckv.shape[2], head_dim_kpe=kpe.shape[2],
+                           dtype=q_nope.dtype, page_size=ckv.shape[1], backend=kernel_id,
+                           q_len=q_nope.shape[1] if q_nope.dim() == 4 else 1, **kwargs)
     return plan, lambda: plan.run(q_nope, q_pe, ckv, kpe)
 
 

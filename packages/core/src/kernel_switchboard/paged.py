@@ -212,6 +212,35 @@ class PageTable:
         return f"PageTable(batch={self.batch_size}, max_pages={self.max_pages}, max_seq_len={self.max_seq_len})"
 
 
+class TokenRows:
+    """The page table of ``tokens`` query rows per request of ``table``: attention of each request's ``tokens``
+    newest tokens (multi-token prediction, speculative verification) run as single-token decode rows. Row
+    ``b * tokens + i`` is request ``b`` up to its token ``seq_len - tokens + i``, so each new token sees the ones
+    before it; a row before the request's first token is empty (length 0). ``table`` is the result
+    (batch * tokens rows, ``max_seq_len`` as given); ``refresh()`` rewrites it from the source table in place, with
+    no allocation and no host synchronisation (CUDA-graph capturable)."""
+
+    __slots__ = ("_back", "source", "table", "tokens")
+
+    def __init__(self, source: PageTable, tokens: int, max_seq_len: int | None) -> None:
+        batch, pages = source.block_table.shape
+        device = source.block_table.device
+        self.source, self.tokens = source, tokens
+        self._back = torch.arange(tokens - 1, -1, -1, dtype=torch.int32, device=device)  # each row's distance to the newest
+        self.table = PageTable(torch.empty(batch * tokens, pages, dtype=torch.int32, device=device),
+                               torch.empty(batch * tokens, dtype=torch.int32, device=device), max_seq_len=max_seq_len)
+        self.refresh()
+
+    def refresh(self) -> PageTable:
+        batch, pages = self.source.block_table.shape
+        self.table.block_table.view(batch, self.tokens, pages).copy_(
+            self.source.block_table[:, None, :].expand(batch, self.tokens, pages))
+        lens = self.table.seq_lens.view(batch, self.tokens)
+        torch.sub(self.source.seq_lens[:, None], self._back, out=lens)
+        lens.clamp_(min=0)
+        return self.table
+
+
 def _version(t: torch.Tensor) -> int:
     """The tensor's in-place write counter (inference tensors have none: 0)."""
     try:

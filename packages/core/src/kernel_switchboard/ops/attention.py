@@ -46,7 +46,7 @@ from ..capability import bucket
 from ..device import is_capturing
 from ..dispatch import select_kernel
 from ..errors import fail
-from ..paged import FP8_DTYPES, PagedKVCache, PageTable
+from ..paged import FP8_DTYPES, PagedKVCache, PageTable, TokenRows
 from ..variants import BoundVariant, bind
 from ._common import (
     FLOAT_DTYPES,
@@ -618,13 +618,42 @@ def mla_decode(q_nope: _Tensor, q_pe: _Tensor, ckv_pages: _Tensor, kpe_pages: _T
     table of B requests over pages of size S. logits = (q_nope·ckv + q_pe·kpe) * sm_scale; out =
     softmax · ckv, (B, H, Dc) in q's dtype; lse (B, H) float32 when ``return_lse``. ``sm_scale``
     defaults to 1/sqrt(Dc + Dr); DeepSeek models pass their own (1/sqrt(192) times the YaRN mscale²).
+
+    Several new tokens per request (multi-token prediction, speculative verification): q_nope
+    (B, T, H, Dc) and q_pe (B, T, H, Dr) are the queries of each request's T newest tokens, already
+    in the cache at positions seq_len - T ... seq_len - 1, each attending causally; out (B, T, H, Dc),
+    lse (B, T, H). They run as B * T decode rows that share their request's pages
+    (:class:`~kernel_switchboard.paged.TokenRows`); a position below 0 gives an empty row (out 0, lse -inf).
     """
+    if isinstance(q_nope, torch.Tensor) and q_nope.dim() == 4:
+        return _mla_decode_tokens(q_nope, q_pe, ckv_pages, kpe_pages, table, sm_scale, return_lse, backend)
     if compiling():
         out, lse = _mla_op(q_nope, q_pe, ckv_pages, kpe_pages, table.block_table, table.seq_lens, table.max_seq_len,
                            sm_scale, return_lse, backend_to_str(backend))
         return _result(out, lse, return_lse)
     out, lse = _mla_eager(q_nope, q_pe, ckv_pages, kpe_pages, table, sm_scale, return_lse, backend)
     return _result(out, lse, return_lse)
+
+
+def _mla_decode_tokens(q_nope: _Tensor, q_pe: _Tensor, ckv_pages: _Tensor, kpe_pages: _Tensor, table: PageTable,
+                       sm_scale: float | None, return_lse: bool, backend: BackendArg) -> _Tensor | tuple[_Tensor, _Tensor]:
+    """:func:`mla_decode` of T new tokens per request: q_nope (B, T, H, Dc), q_pe (B, T, H, Dr) as B * T rows."""
+    if not (isinstance(q_pe, torch.Tensor) and q_pe.dim() == 4 and q_pe.shape[:3] == q_nope.shape[:3]):
+        got = tuple(q_pe.shape) if isinstance(q_pe, torch.Tensor) else type(q_pe).__name__
+        raise fail("q_pe.shape", got, f"(B, T, H, Dr) with (B, T, H) = {tuple(q_nope.shape[:3])} as in q_nope")
+    if not isinstance(table, PageTable):
+        raise fail("table", type(table).__name__, "a PageTable")
+    b, t, h = q_nope.shape[:3]
+    if table.batch_size != b:
+        raise fail("table.batch_size", table.batch_size, f"{b} = the batch of q_nope (B, T, H, Dc)")
+    if t < 1:
+        raise fail("q_nope.shape", tuple(q_nope.shape), "(B, T, H, Dc) with T >= 1 new tokens per request")
+    rows = TokenRows(table, t, table.max_seq_len).table
+    res = mla_decode(q_nope.reshape(b * t, h, -1), q_pe.reshape(b * t, h, -1), ckv_pages, kpe_pages, rows,
+                     sm_scale=sm_scale, return_lse=return_lse, backend=backend)
+    if return_lse:
+        return res[0].view(b, t, h, -1), res[1].view(b, t, h)
+    return res.view(b, t, h, -1)  # type: ignore[union-attr]
 
 
 def _mla_eager(q_nope: _Tensor, q_pe: _Tensor, ckv_pages: _Tensor, kpe_pages: _Tensor, table: PageTable,

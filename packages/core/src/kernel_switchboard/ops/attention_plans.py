@@ -18,7 +18,7 @@ import torch
 from ..capability import bucket
 from ..dispatch import Selection, select
 from ..errors import fail
-from ..paged import FP8_DTYPES, KV_DTYPES, LAYOUTS, PagedKVCache, PageTable
+from ..paged import FP8_DTYPES, KV_DTYPES, LAYOUTS, PagedKVCache, PageTable, TokenRows
 from ..variants import bind
 from ._common import FLOAT_DTYPES, BackendArg, check_same_device, check_tensor, device_key
 from .attention import (
@@ -243,8 +243,8 @@ class RaggedPrefillPlan:
         for name, t, shape in zip(("q", "k", "v"), (q, k, v), self._expect[:3]):
             if not isinstance(t, torch.Tensor) or t.shape != shape or t.dtype != self.problem.dtype \
                     or t.device != self._expect[3] or t.stride(-1) != 1:
-                got = f"{tuple(t.shape)} {t.dtype} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
-                raise fail(name, got, f"{shape} {self.problem.dtype} on {self._expect[3]}, unit last stride, as planned")
+                raise fail(name, _described(t), f"{shape} {self.problem.dtype} on {self._expect[3]}, unit last stride, "
+                                                "as planned")
         if self._runner is not None:
             out, lse = self._runner.run(q, k, v)
         else:
@@ -312,17 +312,20 @@ class _WrappedMLARun:
 
 class MLADecodePlan:
     """A planned :func:`mla_decode`: ``run(q_nope, q_pe, ckv_pages, kpe_pages)`` with q_nope (B, H, Dc), q_pe
-    (B, H, Dr), ckv_pages (P, S, Dc), kpe_pages (P, S, Dr); one plan per step serves every layer's pages. No host
+    (B, H, Dr) — (B, T, H, Dc) and (B, T, H, Dr) when planned with ``q_len=T`` new tokens per request —,
+    ckv_pages (P, S, Dc), kpe_pages (P, S, Dr); one plan per step serves every layer's pages. No host
     synchronisation (CUDA-graph capturable); ``table``'s tensors are read on the device at every run, so they may
     be updated in place while no sequence exceeds ``params.max_kv_len`` and every page index is below P."""
 
-    __slots__ = ("_expect", "_runner", "params", "problem", "selection", "table")
+    __slots__ = ("_expect", "_rows", "_runner", "params", "problem", "selection", "table")
 
     def __init__(self, problem: MLADecodeProblem, params: AttnParams, selection: Selection, table: PageTable,
-                 runner: Any, batch: int) -> None:
+                 runner: Any, rows: TokenRows | None) -> None:
         self.problem, self.params, self.selection, self.table, self._runner = problem, params, selection, table, runner
+        self._rows = rows
         h, dc, dr = problem.num_q_heads, problem.head_dim, problem.head_dim_pe
-        self._expect = ((batch, h, dc), (batch, h, dr), problem.dtype, table.block_table.device,
+        lead = (table.batch_size,) if rows is None else (table.batch_size, rows.tokens)
+        self._expect = ((*lead, h, dc), (*lead, h, dr), problem.dtype, table.block_table.device,
                         (problem.page_size, dc), (problem.page_size, dr))
 
     @property
@@ -331,42 +334,68 @@ class MLADecodePlan:
 
     def run(self, q_nope: _Tensor, q_pe: _Tensor, ckv_pages: _Tensor, kpe_pages: _Tensor, *,
             out: _Tensor | None = None, lse: _Tensor | None = None) -> _Tensor | tuple[_Tensor, _Tensor]:
-        """out (B, H, Dc) in q's dtype [, lse (B, H) float32]; ``out``/``lse`` may be given to write into."""
+        """out (B, H, Dc) in q's dtype [, lse (B, H) float32] — (B, T, H, Dc) [, (B, T, H)] with ``q_len=T`` —;
+        ``out``/``lse`` of those shapes may be given to write into."""
         qn_shape, qp_shape, dtype, device, ckv_dims, kpe_dims = self._expect
         for name, t, shape in (("q_nope", q_nope, qn_shape), ("q_pe", q_pe, qp_shape)):
             if not (isinstance(t, torch.Tensor) and t.shape == shape and t.dtype == dtype and t.device == device
                     and t.stride(-1) == 1):
-                got = f"{tuple(t.shape)} {t.dtype} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
-                raise fail(name, got, f"{shape} {dtype} on {device}, unit last stride, as planned")
+                raise fail(name, _described(t), f"{shape} {dtype} on {device}, unit last stride, as planned")
         for name, t, dims in (("ckv_pages", ckv_pages, ckv_dims), ("kpe_pages", kpe_pages, kpe_dims)):
             if not (isinstance(t, torch.Tensor) and t.dim() == 3 and t.shape[1:] == dims and t.dtype == dtype
                     and t.device == device and t.stride(-1) == 1 and t.shape[0] == ckv_pages.shape[0]):
-                got = f"{tuple(t.shape)} {t.dtype} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
-                raise fail(name, got, f"(P, {dims[0]}, {dims[1]}) {dtype} on {device}, unit last stride, P as in "
-                                      f"ckv_pages, as planned")
+                raise fail(name, _described(t), f"(P, {dims[0]}, {dims[1]}) {dtype} on {device}, unit last stride, "
+                                                f"P as in ckv_pages, as planned")
+        for name, given, shape, want_dtype in (("out", out, qn_shape, dtype),
+                                               ("lse", lse, qn_shape[:-1], torch.float32)):
+            if given is not None and not (isinstance(given, torch.Tensor) and given.shape == shape
+                                          and given.dtype == want_dtype and given.device == device):
+                raise fail(name, _described(given), f"{shape} {want_dtype} on {device}")
         if out is None:
             out = torch.empty(qn_shape, dtype=dtype, device=device)
         if self.params.return_lse and lse is None:
-            lse = torch.empty(qn_shape[:2], dtype=torch.float32, device=device)
-        self._runner.run(q_nope, q_pe, ckv_pages, kpe_pages, out, lse if self.params.return_lse else None)
+            lse = torch.empty(qn_shape[:-1], dtype=torch.float32, device=device)
+        lse_rows = lse if self.params.return_lse else None
+        if self._rows is None:
+            self._runner.run(q_nope, q_pe, ckv_pages, kpe_pages, out, lse_rows)
+        else:  # T new tokens per request: B * T decode rows over the rows' table, rewritten from ``table`` here
+            self._rows.refresh()
+            rows = qn_shape[0] * qn_shape[1]
+            self._runner.run(_rows_view(q_nope, "q_nope", rows), _rows_view(q_pe, "q_pe", rows), ckv_pages,
+                             kpe_pages, _rows_view(out, "out", rows),
+                             None if lse_rows is None else _rows_view(lse_rows, "lse", rows))
         return (out, lse) if self.params.return_lse else out  # type: ignore[return-value]
 
     def __repr__(self) -> str:
         return f"MLADecodePlan(kernel={self.kernel.id}, problem={self.problem})"
 
 
+def _described(t: Any) -> str:
+    """Shape, dtype and device of a tensor argument (its type's name otherwise), for an error message."""
+    return f"{tuple(t.shape)} {t.dtype} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
+
+
+def _rows_view(t: _Tensor, name: str, rows: int) -> _Tensor:
+    """``t`` (B, T, ...) viewed as (B * T, ...) decode rows, without a copy."""
+    try:
+        return t.view(rows, *t.shape[2:])
+    except RuntimeError:
+        raise fail(name, f"strides {t.stride()}", "(B, T, ...) whose B and T dims merge without a copy") from None
+
+
 def plan_mla_decode(table: PageTable, *, num_heads: int, head_dim_ckv: int, head_dim_kpe: int, dtype: torch.dtype,
-                    page_size: int, sm_scale: float | None = None, return_lse: bool = False,
+                    page_size: int, sm_scale: float | None = None, return_lse: bool = False, q_len: int = 1,
                     max_kv_len: int | None = None, capturable: bool = True,
                     backend: BackendArg = None) -> MLADecodePlan:
     """Plan :func:`mla_decode` for this table: validation, kernel selection and the kernel's own plan (its split
-    schedule and workspace), once per step; every layer then calls ``plan.run`` with its own pages. ``max_kv_len``
-    bounds the sequence lengths the plan will see (default: the table's now); on a GPU the selection requires the
-    ``cuda_graph`` feature unless ``capturable=False``."""
+    schedule and workspace), once per step; every layer then calls ``plan.run`` with its own pages. ``q_len``: new
+    tokens per request (multi-token prediction, speculative verification; queries (B, q_len, H, D) as in
+    :func:`mla_decode`). ``max_kv_len`` bounds the sequence lengths the plan will see (default: the table's now);
+    on a GPU the selection requires the ``cuda_graph`` feature unless ``capturable=False``."""
     if not isinstance(table, PageTable):
         raise fail("table", type(table).__name__, "a PageTable")
     for name, value in (("num_heads", num_heads), ("head_dim_ckv", head_dim_ckv), ("head_dim_kpe", head_dim_kpe),
-                        ("page_size", page_size)):
+                        ("page_size", page_size), ("q_len", q_len)):
         if not (isinstance(value, int) and value >= 1):
             raise fail(name, value, "a positive int")
     if dtype not in FLOAT_DTYPES:
@@ -376,10 +405,12 @@ def plan_mla_decode(table: PageTable, *, num_heads: int, head_dim_ckv: int, head
     device = table.block_table.device
     dev, cc = device_key(table.block_table)
     feats = _features(("paged",), p, False, False, dev) | _plan_extra(device, capturable)
-    b = table.batch_size
+    rows = TokenRows(table, q_len, max_kv_len) if q_len > 1 else None
+    kernel_table = table if rows is None else rows.table
     problem = MLADecodeProblem(dev, cc, dtype, dtype, head_dim_ckv, head_dim_ckv, head_dim_kpe, page_size, None,
-                               num_heads, 1, num_heads, bucket(b), bucket(max_kv_len), feats)
+                               num_heads, 1, num_heads, bucket(kernel_table.batch_size), bucket(max_kv_len), feats)
     selection = select("attention.mla_decode", problem, backend)
     kernel = selection.kernel
-    runner = kernel.plan(problem, table, p) if kernel.plan is not None else _WrappedMLARun(kernel.run, table, p)
-    return MLADecodePlan(problem, p, selection, table, runner, b)
+    runner = (kernel.plan(problem, kernel_table, p) if kernel.plan is not None
+              else _WrappedMLARun(kernel.run, kernel_table, p))
+    return MLADecodePlan(problem, p, selection, table, runner, rows)

@@ -240,8 +240,9 @@ def write_positions(cache: PagedKVCache, table: PageTable, request: int, start: 
 
 
 def mla_case(dtype: torch.dtype, kv_lens: tuple[int, ...], heads: int, page_size: int, device: torch.device | str,
-             lse: bool = False, seed: int | torch.Generator = 0, dc: int = 512, dr: int = 64) -> Case:
-    """Latent pages whose unwritten slots hold NaN: a kernel must never let them reach the output."""
+             lse: bool = False, seed: int | torch.Generator = 0, dc: int = 512, dr: int = 64, q_len: int = 1) -> Case:
+    """Latent pages whose unwritten slots hold NaN: a kernel must never let them reach the output. ``q_len`` > 1:
+    queries (B, q_len, H, D), each request's newest tokens (multi-token prediction)."""
     g = generator(seed)
     block_table, seq_lens, num_pages = page_table(g, kv_lens, page_size)
     unused = unwritten_slots(block_table, seq_lens, num_pages, page_size)[:, :, None]
@@ -249,13 +250,15 @@ def mla_case(dtype: torch.dtype, kv_lens: tuple[int, ...], heads: int, page_size
     kpe = torch.randn(num_pages, page_size, dr, generator=g, device=g.device).masked_fill_(unused, float("nan"))
     ckv, kpe = ckv.to(device, dtype), kpe.to(device, dtype)
     b = len(kv_lens)
-    q_nope = torch.randn(b, heads, dc, generator=g, device=g.device).to(device, dtype)
-    q_pe = torch.randn(b, heads, dr, generator=g, device=g.device).to(device, dtype)
+    lead = (b, heads) if q_len == 1 else (b, q_len, heads)
+    q_nope = torch.randn(*lead, dc, generator=g, device=g.device).to(device, dtype)
+    q_pe = torch.randn(*lead, dr, generator=g, device=g.device).to(device, dtype)
     table = PageTable(block_table.to(device), seq_lens.to(device))
     kw: dict[str, Any] = {"sm_scale": 1.0 / math.sqrt(192)}
     if lse:
         kw["return_lse"] = True
-    tag = f"mla-{_SHORT[dtype]}-p{page_size}-h{heads}-b{b}-L{max(kv_lens, default=0)}" + ("-lse" if lse else "")
+    tag = (f"mla-{_SHORT[dtype]}-p{page_size}-h{heads}-b{b}-L{max(kv_lens, default=0)}" + ("-lse" if lse else "")
+           + (f"-t{q_len}" if q_len > 1 else ""))
     return Case("attention.mla_decode", tag, (q_nope, q_pe, ckv, kpe, table), kw, dtype)
 
 
@@ -430,7 +433,7 @@ def example(op: str, device: torch.device | str = "cpu", **shape: Any) -> Case:
     q_heads = int(shape.get("q_heads", shape.get("num_q_heads", shape.get("num_heads", 0)))) or None
     if op == "attention.mla_decode":
         return mla_case(dtype, (kv_len,) * batch, q_heads or 128, int(shape.get("page_size", 64)), device, lse, g,
-                        int(shape.get("head_dim", 512)), int(shape.get("head_dim_pe", 64)))
+                        int(shape.get("head_dim", 512)), int(shape.get("head_dim_pe", 64)), int(shape.get("q_len", 1)))
     if op == "attention.merge_states":
         return merge_case(dtype, int(shape.get("tokens", batch)), q_heads or 32, int(shape.get("head_dim", 128)), device,
                           g)
