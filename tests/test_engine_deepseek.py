@@ -108,6 +108,32 @@ def test_mixed_step_and_shared_prefix(hf: torch.nn.Module) -> None:
     torch.testing.assert_close(out[1:], hf_logits(hf, seq_b)[shared:], **TOL)
 
 
+@torch.no_grad()
+def test_few_new_tokens_after_a_history_take_the_absorbed_path(hf: torch.nn.Module) -> None:
+    """Speculative verification rows (three new tokens after a history) run absorbed, as (B, T, H, R) MLA decode,
+    beside a one-token decode row and a fresh prefill in the same step; every logit as transformers'."""
+    from kernel_switchboard.engine.deepseek import _plan_rows
+
+    model = DeepseekModel(deepseek_from_hf(hf))
+    hist_a, hist_b, fresh = _prompts((7, 5, 6), seed=8)
+    tables = BlockTables(num_pages=32, page_size=4)
+    cache = model.new_cache(32, 4)
+    for rid, seq in (("a", hist_a), ("b", hist_b)):
+        tables.extend(rid, len(seq))
+        model.forward(build_batch(tables, [rid], [seq], ["last"]), cache)
+    new_a, new_b = [3, 9, 27], [4]
+    tables.extend("a", 3)
+    tables.extend("b", 1)
+    tables.extend("c", len(fresh))
+    batch = build_batch(tables, ["a", "b", "c"], [new_a, new_b, fresh], ["all", "last", "all"])
+    groups, prefill = _plan_rows(batch, 4)
+    assert sorted(g.tokens for g in groups) == [1, 3] and prefill is not None
+    out = model.forward(batch, cache)
+    torch.testing.assert_close(out[:3], hf_logits(hf, hist_a + new_a)[-3:], **TOL)
+    torch.testing.assert_close(out[3], hf_logits(hf, hist_b + new_b)[-1], **TOL)
+    torch.testing.assert_close(out[4:], hf_logits(hf, fresh), **TOL)
+
+
 def test_presets_are_the_specs_of_their_transformers_configs() -> None:
     from kernel_switchboard.engine.synthetic import DEEPSEEK_PRESETS, LLAMA_PRESETS
     from kernel_switchboard.engine.tiny import hf_overrides

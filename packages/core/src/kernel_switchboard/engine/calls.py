@@ -160,11 +160,12 @@ def plan_prefill(qo_indptr: torch.Tensor, cache: ksb.PagedKVCache, table: ksb.Pa
 
 
 def plan_mla_decode(table: ksb.PageTable, num_heads: int, head_dim_ckv: int, head_dim_kpe: int, dtype: torch.dtype,
-                    page_size: int, sm_scale: float, max_kv_len: int | None = None, capturable: bool = False) -> Any:
+                    page_size: int, sm_scale: float, max_kv_len: int | None = None, capturable: bool = False,
+                    q_len: int = 1) -> Any:
     """One ``attention.plan_mla_decode`` per step, run by every layer with its own latent pages."""
     return ksb.attention.plan_mla_decode(table, num_heads=num_heads, head_dim_ckv=head_dim_ckv,
                                          head_dim_kpe=head_dim_kpe, dtype=dtype, page_size=page_size,
-                                         sm_scale=sm_scale, max_kv_len=max_kv_len, capturable=capturable)
+                                         sm_scale=sm_scale, max_kv_len=max_kv_len, capturable=capturable, q_len=q_len)
 
 
 def plan_prefill_ragged(qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, num_heads: int, head_dim: int,

@@ -5,7 +5,9 @@ MLA keeps one latent KV "head" per token in the paged cache: ``ckv`` (R = kv_lor
 
 - Decode (one new token per request), absorbed: ``q_nope`` is folded through ``W_UK`` into the
   latent space (``gemm.grouped_mm`` per head), ``attention.mla_decode`` attends over the latent
-  pages, and ``W_UV`` maps the latent output back to ``v_head_dim`` per head.
+  pages, and ``W_UV`` maps the latent output back to ``v_head_dim`` per head. Requests with a few
+  new tokens after a history (speculative verification: up to ``ABSORBED_NEW_TOKENS``, one count
+  per step) take the same path, with ``attention.mla_decode`` of (B, T, H, R) queries.
 - Prefill chunks, non-absorbed: the request's latent tokens (cached prefix + new) are read from
   the pages, expanded by ``kv_b_proj`` (``gemm.mm``) into per-head K (nope | rope) and V, and
   ``attention.prefill_ragged`` runs causal attention with head_dim nope+rope and head_dim_v v.
@@ -48,13 +50,18 @@ class MLACache:
         return self.ckv.shape[1]
 
 
+#: requests with at most this many new tokens after a history take the absorbed path (speculative verification)
+ABSORBED_NEW_TOKENS = 8
+
+
 @dataclass
 class _DecodeRows:
-    """Requests of a step on the absorbed decode path: their token rows and page table."""
+    """Requests of a step on the absorbed decode path, ``tokens`` new tokens each: their token rows and page table."""
 
-    rows: torch.Tensor | None  # (Bd,) int64 token rows; None = every row of the step
+    rows: torch.Tensor | None  # (Bd * tokens,) int64 token rows, request by request; None = every row of the step
     table: PageTable
     plan: Any = None  # the step's attention.plan_mla_decode, made once and run by every layer (None: eager calls)
+    tokens: int = 1
 
 
 @dataclass
@@ -69,22 +76,32 @@ class _PrefillRows:
     plan: Any = None  # the step's attention.plan_prefill_ragged, made once and run by every layer
 
 
-def _plan_rows(batch: StepBatch, page_size: int) -> tuple[_DecodeRows | None, _PrefillRows | None]:
-    """Split a step's requests into the decode and prefill paths (host lists only, no device reads)."""
+def _plan_rows(batch: StepBatch, page_size: int) -> tuple[list[_DecodeRows], _PrefillRows | None]:
+    """Split a step's requests into the absorbed groups (one new token; a few after a history, one count per
+    step) and the prefill path (host lists only, no device reads)."""
     dev = batch.token_ids.device
     starts = [0]
     for n in batch.qo_lens:
         starts.append(starts[-1] + n)
     dec = [b for b, n in enumerate(batch.qo_lens) if n == 1 and batch.seq_lens[b] > 1]
-    pre = [b for b in range(len(batch.qo_lens)) if b not in set(dec)]
+    few = [b for b, n in enumerate(batch.qo_lens) if 1 < n <= ABSORBED_NEW_TOKENS and batch.seq_lens[b] > n]
+    if len({batch.qo_lens[b] for b in few}) > 1:  # several counts in one step: those requests prefill
+        few = []
+    absorbed = set(dec) | set(few)
+    pre = [b for b in range(len(batch.qo_lens)) if b not in absorbed]
+    if not pre and not few:
+        return [_DecodeRows(None, batch.table)], None
+    groups = []
+    for members in (dec, few):
+        if members:
+            tokens = batch.qo_lens[members[0]]
+            idx = torch.tensor(members, dtype=torch.int64).to(dev)
+            table = PageTable(batch.table.block_table[idx].contiguous(), batch.table.seq_lens[idx].contiguous(),
+                              max_seq_len=max(batch.seq_lens[b] for b in members))
+            rows = torch.tensor([starts[b] + i for b in members for i in range(tokens)], dtype=torch.int64).to(dev)
+            groups.append(_DecodeRows(rows, table, tokens=tokens))
     if not pre:
-        return _DecodeRows(None, batch.table), None
-    decode = None
-    if dec:
-        idx = torch.tensor(dec, dtype=torch.int64).to(dev)
-        table = PageTable(batch.table.block_table[idx].contiguous(), batch.table.seq_lens[idx].contiguous(),
-                          max_seq_len=max(batch.seq_lens[b] for b in dec))
-        decode = _DecodeRows(torch.tensor([starts[b] for b in dec], dtype=torch.int64).to(dev), table)
+        return groups, None
     tok_rows: list[int] = []
     qo, kv = [0], [0]
     pages: list[int] = []
@@ -102,7 +119,7 @@ def _plan_rows(batch: StepBatch, page_size: int) -> tuple[_DecodeRows | None, _P
 
     prefill = _PrefillRows(t(tok_rows, torch.int64), t(qo, torch.int32), t(kv, torch.int32), t(pages, torch.int64),
                            t(slots, torch.int64))
-    return decode, prefill
+    return groups, prefill
 
 
 class DeepseekModel(PagedModel):
@@ -123,17 +140,17 @@ class DeepseekModel(PagedModel):
     # -- steps -------------------------------------------------------------------------------------
     def forward(self, batch: StepBatch, cache: MLACache) -> torch.Tensor:
         """Logits (N, vocab) of ``batch.logits_indices`` after writing the step's latents into ``cache``."""
-        decode, prefill = _plan_rows(batch, cache.page_size)
+        groups, prefill = _plan_rows(batch, cache.page_size)
         s = self.spec
-        if decode is not None:  # one plan for every layer: validation, selection and the split schedule, once
-            decode = replace(decode, plan=calls.plan_mla_decode(decode.table, s.num_heads, s.kv_lora_rank,
-                                                                s.qk_rope_head_dim, self.dtype, cache.page_size,
-                                                                s.sm_scale))
+        # one plan per absorbed group for every layer: validation, selection and the split schedule, once
+        groups = [replace(g, plan=calls.plan_mla_decode(g.table, s.num_heads, s.kv_lora_rank, s.qk_rope_head_dim,
+                                                        self.dtype, cache.page_size, s.sm_scale, q_len=g.tokens))
+                  for g in groups]
         if prefill is not None:  # one plan for every layer: the step's indptrs are read back once
             prefill = replace(prefill, plan=calls.plan_prefill_ragged(
                 prefill.qo_indptr, prefill.kv_indptr, s.num_heads, s.qk_nope_head_dim + s.qk_rope_head_dim,
                 s.v_head_dim, self.dtype, s.sm_scale))
-        rows = (decode, prefill)
+        rows = (groups, prefill)
         bidx = None if batch.is_decode else batch.batch_indices
         h = self._layers(batch.token_ids, batch.positions, bidx, batch.table, cache, rows, not batch.is_decode)
         return calls.mm(h[batch.logits_indices], self.w.lm_head)
@@ -145,13 +162,13 @@ class DeepseekModel(PagedModel):
         ``plan``: an ``attention.plan_mla_decode`` plan of ``table`` (CUDA-graph mode) that every layer runs; without
         one each layer calls ``attention.mla_decode`` (what ``torch.compile`` traces).
         """
-        rows = (_DecodeRows(None, table, plan), None)
+        rows = ([_DecodeRows(None, table, plan)], None)
         h = self._layers(token_ids, positions, None, table, cache, rows, False)
         return calls.mm(h, self.w.lm_head)
 
     # -- layers ------------------------------------------------------------------------------------
     def _layers(self, token_ids: torch.Tensor, positions: torch.Tensor, batch_indices: torch.Tensor | None,
-                table: PageTable, cache: MLACache, rows: tuple[_DecodeRows | None, _PrefillRows | None],
+                table: PageTable, cache: MLACache, rows: tuple[list[_DecodeRows], _PrefillRows | None],
                 check: bool) -> torch.Tensor:
         eps = self.spec.rms_eps
         x = self.w.embed[token_ids]
@@ -182,7 +199,7 @@ class DeepseekModel(PagedModel):
 
     def _attention(self, layer: MLALayer, h: torch.Tensor, positions: torch.Tensor, batch_indices: torch.Tensor | None,
                    table: PageTable, ckv_pages: torch.Tensor, kpe_pages: torch.Tensor,
-                   rows: tuple[_DecodeRows | None, _PrefillRows | None], check: bool) -> torch.Tensor:
+                   rows: tuple[list[_DecodeRows], _PrefillRows | None], check: bool) -> torch.Tensor:
         s = self.spec
         t, nh, nope, dr, r, dv = h.shape[0], s.num_heads, s.qk_nope_head_dim, s.qk_rope_head_dim, s.kv_lora_rank, s.v_head_dim
         if layer.w_q is not None:
@@ -199,27 +216,31 @@ class DeepseekModel(PagedModel):
         kpe = kpe.view(t, dr)
         calls.append_mla(ckv, kpe, ckv_pages, kpe_pages, table, positions, batch_indices, check)
         q_nope = q[:, :, :nope]
-        decode, prefill = rows
-        if prefill is None and decode is not None and decode.rows is None:  # every row decodes
-            out = self._absorbed(layer, q_nope, q_pe, ckv_pages, kpe_pages, decode)
+        groups, prefill = rows
+        if prefill is None and len(groups) == 1 and groups[0].rows is None:  # every row decodes
+            out = self._absorbed(layer, q_nope, q_pe, ckv_pages, kpe_pages, groups[0])
         else:
             out = torch.empty(t, nh, dv, dtype=h.dtype, device=h.device)
-            if decode is not None and decode.rows is not None:
-                d = decode.rows
-                out[d] = self._absorbed(layer, q_nope[d], q_pe[d], ckv_pages, kpe_pages, decode)
+            for g in groups:
+                assert g.rows is not None  # (None only when one group holds every row, above)
+                out[g.rows] = self._absorbed(layer, q_nope[g.rows], q_pe[g.rows], ckv_pages, kpe_pages, g)
             if prefill is not None:
                 out[prefill.rows] = self._expanded(layer, q_nope, q_pe, ckv_pages, kpe_pages, prefill)
         return calls.mm(out.reshape(t, nh * dv), layer.w_o)
 
     def _absorbed(self, layer: MLALayer, q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_pages: torch.Tensor,
                   kpe_pages: torch.Tensor, rows: _DecodeRows) -> torch.Tensor:
-        """Absorbed MLA decode of B single tokens: (B, H, v)."""
-        q_lat = calls.bmm(q_nope.transpose(0, 1), layer.w_uk).transpose(0, 1).contiguous()  # (B, H, R)
+        """Absorbed MLA decode of the group's N = B * tokens rows, request by request: (N, H, v)."""
+        q_lat = calls.bmm(q_nope.transpose(0, 1), layer.w_uk).transpose(0, 1).contiguous()  # (N, H, R)
+        n, h = q_lat.shape[:2]
+        if rows.tokens > 1:  # (B, T, H, .): each request's new tokens, causal among themselves
+            q_lat = q_lat.view(-1, rows.tokens, h, q_lat.shape[-1])
+            q_pe = q_pe.reshape(-1, rows.tokens, h, q_pe.shape[-1])
         if rows.plan is not None:
             lat = calls.run_plan(rows.plan, q_lat, q_pe.contiguous(), ckv_pages, kpe_pages)
         else:
             lat = calls.mla_decode(q_lat, q_pe.contiguous(), ckv_pages, kpe_pages, rows.table, self.spec.sm_scale)
-        return calls.bmm(lat.transpose(0, 1), layer.w_uv).transpose(0, 1)  # (B, H, v)
+        return calls.bmm(lat.reshape(n, h, -1).transpose(0, 1), layer.w_uv).transpose(0, 1)  # (N, H, v)
 
     def _expanded(self, layer: MLALayer, q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_pages: torch.Tensor,
                   kpe_pages: torch.Tensor, rows: _PrefillRows) -> torch.Tensor:
