@@ -94,7 +94,8 @@ def _in_turn(workload: str, impl: str, run: Callable[[], Any], anchor: str, anch
     try:
         ratios = []
         for _ in range(rounds):
-            ratios.append(median_ms(anchor_run, rep_ms=window_ms, warmup=5) / median_ms(run, rep_ms=window_ms, warmup=5))
+            anchor_ms = median_ms(anchor_run, rep_ms=window_ms, warmup=5)
+            ratios.append(anchor_ms / median_ms(run, rep_ms=window_ms, warmup=5))
         ratios.sort()
         row.update(ratio=round(ratios[len(ratios) // 2], 3), ratio_low=round(ratios[0], 3),
                    ratio_high=round(ratios[-1], 3))

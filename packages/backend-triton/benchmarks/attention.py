@@ -252,7 +252,8 @@ def _mla_point(dev: torch.device, g: torch.Generator, sweep: bool, batch: int = 
         if base.gluon_ws and heads > 64 and gluon_clusters():  # 2-CTA clusters sharing each tile (Triton >= 3.9)
             cfgs += [base._replace(cluster=True, num_splits=s) for s in sorted({1, base.num_splits, *splits})]
         if heads < 64 and gluon_hopper(dev):  # the warp-specialised kernel's 64-row tiles, the heads' rows valid
-            padded = base._replace(block_h=64, block_n=64, num_warps=8, num_stages=2, tma=True, gluon=True, gluon_ws=True)
+            padded = base._replace(block_h=64, block_n=64, num_warps=8, num_stages=2, tma=True, gluon=True,
+                                   gluon_ws=True)
             cfgs += [padded._replace(num_splits=s) for s in sorted({1, base.num_splits, *splits})]
     rows = []
     for i, cfg in enumerate(cfgs):

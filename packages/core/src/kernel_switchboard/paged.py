@@ -213,7 +213,7 @@ class PageTable:
 
 
 class TokenRows:
-    """The page table of ``tokens`` query rows per request of ``table``: attention of each request's ``tokens``
+    """The page table of ``tokens`` query rows per request of ``source``: attention of each request's ``tokens``
     newest tokens (multi-token prediction, speculative verification) run as single-token decode rows. Row
     ``b * tokens + i`` is request ``b`` up to its token ``seq_len - tokens + i``, so each new token sees the ones
     before it; a row before the request's first token is empty (length 0). ``table`` is the result
@@ -226,7 +226,8 @@ class TokenRows:
         batch, pages = source.block_table.shape
         device = source.block_table.device
         self.source, self.tokens = source, tokens
-        self._back = torch.arange(tokens - 1, -1, -1, dtype=torch.int32, device=device)  # each row's distance to the newest
+        # how far each row's last token sits behind the request's newest
+        self._back = torch.arange(tokens - 1, -1, -1, dtype=torch.int32, device=device)
         self.table = PageTable(torch.empty(batch * tokens, pages, dtype=torch.int32, device=device),
                                torch.empty(batch * tokens, dtype=torch.int32, device=device), max_seq_len=max_seq_len)
         self.refresh()

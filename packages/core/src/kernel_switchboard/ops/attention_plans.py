@@ -355,15 +355,15 @@ class MLADecodePlan:
             out = torch.empty(qn_shape, dtype=dtype, device=device)
         if self.params.return_lse and lse is None:
             lse = torch.empty(qn_shape[:-1], dtype=torch.float32, device=device)
-        lse_rows = lse if self.params.return_lse else None
+        lse_out = lse if self.params.return_lse else None
         if self._rows is None:
-            self._runner.run(q_nope, q_pe, ckv_pages, kpe_pages, out, lse_rows)
+            self._runner.run(q_nope, q_pe, ckv_pages, kpe_pages, out, lse_out)
         else:  # T new tokens per request: B * T decode rows over the rows' table, rewritten from ``table`` here
             self._rows.refresh()
             rows = qn_shape[0] * qn_shape[1]
             self._runner.run(_rows_view(q_nope, "q_nope", rows), _rows_view(q_pe, "q_pe", rows), ckv_pages,
                              kpe_pages, _rows_view(out, "out", rows),
-                             None if lse_rows is None else _rows_view(lse_rows, "lse", rows))
+                             None if lse_out is None else _rows_view(lse_out, "lse", rows))
         return (out, lse) if self.params.return_lse else out  # type: ignore[return-value]
 
     def __repr__(self) -> str:
