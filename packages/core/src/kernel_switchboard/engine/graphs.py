@@ -156,10 +156,8 @@ class DecodeRunner:
                                               head_dim=s.head_dim, dtype=model.dtype, layout="NHD",
                                               page_size=self.tables.page_size, sm_scale=s.sm_scale, max_kv_len=max_kv)
         else:
-            slot.plan = attention.plan_mla_decode(slot.table, num_heads=s.num_heads, head_dim_ckv=s.kv_lora_rank,
-                                                  head_dim_kpe=s.qk_rope_head_dim, dtype=model.dtype,
-                                                  page_size=self.tables.page_size, sm_scale=s.sm_scale,
-                                                  max_kv_len=max_kv)
+            slot.plan = calls.plan_mla_decode(slot.table, s.num_heads, s.kv_lora_rank, s.qk_rope_head_dim, model.dtype,
+                                              self.tables.page_size, s.sm_scale, max_kv_len=max_kv, capturable=True)
         # warm up on a side stream (first-call table builds, lazy inits), then capture
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
