@@ -23,12 +23,13 @@ timed; a failure becomes a row with ``error``, never an exception. Rows:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -42,7 +43,7 @@ ROWS: list[dict[str, Any]] = []
 FULL = {"n": 8192, "experts": 256, "hidden": 7168, "inter": 2048, "tokens": 4096, "top_k": 8}
 SMOKE = {"n": 128, "experts": 4, "hidden": 128, "inter": 64, "tokens": 16, "top_k": 2}
 #: fp8 block-scaled tiles forced besides the shape's default (``configs.FP8_BLOCK_TILES``)
-FP8_BLOCK_CANDIDATES = ("coop", "coop_c1x1")
+FP8_BLOCK_CANDIDATES = ("coop", "coop_c1x1", "coop_c2x1_ovl")
 
 
 def _sync() -> None:
@@ -58,44 +59,53 @@ def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
 def _row(workload: str, impl: str, config: str, run: Callable[[], torch.Tensor], want: torch.Tensor | None,
          flops: float, env: dict[str, str] | None = None, max_err: float = 2e-2) -> dict[str, Any]:
     row: dict[str, Any] = {"workload": workload, "impl": impl, "config": config}
-    saved = {k: os.environ.get(k) for k in (env or {})}
-    os.environ.update(env or {})
     try:
-        t0 = time.perf_counter()
-        out = run()
-        _sync()
-        row["first_call_s"] = round(time.perf_counter() - t0, 2)
-        if want is not None:
-            row["rel_err"] = _rel_err(out, want)
-            if not math.isfinite(row["rel_err"]) or row["rel_err"] > max_err:
-                raise AssertionError(f"relative error {row['rel_err']:.3g} against the float32 product")
-        ms = median_ms(run, rep_ms=200, warmup=25)
+        with _env(env):
+            t0 = time.perf_counter()
+            out = run()
+            _sync()
+            row["first_call_s"] = round(time.perf_counter() - t0, 2)
+            if want is not None:
+                row["rel_err"] = _rel_err(out, want)
+                if not math.isfinite(row["rel_err"]) or row["rel_err"] > max_err:
+                    raise AssertionError(f"relative error {row['rel_err']:.3g} against the float32 product")
+            ms = median_ms(run, rep_ms=200, warmup=25)
         row.update(ms=round(ms, 4), tflop_s=round(flops / (ms * 1e-3) / 1e12, 1))
     except Exception as exc:  # one failing point never stops the others
         row["error"] = f"{type(exc).__name__}: {str(exc)[:400]}"
+    print(row, flush=True)
+    ROWS.append(row)
+    return row
+
+
+@contextlib.contextmanager
+def _env(env: dict[str, str] | None) -> Iterator[None]:
+    """Environment variables set for the block (a forced CUTLASS tile), restored after it."""
+    saved = {k: os.environ.get(k) for k in (env or {})}
+    os.environ.update(env or {})
+    try:
+        yield
     finally:
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    print(row, flush=True)
-    ROWS.append(row)
-    return row
 
 
 def _in_turn(workload: str, impl: str, run: Callable[[], Any], anchor: str, anchor_run: Callable[[], Any],
-             rounds: int = 7, window_ms: float = 50.0) -> None:
+             rounds: int = 7, window_ms: float = 50.0, env: dict[str, str] | None = None) -> None:
     """A target ratio of issue 10 measured in turn: ``run`` and ``anchor_run`` alternate for ``rounds`` rounds of
     ``window_ms`` each, and the row's ``ratio`` is the median of the rounds' anchor ms / ms (with the lowest and
     highest). Clocks drift during a long GEMM run: timed minutes apart, one fp8 kernel measured 0.84-0.97x of its
-    anchor over runs 21-23; timed in turn, a drift moves both alike."""
+    anchor over runs 21-23; timed in turn, a drift moves both alike. ``env`` is set for both (a forced tile)."""
     row: dict[str, Any] = {"workload": workload, "impl": f"{impl} / {anchor}", "config": f"in turn, {rounds} rounds"}
     try:
         ratios = []
-        for _ in range(rounds):
-            anchor_ms = median_ms(anchor_run, rep_ms=window_ms, warmup=5)
-            ratios.append(anchor_ms / median_ms(run, rep_ms=window_ms, warmup=5))
+        with _env(env):
+            for _ in range(rounds):
+                anchor_ms = median_ms(anchor_run, rep_ms=window_ms, warmup=5)
+                ratios.append(anchor_ms / median_ms(run, rep_ms=window_ms, warmup=5))
         ratios.sort()
         row.update(ratio=round(ratios[len(ratios) // 2], 3), ratio_low=round(ratios[0], 3),
                    ratio_high=round(ratios[-1], 3))
@@ -211,6 +221,10 @@ def bench_gemm(device: torch.device | str = "cuda", sizes: dict[str, int] | None
              lambda: torch._scaled_mm(qa_t, qb_t, scale_a=sa_t, scale_b=sb_t, out_dtype=torch.bfloat16))
     _in_turn(w, "cutlass block", block, "triton block",
              lambda: ksb.gemm.mm_fp8(qa_b, qb_b, sa_b, sb_b, backend="triton"))
+    # the candidate with its promotion overlapped (overlap_promotion.hpp) against the same anchor
+    _in_turn(w, "cutlass block tile=coop_c2x1_ovl", block, "torch._scaled_mm per-tensor (cuBLAS)",
+             lambda: torch._scaled_mm(qa_t, qb_t, scale_a=sa_t, scale_b=sb_t, out_dtype=torch.bfloat16),
+             env={"KSB_CUTLASS_FP8_BLOCK_TILE": "coop_c2x1_ovl"})
 
     w = f"grouped mm {experts}x{hidden}->{inter}, {tokens} tok top-{top_k}"
     gflops = 2.0 * tokens * top_k * hidden * inter

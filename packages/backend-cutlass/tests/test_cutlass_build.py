@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -57,3 +58,18 @@ def test_compile_one_gemm_then_hit_the_disk_cache(monkeypatch, tmp_path: Path) -
     assert build.compile_config(cfg).so == art.so
     assert build.compile_many([cfg, cfg]) == [art]
     assert sorted(p.suffix for p in art.so.parent.iterdir()) == [".cu", ".json", ".so"]  # no temporary leftovers
+
+
+def test_overlapped_promotion_compiles_without_spills(monkeypatch, tmp_path: Path) -> None:
+    """The fp8 block kernel with its own mainloop (``overlap_promotion.hpp``: a second temporary accumulator per
+    thread) builds for sm_90a with no register spills and its wgmma pipeline intact (ptxas's report, in the
+    build record). Its numbers are checked by the GPU tests (``test_mm_fp8_block_forced_tile``)."""
+    monkeypatch.setenv("KSB_CUTLASS_CACHE", str(tmp_path / "cache"))
+    build.forget()
+    cfg = configs.fp8_block_config("bf16", 4096, "coop_c2x1_ovl")
+    art = build.compile_config(cfg)
+    meta = json.loads(art.meta.read_text())
+    assert re.search(r"Used \d+ registers", meta["log_tail"]), meta["log_tail"]  # ptxas -v reported on the kernel
+    assert meta["spill_bytes"] == 0 and meta["serialized_wgmma"] is False, meta["log_tail"]
+    assert "struct OverlappedPromotion" in art.so.with_suffix(".cu").read_text()
+    assert hasattr(ctypes.CDLL(str(art.so)), "ksb_gemm_block")

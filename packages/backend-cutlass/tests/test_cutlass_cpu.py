@@ -162,10 +162,12 @@ def test_cost_is_infinite_off_the_gpu_and_grows_with_size() -> None:
 def test_config_names_are_unique_and_readable() -> None:
     cfgs = [c for la in ("row", "col") for lb in ("row", "col") for c in configs.mm_configs("bf16", la, lb)]
     cfgs += [configs.fp8_block_config("bf16", m) for m in (16, 4096)] + [configs.fp8_tensor_config("fp32", 16)]
+    cfgs += [configs.fp8_block_config("bf16", 4096, role) for role in configs.FP8_BLOCK_TILES]
     cfgs += [configs.grouped_config("fp16", "col")]
     names = [c.name for c in cfgs]
-    assert len(set(names)) == len(names)
+    assert len(set(names)) == len(set(cfgs))
     assert "mm_bf16_bf16_rc_128x256x64_c2x1_coop" in names
+    assert "mm_fp8_block_e4m3_bf16_rc_128x128x128_c2x1_coop_ovl" in names
 
 
 def test_tile_choice_by_shape(monkeypatch) -> None:
@@ -193,6 +195,7 @@ def test_tile_choice_by_shape(monkeypatch) -> None:
     ({"dtype": "e4m3", "layout_b": "row"}, "K-major"),
     ({"kind": "conv"}, "kind='conv'"),
     ({"out_dtype": "e4m3"}, "output one of"),
+    ({"overlap_promotion": True}, "overlap_promotion: only for kind 'mm_fp8_block'"),
 ])
 def test_invalid_configs_raise(change: dict[str, object], words: str) -> None:
     base = dict(kind="mm", dtype="bf16", out_dtype="bf16", layout_a="row", layout_b="col", tile=(128, 128, 64),
@@ -206,6 +209,7 @@ def test_invalid_configs_raise(change: dict[str, object], words: str) -> None:
     configs.mm_config("bf16", "col", "row", 8192, 8192),
     configs.mm_config("fp16", "row", "col", 16, 512),
     configs.fp8_block_config("bf16", 4096),
+    configs.fp8_block_config("bf16", 4096, "coop_c2x1_ovl"),
     configs.fp8_tensor_config("fp32", 8),
     configs.grouped_config("bf16", "col"),
 ], ids=lambda c: c.name)
@@ -221,6 +225,9 @@ def test_emitted_source_is_complete_and_matches_the_config(cfg: configs.GemmConf
     assert f"using LayoutB = cutlass::layout::{layout_b};" in src
     if cfg.kind == "mm_fp8_block":
         assert "FP8Blockwise" in src and "Sm90BlockwiseScaleConfig<1, 128, 128" in src
+        mainloop = "ksb::OverlappedPromotion<BuiltMainloop>" if cfg.overlap_promotion else "BuiltMainloop"
+        assert f"using CollectiveMainloop = {mainloop};" in src
+        assert ("struct OverlappedPromotion" in src) == cfg.overlap_promotion
     if cfg.kind == "mm_fp8_tensor":
         assert "alpha_ptr = alpha_ptr" in src
 
@@ -332,6 +339,15 @@ def test_grouped_keeps_column_major_experts_in_place() -> None:
 
 
 # -- the build cache without compiling ---------------------------------------------------------------------
+def test_spill_bytes_add_up_over_the_kernels_of_a_build_log() -> None:
+    log = ("ptxas info    : Compiling entry function 'fill_groups' for 'sm_90a'\n"
+           "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+           "ptxas info    : Compiling entry function 'gemm' for 'sm_90a'\n"
+           "    24 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads\n")
+    assert build.spill_bytes(log) == 20
+    assert build.spill_bytes("") == 0
+
+
 def test_cache_key_changes_with_the_toolchain(monkeypatch, tmp_path: Path) -> None:
     if toolchain.missing_nvcc() or toolchain.missing_headers():
         pytest.skip(f"needs nvcc and CUTLASS headers: {toolchain.missing_nvcc() or toolchain.missing_headers()}")
@@ -360,7 +376,7 @@ def test_benchmark_smoke() -> None:
     assert torch_rows and all("tflop_s" in r and r["rel_err"] < 1e-2 for r in torch_rows), torch_rows
     assert all("error" in r for r in rows if r["impl"] == "cutlass" and r["workload"] != "build")
     in_turn = [r for r in rows if r["config"].startswith("in turn")]
-    assert len(in_turn) == 5 and all("error" in r for r in in_turn)  # each pair has a CUTLASS side
+    assert len(in_turn) == 6 and all("error" in r for r in in_turn)  # each pair has a CUTLASS side
 
 
 # -- the C ABI: emitted signatures, ctypes declarations and Python arguments agree ---------------------------

@@ -99,14 +99,17 @@ def test_mm_fp8(device: torch.device, m: int, n: int, k: int, mode: str) -> None
 
 
 #: fp8 block tiles the benchmark forces that no shape takes by default (the conftest compiles them up front)
-FORCED_FP8_BLOCK_TILES = ("coop_c1x1",)
+FORCED_FP8_BLOCK_TILES = ("coop_c1x1", "coop_c2x1_ovl")
 
 
 @pytest.mark.parametrize("tile", FORCED_FP8_BLOCK_TILES)
-@pytest.mark.parametrize(("m", "n", "k"), [(333, 2112, 7168), (4096, 4096, 4096)])
+@pytest.mark.parametrize(("m", "n", "k"), [(333, 2112, 7168), (4096, 4096, 4096), (256, 384, 128), (200, 256, 384),
+                                           (1100, 512, 640)])
 def test_mm_fp8_block_forced_tile(device: torch.device, tile: str, m: int, n: int, k: int,
                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """A tile forced by ``KSB_CUTLASS_FP8_BLOCK_TILE`` where the problem's edge cuts a tile and where it does not."""
+    """A tile forced by ``KSB_CUTLASS_FP8_BLOCK_TILE`` where the problem's edge cuts a tile and where it does not,
+    over 1, 3, 5, 32 and 56 K tiles (each way ``coop_c2x1_ovl``'s mainloop can end), with several output tiles per
+    CTA (4096^2: the persistent scheduler reuses the pipeline across tiles)."""
     monkeypatch.setenv("KSB_CUTLASS_FP8_BLOCK_TILE", tile)
     args = _fp8_args(m, n, k, "block", device)
     got = ksb.gemm.mm_fp8(*args, out_dtype=BF16, backend="cutlass")

@@ -14,6 +14,7 @@ import ctypes
 import hashlib
 import json
 import os
+import re
 import subprocess
 import tempfile
 import threading
@@ -29,8 +30,9 @@ from .emit import emit
 #: the only architecture these kernels are written for (wgmma + TMA, "a" = arch-specific features)
 ARCH = "sm_90a"
 #: -DNDEBUG matters: without it CUTLASS's device asserts become calls that serialise wgmma (ptxas C7510)
+#: -Xptxas=-v: ptxas reports each kernel's registers and spills into the build log (``spill_bytes`` in the .json)
 NVCC_FLAGS = ("-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", "--expt-relaxed-constexpr", "-O3", "-DNDEBUG",
-              "-shared", "-Xcompiler", "-fPIC")
+              "-Xptxas=-v", "-shared", "-Xcompiler", "-fPIC")
 #: ptxas says this when a kernel lost its wgmma pipelining; recorded in the .json, reported by tests
 SERIALIZED_WGMMA = "wgmma.mma_async instructions are serialized"
 BUILD_TIMEOUT_S = 1800
@@ -115,10 +117,15 @@ def compile_config(cfg: GemmConfig) -> Artifact:
                            f"{' '.join(cmd)}\n{log[-4000:]}")
     meta = {"config": cfg.name, "key": art.key, "arch": ARCH, "nvcc": toolchain.nvcc().release,
             "cutlass": toolchain.headers().version, "flags": list(NVCC_FLAGS), "build_seconds": round(seconds, 1),
-            "serialized_wgmma": SERIALIZED_WGMMA in log, "log_tail": log[-2000:]}
+            "serialized_wgmma": SERIALIZED_WGMMA in log, "spill_bytes": spill_bytes(log), "log_tail": log[-2000:]}
     _atomic_write(art.meta, json.dumps(meta, indent=1).encode())
     os.replace(tmp, art.so)
     return art
+
+
+def spill_bytes(log: str) -> int:
+    """Bytes of register spills (stores + loads) over every kernel of a ``-Xptxas=-v`` build log."""
+    return sum(int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", log))
 
 
 def compile_many(cfgs: Iterable[GemmConfig], jobs: int | None = None) -> list[Artifact]:

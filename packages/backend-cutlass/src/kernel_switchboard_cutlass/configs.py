@@ -32,6 +32,8 @@ class GemmConfig:
     tile: tuple[int, int, int]
     cluster: tuple[int, int, int]
     schedule: str
+    #: fp8 block scales: promote K tile k - 1 into the output while tile k's MMAs run (``overlap_promotion.hpp``)
+    overlap_promotion: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -47,6 +49,9 @@ class GemmConfig:
             raise ValueError(f"GemmConfig.tile={self.tile}: the cooperative schedule needs a tile M of at least 128")
         if self.dtype == "e4m3" and (self.layout_a, self.layout_b) != ("row", "col"):
             raise ValueError("fp8 GEMMs on Hopper need K-major operands: layout_a='row', layout_b='col'")
+        if self.overlap_promotion and (self.kind, self.schedule, self.tile[2]) != ("mm_fp8_block", "cooperative", 128):
+            raise ValueError(f"GemmConfig.overlap_promotion: only for kind 'mm_fp8_block' with the cooperative schedule "
+                             f"and a tile K of 128 (one scale block), not {self.kind} {self.schedule} {self.tile}")
 
     @property
     def name(self) -> str:
@@ -54,7 +59,8 @@ class GemmConfig:
         c = "x".join(map(str, self.cluster[:2]))
         lay = self.layout_a[0] + self.layout_b[0]
         sched = "coop" if self.schedule == "cooperative" else "pp"
-        return f"{self.kind}_{self.dtype}_{self.out_dtype}_{lay}_{t}_c{c}_{sched}"
+        ovl = "_ovl" if self.overlap_promotion else ""
+        return f"{self.kind}_{self.dtype}_{self.out_dtype}_{lay}_{t}_c{c}_{sched}{ovl}"
 
 
 def _mm(dtype: str, la: str, lb: str, tile: tuple[int, int, int], cluster: tuple[int, int, int], sched: str) -> GemmConfig:
@@ -92,16 +98,20 @@ def mm_config(dtype: str, layout_a: str, layout_b: str, m: int, n: int, sm_count
 
 
 #: fp8 block-scaled tiles by role: ``small_m`` (M <= 64), ``coop`` (M <= 128: one tile row, which a 2x1 cluster
-#: would leave half idle) and ``coop_c2x1`` (larger M) are the defaults, ``coop_c1x1`` a candidate the benchmark
-#: measures (``KSB_CUTLASS_FP8_BLOCK_TILE`` forces one). H200 8192^3, TFLOP/s: run 14 coop 932 (1005 in run 11),
-#: coop_c2x1 975, coop_c1x1 972; run 19 coop 936, coop_c2x1 1001, coop_c1x1 939. coop_c2x1's GPU conformance with
-#: clusters cut by the problem's edge (M = 333, 1100) passed in run 20. Dropped after run 14: 64x128x128 pingpong
-#: with a 1x2 cluster (672) and 128x256x128 cooperative (nvcc rejects it).
-FP8_BLOCK_TILES: dict[str, tuple[tuple[int, int, int], tuple[int, int, int], str]] = {
-    "small_m": ((64, 128, 128), (1, 1, 1), "pingpong"),
-    "coop": ((128, 128, 128), (1, 2, 1), "cooperative"),
-    "coop_c2x1": ((128, 128, 128), (2, 1, 1), "cooperative"),
-    "coop_c1x1": ((128, 128, 128), (1, 1, 1), "cooperative"),
+#: would leave half idle) and ``coop_c2x1`` (larger M) are the defaults; ``coop_c1x1`` and ``coop_c2x1_ovl`` are
+#: candidates the benchmark measures (``KSB_CUTLASS_FP8_BLOCK_TILE`` forces one). H200 8192^3, TFLOP/s: run 14 coop
+#: 932 (1005 in run 11), coop_c2x1 975, coop_c1x1 972; run 19 coop 936, coop_c2x1 1001, coop_c1x1 939; with
+#: swizzle 8 (runs 21-23) coop_c2x1 1077-1123, 0.84-0.97x torch._scaled_mm, median 0.89. coop_c2x1's GPU
+#: conformance with clusters cut by the problem's edge (M = 333, 1100) passed in run 20. ``coop_c2x1_ovl`` is
+#: coop_c2x1 with the promotion overlapped (``overlap_promotion.hpp``): written and compiled on the host (no
+#: spills), not yet run on a GPU. Dropped after run 14: 64x128x128 pingpong with a 1x2 cluster (672) and
+#: 128x256x128 cooperative (nvcc rejects it).
+FP8_BLOCK_TILES: dict[str, tuple[tuple[int, int, int], tuple[int, int, int], str, bool]] = {
+    "small_m": ((64, 128, 128), (1, 1, 1), "pingpong", False),
+    "coop": ((128, 128, 128), (1, 2, 1), "cooperative", False),
+    "coop_c2x1": ((128, 128, 128), (2, 1, 1), "cooperative", False),
+    "coop_c1x1": ((128, 128, 128), (1, 1, 1), "cooperative", False),
+    "coop_c2x1_ovl": ((128, 128, 128), (2, 1, 1), "cooperative", True),
 }
 
 

@@ -14,6 +14,7 @@ Every function returns 0 on success, else a code from :data:`STATUS`.
 
 from __future__ import annotations
 
+from importlib import resources
 from string import Template
 
 from .configs import GemmConfig
@@ -141,12 +142,14 @@ using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBui
     cutlass::epilogue::$epi_schedule,
     cutlass::epilogue::fusion::LinearCombination<ElementD, float, void, float>>::CollectiveOp;
 
-using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+using BuiltMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
     ElementA, cute::tuple<LayoutA, LayoutSFA>, kAlignA, ElementB, cute::tuple<LayoutB, LayoutSFB>, kAlignB, float,
     TileShape, ClusterShape,
     cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
     cutlass::gemm::$main_schedule>::CollectiveOp;
+$overlap_source
+using CollectiveMainloop = $mainloop;
 
 using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue,
                                                         cutlass::gemm::PersistentScheduler>;
@@ -324,6 +327,15 @@ def _schedules(cfg: GemmConfig) -> dict[str, str]:
     }
 
 
+def _mainloop(cfg: GemmConfig) -> dict[str, str]:
+    """The fp8 block kernel's mainloop: CUTLASS's as built, or with ``overlap_promotion`` wrapped in
+    ``ksb::OverlappedPromotion`` (whose source, ``overlap_promotion.hpp``, is inlined)."""
+    if not cfg.overlap_promotion:
+        return {"overlap_source": "", "mainloop": "BuiltMainloop"}
+    source = resources.files(__package__).joinpath("overlap_promotion.hpp").read_text()
+    return {"overlap_source": source, "mainloop": "ksb::OverlappedPromotion<BuiltMainloop>"}
+
+
 def emit(cfg: GemmConfig) -> str:
     """The complete .cu source for ``cfg``."""
     # switchboard b is (K, N): "row" = N contiguous = CUTLASS RowMajor B (stride (1, ldb)); "col" = ColumnMajor
@@ -342,6 +354,7 @@ def emit(cfg: GemmConfig) -> str:
         "tm": cfg.tile[0], "tn": cfg.tile[1], "tk": cfg.tile[2],
         "cm": cfg.cluster[0], "cn": cfg.cluster[1],
         **_schedules(cfg),
+        **_mainloop(cfg),
     }
     return Template(_PROLOGUE + _BODY[cfg.kind]).substitute(values)
 
