@@ -204,6 +204,8 @@ def bench_gemm(device: torch.device | str = "cuda", sizes: dict[str, int] | None
     _row(w, "torch._scaled_mm per-tensor (cuBLAS)", "tensor",
          lambda: torch._scaled_mm(qa_t, qb_t, scale_a=sa_t, scale_b=sb_t, out_dtype=torch.bfloat16), want_t, flops)
     _row(w, "cutlass", "tensor", lambda: ksb.gemm.mm_fp8(qa_t, qb_t, sa_t, sb_t, backend="cutlass"), want_t, flops)
+    _row(w, "cutlass", "tensor swizzle=1", lambda: ksb.gemm.mm_fp8(qa_t, qb_t, sa_t, sb_t, backend="cutlass"), want_t,
+         flops, env={"KSB_CUTLASS_SWIZZLE": "1"})
     del want_t
     want_b = ref.mm_fp8(qa_b, qb_b, sa_b, sb_b, "block", torch.float32)
     _row(w, "cutlass", "block 1x128/128x128", lambda: ksb.gemm.mm_fp8(qa_b, qb_b, sa_b, sb_b, backend="cutlass"),

@@ -405,14 +405,16 @@ def test_launch_arguments_match_ctypes_declarations() -> None:
 
 
 def test_scheduler_swizzle_per_kind_and_override(monkeypatch) -> None:
-    """fp8 block-scaled GEMMs rasterise with swizzle 8 (measured faster), the others with 1; the variable wins."""
+    """fp8 GEMMs (block-scaled: measured faster; per-tensor: the same tile) rasterise with swizzle 8, the others
+    with 1; the variable wins."""
     monkeypatch.delenv("KSB_CUTLASS_SWIZZLE", raising=False)
     qa, qb = torch.ones(16, 32, dtype=FP8), torch.ones(16, 32, dtype=FP8).t()
     block = gemm.prepare_mm_fp8(qa, qb, torch.ones(16, 1), torch.ones(1, 1), "block", BF16)
+    tensor = gemm.prepare_mm_fp8(qa, qb, torch.ones(()), torch.ones(()), "tensor", BF16)
     mm = gemm.prepare_mm(torch.ones(16, 32, dtype=BF16), torch.ones(32, 16, dtype=BF16))
-    assert (block.args()[-1], mm.args()[-1]) == (8, 1)
+    assert (block.args()[-1], tensor.args()[-1], mm.args()[-1]) == (8, 8, 1)
     monkeypatch.setenv("KSB_CUTLASS_SWIZZLE", "2")
-    assert (block.args()[-1], mm.args()[-1]) == (2, 2)
+    assert (block.args()[-1], tensor.args()[-1], mm.args()[-1]) == (2, 2, 2)
 
 
 def test_dense_attention_refused_by_torch_raises_a_clear_error() -> None:

@@ -28,8 +28,9 @@ FP8_OUT = frozenset({torch.bfloat16, torch.float16, torch.float32})
 LAYOUT_WORD = {"R": "row", "C": "col"}
 #: rough sustained rates on an H100/H200 (flop/s) and HBM bandwidth; they only rank kernels. fp8 by scale mode:
 #: H200 8192^3 (notes/gpu-runs.md runs 10-21): 128x128 block scales 1088-1123 TFLOP/s with swizzle 8 (run 21, where
-#: Triton's sm_90 Gluon kernel ran 847-1026 in the same calls; 932-1005 before), per-tensor 484-497 (its
-#: epilogue-scaled kernel accumulates without fast accumulation), where Triton's per-tensor kernel ran 938-1158;
+#: Triton's sm_90 Gluon kernel ran 847-1026 in the same calls; 932-1005 before), per-tensor 484-497 (a 128x256 tile
+#: whose two accumulators spilled; the 128x128 tile that replaced it is not yet measured, so its rate stays low until
+#: it is), where Triton's per-tensor kernel ran 938-1158;
 #: bf16 mm 660-680 (Triton 684-798); grouped DeepSeek-V3 experts 286-293 (Triton 229-247)
 RATE = {"mm": 650e12, "mm_fp8": 1100e12, "mm_fp8_tensor": 500e12, "grouped_mm": 290e12}
 BANDWIDTH = 3.3e12
@@ -46,8 +47,9 @@ def _sm_count(index: int) -> int:
 #: rasterisation swizzle per GEMM kind where it is not 1. fp8 block-scaled 8192^3 on the H200 (run 21, TFLOP/s), the 2x1
 #: cluster at swizzle 1 / 2 / 4 / 8: 1005-1009 / 944-1068 / 1072-1097 / 1098-1103, and 1088-1123 in five later timings
 #: at 8 (the scheduler's raster order, along M or N, made no difference); bf16 mm's large tile gained 2-4% at 8 (runs
-#: 10 and 19), within those runs' spread, so it keeps 1.
-SWIZZLE = {"mm_fp8_block": 8}
+#: 10 and 19), within those runs' spread, so it keeps 1. fp8 per-tensor takes 8 too: the same 128x128x128 tile, cluster
+#: and problem as block scales (not measured on its own; the benchmark has a swizzle 1 row beside it).
+SWIZZLE = {"mm_fp8_block": 8, "mm_fp8_tensor": 8}
 
 
 def swizzle(kind: str) -> int:
