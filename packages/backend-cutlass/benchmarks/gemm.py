@@ -132,8 +132,8 @@ def _prebuild(calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]]) -> None:
         t0 = time.perf_counter()
         cfgs = [c for c in (prebuild.config_for_call(op, args, kw) for op, args, kw in calls) if c is not None]
         cfgs += [c for lb in ("row", "col") for c in configs.mm_configs("bf16", "row", lb)]  # every forced tile
-        cfgs += [configs.GemmConfig("mm_fp8_block", "e4m3", "bf16", "row", "col", *t)
-                 for t in configs.FP8_BLOCK_TILES.values()]
+        cfgs += [configs.fp8_block_config("bf16", 4096, role) for role in configs.FP8_BLOCK_TILES]
+        cfgs += [configs.fp8_tensor_config("bf16", 4096, role) for role in configs.FP8_TENSOR_TILES]
         cfgs = list(dict.fromkeys(cfgs))
         build.compile_many(cfgs)
         row.update(kernels=len(cfgs), seconds=round(time.perf_counter() - t0, 1))
@@ -204,8 +204,10 @@ def bench_gemm(device: torch.device | str = "cuda", sizes: dict[str, int] | None
     _row(w, "torch._scaled_mm per-tensor (cuBLAS)", "tensor",
          lambda: torch._scaled_mm(qa_t, qb_t, scale_a=sa_t, scale_b=sb_t, out_dtype=torch.bfloat16), want_t, flops)
     _row(w, "cutlass", "tensor", lambda: ksb.gemm.mm_fp8(qa_t, qb_t, sa_t, sb_t, backend="cutlass"), want_t, flops)
-    _row(w, "cutlass", "tensor swizzle=1", lambda: ksb.gemm.mm_fp8(qa_t, qb_t, sa_t, sb_t, backend="cutlass"), want_t,
-         flops, env={"KSB_CUTLASS_SWIZZLE": "1"})
+    tensor = (lambda: ksb.gemm.mm_fp8(qa_t, qb_t, sa_t, sb_t, backend="cutlass"))
+    _row(w, "cutlass", "tensor swizzle=1", tensor, want_t, flops, env={"KSB_CUTLASS_SWIZZLE": "1"})
+    _row(w, "cutlass", "tensor tile=coop_c2x1_ovl", tensor, want_t, flops,
+         env={"KSB_CUTLASS_FP8_TENSOR_TILE": "coop_c2x1_ovl"})
     del want_t
     want_b = ref.mm_fp8(qa_b, qb_b, sa_b, sb_b, "block", torch.float32)
     _row(w, "cutlass", "block 1x128/128x128", lambda: ksb.gemm.mm_fp8(qa_b, qb_b, sa_b, sb_b, backend="cutlass"),
@@ -227,6 +229,9 @@ def bench_gemm(device: torch.device | str = "cuda", sizes: dict[str, int] | None
     _in_turn(w, "cutlass block tile=coop_c2x1_ovl", block, "torch._scaled_mm per-tensor (cuBLAS)",
              lambda: torch._scaled_mm(qa_t, qb_t, scale_a=sa_t, scale_b=sb_t, out_dtype=torch.bfloat16),
              env={"KSB_CUTLASS_FP8_BLOCK_TILE": "coop_c2x1_ovl"})
+    _in_turn(w, "cutlass tensor tile=coop_c2x1_ovl", tensor, "torch._scaled_mm per-tensor (cuBLAS)",
+             lambda: torch._scaled_mm(qa_t, qb_t, scale_a=sa_t, scale_b=sb_t, out_dtype=torch.bfloat16),
+             env={"KSB_CUTLASS_FP8_TENSOR_TILE": "coop_c2x1_ovl"})
 
     w = f"grouped mm {experts}x{hidden}->{inter}, {tokens} tok top-{top_k}"
     gflops = 2.0 * tokens * top_k * hidden * inter

@@ -28,7 +28,9 @@ def _prebuild_cutlass_kernels(request: pytest.FixtureRequest) -> None:
     device = torch.device("cuda")
     calls = [(c.op, c.args, c.kwargs) for op in ("gemm.mm", "gemm.mm_fp8", "gemm.grouped_mm")
              for c in op_cases(op, device, "large")]
-    from test_cutlass_gpu import FORCED_FP8_BLOCK_TILES, gpu_calls
+    from test_cutlass_gpu import FORCED_FP8_TILES, gpu_calls
 
     prebuild(calls + gpu_calls(device))
-    build.compile_many(configs.fp8_block_config("bf16", 4096, role) for role in FORCED_FP8_BLOCK_TILES)
+    forced = [configs.fp8_block_config("bf16", 4096, role) for role in FORCED_FP8_TILES["block"]]
+    forced += [configs.fp8_tensor_config("bf16", 4096, role) for role in FORCED_FP8_TILES["tensor"]]
+    build.compile_many(forced)

@@ -62,16 +62,16 @@ def test_compile_one_gemm_then_hit_the_disk_cache(monkeypatch, tmp_path: Path) -
 
 def test_fp8_kernels_with_two_accumulators_compile_without_spills(monkeypatch, tmp_path: Path) -> None:
     """The fp8 kernels that keep a second accumulator per thread build for sm_90a with no register spills and their
-    wgmma pipeline intact (ptxas's report, in the build record): the block-scaled kernel with our own mainloop
-    (``overlap_promotion.hpp``: three accumulators) and the per-tensor default for large M (its 128x256 predecessor
-    spilled 1,412 bytes). Their numbers are checked by the GPU tests."""
+    wgmma pipeline intact (ptxas's report, in the build record): the per-tensor default for large M (its 128x256
+    predecessor spilled 1,412 bytes) and both kernels with our own mainloop (``overlap_promotion.hpp``: three
+    accumulators). Their numbers are checked by the GPU tests."""
     monkeypatch.setenv("KSB_CUTLASS_CACHE", str(tmp_path / "cache"))
     build.forget()
     overlapped = configs.fp8_block_config("bf16", 4096, "coop_c2x1_ovl")
-    per_tensor = configs.fp8_tensor_config("bf16", 4096)
-    for art in build.compile_many([overlapped, per_tensor], jobs=2):
+    cfgs = [overlapped, configs.fp8_tensor_config("bf16", 4096), configs.fp8_tensor_config("bf16", 4096, "coop_c2x1_ovl")]
+    for art in build.compile_many(cfgs, jobs=2):
         meta = json.loads(art.meta.read_text())
         assert re.search(r"Used \d+ registers", meta["log_tail"]), meta["log_tail"]  # ptxas -v reported the kernel
         assert meta["spill_bytes"] == 0 and meta["serialized_wgmma"] is False, (meta["config"], meta["log_tail"])
         assert hasattr(ctypes.CDLL(str(art.so)), emit.entry_point(art.config.kind))
-    assert "struct OverlappedPromotion" in build.artifact(overlapped).so.with_suffix(".cu").read_text()
+    assert "struct OverlappedBlockScaled" in build.artifact(overlapped).so.with_suffix(".cu").read_text()

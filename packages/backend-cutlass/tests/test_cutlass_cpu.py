@@ -163,11 +163,13 @@ def test_config_names_are_unique_and_readable() -> None:
     cfgs = [c for la in ("row", "col") for lb in ("row", "col") for c in configs.mm_configs("bf16", la, lb)]
     cfgs += [configs.fp8_block_config("bf16", m) for m in (16, 4096)] + [configs.fp8_tensor_config("fp32", 16)]
     cfgs += [configs.fp8_block_config("bf16", 4096, role) for role in configs.FP8_BLOCK_TILES]
+    cfgs += [configs.fp8_tensor_config("bf16", 4096, role) for role in configs.FP8_TENSOR_TILES]
     cfgs += [configs.grouped_config("fp16", "col")]
     names = [c.name for c in cfgs]
     assert len(set(names)) == len(set(cfgs))
     assert "mm_bf16_bf16_rc_128x256x64_c2x1_coop" in names
     assert "mm_fp8_block_e4m3_bf16_rc_128x128x128_c2x1_coop_ovl" in names
+    assert "mm_fp8_tensor_e4m3_bf16_rc_128x128x128_c2x1_coop_ovl" in names
 
 
 def test_tile_choice_by_shape(monkeypatch) -> None:
@@ -195,7 +197,7 @@ def test_tile_choice_by_shape(monkeypatch) -> None:
     ({"dtype": "e4m3", "layout_b": "row"}, "K-major"),
     ({"kind": "conv"}, "kind='conv'"),
     ({"out_dtype": "e4m3"}, "output one of"),
-    ({"overlap_promotion": True}, "overlap_promotion: only for kind 'mm_fp8_block'"),
+    ({"overlap_promotion": True}, "overlap_promotion: only for kinds 'mm_fp8_block' / 'mm_fp8_tensor'"),
 ])
 def test_invalid_configs_raise(change: dict[str, object], words: str) -> None:
     base = dict(kind="mm", dtype="bf16", out_dtype="bf16", layout_a="row", layout_b="col", tile=(128, 128, 64),
@@ -211,6 +213,7 @@ def test_invalid_configs_raise(change: dict[str, object], words: str) -> None:
     configs.fp8_block_config("bf16", 4096),
     configs.fp8_block_config("bf16", 4096, "coop_c2x1_ovl"),
     configs.fp8_tensor_config("fp32", 8),
+    configs.fp8_tensor_config("bf16", 4096, "coop_c2x1_ovl"),
     configs.grouped_config("bf16", "col"),
 ], ids=lambda c: c.name)
 def test_emitted_source_is_complete_and_matches_the_config(cfg: configs.GemmConfig) -> None:
@@ -225,11 +228,13 @@ def test_emitted_source_is_complete_and_matches_the_config(cfg: configs.GemmConf
     assert f"using LayoutB = cutlass::layout::{layout_b};" in src
     if cfg.kind == "mm_fp8_block":
         assert "FP8Blockwise" in src and "Sm90BlockwiseScaleConfig<1, 128, 128" in src
-        mainloop = "ksb::OverlappedPromotion<BuiltMainloop>" if cfg.overlap_promotion else "BuiltMainloop"
-        assert f"using CollectiveMainloop = {mainloop};" in src
-        assert ("struct OverlappedPromotion" in src) == cfg.overlap_promotion
     if cfg.kind == "mm_fp8_tensor":
         assert "alpha_ptr = alpha_ptr" in src
+    if cfg.kind.startswith("mm"):
+        wrapper = {"mm_fp8_block": "ksb::OverlappedBlockScaled", "mm_fp8_tensor": "ksb::OverlappedPerTensor"}
+        mainloop = f"{wrapper[cfg.kind]}<BuiltMainloop>" if cfg.overlap_promotion else "BuiltMainloop"
+        assert f"using CollectiveMainloop = {mainloop};" in src
+        assert ("namespace ksb {" in src) == cfg.overlap_promotion
 
 
 # -- argument translation, checked against the reference ---------------------------------------------------
@@ -376,7 +381,7 @@ def test_benchmark_smoke() -> None:
     assert torch_rows and all("tflop_s" in r and r["rel_err"] < 1e-2 for r in torch_rows), torch_rows
     assert all("error" in r for r in rows if r["impl"] == "cutlass" and r["workload"] != "build")
     in_turn = [r for r in rows if r["config"].startswith("in turn")]
-    assert len(in_turn) == 6 and all("error" in r for r in in_turn)  # each pair has a CUTLASS side
+    assert len(in_turn) == 7 and all("error" in r for r in in_turn)  # each pair has a CUTLASS side
 
 
 # -- the C ABI: emitted signatures, ctypes declarations and Python arguments agree ---------------------------

@@ -98,22 +98,23 @@ def test_mm_fp8(device: torch.device, m: int, n: int, k: int, mode: str) -> None
     assert_close(got, want, atol=2e-2, rtol=2e-2, what=f"mm_fp8 {mode} {m}x{n}x{k}")
 
 
-#: fp8 block tiles the benchmark forces that no shape takes by default (the conftest compiles them up front)
-FORCED_FP8_BLOCK_TILES = ("coop_c1x1", "coop_c2x1_ovl")
+#: fp8 tiles the benchmark forces that no shape takes by default (the conftest compiles them up front), by scale mode
+FORCED_FP8_TILES = {"block": ("coop_c1x1", "coop_c2x1_ovl"), "tensor": ("coop_c2x1_ovl",)}
+_FORCING = {"block": "KSB_CUTLASS_FP8_BLOCK_TILE", "tensor": "KSB_CUTLASS_FP8_TENSOR_TILE"}
 
 
-@pytest.mark.parametrize("tile", FORCED_FP8_BLOCK_TILES)
+@pytest.mark.parametrize(("mode", "tile"), [(mode, t) for mode, tiles in FORCED_FP8_TILES.items() for t in tiles])
 @pytest.mark.parametrize(("m", "n", "k"), [(333, 2112, 7168), (4096, 4096, 4096), (256, 384, 128), (200, 256, 384),
                                            (1100, 512, 640)])
-def test_mm_fp8_block_forced_tile(device: torch.device, tile: str, m: int, n: int, k: int,
-                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """A tile forced by ``KSB_CUTLASS_FP8_BLOCK_TILE`` where the problem's edge cuts a tile and where it does not,
-    over 1, 3, 5, 32 and 56 K tiles (each way ``coop_c2x1_ovl``'s mainloop can end), with several output tiles per
-    CTA (4096^2: the persistent scheduler reuses the pipeline across tiles)."""
-    monkeypatch.setenv("KSB_CUTLASS_FP8_BLOCK_TILE", tile)
-    args = _fp8_args(m, n, k, "block", device)
+def test_mm_fp8_forced_tile(device: torch.device, mode: str, tile: str, m: int, n: int, k: int,
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tile forced by ``KSB_CUTLASS_FP8_{BLOCK,TENSOR}_TILE`` where the problem's edge cuts a tile and where it does
+    not, over 1, 3, 5, 32 and 56 K tiles (each way the ``_ovl`` mainloops can end), with several output tiles per CTA
+    (4096^2: the persistent scheduler reuses the pipeline across tiles)."""
+    monkeypatch.setenv(_FORCING[mode], tile)
+    args = _fp8_args(m, n, k, mode, device)
     got = ksb.gemm.mm_fp8(*args, out_dtype=BF16, backend="cutlass")
-    assert_close(got, ref.mm_fp8(*args, "block", BF16), atol=2e-2, rtol=2e-2, what=f"mm_fp8 block {tile} {m}x{n}x{k}")
+    assert_close(got, ref.mm_fp8(*args, mode, BF16), atol=2e-2, rtol=2e-2, what=f"mm_fp8 {mode} {tile} {m}x{n}x{k}")
 
 
 def test_mm_fp8_unaligned_k_is_refused_with_the_reason(device: torch.device) -> None:

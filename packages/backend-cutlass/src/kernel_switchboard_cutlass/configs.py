@@ -32,7 +32,7 @@ class GemmConfig:
     tile: tuple[int, int, int]
     cluster: tuple[int, int, int]
     schedule: str
-    #: fp8 block scales: promote K tile k - 1 into the output while tile k's MMAs run (``overlap_promotion.hpp``)
+    #: fp8: fold K tile k - 1 into the output while tile k's MMAs run (``overlap_promotion.hpp``)
     overlap_promotion: bool = False
 
     def __post_init__(self) -> None:
@@ -49,9 +49,11 @@ class GemmConfig:
             raise ValueError(f"GemmConfig.tile={self.tile}: the cooperative schedule needs a tile M of at least 128")
         if self.dtype == "e4m3" and (self.layout_a, self.layout_b) != ("row", "col"):
             raise ValueError("fp8 GEMMs on Hopper need K-major operands: layout_a='row', layout_b='col'")
-        if self.overlap_promotion and (self.kind, self.schedule, self.tile[2]) != ("mm_fp8_block", "cooperative", 128):
-            raise ValueError(f"GemmConfig.overlap_promotion: only for kind 'mm_fp8_block' with the cooperative schedule "
-                             f"and a tile K of 128 (one scale block), not {self.kind} {self.schedule} {self.tile}")
+        if self.overlap_promotion and (self.kind not in ("mm_fp8_block", "mm_fp8_tensor")
+                                       or (self.schedule, self.tile[2]) != ("cooperative", 128)):
+            raise ValueError(f"GemmConfig.overlap_promotion: only for kinds 'mm_fp8_block' / 'mm_fp8_tensor' with the "
+                             f"cooperative schedule and a tile K of 128 (one promotion), not {self.kind} "
+                             f"{self.schedule} {self.tile}")
 
     @property
     def name(self) -> str:
@@ -125,13 +127,24 @@ def fp8_block_config(out_dtype: str, m: int, role: str | None = None) -> GemmCon
     return GemmConfig("mm_fp8_block", "e4m3", out_dtype, "row", "col", *FP8_BLOCK_TILES[role])
 
 
-def fp8_tensor_config(out_dtype: str, m: int) -> GemmConfig:
-    """fp8 GEMM with one float32 scale per operand (folded into the epilogue's alpha). CUTLASS's fp8 mainloop keeps
-    a second accumulator to promote into every 128 of K, so the tile is 128x128, as for block scales: at 128x256
-    (runs 10-21: 484-497 TFLOP/s at 8192^3) the two 128-float accumulators spilled 1,412 bytes a thread (ptxas)."""
-    if m <= 64:
-        return GemmConfig("mm_fp8_tensor", "e4m3", out_dtype, "row", "col", (64, 128, 128), (1, 1, 1), "pingpong")
-    return GemmConfig("mm_fp8_tensor", "e4m3", out_dtype, "row", "col", (128, 128, 128), (2, 1, 1), "cooperative")
+#: fp8 per-tensor tiles by role, as ``FP8_BLOCK_TILES`` (``KSB_CUTLASS_FP8_TENSOR_TILE`` forces one). CUTLASS's fp8
+#: mainloop keeps a second accumulator to promote into every 128 of K, so the large-M tile is 128x128, as for block
+#: scales: at 128x256 (runs 10-21: 484-497 TFLOP/s at 8192^3) the two 128-float accumulators spilled 1,412 bytes a
+#: thread (ptxas). ``coop_c2x1_ovl`` overlaps the promotion (``overlap_promotion.hpp``). Neither is measured yet.
+FP8_TENSOR_TILES: dict[str, tuple[tuple[int, int, int], tuple[int, int, int], str, bool]] = {
+    "small_m": ((64, 128, 128), (1, 1, 1), "pingpong", False),
+    "coop_c2x1": ((128, 128, 128), (2, 1, 1), "cooperative", False),
+    "coop_c2x1_ovl": ((128, 128, 128), (2, 1, 1), "cooperative", True),
+}
+
+
+def fp8_tensor_config(out_dtype: str, m: int, role: str | None = None) -> GemmConfig:
+    """fp8 GEMM with one float32 scale per operand (folded into the epilogue's alpha); ``role`` (else
+    ``KSB_CUTLASS_FP8_TENSOR_TILE``, else chosen by ``m``) names one of ``FP8_TENSOR_TILES``."""
+    role = role or os.environ.get("KSB_CUTLASS_FP8_TENSOR_TILE") or ("small_m" if m <= 64 else "coop_c2x1")
+    if role not in FP8_TENSOR_TILES:
+        raise ValueError(f"KSB_CUTLASS_FP8_TENSOR_TILE={role!r}: expected one of {sorted(FP8_TENSOR_TILES)}")
+    return GemmConfig("mm_fp8_tensor", "e4m3", out_dtype, "row", "col", *FP8_TENSOR_TILES[role])
 
 
 def grouped_config(dtype: str, layout_b: str) -> GemmConfig:

@@ -82,11 +82,13 @@ using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBui
     cutlass::epilogue::$epi_schedule,
     cutlass::epilogue::fusion::LinearCombination<ElementD, float, void, float>>::CollectiveOp;
 
-using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+using BuiltMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
     cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
     ElementA, LayoutA, kAlignA, ElementB, LayoutB, kAlignB, float, TileShape, ClusterShape,
     cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
     cutlass::gemm::$main_schedule>::CollectiveOp;
+$overlap_source
+using CollectiveMainloop = $mainloop;
 
 using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue,
                                                         cutlass::gemm::PersistentScheduler>;
@@ -327,13 +329,17 @@ def _schedules(cfg: GemmConfig) -> dict[str, str]:
     }
 
 
+#: the mainloop that replaces CUTLASS's for ``overlap_promotion`` (``overlap_promotion.hpp``), per kind
+_OVERLAPPED = {"mm_fp8_block": "ksb::OverlappedBlockScaled", "mm_fp8_tensor": "ksb::OverlappedPerTensor"}
+
+
 def _mainloop(cfg: GemmConfig) -> dict[str, str]:
-    """The fp8 block kernel's mainloop: CUTLASS's as built, or with ``overlap_promotion`` wrapped in
-    ``ksb::OverlappedPromotion`` (whose source, ``overlap_promotion.hpp``, is inlined)."""
+    """The kernel's mainloop: CUTLASS's as built, or with ``overlap_promotion`` one of ``_OVERLAPPED`` wrapped around
+    it (whose source, ``overlap_promotion.hpp``, is inlined)."""
     if not cfg.overlap_promotion:
         return {"overlap_source": "", "mainloop": "BuiltMainloop"}
     source = resources.files(__package__).joinpath("overlap_promotion.hpp").read_text()
-    return {"overlap_source": source, "mainloop": "ksb::OverlappedPromotion<BuiltMainloop>"}
+    return {"overlap_source": source, "mainloop": f"{_OVERLAPPED[cfg.kind]}<BuiltMainloop>"}
 
 
 def emit(cfg: GemmConfig) -> str:
