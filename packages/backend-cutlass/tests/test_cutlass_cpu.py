@@ -190,6 +190,13 @@ def test_tile_choice_by_shape(monkeypatch) -> None:
     monkeypatch.setenv("KSB_CUTLASS_FP8_BLOCK_TILE", "huge")
     with pytest.raises(ValueError, match="KSB_CUTLASS_FP8_BLOCK_TILE='huge'"):
         configs.fp8_block_config("bf16", 8192)
+    assert configs.fp8_tensor_config("bf16", 64).schedule == "pingpong"
+    assert configs.fp8_tensor_config("bf16", 8192).tile == (128, 128, 128)  # 128x256 spilled
+    monkeypatch.setenv("KSB_CUTLASS_FP8_TENSOR_TILE", "coop_c2x1_ovl")
+    assert configs.fp8_tensor_config("bf16", 16).overlap_promotion is True
+    monkeypatch.setenv("KSB_CUTLASS_FP8_TENSOR_TILE", "huge")
+    with pytest.raises(ValueError, match="KSB_CUTLASS_FP8_TENSOR_TILE='huge'"):
+        configs.fp8_tensor_config("bf16", 8192)
 
 
 @pytest.mark.parametrize(("change", "words"), [
