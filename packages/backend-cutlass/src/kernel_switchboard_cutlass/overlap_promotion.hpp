@@ -16,41 +16,50 @@ template <class T>
 CUTLASS_DEVICE T& pick(cute::Int<1>, T&, T& second) { return second; }
 
 // The K loop of both mainloops. `start(slot)` waits for the next K tile and issues its MMAs into temporary `slot`
-// (cute::Int<0> or Int<1>, alternating); `fold(slot, first, release)` folds a finished tile into the output (`first`:
-// sets it) and, with `release`, frees its pipeline stage. Like CUTLASS's mainloops, it frees K tiles 0 .. count - 2
-// and leaves the last to the collective's mma_tail.
-template <class Start, class Fold>
-CUTLASS_DEVICE void overlapped_k_loop(int k_tile_count, Start&& start, Fold&& fold) {
+// (cute::Int<0> or Int<1>, alternating); `fold(slot, first)` folds a finished tile into the output (`first`: sets it).
+// A finished tile's stage is freed before it is folded (its operands and scales are in registers by then), K tiles
+// 0 .. count - 2 here, as in CUTLASS's mainloops: the last is the collective's mma_tail's.
+template <class Pipeline, class PipelineState, class Start, class Fold>
+CUTLASS_DEVICE void overlapped_k_loop(int k_tile_count, Pipeline& pipeline, PipelineState release, Start&& start,
+                                      Fold&& fold) {  // release: the first tile's stage, the next to free
   using cute::_0;
   using cute::_1;
+  auto free_oldest = [&] {
+    pipeline.consumer_release(release);
+    ++release;
+  };
   start(_0{});
   if (k_tile_count == 1) {
     cute::warpgroup_wait<0>();
-    fold(_0{}, true, false);
+    fold(_0{}, true);
     return;
   }
   start(_1{});
   cute::warpgroup_wait<1>();
-  fold(_0{}, true, true);
+  free_oldest();
+  fold(_0{}, true);
   int left = k_tile_count - 2;  // tiles not started; temporary 1 holds the one in flight
   CUTLASS_PRAGMA_NO_UNROLL
   for (; left >= 2; left -= 2) {
     start(_0{});
     cute::warpgroup_wait<1>();
-    fold(_1{}, false, true);
+    free_oldest();
+    fold(_1{}, false);
     start(_1{});
     cute::warpgroup_wait<1>();
-    fold(_0{}, false, true);
+    free_oldest();
+    fold(_0{}, false);
   }
   if (left == 1) {
     start(_0{});
     cute::warpgroup_wait<1>();
-    fold(_1{}, false, true);
+    free_oldest();
+    fold(_1{}, false);
     cute::warpgroup_wait<0>();
-    fold(_0{}, false, false);
+    fold(_0{}, false);
   } else {
     cute::warpgroup_wait<0>();
-    fold(_1{}, false, false);
+    fold(_1{}, false);
   }
 }
 
@@ -124,8 +133,6 @@ struct OverlappedBlockScaled : Base {
     Tensor tmp1 = make_fragment_like(accum);
     Tensor scale0 = make_tensor_like<ElementBlockScale>(tCsSFA(_, _, _, _0{}));
     Tensor scale1 = make_tensor_like<ElementBlockScale>(tCsSFA(_, _, _, _0{}));
-    PipelineState smem_pipe_release = smem_pipe_read;
-
     auto start = [&](auto slot) {
       auto& scale = pick(slot, scale0, scale1);
       pipeline.consumer_wait(smem_pipe_read);
@@ -139,20 +146,16 @@ struct OverlappedBlockScaled : Base {
       }
       ++smem_pipe_read;
     };
-    auto fold = [&](auto slot, bool first, bool release) {
+    auto fold = [&](auto slot, bool first) {
       auto& tmp = pick(slot, tmp0, tmp1);
       auto const& scale = pick(slot, scale0, scale1);
       warpgroup_fence_operand(tmp);
-      if (release) {
-        pipeline.consumer_release(smem_pipe_release);
-        ++smem_pipe_release;
-      }
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(accum); ++i) {
         accum(i) = first ? tmp(i) * scale(i) : accum(i) + tmp(i) * scale(i);
       }
     };
-    overlapped_k_loop(k_tile_count, start, fold);
+    overlapped_k_loop(k_tile_count, pipeline, smem_pipe_read, start, fold);  // (a copy: the first tile's stage)
     warpgroup_fence_operand(accum);
   }
 };
@@ -184,26 +187,20 @@ struct OverlappedPerTensor : Base {
     Tensor tCrB = wg_mma.make_fragment_B(wg_mma.partition_B(sB));
     Tensor tmp0 = make_fragment_like(accum);
     Tensor tmp1 = make_fragment_like(accum);
-    PipelineState smem_pipe_release = smem_pipe_read;
-
     auto start = [&](auto slot) {
       pipeline.consumer_wait(smem_pipe_read);
       issue_tile(tiled_mma, tCrA, tCrB, smem_pipe_read.index(), pick(slot, tmp0, tmp1));
       ++smem_pipe_read;
     };
-    auto fold = [&](auto slot, bool first, bool release) {
+    auto fold = [&](auto slot, bool first) {
       auto& tmp = pick(slot, tmp0, tmp1);
       warpgroup_fence_operand(tmp);
-      if (release) {
-        pipeline.consumer_release(smem_pipe_release);
-        ++smem_pipe_release;
-      }
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(accum); ++i) {
         accum(i) = first ? tmp(i) : accum(i) + tmp(i);
       }
     };
-    overlapped_k_loop(k_tile_count, start, fold);
+    overlapped_k_loop(k_tile_count, pipeline, smem_pipe_read, start, fold);  // (a copy: the first tile's stage)
     warpgroup_fence_operand(accum);
   }
 };
