@@ -23,7 +23,7 @@ MM_SHAPES = [(1, 4096, 4096, "RC"), (33, 40, 24, "RR"), (127, 33, 24, "RC"), (10
              (2048, 2048, 512, "CC"), (8192, 8192, 8192, "RR")]
 # block: the 2x1 cluster default (333 rows cut a cluster), 128 rows (one tile row, the 1x2 cluster), 64 (small_m)
 FP8_SHAPES = [(4096, 4096, 4096, "block"), (333, 2112, 7168, "block"), (128, 2048, 1024, "block"), (64, 7168, 2048, "block"),
-              (4096, 4096, 4096, "tensor"), (7, 136, 256, "tensor")]
+              (4096, 4096, 4096, "tensor"), (333, 2112, 7168, "tensor"), (7, 136, 256, "tensor")]
 GROUPS = [(0, 512, 3, 0, 1024, 77), (128,) * 8]
 
 
