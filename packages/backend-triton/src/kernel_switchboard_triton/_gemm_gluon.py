@@ -13,8 +13,12 @@ H200 8192^3 (run 20, five runs): 1042-1175 TFLOP/s with 4 stages, 0.72-0.96x tor
 same run (median 0.88x; other stage counts and tile-row groups within that spread), against Triton's block kernel's
 803-864; 128x256 tiles (two 128-column accumulators) spilled and ran 434-438. Run 21: 847-1026, 847-893 of it with
 scale_b (K/128, N/128) row-major and ~1000 with the transposed view a checkpoint's (N/128, K/128) scales give;
-loading the next step's scales a step early did not change either (852-991), so the cause is not the scale loads'
-latency. Host ptxas sm_90 (Triton 3.6): 168 registers at launch, no spills, 164 KB of shared memory with 4 stages.
+loading the next step's scales a step early did not change either (852-991). The SASS of both (session 21,
+nvdisasm) was the same loop: the three scale loads, then ``FMUL`` of their product, then the first ``QGMMA``; so
+each K step's MMAs were issued only once its scales had arrived, and a row-major scale_b is a new 128-byte line
+every step (an L1 miss) where the transposed view stays in one line for 32 steps. The loads now follow the MMAs'
+issue (the ``FMUL`` after the four ``QGMMA``, Triton 3.6 and 3.9): not yet measured. Host ptxas sm_90 (Triton 3.6):
+168 registers at launch, no spills, 164 KB of shared memory with 4 stages.
 The previous Gluon kernel (one partition, ``wgmma.wait_group 1`` overlap) ran 683-706 TFLOP/s (run 19; history: commit e9866a6).
 """
 
@@ -114,11 +118,13 @@ def _consume(p, WG: gl.constexpr):
         sb_col = sb_ptr + pid_n * stride_sbn  # one 128-column scale block per tile
         acc = gl.zeros((HALF, BLOCK_N), dtype=gl.float32, layout=layout)
         for ks in range(steps):
-            scale = gl.load(sa_rows + ks * stride_sak, mask=rows < M, other=0.0) * gl.load(sb_col + ks * stride_sbk)
             slot = g % STAGES
             mbarrier.wait(ready.index(slot), (g // STAGES) & 1)
             product = warpgroup_mma(a_smem.index(slot).slice(WG * HALF, HALF), b_smem.index(slot).permute((1, 0)),
                                     product, use_acc=False, is_async=True)
+            # the scales are loaded once the MMAs are issued: loaded before, their product was computed before the
+            # first wgmma (SASS), so every K step's MMAs waited for a global load
+            scale = gl.load(sa_rows + ks * stride_sak, mask=rows < M, other=0.0) * gl.load(sb_col + ks * stride_sbk)
             product = warpgroup_mma_wait(num_outstanding=0, deps=(product,))
             mbarrier.arrive(empty.index(slot), count=1)
             acc += product * scale[:, None]
