@@ -70,6 +70,8 @@ def fp8_tiles(m: int, n: int, k: int, mode: str, tma: bool = False) -> Tiles:
     # doubles the accumulator registers: 128x256 tiles spilled (per-tensor 376 TFLOP/s on the H200 against 755 for
     # the 128x128 block-scaled tiles). 256x128 per-tensor tiles in the TMA kernel do not (ptxas, sm_90): H200
     # 8192^3, run 10: 1088 TFLOP/s against 938 for 128x128 (torch._scaled_mm 1273); block scales lose with them.
+    # Yet ptxas serialises their wgmma (C7514: the fold reads accumulators mid-stage; SASS waits after every
+    # QGMMA), which 128x128 does not: notes/gpu-runs.md, "For the next GPU session", item 2.
     if tma and mode == "tensor" and m > 128 and m * n > 1024 * 1024:
         return Tiles(256, 128, 128, 8, 8, 3)
     return Tiles(128, 128, 128, 8, 8, 4)
