@@ -200,37 +200,33 @@ def bench_gemm(device: torch.device | str = "cuda", sizes: dict[str, int] | None
     del want
 
     w = f"fp8 mm {n}^3"
-    want_t = ref.mm_fp8(qa_t, qb_t, sa_t, sb_t, "tensor", torch.float32)
-    _row(w, "torch._scaled_mm per-tensor (cuBLAS)", "tensor",
-         lambda: torch._scaled_mm(qa_t, qb_t, scale_a=sa_t, scale_b=sb_t, out_dtype=torch.bfloat16), want_t, flops)
+    scaled_mm, anchor = (lambda: torch._scaled_mm(qa_t, qb_t, scale_a=sa_t, scale_b=sb_t, out_dtype=torch.bfloat16),
+                         "torch._scaled_mm per-tensor (cuBLAS)")
     tensor = (lambda: ksb.gemm.mm_fp8(qa_t, qb_t, sa_t, sb_t, backend="cutlass"))
+    block = (lambda: ksb.gemm.mm_fp8(qa_b, qb_b, sa_b, sb_b, backend="cutlass"))
+    want_t = ref.mm_fp8(qa_t, qb_t, sa_t, sb_t, "tensor", torch.float32)
+    _row(w, anchor, "tensor", scaled_mm, want_t, flops)
     _row(w, "cutlass", "tensor", tensor, want_t, flops)
     _row(w, "cutlass", "tensor swizzle=1", tensor, want_t, flops, env={"KSB_CUTLASS_SWIZZLE": "1"})
     _row(w, "cutlass", "tensor tile=coop_c2x1_ovl", tensor, want_t, flops,
          env={"KSB_CUTLASS_FP8_TENSOR_TILE": "coop_c2x1_ovl"})
     del want_t
     want_b = ref.mm_fp8(qa_b, qb_b, sa_b, sb_b, "block", torch.float32)
-    _row(w, "cutlass", "block 1x128/128x128", lambda: ksb.gemm.mm_fp8(qa_b, qb_b, sa_b, sb_b, backend="cutlass"),
-         want_b, flops)
+    _row(w, "cutlass", "block 1x128/128x128", block, want_b, flops)
     for role in FP8_BLOCK_CANDIDATES:
-        _row(w, "cutlass", f"block 1x128/128x128 tile={role}",
-             lambda: ksb.gemm.mm_fp8(qa_b, qb_b, sa_b, sb_b, backend="cutlass"), want_b, flops,
+        _row(w, "cutlass", f"block 1x128/128x128 tile={role}", block, want_b, flops,
              env={"KSB_CUTLASS_FP8_BLOCK_TILE": role})
     _row(w, "triton", "block 1x128/128x128", lambda: ksb.gemm.mm_fp8(qa_b, qb_b, sa_b, sb_b, backend="triton"),
          want_b, flops)
     del want_b
-    _ratios(w, "torch._scaled_mm per-tensor (cuBLAS)")
-    block = (lambda: ksb.gemm.mm_fp8(qa_b, qb_b, sa_b, sb_b, backend="cutlass"))
-    _in_turn(w, "cutlass block", block, "torch._scaled_mm per-tensor (cuBLAS)",
-             lambda: torch._scaled_mm(qa_t, qb_t, scale_a=sa_t, scale_b=sb_t, out_dtype=torch.bfloat16))
+    _ratios(w, anchor)
+    _in_turn(w, "cutlass block", block, anchor, scaled_mm)
     _in_turn(w, "cutlass block", block, "triton block",
              lambda: ksb.gemm.mm_fp8(qa_b, qb_b, sa_b, sb_b, backend="triton"))
-    # the candidate with its promotion overlapped (overlap_promotion.hpp) against the same anchor
-    _in_turn(w, "cutlass block tile=coop_c2x1_ovl", block, "torch._scaled_mm per-tensor (cuBLAS)",
-             lambda: torch._scaled_mm(qa_t, qb_t, scale_a=sa_t, scale_b=sb_t, out_dtype=torch.bfloat16),
+    # the candidates with their promotion overlapped (overlap_promotion.hpp) against the same anchor
+    _in_turn(w, "cutlass block tile=coop_c2x1_ovl", block, anchor, scaled_mm,
              env={"KSB_CUTLASS_FP8_BLOCK_TILE": "coop_c2x1_ovl"})
-    _in_turn(w, "cutlass tensor tile=coop_c2x1_ovl", tensor, "torch._scaled_mm per-tensor (cuBLAS)",
-             lambda: torch._scaled_mm(qa_t, qb_t, scale_a=sa_t, scale_b=sb_t, out_dtype=torch.bfloat16),
+    _in_turn(w, "cutlass tensor tile=coop_c2x1_ovl", tensor, anchor, scaled_mm,
              env={"KSB_CUTLASS_FP8_TENSOR_TILE": "coop_c2x1_ovl"})
 
     w = f"grouped mm {experts}x{hidden}->{inter}, {tokens} tok top-{top_k}"

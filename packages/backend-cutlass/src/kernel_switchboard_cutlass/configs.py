@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 KINDS = ("mm", "mm_fp8_block", "mm_fp8_tensor", "grouped_mm")
 SCHEDULES = ("cooperative", "pingpong")
@@ -117,14 +118,20 @@ FP8_BLOCK_TILES: dict[str, tuple[tuple[int, int, int], tuple[int, int, int], str
 }
 
 
+def _fp8_config(kind: str, tiles: dict[str, Any], variable: str, out_dtype: str, role: str | None,
+                default: str) -> GemmConfig:
+    """The fp8 ``kind`` configuration of tile ``role``, else of the one ``variable`` forces, else of ``default``."""
+    role = role or os.environ.get(variable) or default
+    if role not in tiles:
+        raise ValueError(f"{variable}={role!r}: expected one of {sorted(tiles)}")
+    return GemmConfig(kind, "e4m3", out_dtype, "row", "col", *tiles[role])
+
+
 def fp8_block_config(out_dtype: str, m: int, role: str | None = None) -> GemmConfig:
     """DeepSeek-style fp8 GEMM with 1x128 (A) and 128x128 (B) float32 scales; ``role`` (else
     ``KSB_CUTLASS_FP8_BLOCK_TILE``, else chosen by ``m``) names one of ``FP8_BLOCK_TILES``."""
-    role = role or os.environ.get("KSB_CUTLASS_FP8_BLOCK_TILE") or ("small_m" if m <= 64 else "coop" if m <= 128
-                                                                     else "coop_c2x1")
-    if role not in FP8_BLOCK_TILES:
-        raise ValueError(f"KSB_CUTLASS_FP8_BLOCK_TILE={role!r}: expected one of {sorted(FP8_BLOCK_TILES)}")
-    return GemmConfig("mm_fp8_block", "e4m3", out_dtype, "row", "col", *FP8_BLOCK_TILES[role])
+    default = "small_m" if m <= 64 else "coop" if m <= 128 else "coop_c2x1"
+    return _fp8_config("mm_fp8_block", FP8_BLOCK_TILES, "KSB_CUTLASS_FP8_BLOCK_TILE", out_dtype, role, default)
 
 
 #: fp8 per-tensor tiles by role, as ``FP8_BLOCK_TILES`` (``KSB_CUTLASS_FP8_TENSOR_TILE`` forces one). CUTLASS's fp8
@@ -141,10 +148,8 @@ FP8_TENSOR_TILES: dict[str, tuple[tuple[int, int, int], tuple[int, int, int], st
 def fp8_tensor_config(out_dtype: str, m: int, role: str | None = None) -> GemmConfig:
     """fp8 GEMM with one float32 scale per operand (folded into the epilogue's alpha); ``role`` (else
     ``KSB_CUTLASS_FP8_TENSOR_TILE``, else chosen by ``m``) names one of ``FP8_TENSOR_TILES``."""
-    role = role or os.environ.get("KSB_CUTLASS_FP8_TENSOR_TILE") or ("small_m" if m <= 64 else "coop_c2x1")
-    if role not in FP8_TENSOR_TILES:
-        raise ValueError(f"KSB_CUTLASS_FP8_TENSOR_TILE={role!r}: expected one of {sorted(FP8_TENSOR_TILES)}")
-    return GemmConfig("mm_fp8_tensor", "e4m3", out_dtype, "row", "col", *FP8_TENSOR_TILES[role])
+    return _fp8_config("mm_fp8_tensor", FP8_TENSOR_TILES, "KSB_CUTLASS_FP8_TENSOR_TILE", out_dtype, role,
+                       "small_m" if m <= 64 else "coop_c2x1")
 
 
 def grouped_config(dtype: str, layout_b: str) -> GemmConfig:
