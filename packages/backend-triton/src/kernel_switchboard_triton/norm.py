@@ -27,7 +27,7 @@ DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
 
 
 @functools.lru_cache(maxsize=256)
-def _config(rows: int, n: int) -> tuple[int, int, int] | None:
+def block_config(rows: int, n: int) -> tuple[int, int, int] | None:
     """(BLOCK_M, BLOCK_N, num_warps) of the block kernel, or None when the row needs the looped one."""
     block_n = triton.next_power_of_2(n)
     if block_n > MAX_BLOCK:
@@ -47,7 +47,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) -> 
     y = torch.empty((rows, n), dtype=x.dtype, device=x.device)
     if rows == 0:
         return y
-    cfg = _config(min(rows, 16), n)
+    cfg = block_config(min(rows, 16), n)
     if cfg is None:
         K._rms_norm_looped[(rows,)](x, y, weight, n, x.stride(0), y.stride(0), eps, GEMMA=gemma, BLOCK_N=LOOP_BLOCK,
                                     num_warps=_looped_warps())
@@ -62,7 +62,7 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     rows, n = x.shape
     if rows == 0:
         return
-    cfg = _config(min(rows, 16), n)
+    cfg = block_config(min(rows, 16), n)
     if cfg is None:
         K._fused_add_rms_norm_looped[(rows,)](x, residual, weight, n, x.stride(0), residual.stride(0), eps, GEMMA=gemma,
                                               BLOCK_N=LOOP_BLOCK, num_warps=_looped_warps())
@@ -79,7 +79,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         return y
     has_bias = bias is not None
     b = bias if has_bias else weight
-    cfg = _config(min(rows, 16), n)
+    cfg = block_config(min(rows, 16), n)
     if cfg is None:
         K._layer_norm_looped[(rows,)](x, y, weight, b, n, x.stride(0), y.stride(0), eps, HAS_BIAS=has_bias,
                                       BLOCK_N=LOOP_BLOCK, num_warps=_looped_warps())

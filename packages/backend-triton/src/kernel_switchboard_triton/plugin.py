@@ -16,7 +16,7 @@ from . import __version__
 
 INSTALL = 'pip install "kernel-switchboard[triton]"'
 NEEDS_GPU = "a CUDA build of torch on an NVIDIA GPU (sm_80+); TRITON_INTERPRET=1 runs the kernels on the CPU for testing"
-FAMILIES = ("attention", "kv_cache", "sampling", "norm", "rope", "activation", "gemm", "moe")
+FAMILIES = ("attention", "kv_cache", "sampling", "norm", "rope", "activation", "gemm", "moe", "comm")
 
 
 @hookimpl

@@ -39,6 +39,8 @@ class CommProblem(NamedTuple):
     hidden: int
     rows: int  # bucketed
     world_size: int
+    #: the group's torch.distributed backend ("nccl", "gloo", ...); "none" in one process
+    group_backend: str
     features: frozenset[str]
 
 
@@ -49,6 +51,11 @@ def _initialized() -> bool:
 def world_size(group: Any = None) -> int:
     """Ranks in ``group`` (the default group when None); 1 without an initialised process group."""
     return torch.distributed.get_world_size(group) if _initialized() else 1
+
+
+def group_backend(group: Any = None) -> str:
+    """The torch.distributed backend of ``group`` (the default group when None); "none" in one process."""
+    return str(torch.distributed.get_backend(group)) if _initialized() else "none"
 
 
 def all_reduce_fused_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
@@ -95,7 +102,8 @@ def _ar_norm_eager(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor
                    backend: BackendArg) -> tuple[torch.Tensor, torch.Tensor]:
     x2, r2 = _validate(x, residual, weight, eps, group)
     dev, cc = device_key(x2)
-    problem = CommProblem(dev, cc, x2.dtype, x2.shape[1], bucket(x2.shape[0]), world_size(group), graph_features(dev))
+    problem = CommProblem(dev, cc, x2.dtype, x2.shape[1], bucket(x2.shape[0]), world_size(group), group_backend(group),
+                          graph_features(dev))
     kernel = select_kernel("comm.all_reduce_fused_rms_norm", problem, backend)
     y, r = kernel.run(x2, r2, weight, eps, group)
     if y.shape == x.shape:

@@ -1,0 +1,149 @@
+"""Triton comm kernel: ``comm.all_reduce_fused_rms_norm`` as a one-shot all-reduce over peer memory.
+
+Each rank copies its x into a buffer of torch's symmetric memory (mapped into every rank of the group); a barrier
+makes the copies visible; one kernel reads each row from every rank, sums in float32 in rank order (so every rank
+gets bit-identical outputs) and applies the residual add and RMSNorm (:mod:`._comm_kernels`); a second barrier
+holds the buffers until every rank has read them. Four launches and no NCCL call: the latency path for
+decode-sized messages. Every rank reads the whole message from every peer, so past :data:`ONE_SHOT_MAX_BYTES`
+the capability declines and NCCL's ring (the reference kernel) serves. Needs GPU ranks of one host in an NCCL
+group. Signature: see :mod:`kernel_switchboard.ops.comm`.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import triton
+
+from kernel_switchboard import Capability, Kernel
+
+from . import _comm_kernels as K
+from ._common import BACKEND, PRIORITY
+from ._perf import memory_bound, on_gpu
+from .norm import MAX_BLOCK, block_config
+
+#: largest message (rows x hidden x itemsize, rows bucketed) sent one-shot: 256 tokens of hidden 8192 in bf16.
+#: Not yet measured on 2+ GPUs (issue 11): the crossover with NCCL's ring is an estimate.
+ONE_SHOT_MAX_BYTES = 4 << 20
+#: bytes/s one H100/H200 pulls from its NVLink peers (an estimate for ranking)
+NVLINK_BANDWIDTH = 450e9
+#: seconds of one symmetric-memory barrier across the group (an estimate for ranking)
+BARRIER = 5e-6
+DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
+
+
+@dataclass
+class _Exchange:
+    buffer: torch.Tensor  # this rank's symmetric buffer, (capacity,) of the message dtype
+    handle: Any  # torch's _SymmetricMemory of the buffer: barrier(channel), buffer_ptrs
+    peers: torch.Tensor  # (world,) int64 device addresses of every rank's buffer, rank order
+
+
+_EXCHANGES: dict[tuple[str, str, torch.dtype], _Exchange] = {}
+
+
+def _exchange(group: Any, device: torch.device, dtype: torch.dtype, numel: int) -> _Exchange:
+    """This rank's exchange buffer for ``group`` (None: the default group), grown to hold ``numel`` elements.
+    Creating or growing one is collective; every rank calls with the same shapes (the op's contract), so the ranks
+    reach it together."""
+    from torch.distributed import _symmetric_memory as symm_mem
+
+    name = (group if group is not None else torch.distributed.group.WORLD).group_name  # type: ignore[union-attr]
+    key = (name, str(device), dtype)
+    ex = _EXCHANGES.get(key)
+    if ex is None or ex.buffer.numel() < numel:
+        if hasattr(symm_mem, "enable_symm_mem_for_group"):  # required by older torch, a deprecated no-op later
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                symm_mem.enable_symm_mem_for_group(name)
+        buffer = symm_mem.empty(triton.next_power_of_2(max(numel, 1)), dtype=dtype, device=device)
+        handle = symm_mem.rendezvous(buffer, name)
+        peers = torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device=device)
+        ex = _EXCHANGES[key] = _Exchange(buffer, handle, peers)
+    return ex
+
+
+def sum_add_rms_norm(peers: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, s): s = the sum of the (rows, hidden) contributions at ``peers`` + residual, y = rms_norm(s) * weight.
+
+    peers: (world,) int64 addresses of contiguous (rows, hidden) tensors of residual's dtype, on its device;
+    residual: (rows, hidden) contiguous, hidden <= :data:`MAX_BLOCK`; weight: (hidden,) contiguous.
+    """
+    rows, n = residual.shape
+    y, s = torch.empty_like(residual), torch.empty_like(residual)
+    if rows == 0:
+        return y, s
+    cfg = block_config(min(rows, 16), n)
+    assert cfg is not None, f"hidden={n} > {MAX_BLOCK}: the capability declines it"
+    bm, bn, nw = cfg
+    K._sum_add_rms_norm_block[(triton.cdiv(rows, bm),)](peers, residual, weight, y, s, rows, n, eps,
+                                                        WORLD=peers.numel(), BLOCK_M=bm, BLOCK_N=bn, num_warps=nw)
+    return y, s
+
+
+def all_reduce_fused_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                              group: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    ex = _exchange(group, x.device, x.dtype, x.numel())
+    ex.buffer[: x.numel()].view_as(x).copy_(x)
+    ex.handle.barrier(channel=0)  # every rank's contribution is in its buffer
+    y, s = sum_add_rms_norm(ex.peers, residual, weight.contiguous(), eps)
+    ex.handle.barrier(channel=1)  # every rank has read every buffer: the next call may overwrite them
+    return y, s
+
+
+def _message_bytes(p: Any) -> int:
+    return int(p.rows * p.hidden * p.dtype.itemsize)
+
+
+def _check(p: Any) -> list[str]:
+    out = []
+    if p.world_size < 2:
+        out.append(f"world_size={p.world_size}: a one-shot exchange needs 2+ ranks (one rank has nothing to sum)")
+    if p.group_backend != "nccl":
+        out.append(f"group_backend={p.group_backend!r}: peer memory needs the GPU ranks of an 'nccl' group")
+    elif p.device == "cuda" and p.world_size > torch.cuda.device_count():
+        out.append(f"world_size={p.world_size} > {torch.cuda.device_count()} GPUs here: peer memory needs every rank "
+                   f"on this host")
+    if _message_bytes(p) > ONE_SHOT_MAX_BYTES:
+        out.append(f"message {_message_bytes(p) / 2**20:.1f} MiB > {ONE_SHOT_MAX_BYTES / 2**20:.0f} MiB: one-shot "
+                   f"reads the whole message from every peer; NCCL's ring is faster past it")
+    return out
+
+
+def _cost(p: Any) -> float:
+    """Copy in and the kernel's local traffic through HBM, the peers' contributions over NVLink, two barriers."""
+    if not on_gpu(p):
+        return math.inf
+    nbytes = _message_bytes(p)
+    local = 6 * nbytes  # copy (read x, write buffer); own buffer, residual, both outputs
+    return memory_bound(p, local, launches=2) + 2 * BARRIER + (p.world_size - 1) * nbytes / NVLINK_BANDWIDTH
+
+
+def _missing_symmetric_memory() -> str | None:
+    try:
+        from torch.distributed import _symmetric_memory as symm_mem
+    except ImportError as e:
+        return f"torch {torch.__version__} has no torch.distributed symmetric memory ({e})"
+    if not hasattr(symm_mem, "empty"):
+        return f"torch {torch.__version__}'s symmetric memory has no empty(): a newer torch is needed"
+    return None
+
+
+_CAP = Capability(devices=frozenset({"cuda"}), dtypes=DTYPES, limits={"hidden": MAX_BLOCK, "world_size": 8},
+                  check=_check)
+
+
+def kernels() -> list[Kernel]:
+    missing = _missing_symmetric_memory()
+    return [
+        Kernel("comm.all_reduce_fused_rms_norm", "one_shot_all_reduce_rms_norm", BACKEND, _CAP,
+               all_reduce_fused_rms_norm, priority=PRIORITY, cost=_cost, unavailable=missing,
+               install="pip install -U torch" if missing else None,
+               doc="one-shot all-reduce over symmetric (peer) memory fused with residual add + RMSNorm; "
+                   f"messages <= {ONE_SHOT_MAX_BYTES >> 20} MiB"),
+    ]

@@ -1,0 +1,164 @@
+"""Triton's one-shot all-reduce + residual + RMSNorm: the kernel over simulated peers (several buffers of one
+process, CPU interpreter or GPU), its declared capability and cost, and the symmetric-memory exchange between real
+ranks (GPU: one rank on one GPU, and two ranks where two GPUs are)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import kernel_switchboard as ksb
+from kernel_switchboard.availability import triton_interpreting
+from kernel_switchboard.ops.comm import CommProblem
+from kernel_switchboard.testing import assert_close, tolerance
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.skipif(DEVICE == "cpu" and not triton_interpreting(),
+                                reason="Triton kernels need a CUDA GPU or TRITON_INTERPRET=1")
+OP = "comm.all_reduce_fused_rms_norm"
+EPS = 1e-6
+
+
+def _inputs(world: int, rows: int, hidden: int, dtype: torch.dtype,
+            device: str = DEVICE) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+    """Every rank's contribution (rank r seeded 100 + r), the residual and the weight (the same on every rank)."""
+    xs = [torch.randn(rows, hidden, generator=torch.Generator().manual_seed(100 + r)).to(device, dtype)
+          for r in range(world)]
+    residual = torch.randn(rows, hidden, generator=torch.Generator().manual_seed(7)).to(device, dtype)
+    weight = (torch.rand(hidden, generator=torch.Generator().manual_seed(8)) + 0.5).to(device, dtype)
+    return xs, residual, weight
+
+
+def _expected(xs: list[torch.Tensor], residual: torch.Tensor,
+              weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, s) in float64: s = sum of the contributions + residual, y = rms_norm(s) * weight."""
+    s = sum(x.double() for x in xs) + residual.double()
+    return s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + EPS) * weight.double(), s
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("world", [1, 2, 4])
+@pytest.mark.parametrize("rows,hidden", [(1, 64), (5, 200), (33, 96)])
+def test_kernel_sums_simulated_peers_then_normalises(world: int, dtype: torch.dtype, rows: int, hidden: int) -> None:
+    from kernel_switchboard_triton.comm import sum_add_rms_norm
+
+    xs, residual, weight = _inputs(world, rows, hidden, dtype)
+    peers = torch.tensor([x.data_ptr() for x in xs], dtype=torch.int64, device=DEVICE)
+    y, s = sum_add_rms_norm(peers, residual, weight, EPS)
+    want_y, want_s = _expected(xs, residual, weight)
+    atol, rtol = tolerance(dtype)
+    assert y.dtype == s.dtype == dtype and y.shape == s.shape == residual.shape
+    assert_close(s, want_s.to(dtype), atol=atol, rtol=rtol)
+    assert_close(y, want_y.to(dtype), atol=atol, rtol=rtol)
+
+
+def test_kernel_takes_no_rows() -> None:
+    from kernel_switchboard_triton.comm import sum_add_rms_norm
+
+    xs, residual, weight = _inputs(2, 0, 64, torch.float32)
+    peers = torch.tensor([x.data_ptr() for x in xs], dtype=torch.int64, device=DEVICE)
+    y, s = sum_add_rms_norm(peers, residual, weight, EPS)
+    assert y.shape == s.shape == (0, 64)
+
+
+def _kernel() -> Any:
+    return next(k for k in ksb.registry.kernels(OP) if k.backend == "triton")
+
+
+def _problem(**fields: Any) -> CommProblem:
+    base: dict[str, Any] = dict(device="cuda", cc=(9, 0), dtype=torch.bfloat16, hidden=8192, rows=256, world_size=2,
+                                group_backend="nccl", features=frozenset())
+    return CommProblem(**(base | fields))
+
+
+def test_capability_declines_what_one_shot_cannot_serve(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Declared: GPU ranks of one host in an NCCL group, 2-8 of them, messages <= 4 MiB, hidden <= 16384."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    cap = _kernel().capability
+    assert cap.reasons(_problem()) == []
+    cases = {
+        "world_size=1": _problem(world_size=1),
+        "group_backend='gloo'": _problem(group_backend="gloo"),
+        "message 128.0 MiB > 4 MiB": _problem(rows=8192),
+        "hidden=32768": _problem(hidden=32768, rows=1),
+        "world_size=16": _problem(world_size=16),
+        "device=cpu": _problem(device="cpu"),
+        "dtype=float8_e4m3fn": _problem(dtype=torch.float8_e4m3fn),
+    }
+    for expected, problem in cases.items():
+        reasons = cap.reasons(problem)
+        assert any(expected in r for r in reasons), (expected, reasons)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert any("needs every rank on this host" in r for r in cap.reasons(_problem()))
+
+
+def test_cost_grows_with_message_and_peers() -> None:
+    cost = _kernel().cost
+    assert cost(_problem(device="cpu")) == float("inf")
+    assert 0 < cost(_problem(rows=1)) < cost(_problem(rows=256)) < cost(_problem(rows=256, world_size=4))
+
+
+def test_one_process_is_served_by_the_reference() -> None:
+    """Without a process group the op is the residual add + RMSNorm: the one-shot kernel says why it declines."""
+    xs, residual, weight = _inputs(1, 3, 64, torch.float32)
+    sel = ksb.explain(OP, xs[0], residual, weight)
+    assert sel.kernel.backend == "reference"
+    assert "world_size=1" in str(sel) or "device=cpu" in str(sel)
+
+
+# -- real ranks (GPU) --------------------------------------------------------------------------------------------
+
+
+def _rank_worker(rank: int, world: int, init_file: str) -> None:
+    """One rank: its contribution through the exchange (the public op where 2+ ranks are, else the kernel module
+    directly), against the float64 expectation; every rank's outputs bit-identical."""
+    from kernel_switchboard_triton import comm
+
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            device_id=torch.device("cuda", rank))
+    try:
+        for rows, hidden, dtype in ((1, 8192, torch.bfloat16), (7, 4096, torch.float16), (256, 7168, torch.bfloat16),
+                                    (3, 200, torch.float32), (64, 8192, torch.bfloat16)):
+            xs, residual, weight = _inputs(world, rows, hidden, dtype, device="cuda")
+            x0 = xs[rank].clone()
+            for _ in range(3):  # the buffer is reused: its barriers keep each call's contributions apart
+                if world >= 2:
+                    assert ksb.explain(OP, xs[rank], residual, weight, EPS).kernel.backend == "triton"
+                    y, s = ksb.comm.all_reduce_fused_rms_norm(xs[rank], residual, weight, EPS)
+                else:
+                    y, s = comm.all_reduce_fused_rms_norm(xs[rank], residual, weight, EPS, None)
+                want_y, want_s = _expected(xs, residual, weight)
+                atol, rtol = tolerance(dtype)
+                assert torch.equal(xs[rank], x0)
+                assert_close(s, want_s.to(dtype), atol=atol, rtol=rtol)
+                assert_close(y, want_y.to(dtype), atol=atol, rtol=rtol)
+                gathered = [torch.empty_like(y) for _ in range(world)]
+                dist.all_gather(gathered, y)
+                assert all(torch.equal(g, y) for g in gathered), "ranks disagree"
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawn(world: int, tmp_path: Path) -> None:
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} GPUs, {torch.cuda.device_count()} here")
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off on shared hosts
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    mp.spawn(_rank_worker, args=(world, str(tmp_path / "rendezvous")), nprocs=world, join=True)
+
+
+@pytest.mark.gpu
+def test_exchange_on_one_gpu(tmp_path: Path) -> None:
+    _spawn(1, tmp_path)
+
+
+@pytest.mark.gpu
+def test_exchange_on_two_gpus(tmp_path: Path) -> None:
+    _spawn(2, tmp_path)
