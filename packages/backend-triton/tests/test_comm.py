@@ -4,7 +4,6 @@ ranks (GPU: one rank on one GPU, and two ranks where two GPUs are)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ import torch.multiprocessing as mp
 
 import kernel_switchboard as ksb
 from kernel_switchboard.availability import triton_interpreting
+from kernel_switchboard.engine.tp import set_safe_env
 from kernel_switchboard.ops.comm import CommProblem
 from kernel_switchboard.testing import assert_close, tolerance
 
@@ -149,8 +149,7 @@ def _rank_worker(rank: int, world: int, init_file: str) -> None:
 def _spawn(world: int, tmp_path: Path) -> None:
     if torch.cuda.device_count() < world:
         pytest.skip(f"needs {world} GPUs, {torch.cuda.device_count()} here")
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off on shared hosts
-    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    set_safe_env()  # NVLink multicast stays off on shared hosts (inherited by the spawned ranks)
     mp.spawn(_rank_worker, args=(world, str(tmp_path / "rendezvous")), nprocs=world, join=True)
 
 
