@@ -241,3 +241,20 @@ def test_explain_warns_when_the_chosen_kernel_reads_stale_page_slots(register) -
     assert sel.kernel.id == "t_stale:k" and isinstance(sel.problem, DecodeProblem)
     assert "must hold finite values" in str(sel)
     assert "must hold finite" not in str(ksb.explain("attention.decode", q, cache, table, backend="reference"))
+
+
+def test_collectives_are_never_autotuned(register, monkeypatch) -> None:
+    """Ranks that time kernels apart could pick different ones for one collective, which would then never meet;
+    a local op with the same two candidates is autotuned (the control)."""
+    from kernel_switchboard.ops.comm import CommProblem
+
+    monkeypatch.setenv("KSB_TUNE_CACHE", "unused-by-select.json")
+    cap = Capability(devices=frozenset({"cuda"}))
+    ops = ("comm.all_reduce_fused_rms_norm", "norm.rms_norm")
+    register(_plugin("tt", [Kernel(op, name, "tt", cap, _double, cost=lambda p, c=c: c)
+                            for op in ops for name, c in (("a", 1e-6), ("b", 2e-6))]))
+    comm = CommProblem("cuda", (9, 0), torch.bfloat16, 8192, 16, 2, "nccl", frozenset())
+    with ksb.autotune():
+        assert ksb.select("norm.rms_norm", _problem(device="cuda", cc=(9, 0))).kernel.id.startswith("autotune(")
+        sel = ksb.select("comm.all_reduce_fused_rms_norm", comm)
+    assert sel.kernel.id == "tt:a" and not any("autotuning" in n for n in sel.notes)

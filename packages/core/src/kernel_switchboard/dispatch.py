@@ -12,7 +12,8 @@ Automatic tuning (opt-in: ``KSB_AUTOTUNE=1`` or ``with ksb.autotune():``): the f
 GPU problem with several eligible kernels times the shortlisted kernels on the call's own arguments,
 stores the winner in the persistent cache and returns the winner's result. It never happens for an
 explicit choice, for in-place ops, for sampling ops (timing runs would consume the caller's random
-stream), inside CUDA-graph capture, or with ``KSB_TUNE_CACHE=off``.
+stream), for collectives (``comm.*``: every rank must pick the same kernel, and one rank's timings may differ
+from another's), inside CUDA-graph capture, or with ``KSB_TUNE_CACHE=off``.
 
 Selections are cached by ``(op, problem, preferences, registry generation, tuning generation)``.
 """
@@ -248,9 +249,10 @@ def _select_cold(op: str, problem: Any, prefs: tuple[str, ...], strict: bool) ->
         source = "priority"
     sel = Selection(op, problem, best.kernel, eligible + ineligible, source, prefs)
     features: frozenset[str] = getattr(problem, "features", frozenset())
-    # never for random ops (timing runs would consume the caller's generator) or in-place ones
+    # never for random ops (timing runs would consume the caller's generator), collectives (ranks timing apart
+    # could pick different kernels, which would not meet) or in-place ops
     if (source in ("cost", "priority") and len(eligible) > 1 and getattr(problem, "device", None) == "cuda"
-            and not op.startswith("sampling.") and not features & {"cuda_graph", "in_place", "generator"}
+            and not op.startswith(("sampling.", "comm.")) and not features & {"cuda_graph", "in_place", "generator"}
             and _autotune_on()):
         shortlist = [c.kernel for c in eligible if not c.needs_build][:AUTOTUNE_SHORTLIST]
         if len(shortlist) > 1:
