@@ -291,6 +291,8 @@ def _small_specs() -> list[AttnSpec]:
         AttnSpec(f16, "NHD", 16, 2, 1, head_dim=128, kv_lens=(21, 2)),
         AttnSpec(bf16, "HND", 16, 4, 2, kv_lens=(26, 7), soft_cap=4.0, window=5, lse=True),
         AttnSpec(f16, "NHD", 16, 8, 1, kv_lens=(19, 4)),  # GQA group 8
+        AttnSpec(bf16, "HND", 16, 4, 2, head_dim=96, kv_lens=(27, 1), lse=True),  # Phi-3's head dim
+        AttnSpec(f16, "NHD", 1, 2, 1, head_dim=80, kv_lens=(9, 30), soft_cap=5.0),  # Phi-2's
     ]
 
 
@@ -327,6 +329,7 @@ def _large_specs(rng: random.Random) -> list[AttnSpec]:
         AttnSpec(bf16, "HND", 128, 32, 8, 128, kv_dtype=e4m3, lse=True),
         AttnSpec(f16, "NHD", 16, 32, 8, 64),
         AttnSpec(torch.float32, "NHD", 16, 32, 8, 128),
+        AttnSpec(bf16, "HND", 16, 32, 32, 96, lse=True),
     ]
     out = []
     for spec in base:
