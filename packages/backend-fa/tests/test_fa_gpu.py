@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import kernel_switchboard as ksb
-from kernel_switchboard import Kernel, KernelUnavailableError
+from kernel_switchboard import Kernel
 from kernel_switchboard.registry import registry
-from kernel_switchboard.testing import Case, assert_close, conformance_test, kernel_cases, tolerance
+from kernel_switchboard.testing import Case, assert_close, conformance_test, declares, kernel_cases, tolerance
 from kernel_switchboard.testing.cases.attention import AttnSpec, decode_case, prefill_case, ragged_case, write_positions
 
 BF16, F16 = torch.bfloat16, torch.float16
@@ -49,19 +49,11 @@ def _ragged_params() -> list[object]:
                                        marks=pytest.mark.skip(reason=f"{k.id}: {k.unavailable}")))
             continue
         cases = kernel_cases(k, torch.device("cuda"), "large")
-        cases += [c for c in extra if _eligible(k, c)]
+        cases += [c for c in extra if declares(k, c)]
         params.extend(pytest.param(k, c, id=f"{k.id}-{c.id}") for c in cases)
         if not cases:
             params.append(pytest.param(k, None, id=f"{k.id}-nocase"))
     return params
-
-
-def _eligible(kernel: Kernel, case: Case) -> bool:
-    try:
-        ksb.explain(case.op, *case.args, backend=kernel.id, **case.kwargs)
-    except KernelUnavailableError:
-        return False
-    return True
 
 
 @pytest.mark.gpu

@@ -19,13 +19,14 @@ from typing import Any
 
 from .case import Case, assert_close, clone_args, finite_stale, tolerance
 
-__all__ = ["Case", "assert_close", "clone_args", "conformance_test", "finite_stale", "kernel_cases", "tolerance"]
+__all__ = ["Case", "assert_close", "clone_args", "conformance_test", "declares", "finite_stale", "kernel_cases",
+           "tolerance"]
 
 
 def __getattr__(name: str) -> Any:
-    """``conformance_test`` and ``kernel_cases`` on first use: they need pytest, which the case builders that
-    ``switchboard explain`` / ``bench`` / ``tune`` use do not (a user's install has no pytest)."""
-    if name in ("conformance_test", "kernel_cases"):
+    """``conformance_test``, ``declares`` and ``kernel_cases`` on first use: they need pytest, which the case
+    builders that ``switchboard explain`` / ``bench`` / ``tune`` use do not (a user's install has no pytest)."""
+    if name in ("conformance_test", "declares", "kernel_cases"):
         from . import conformance
 
         return getattr(conformance, name)

@@ -25,7 +25,8 @@ def op_cases(op: str, device: torch.device, size: str = "small") -> list[Case]:
     return list(module.cases(op, device, size))
 
 
-def _eligible(kernel: Kernel, case: Case) -> bool:
+def declares(kernel: Kernel, case: Case) -> bool:
+    """Whether ``case`` lies inside ``kernel``'s declared capability (dispatch with ``backend=kernel.id`` accepts it)."""
     try:
         explain(case.op, *case.args, backend=kernel.id, **case.kwargs)
     except KernelUnavailableError:
@@ -35,7 +36,7 @@ def _eligible(kernel: Kernel, case: Case) -> bool:
 
 def kernel_cases(kernel: Kernel, device: torch.device, size: str = "small") -> list[Case]:
     """The cases of ``kernel.op`` that lie inside ``kernel``'s declared capability."""
-    return [c for c in op_cases(kernel.op, device, size) if _eligible(kernel, c)]
+    return [c for c in op_cases(kernel.op, device, size) if declares(kernel, c)]
 
 
 def _default_device() -> torch.device:
