@@ -1,6 +1,6 @@
 """Seeded random attention problems across the Triton kernels' declared space, against the reference: head dims
 (also q/k and v differing), GQA groups, page sizes, layouts, lengths including 0 and 1, soft cap, window, LSE,
-fp8 KV, and decode, paged prefill (full, append, mixed with decode rows) and ragged prefill."""
+fp8 KV (e4m3, e5m2), and decode, paged prefill (full, append, mixed with decode rows) and ragged prefill."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def _random_case(seed: int) -> Case:
     spec = AttnSpec(dtype, rng.choice(["NHD", "HND"]), rng.choice([1, 8, 16, 32, 64, 128]), kv_heads * group,
                     kv_heads, head_dim, head_dim_v, kv_lens=lens, soft_cap=rng.choice([None, None, 7.0]),
                     window=rng.choice([None, None, rng.randint(0, 60)]), lse=rng.random() < 0.5,
-                    kv_dtype=rng.choice([None, None, torch.float8_e4m3fn]))
+                    kv_dtype=rng.choice([None, None, torch.float8_e4m3fn, torch.float8_e5m2]))
     kind = rng.choice(["decode", "prefill", "ragged"])
     if kind == "decode":
         return decode_case(spec, DEVICE, seed)

@@ -5,7 +5,7 @@ The kernels and their launchers live in ``_decode.py`` (paged decode, split-KV +
 and ``_merge.py`` (merge_states). Capabilities state exactly what the kernels do:
 
 - q/out dtypes fp16 and bf16 (dots on tensor cores, float32 accumulation and softmax);
-- KV dtypes: q's dtype, or fp8 e4m3 with scales (dequantised in registers);
+- KV dtypes: q's dtype, or fp8 (e4m3, e5m2) with scales (dequantised in registers);
 - head dims 64, 80, 96, 128, 192, 256 (prefill splits the qk dot into power-of-two parts, 192 = 128 + 64,
   96 = 64 + 32, 80 = 64 + 16; decode and the v dims pad to a power of two in registers); any page size; NHD, HND;
 - soft cap, sliding window, LSE, and CUDA-graph capturable runs; deterministic (no atomics);
@@ -42,17 +42,18 @@ from ._prefill import PrefillPlan, prefill, prefill_ragged
 from .dense import dense
 
 _HALF = frozenset({torch.float16, torch.bfloat16})
+_FP8 = frozenset({torch.float8_e4m3fn, torch.float8_e5m2})
 _DIMS = frozenset({64, 80, 96, 128, 192, 256})
 _COMMON = frozenset({"sliding_window", "soft_cap", "return_lse", "qk_v_dims_differ", "cuda_graph", "deterministic",
                      "custom_variant"})
 
 DECODE = Capability(
-    devices=DEVICES, min_cc=(8, 0), dtypes=_HALF, kv_dtypes=_HALF | {torch.float8_e4m3fn}, head_dims=_DIMS,
+    devices=DEVICES, min_cc=(8, 0), dtypes=_HALF, kv_dtypes=_HALF | _FP8, head_dims=_DIMS,
     head_dims_v=_DIMS, page_sizes=None, layouts=frozenset({"NHD", "HND"}),
     features=_COMMON | {"paged", "fp8_kv"}, limits={"group_size": 64}, check=fp8_needs_sm89,
 )
 PREFILL = Capability(
-    devices=DEVICES, min_cc=(8, 0), dtypes=_HALF, kv_dtypes=_HALF | {torch.float8_e4m3fn}, head_dims=_DIMS,
+    devices=DEVICES, min_cc=(8, 0), dtypes=_HALF, kv_dtypes=_HALF | _FP8, head_dims=_DIMS,
     head_dims_v=_DIMS, page_sizes=None, layouts=frozenset({"NHD", "HND"}),
     features=_COMMON | {"paged", "causal", "fp8_kv", "mixed_batch"}, limits={"group_size": 64}, check=fp8_needs_sm89,
 )

@@ -293,6 +293,7 @@ def _small_specs() -> list[AttnSpec]:
         AttnSpec(f16, "NHD", 16, 8, 1, kv_lens=(19, 4)),  # GQA group 8
         AttnSpec(bf16, "HND", 16, 4, 2, head_dim=96, kv_lens=(27, 1), lse=True),  # Phi-3's head dim
         AttnSpec(f16, "NHD", 1, 2, 1, head_dim=80, kv_lens=(9, 30), soft_cap=5.0),  # Phi-2's
+        AttnSpec(bf16, "NHD", 16, 4, 2, kv_lens=(25, 6), kv_dtype=torch.float8_e5m2, lse=True),
     ]
 
 
@@ -330,6 +331,7 @@ def _large_specs(rng: random.Random) -> list[AttnSpec]:
         AttnSpec(f16, "NHD", 16, 32, 8, 64),
         AttnSpec(torch.float32, "NHD", 16, 32, 8, 128),
         AttnSpec(bf16, "HND", 16, 32, 32, 96, lse=True),
+        AttnSpec(f16, "NHD", 16, 32, 8, 128, kv_dtype=torch.float8_e5m2),
     ]
     out = []
     for spec in base:
