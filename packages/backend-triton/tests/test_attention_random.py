@@ -1,6 +1,9 @@
-"""Seeded random attention problems across the Triton kernels' declared space, against the reference: head dims
-(also q/k and v differing), GQA groups, page sizes, layouts, lengths including 0 and 1, soft cap, window, LSE,
-fp8 KV (e4m3, e5m2), and decode, paged prefill (full, append, mixed with decode rows) and ragged prefill."""
+"""Seeded random problems across the Triton attention and KV-cache kernels' declared space, against the reference.
+
+Attention: head dims (also q/k and v differing), GQA groups, page sizes, layouts, lengths including 0 and 1, soft
+cap, window, LSE, fp8 KV (e4m3, e5m2), and decode, paged prefill (full, append, mixed with decode rows) and ragged
+prefill. MLA decode: heads, page sizes, lengths, new tokens per request, LSE. KV append: layouts, page sizes, head
+dims, fp8 pages, decode steps and prefill chunks, standard and MLA pages."""
 
 from __future__ import annotations
 
@@ -17,9 +20,11 @@ from kernel_switchboard.testing.cases.attention import (
     AttnSpec,
     _with_queries,
     decode_case,
+    mla_case,
     prefill_case,
     ragged_case,
 )
+from kernel_switchboard.testing.cases.kv_cache import append_case, append_mla_case
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(DEVICE == "cpu" and not triton_interpreting(),
@@ -48,11 +53,37 @@ def _random_case(seed: int) -> Case:
     return prefill_case(spec, DEVICE, seed)
 
 
+def _random_mla_or_append(seed: int) -> Case:
+    rng = random.Random(seed)
+    dtype = rng.choice([torch.float16, torch.bfloat16])
+    lens = tuple(rng.choice([1, 2, rng.randint(3, 150)]) for _ in range(rng.randint(1, 3)))
+    kind = rng.choice(["mla", "append", "append_mla"])
+    if kind == "mla":
+        return mla_case(dtype, tuple(rng.choice([0, n]) for n in lens), rng.choice([1, 16, 20, 64, 128]),
+                        rng.choice([1, 16, 32, 64]), DEVICE, lse=rng.random() < 0.5, seed=seed,
+                        q_len=rng.choice([1, 1, 2, 3]))
+    new = None if rng.random() < 0.5 else tuple(rng.randint(0, n) for n in lens)  # None: one token each
+    if kind == "append_mla":
+        return append_mla_case(dtype, rng.choice([1, 16, 64]), lens, new, DEVICE, seed=seed)
+    head_dim = rng.choice(DIMS)
+    return append_case(dtype, rng.choice(["NHD", "HND"]), rng.choice([1, 16, 32, 64, 128]), rng.choice([1, 2, 8]),
+                       head_dim, lens, new, DEVICE, kv_dtype=rng.choice([None, torch.float8_e4m3fn, torch.float8_e5m2]),
+                       head_dim_v=rng.choice([head_dim, 64]), seed=seed)
+
+
 @pytest.mark.parametrize("seed", range(96))
 def test_random_problem_matches_reference(seed: int) -> None:
+    _compare_with_every_triton_kernel(_random_case(seed))
+
+
+@pytest.mark.parametrize("seed", range(1000, 1032))
+def test_random_mla_or_append_matches_reference(seed: int) -> None:
+    _compare_with_every_triton_kernel(_random_mla_or_append(seed))
+
+
+def _compare_with_every_triton_kernel(case: Case) -> None:
     from kernel_switchboard import registry
 
-    case = _random_case(seed)
     kernels = [k for k in registry.kernels(case.op) if k.backend == "triton" and declares(k, case)]
     assert kernels, f"{case.id}: no Triton kernel declares it (the sampled space drifted from the capability)"
     for kernel in kernels:
