@@ -1,6 +1,6 @@
 """Triton's one-shot all-reduce + residual + RMSNorm: the kernel over simulated peers (several buffers of one
-process, CPU interpreter or GPU), its declared capability and cost, and the symmetric-memory exchange between real
-ranks (GPU: one rank on one GPU, and two ranks where two GPUs are)."""
+process, CPU interpreter or GPU), the launcher's exchange through a simulated symmetric memory, the declared
+capability and cost, and the exchange between real ranks (GPU: one rank on one GPU, two where two GPUs are)."""
 
 from __future__ import annotations
 
@@ -110,6 +110,58 @@ def test_one_process_is_served_by_the_reference() -> None:
     sel = ksb.explain(OP, xs[0], residual, weight)
     assert sel.kernel.backend == "reference"
     assert "world_size=1" in str(sel) or "device=cpu" in str(sel)
+
+
+class _SimulatedPeers:
+    """torch's ``_SymmetricMemory`` for ranks simulated in this process (rank 0 is this one): at the first barrier
+    of a call every peer "copies" its contribution into its buffer; barriers record their channels."""
+
+    def __init__(self, allocation: torch.Tensor, contributions: list[torch.Tensor]) -> None:
+        self.rank, self.world_size, self.contributions = 0, len(contributions), contributions
+        self.buffers = [allocation] + [torch.full_like(allocation, float("nan")) for _ in contributions[1:]]
+        self.channels: list[int] = []
+
+    def get_buffer(self, rank: int, sizes: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        return self.buffers[rank].view(dtype)[: sizes[0]]
+
+    def barrier(self, channel: int = 0) -> None:
+        self.channels.append(channel)
+        if channel == 0:
+            for buffer, x in zip(self.buffers[1:], self.contributions[1:]):
+                buffer[: x.numel()].copy_(x.flatten())
+
+
+def test_exchange_through_simulated_symmetric_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launcher's exchange, as far as one process can take it: buffers made on first use and grown for a larger
+    message, this rank's x copied in, the peers' addresses read from the handle, barrier 0 before the kernel and
+    barrier 1 after it."""
+    from types import SimpleNamespace
+
+    from torch.distributed import _symmetric_memory as symm_mem
+
+    from kernel_switchboard_triton import comm
+
+    handles: list[_SimulatedPeers] = []
+    contributions: list[torch.Tensor] = []
+
+    def rendezvous(allocation: torch.Tensor, group: str) -> _SimulatedPeers:
+        assert group == "simulated"
+        handles.append(_SimulatedPeers(allocation, contributions))
+        return handles[-1]
+
+    monkeypatch.setattr(symm_mem, "empty", lambda n, dtype, device: torch.empty(n, dtype=dtype, device=device))
+    monkeypatch.setattr(symm_mem, "rendezvous", rendezvous)
+    monkeypatch.setattr(symm_mem, "enable_symm_mem_for_group", lambda name: None, raising=False)
+    monkeypatch.setattr(dist, "group", SimpleNamespace(WORLD=SimpleNamespace(group_name="simulated")))
+    monkeypatch.setattr(comm, "_EXCHANGES", {})
+    for rows, world in ((3, 2), (2, 2), (9, 2)):  # the third message outgrows the first buffer
+        xs, residual, weight = _inputs(world, rows, 48, torch.float32)
+        contributions[:] = xs
+        y, s = comm.all_reduce_fused_rms_norm(xs[0], residual, weight, EPS, None)
+        want_y, want_s = _expected(xs, residual, weight)
+        assert_close(s, want_s.float(), atol=1e-5, rtol=1e-5)
+        assert_close(y, want_y.float(), atol=1e-5, rtol=1e-5)
+    assert len(handles) == 2 and handles[0].channels == [0, 1, 0, 1] and handles[1].channels == [0, 1]
 
 
 # -- real ranks (GPU) --------------------------------------------------------------------------------------------

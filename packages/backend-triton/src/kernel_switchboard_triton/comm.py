@@ -38,8 +38,9 @@ DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
 
 @dataclass
 class _Exchange:
-    buffer: torch.Tensor  # this rank's symmetric buffer, (capacity,) of the message dtype
-    handle: Any  # torch's _SymmetricMemory of the buffer: barrier(channel), buffer_ptrs
+    allocation: torch.Tensor  # this rank's symmetric allocation (kept alive while the exchange is)
+    handle: Any  # torch's _SymmetricMemory of it: barrier(channel), get_buffer(rank, sizes, dtype)
+    local: torch.Tensor  # (capacity,) of the message dtype: this rank's buffer, as its peers address it
     peers: torch.Tensor  # (world,) int64 device addresses of every rank's buffer, rank order
 
 
@@ -55,15 +56,17 @@ def _exchange(group: Any, device: torch.device, dtype: torch.dtype, numel: int) 
     name = (group if group is not None else torch.distributed.group.WORLD).group_name  # type: ignore[union-attr]
     key = (name, str(device), dtype)
     ex = _EXCHANGES.get(key)
-    if ex is None or ex.buffer.numel() < numel:
+    if ex is None or ex.local.numel() < numel:
         if hasattr(symm_mem, "enable_symm_mem_for_group"):  # required by older torch, a deprecated no-op later
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", FutureWarning)
                 symm_mem.enable_symm_mem_for_group(name)
-        buffer = symm_mem.empty(triton.next_power_of_2(max(numel, 1)), dtype=dtype, device=device)
-        handle = symm_mem.rendezvous(buffer, name)
-        peers = torch.tensor(handle.buffer_ptrs, dtype=torch.int64, device=device)
-        ex = _EXCHANGES[key] = _Exchange(buffer, handle, peers)
+        capacity = triton.next_power_of_2(max(numel, 1))
+        allocation = symm_mem.empty(capacity, dtype=dtype, device=device)
+        handle = symm_mem.rendezvous(allocation, name)
+        views = [handle.get_buffer(rank, (capacity,), dtype) for rank in range(handle.world_size)]
+        peers = torch.tensor([v.data_ptr() for v in views], dtype=torch.int64, device=device)
+        ex = _EXCHANGES[key] = _Exchange(allocation, handle, views[handle.rank], peers)
     return ex
 
 
@@ -89,7 +92,7 @@ def sum_add_rms_norm(peers: torch.Tensor, residual: torch.Tensor, weight: torch.
 def all_reduce_fused_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                               group: Any) -> tuple[torch.Tensor, torch.Tensor]:
     ex = _exchange(group, x.device, x.dtype, x.numel())
-    ex.buffer[: x.numel()].view_as(x).copy_(x)
+    ex.local[: x.numel()].view_as(x).copy_(x)
     ex.handle.barrier(channel=0)  # every rank's contribution is in its buffer
     y, s = sum_add_rms_norm(ex.peers, residual, weight.contiguous(), eps)
     ex.handle.barrier(channel=1)  # every rank has read every buffer: the next call may overwrite them
