@@ -4,6 +4,7 @@ capability and cost, and the exchange between real ranks (GPU: one rank on one G
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +68,8 @@ def test_kernel_takes_no_rows() -> None:
     assert y.shape == s.shape == (0, 64)
 
 
-def _kernel() -> Any:
-    return next(k for k in ksb.registry.kernels(OP) if k.backend == "triton")
+def _kernel(name: str = "one_shot_all_reduce_rms_norm") -> Any:
+    return next(k for k in ksb.registry.kernels(OP) if k.id == f"triton:{name}")
 
 
 def _problem(**fields: Any) -> CommProblem:
@@ -99,9 +100,19 @@ def test_capability_declines_what_one_shot_cannot_serve(monkeypatch: pytest.Monk
 
 
 def test_cost_grows_with_message_and_peers() -> None:
-    cost = _kernel().cost
-    assert cost(_problem(device="cpu")) == float("inf")
-    assert 0 < cost(_problem(rows=1)) < cost(_problem(rows=256)) < cost(_problem(rows=256, world_size=4))
+    for kernel in (_kernel(), _kernel("all_reduce_then_norm")):
+        assert kernel.cost(_problem(device="cpu")) == float("inf")
+        assert 0 < kernel.cost(_problem(rows=1)) < kernel.cost(_problem(rows=256))
+        assert kernel.cost(_problem(rows=256)) < kernel.cost(_problem(rows=256, world_size=4))
+
+
+def test_one_shot_ranks_first_for_decode_sizes_and_all_reduce_then_norm_serves_the_rest() -> None:
+    one_shot, then_norm = _kernel(), _kernel("all_reduce_then_norm")
+    for rows in (1, 16, 256):
+        assert one_shot.cost(_problem(rows=rows)) < then_norm.cost(_problem(rows=rows))
+    large = _problem(rows=8192)
+    assert one_shot.capability.reasons(large) and not then_norm.capability.reasons(large)
+    assert any("world_size=1" in r for r in then_norm.capability.reasons(_problem(world_size=1)))
 
 
 def test_one_process_is_served_by_the_reference() -> None:
@@ -164,12 +175,38 @@ def test_exchange_through_simulated_symmetric_memory(monkeypatch: pytest.MonkeyP
     assert len(handles) == 2 and handles[0].channels == [0, 1, 0, 1] and handles[1].channels == [0, 1]
 
 
+def _gloo_worker(rank: int, world: int, init_file: str) -> None:
+    """One CPU rank: the all-reduce-then-norm kernel named explicitly (on the CPU the reference ranks first)."""
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        for dtype in (torch.float32, torch.bfloat16):
+            xs, residual, weight = _inputs(world, 5, 72, dtype, device="cpu")
+            x0 = xs[rank].clone()
+            assert ksb.explain(OP, xs[rank], residual, weight, EPS).kernel.backend == "reference"
+            y, s = ksb.comm.all_reduce_fused_rms_norm(xs[rank], residual, weight, EPS,
+                                                      backend="triton:all_reduce_then_norm")
+            want_y, want_s = _expected(xs, residual, weight)
+            atol, rtol = tolerance(dtype)
+            assert torch.equal(xs[rank], x0)
+            assert_close(s, want_s.to(dtype), atol=atol, rtol=rtol)
+            assert_close(y, want_y.to(dtype), atol=atol, rtol=rtol)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not triton_interpreting(), reason="the CPU ranks run the norm under TRITON_INTERPRET=1")
+def test_all_reduce_then_norm_on_two_gloo_ranks(tmp_path: Path) -> None:
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    mp.spawn(_gloo_worker, args=(2, str(tmp_path / "rendezvous")), nprocs=2, join=True)
+
+
 # -- real ranks (GPU) --------------------------------------------------------------------------------------------
 
 
 def _rank_worker(rank: int, world: int, init_file: str) -> None:
-    """One rank: its contribution through the exchange (the public op where 2+ ranks are, else the kernel module
-    directly), against the float64 expectation; every rank's outputs bit-identical."""
+    """One rank: its contribution through the public op where 2+ ranks are (one-shot up to 4 MiB, all-reduce then
+    norm past it), else through the kernels directly, against the float64 expectation; every rank's outputs
+    bit-identical."""
     from kernel_switchboard_triton import comm
 
     torch.cuda.set_device(rank)
@@ -177,15 +214,20 @@ def _rank_worker(rank: int, world: int, init_file: str) -> None:
                             device_id=torch.device("cuda", rank))
     try:
         for rows, hidden, dtype in ((1, 8192, torch.bfloat16), (7, 4096, torch.float16), (256, 7168, torch.bfloat16),
-                                    (3, 200, torch.float32), (64, 8192, torch.bfloat16)):
+                                    (3, 200, torch.float32), (64, 8192, torch.bfloat16), (1024, 8192, torch.bfloat16)):
             xs, residual, weight = _inputs(world, rows, hidden, dtype, device="cuda")
             x0 = xs[rank].clone()
+            one_shot = rows * hidden * dtype.itemsize <= comm.ONE_SHOT_MAX_BYTES
             for _ in range(3):  # the buffer is reused: its barriers keep each call's contributions apart
                 if world >= 2:
-                    assert ksb.explain(OP, xs[rank], residual, weight, EPS).kernel.backend == "triton"
+                    chosen = ksb.explain(OP, xs[rank], residual, weight, EPS).kernel.id
+                    assert chosen == ("triton:one_shot_all_reduce_rms_norm" if one_shot
+                                      else "triton:all_reduce_then_norm"), chosen
                     y, s = ksb.comm.all_reduce_fused_rms_norm(xs[rank], residual, weight, EPS)
-                else:
+                elif one_shot:
                     y, s = comm.all_reduce_fused_rms_norm(xs[rank], residual, weight, EPS, None)
+                else:
+                    y, s = comm.all_reduce_then_norm(xs[rank], residual, weight, EPS, None)
                 want_y, want_s = _expected(xs, residual, weight)
                 atol, rtol = tolerance(dtype)
                 assert torch.equal(xs[rank], x0)

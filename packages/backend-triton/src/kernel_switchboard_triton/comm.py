@@ -1,12 +1,17 @@
-"""Triton comm kernel: ``comm.all_reduce_fused_rms_norm`` as a one-shot all-reduce over peer memory.
+"""Triton comm kernels for ``comm.all_reduce_fused_rms_norm``: a one-shot all-reduce over peer memory fused with
+the norm (decode-sized messages), and ``torch.distributed``'s all-reduce followed by one fused add + RMSNorm pass.
 
-Each rank copies its x into a buffer of torch's symmetric memory (mapped into every rank of the group); a barrier
+One-shot: each rank copies its x into a buffer of torch's symmetric memory (mapped into every rank of the group); a barrier
 makes the copies visible; one kernel reads each row from every rank, sums in float32 in rank order (so every rank
 gets bit-identical outputs) and applies the residual add and RMSNorm (:mod:`._comm_kernels`); a second barrier
 holds the buffers until every rank has read them. Four launches and no NCCL call: the latency path for
 decode-sized messages. Every rank reads the whole message from every peer, so past :data:`ONE_SHOT_MAX_BYTES`
-the capability declines and NCCL's ring (the reference kernel) serves. Needs GPU ranks of one host in an NCCL
-group. Signature: see :mod:`kernel_switchboard.ops.comm`.
+the capability declines. Needs GPU ranks of one host in an NCCL group.
+
+All-reduce then norm: the collective (NCCL's ring on GPUs) sums a copy of x in x's dtype, as NCCL sums, then
+:func:`.norm.fused_add_rms_norm` adds the residual and normalises in one pass: the pair an engine would write by
+hand, and half the bytes on the wire of the reference's float32 sum. Serves every message size and group.
+Signature: see :mod:`kernel_switchboard.ops.comm`.
 """
 
 from __future__ import annotations
@@ -22,9 +27,9 @@ import triton
 from kernel_switchboard import Capability, Kernel
 
 from . import _comm_kernels as K
-from ._common import BACKEND, PRIORITY
+from ._common import BACKEND, DEVICES, PRIORITY
 from ._perf import memory_bound, on_gpu
-from .norm import MAX_BLOCK, block_config
+from .norm import DTYPES, MAX_BLOCK, block_config, fused_add_rms_norm
 
 #: largest message (rows x hidden x itemsize, rows bucketed) sent one-shot: 256 tokens of hidden 8192 in bf16.
 #: Not yet measured on 2+ GPUs (issue 11): the crossover with NCCL's ring is an estimate.
@@ -33,7 +38,8 @@ ONE_SHOT_MAX_BYTES = 4 << 20
 NVLINK_BANDWIDTH = 450e9
 #: seconds of one symmetric-memory barrier across the group (an estimate for ranking)
 BARRIER = 5e-6
-DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
+#: seconds of an NCCL all-reduce besides its bytes (an estimate for ranking)
+NCCL_LATENCY = 15e-6
 
 
 @dataclass
@@ -99,11 +105,20 @@ def all_reduce_fused_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: t
     return y, s
 
 
+def all_reduce_then_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                         group: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch.distributed's all-reduce of a copy of x (summed in x's dtype), then one fused add + RMSNorm pass."""
+    y, s = x.clone(), residual.clone()
+    torch.distributed.all_reduce(y, group=group)
+    fused_add_rms_norm(y, s, weight.contiguous(), eps, gemma=False)  # s <- sum + residual, y <- rms_norm(s) * w
+    return y, s
+
+
 def _message_bytes(p: Any) -> int:
     return int(p.rows * p.hidden * p.dtype.itemsize)
 
 
-def _check(p: Any) -> list[str]:
+def _one_shot_check(p: Any) -> list[str]:
     out = []
     if p.world_size < 2:
         out.append(f"world_size={p.world_size}: a one-shot exchange needs 2+ ranks (one rank has nothing to sum)")
@@ -118,13 +133,28 @@ def _check(p: Any) -> list[str]:
     return out
 
 
-def _cost(p: Any) -> float:
+def _one_shot_cost(p: Any) -> float:
     """Copy in and the kernel's local traffic through HBM, the peers' contributions over NVLink, two barriers."""
     if not on_gpu(p):
         return math.inf
     nbytes = _message_bytes(p)
     local = 6 * nbytes  # copy (read x, write buffer); own buffer, residual, both outputs
     return memory_bound(p, local, launches=2) + 2 * BARRIER + (p.world_size - 1) * nbytes / NVLINK_BANDWIDTH
+
+
+def _all_reduce_then_norm_check(p: Any) -> list[str]:
+    if p.world_size < 2:
+        return [f"world_size={p.world_size}: one rank has nothing to sum (the reference's identity all-reduce serves)"]
+    return []
+
+
+def _all_reduce_then_norm_cost(p: Any) -> float:
+    """NCCL's ring (each rank sends and receives 2 (W - 1) / W of the message), the two copies and the fused pass."""
+    if not on_gpu(p):
+        return math.inf
+    nbytes, world = _message_bytes(p), p.world_size
+    ring = NCCL_LATENCY + 2 * (world - 1) / world * nbytes / NVLINK_BANDWIDTH
+    return ring + memory_bound(p, 8 * nbytes, launches=3)  # copies of x and residual; the fused pass reads 2, writes 2
 
 
 def _missing_symmetric_memory() -> str | None:
@@ -137,16 +167,21 @@ def _missing_symmetric_memory() -> str | None:
     return None
 
 
-_CAP = Capability(devices=frozenset({"cuda"}), dtypes=DTYPES, limits={"hidden": MAX_BLOCK, "world_size": 8},
-                  check=_check)
+_ONE_SHOT = Capability(devices=frozenset({"cuda"}), dtypes=DTYPES, limits={"hidden": MAX_BLOCK, "world_size": 8},
+                       check=_one_shot_check)
+#: the collective runs wherever torch.distributed does (gloo on the CPU, where the interpreter runs the norm)
+_THEN_NORM = Capability(devices=DEVICES, dtypes=DTYPES, check=_all_reduce_then_norm_check)
 
 
 def kernels() -> list[Kernel]:
     missing = _missing_symmetric_memory()
     return [
-        Kernel("comm.all_reduce_fused_rms_norm", "one_shot_all_reduce_rms_norm", BACKEND, _CAP,
-               all_reduce_fused_rms_norm, priority=PRIORITY, cost=_cost, unavailable=missing,
+        Kernel("comm.all_reduce_fused_rms_norm", "one_shot_all_reduce_rms_norm", BACKEND, _ONE_SHOT,
+               all_reduce_fused_rms_norm, priority=PRIORITY, cost=_one_shot_cost, unavailable=missing,
                install="pip install -U torch" if missing else None,
                doc="one-shot all-reduce over symmetric (peer) memory fused with residual add + RMSNorm; "
                    f"messages <= {ONE_SHOT_MAX_BYTES >> 20} MiB"),
+        Kernel("comm.all_reduce_fused_rms_norm", "all_reduce_then_norm", BACKEND, _THEN_NORM, all_reduce_then_norm,
+               priority=PRIORITY, cost=_all_reduce_then_norm_cost,
+               doc="torch.distributed all-reduce in x's dtype (NCCL's ring), then one fused add + RMSNorm pass"),
     ]

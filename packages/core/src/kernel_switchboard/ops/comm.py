@@ -2,9 +2,10 @@
 
 Kernel ``run`` signature: ``run(x, residual, weight, eps, group) -> (y, residual_out)`` with x, residual
 (rows, hidden) contiguous, same dtype; weight (hidden,); group a ``torch.distributed`` process group
-or None (the default group). ``residual_out = all_reduce(x) + residual`` (sum over the group's ranks,
-taken in float32) and ``y = rms_norm(residual_out) * weight`` computed from the float32 sum; both
-outputs have x's dtype. With no initialised process group (one process) the all-reduce is the identity.
+or None (the default group). ``residual_out = all_reduce(x) + residual`` (the sum over the group's ranks,
+in float32 by the reference; a kernel built on NCCL's all-reduce sums in x's dtype, as NCCL does) and
+``y = rms_norm(residual_out) * weight`` in float32; both outputs have x's dtype. With no initialised process
+group (one process) the all-reduce is the identity.
 """
 
 from __future__ import annotations
