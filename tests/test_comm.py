@@ -1,4 +1,5 @@
-"""all_reduce_fused_rms_norm: one process (identity all-reduce), two gloo processes, bad inputs, compile."""
+"""all_reduce and all_reduce_fused_rms_norm: one process (identity all-reduce), two gloo processes, bad inputs,
+compile."""
 
 from __future__ import annotations
 
@@ -14,11 +15,11 @@ import kernel_switchboard as ksb
 from kernel_switchboard.testing import conformance_test
 
 test_reference_conformance = conformance_test("reference", device="cpu", size="small",
-                                              ops=("comm.all_reduce_fused_rms_norm",))
+                                              ops=("comm.all_reduce", "comm.all_reduce_fused_rms_norm"))
 
 if torch.cuda.is_available():  # the large (model-sized) cases on the GPU; built only where a GPU is
     test_reference_conformance_gpu = conformance_test("reference", device="cuda", size="large",
-                                                      ops=("comm.all_reduce_fused_rms_norm",))
+                                                      ops=("comm.all_reduce", "comm.all_reduce_fused_rms_norm"))
 
 WORLD = 2
 
@@ -52,10 +53,19 @@ def _worker(rank: int, init_file: str) -> None:
             torch.testing.assert_close(r_out.double(), want_r, atol=tol, rtol=tol)
             torch.testing.assert_close(y.double(), want_y, atol=tol, rtol=tol)
             assert ksb.explain("comm.all_reduce_fused_rms_norm", x, r, w).problem.world_size == WORLD
+        for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+            x, _, _ = _inputs(rank, dtype)
+            x0 = x.clone()
+            total = ksb.comm.all_reduce(x)
+            assert torch.equal(x, x0) and total.dtype == dtype and total.shape == x.shape
+            torch.testing.assert_close(total.double(), sum(_inputs(r, dtype)[0].double() for r in range(WORLD)),
+                                       atol=tol, rtol=tol)
         group = dist.new_group([0, 1])
         x, r, w = _inputs(rank, torch.float32)
         y, _ = ksb.comm.all_reduce_fused_rms_norm(x, r, w, group=group)
         torch.testing.assert_close(y.double(), _expected(torch.float32, WORLD)[0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(ksb.comm.all_reduce(x, group=group).double(), _expected(torch.float32, WORLD)[1]
+                                   - r.double(), atol=1e-5, rtol=1e-5)
     finally:
         dist.destroy_process_group()
 
@@ -90,13 +100,25 @@ def test_bad_inputs_name_the_argument() -> None:
         ksb.comm.all_reduce_fused_rms_norm(x.int(), r, w)
     with pytest.raises(err, match=r"^group"):
         ksb.comm.all_reduce_fused_rms_norm(x, r, w, group=object())
+    with pytest.raises(err, match=r"^x\.dtype"):
+        ksb.comm.all_reduce(x.int())
+    with pytest.raises(err, match=r"^x\.shape"):
+        ksb.comm.all_reduce(torch.zeros(()))
+    with pytest.raises(err, match=r"^group"):
+        ksb.comm.all_reduce(x, group=object())
+
+
+def test_single_process_all_reduce_is_a_copy() -> None:
+    x, _, _ = _inputs(0, torch.bfloat16)
+    y = ksb.comm.all_reduce(x)
+    assert torch.equal(y, x) and y.data_ptr() != x.data_ptr()
 
 
 def test_torch_compile_fullgraph_traces_comm_op() -> None:
     x, r, w = _inputs(0, torch.float32)
 
     def f(x: torch.Tensor, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        y, r_out = ksb.comm.all_reduce_fused_rms_norm(x * 2, r, w)
+        y, r_out = ksb.comm.all_reduce_fused_rms_norm(ksb.comm.all_reduce(x) * 2, r, w)
         return y + 1, r_out
 
     torch.testing.assert_close(torch.compile(f, fullgraph=True)(x, r), f(x, r))
@@ -105,6 +127,7 @@ def test_torch_compile_fullgraph_traces_comm_op() -> None:
 def test_opcheck_comm_op() -> None:
     x, r, w = _inputs(0, torch.float32)
     torch.library.opcheck(torch.ops.ksb.all_reduce_fused_rms_norm.default, (x, r, w, 1e-6, None))
+    torch.library.opcheck(torch.ops.ksb.all_reduce.default, (x, None))
 
 
 def test_example_case_runs() -> None:

@@ -59,6 +59,20 @@ def test_kernel_sums_simulated_peers_then_normalises(world: int, dtype: torch.dt
     assert_close(y, want_y.to(dtype), atol=atol, rtol=rtol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("world", [1, 3])
+@pytest.mark.parametrize("rows,hidden", [(1, 64), (7, 700), (0, 8)])  # 4,900 elements: a partial last block
+def test_sum_kernel_adds_simulated_peers(world: int, dtype: torch.dtype, rows: int, hidden: int) -> None:
+    from kernel_switchboard_triton.comm import sum_peers
+
+    xs, _, _ = _inputs(world, rows, hidden, dtype)
+    peers = torch.tensor([x.data_ptr() for x in xs], dtype=torch.int64, device=DEVICE)
+    got = sum_peers(peers, xs[0])
+    atol, rtol = tolerance(dtype)
+    assert got.dtype == dtype and got.shape == xs[0].shape
+    assert_close(got, sum(x.double() for x in xs).to(dtype), atol=atol, rtol=rtol)
+
+
 def test_kernel_takes_no_rows() -> None:
     from kernel_switchboard_triton.comm import sum_add_rms_norm
 
@@ -69,7 +83,8 @@ def test_kernel_takes_no_rows() -> None:
 
 
 def _kernel(name: str = "one_shot_all_reduce_rms_norm") -> Any:
-    return next(k for k in ksb.registry.kernels(OP) if k.id == f"triton:{name}")
+    kernels = ksb.registry.kernels(OP) + ksb.registry.kernels("comm.all_reduce")
+    return next(k for k in kernels if k.id == f"triton:{name}")
 
 
 def _problem(**fields: Any) -> CommProblem:
@@ -97,6 +112,9 @@ def test_capability_declines_what_one_shot_cannot_serve(monkeypatch: pytest.Monk
         assert any(expected in r for r in reasons), (expected, reasons)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert any("needs every rank on this host" in r for r in cap.reasons(_problem()))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    plain = _kernel("one_shot_all_reduce").capability  # no norm: rows need not fit in registers
+    assert plain.reasons(_problem(hidden=32768, rows=1)) == [] and plain.reasons(_problem(rows=8192))
 
 
 def test_cost_grows_with_message_and_peers() -> None:
@@ -143,9 +161,9 @@ class _SimulatedPeers:
 
 
 def test_exchange_through_simulated_symmetric_memory(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The launcher's exchange, as far as one process can take it: buffers made on first use and grown for a larger
+    """The launchers' exchange, as far as one process can take it: buffers made on first use and grown for a larger
     message, this rank's x copied in, the peers' addresses read from the handle, barrier 0 before the kernel and
-    barrier 1 after it."""
+    barrier 1 after it; for the fused op and the plain all-reduce."""
     from types import SimpleNamespace
 
     from torch.distributed import _symmetric_memory as symm_mem
@@ -172,7 +190,8 @@ def test_exchange_through_simulated_symmetric_memory(monkeypatch: pytest.MonkeyP
         want_y, want_s = _expected(xs, residual, weight)
         assert_close(s, want_s.float(), atol=1e-5, rtol=1e-5)
         assert_close(y, want_y.float(), atol=1e-5, rtol=1e-5)
-    assert len(handles) == 2 and handles[0].channels == [0, 1, 0, 1] and handles[1].channels == [0, 1]
+        assert_close(comm.all_reduce(xs[0], None), (want_s - residual.double()).float(), atol=1e-5, rtol=1e-5)
+    assert len(handles) == 2 and handles[0].channels == [0, 1] * 4 and handles[1].channels == [0, 1] * 2
 
 
 def _gloo_worker(rank: int, world: int, init_file: str) -> None:
@@ -228,11 +247,13 @@ def _rank_worker(rank: int, world: int, init_file: str) -> None:
                     y, s = comm.all_reduce_fused_rms_norm(xs[rank], residual, weight, EPS, None)
                 else:
                     y, s = comm.all_reduce_then_norm(xs[rank], residual, weight, EPS, None)
+                total = ksb.comm.all_reduce(xs[rank]) if world >= 2 else comm.all_reduce(xs[rank], None)
                 want_y, want_s = _expected(xs, residual, weight)
                 atol, rtol = tolerance(dtype)
                 assert torch.equal(xs[rank], x0)
                 assert_close(s, want_s.to(dtype), atol=atol, rtol=rtol)
                 assert_close(y, want_y.to(dtype), atol=atol, rtol=rtol)
+                assert_close(total, sum(x.double() for x in xs).to(dtype), atol=atol, rtol=rtol)
                 gathered = [torch.empty_like(y) for _ in range(world)]
                 dist.all_gather(gathered, y)
                 assert all(torch.equal(g, y) for g in gathered), "ranks disagree"

@@ -1,4 +1,4 @@
-"""Triton jit kernel of the comm family (the launcher and the symmetric-memory exchange live in :mod:`.comm`)."""
+"""Triton jit kernels of the comm family (the launcher and the symmetric-memory exchange live in :mod:`.comm`)."""
 
 from __future__ import annotations
 
@@ -35,3 +35,21 @@ def _sum_add_rms_norm_block(
     rstd = tl.rsqrt(tl.sum(acc * acc, axis=1) / N + eps)
     w = tl.load(w_ptr + c, mask=c < N, other=0.0).to(tl.float32)
     tl.store(y_ptr + offs, (acc * rstd[:, None] * w[None, :]).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _sum_block(
+    peers_ptr,  # (WORLD,) int64: the address of every rank's contribution of `numel` elements, in rank order
+    out_ptr,  # (numel,) out: the sum
+    numel,  # elements per contribution
+    WORLD: tl.constexpr,  # ranks in the group
+    BLOCK: tl.constexpr,  # elements per program
+):
+    """One-shot all-reduce: each program sums its elements of every rank's buffer in float32, in rank order."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for rank in tl.static_range(WORLD):
+        peer = tl.load(peers_ptr + rank).to(tl.pointer_type(out_ptr.dtype.element_ty))
+        acc += tl.load(peer + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)

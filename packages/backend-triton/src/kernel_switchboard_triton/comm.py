@@ -1,5 +1,6 @@
-"""Triton comm kernels for ``comm.all_reduce_fused_rms_norm``: a one-shot all-reduce over peer memory fused with
-the norm (decode-sized messages), and ``torch.distributed``'s all-reduce followed by one fused add + RMSNorm pass.
+"""Triton comm kernels: ``comm.all_reduce`` and ``comm.all_reduce_fused_rms_norm`` as a one-shot all-reduce over
+peer memory (decode-sized messages; the fused op adds the residual and normalises in the same kernel), and for the
+fused op ``torch.distributed``'s all-reduce followed by one fused add + RMSNorm pass.
 
 One-shot: each rank copies its x into a buffer of torch's symmetric memory (mapped into every rank of the group); a barrier
 makes the copies visible; one kernel reads each row from every rank, sums in float32 in rank order (so every rank
@@ -18,8 +19,9 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
 import torch
 import triton
@@ -40,6 +42,7 @@ NVLINK_BANDWIDTH = 450e9
 BARRIER = 5e-6
 #: seconds of an NCCL all-reduce besides its bytes (an estimate for ranking)
 NCCL_LATENCY = 15e-6
+T = TypeVar("T")
 
 
 @dataclass
@@ -95,14 +98,37 @@ def sum_add_rms_norm(peers: torch.Tensor, residual: torch.Tensor, weight: torch.
     return y, s
 
 
-def all_reduce_fused_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                              group: Any) -> tuple[torch.Tensor, torch.Tensor]:
+#: elements per program of the one-shot sum
+SUM_BLOCK = 2048
+
+
+def sum_peers(peers: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """The float32 sum (in ``like``'s dtype and shape) of the contiguous contributions at ``peers`` ((world,) int64
+    addresses of ``like.numel()`` elements of its dtype each, on its device)."""
+    out = torch.empty_like(like)
+    if like.numel():
+        K._sum_block[(triton.cdiv(like.numel(), SUM_BLOCK),)](peers, out, like.numel(), WORLD=peers.numel(),
+                                                             BLOCK=SUM_BLOCK, num_warps=8)
+    return out
+
+
+def _exchanged(x: torch.Tensor, group: Any, reduce: Callable[[torch.Tensor], T]) -> T:
+    """``reduce(peers)`` between the two barriers of a one-shot exchange of x (this rank's buffer holds x)."""
     ex = _exchange(group, x.device, x.dtype, x.numel())
     ex.local[: x.numel()].view_as(x).copy_(x)
     ex.handle.barrier(channel=0)  # every rank's contribution is in its buffer
-    y, s = sum_add_rms_norm(ex.peers, residual, weight.contiguous(), eps)
+    result = reduce(ex.peers)
     ex.handle.barrier(channel=1)  # every rank has read every buffer: the next call may overwrite them
-    return y, s
+    return result
+
+
+def all_reduce(x: torch.Tensor, group: Any) -> torch.Tensor:
+    return _exchanged(x, group, lambda peers: sum_peers(peers, x))
+
+
+def all_reduce_fused_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                              group: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    return _exchanged(x, group, lambda peers: sum_add_rms_norm(peers, residual, weight.contiguous(), eps))
 
 
 def all_reduce_then_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -133,13 +159,15 @@ def _one_shot_check(p: Any) -> list[str]:
     return out
 
 
-def _one_shot_cost(p: Any) -> float:
-    """Copy in and the kernel's local traffic through HBM, the peers' contributions over NVLink, two barriers."""
+def _one_shot_cost(p: Any, local_passes: int = 6) -> float:
+    """Copy in and the kernel's local traffic through HBM (``local_passes`` times the message: the copy reads x and
+    writes the buffer; the fused kernel reads its own buffer and the residual and writes two outputs), the peers'
+    contributions over NVLink, two barriers."""
     if not on_gpu(p):
         return math.inf
     nbytes = _message_bytes(p)
-    local = 6 * nbytes  # copy (read x, write buffer); own buffer, residual, both outputs
-    return memory_bound(p, local, launches=2) + 2 * BARRIER + (p.world_size - 1) * nbytes / NVLINK_BANDWIDTH
+    return (memory_bound(p, local_passes * nbytes, launches=2) + 2 * BARRIER
+            + (p.world_size - 1) * nbytes / NVLINK_BANDWIDTH)
 
 
 def _all_reduce_then_norm_check(p: Any) -> list[str]:
@@ -167,8 +195,9 @@ def _missing_symmetric_memory() -> str | None:
     return None
 
 
-_ONE_SHOT = Capability(devices=frozenset({"cuda"}), dtypes=DTYPES, limits={"hidden": MAX_BLOCK, "world_size": 8},
-                       check=_one_shot_check)
+_ONE_SHOT_SUM = Capability(devices=frozenset({"cuda"}), dtypes=DTYPES, limits={"world_size": 8},
+                           check=_one_shot_check)
+_ONE_SHOT = replace(_ONE_SHOT_SUM, limits={"hidden": MAX_BLOCK, "world_size": 8})  # the norm holds rows in registers
 #: the collective runs wherever torch.distributed does (gloo on the CPU, where the interpreter runs the norm)
 _THEN_NORM = Capability(devices=DEVICES, dtypes=DTYPES, check=_all_reduce_then_norm_check)
 
@@ -181,6 +210,10 @@ def kernels() -> list[Kernel]:
                install="pip install -U torch" if missing else None,
                doc="one-shot all-reduce over symmetric (peer) memory fused with residual add + RMSNorm; "
                    f"messages <= {ONE_SHOT_MAX_BYTES >> 20} MiB"),
+        Kernel("comm.all_reduce", "one_shot_all_reduce", BACKEND, _ONE_SHOT_SUM, all_reduce, priority=PRIORITY,
+               cost=lambda p: _one_shot_cost(p, local_passes=4), unavailable=missing,
+               install="pip install -U torch" if missing else None,
+               doc=f"one-shot all-reduce over symmetric (peer) memory; messages <= {ONE_SHOT_MAX_BYTES >> 20} MiB"),
         Kernel("comm.all_reduce_fused_rms_norm", "all_reduce_then_norm", BACKEND, _THEN_NORM, all_reduce_then_norm,
                priority=PRIORITY, cost=_all_reduce_then_norm_cost,
                doc="torch.distributed all-reduce in x's dtype (NCCL's ring), then one fused add + RMSNorm pass"),

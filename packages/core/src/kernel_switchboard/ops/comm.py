@@ -1,12 +1,15 @@
-"""Communication ops: ``comm.all_reduce_fused_rms_norm``.
+"""Communication ops: ``comm.all_reduce`` and ``comm.all_reduce_fused_rms_norm``.
 
-Kernel ``run`` signature: ``run(x, residual, weight, eps, group) -> (y, residual_out)`` with x, residual
-(rows, hidden) contiguous, same dtype; weight (hidden,); group a ``torch.distributed`` process group
-or None (the default group). ``residual_out = all_reduce(x) + residual`` (the sum over the group's ranks,
-in float32 by the reference; a kernel built on NCCL's all-reduce sums in x's dtype, as NCCL does) and
-``y = rms_norm(residual_out) * weight`` in float32; both outputs have x's dtype. With no initialised process
-group (one process) the all-reduce is the identity.
-"""
+Kernel ``run`` signatures (x, residual (rows, hidden) contiguous, same dtype; weight (hidden,); group a
+``torch.distributed`` process group or None, the default group):
+
+- ``comm.all_reduce``: ``run(x, group) -> y``, a new tensor of x's dtype holding the sum of x over the group's ranks;
+- ``comm.all_reduce_fused_rms_norm``: ``run(x, residual, weight, eps, group) -> (y, residual_out)`` with
+  ``residual_out = all_reduce(x) + residual`` and ``y = rms_norm(residual_out) * weight`` in float32; both
+  outputs have x's dtype.
+
+The sum over the ranks is taken in float32 by the reference; a kernel built on NCCL's all-reduce sums in x's
+dtype, as NCCL does. With no initialised process group (one process) the all-reduce is the identity."""
 
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ from ._common import (
 
 
 class CommProblem(NamedTuple):
-    """Signature of an all-reduce + residual + RMSNorm call."""
+    """Signature of an all-reduce (+ residual + RMSNorm) call: x viewed as (rows, hidden)."""
 
     device: str
     cc: tuple[int, int] | None
@@ -57,6 +60,52 @@ def world_size(group: Any = None) -> int:
 def group_backend(group: Any = None) -> str:
     """The torch.distributed backend of ``group`` (the default group when None); "none" in one process."""
     return str(torch.distributed.get_backend(group)) if _initialized() else "none"
+
+
+def all_reduce(x: torch.Tensor, *, group: Any = None, backend: BackendArg = None) -> torch.Tensor:
+    """The sum of x over ``group``'s ranks (the default group when None), as a new tensor; x is not modified.
+
+    x: (..., hidden) float; every rank of the group calls it with the same shape and dtype. Under torch.compile
+    only ``group=None`` (the default group) is supported: a process group cannot cross a custom op.
+    """
+    if compiling():
+        if group is not None:
+            raise fail("group", group, "None (the default process group) under torch.compile")
+        return _all_reduce_op(x, backend_to_str(backend))
+    return _all_reduce_eager(x, group, backend)
+
+
+def _check_group(group: Any) -> None:
+    if group is not None:
+        if not _initialized():
+            raise fail("group", group, "None when torch.distributed is not initialised")
+        if not isinstance(group, torch.distributed.ProcessGroup):
+            raise fail("group", type(group).__name__, "a torch.distributed.ProcessGroup or None")
+
+
+def _problem(x2: torch.Tensor, group: Any) -> CommProblem:
+    dev, cc = device_key(x2)
+    return CommProblem(dev, cc, x2.dtype, x2.shape[1], bucket(x2.shape[0]), world_size(group), group_backend(group),
+                       graph_features(dev))
+
+
+def _all_reduce_eager(x: Any, group: Any, backend: BackendArg) -> torch.Tensor:
+    check_tensor(x, "x", dtypes=FLOAT_DTYPES)
+    if x.dim() < 1 or x.shape[-1] < 1:
+        raise fail("x.shape", tuple(x.shape), "(..., hidden) with hidden >= 1")
+    _check_group(group)
+    x2 = x.reshape(-1, x.shape[-1]).contiguous()
+    kernel = select_kernel("comm.all_reduce", _problem(x2, group), backend)
+    y: torch.Tensor = kernel.run(x2, group)
+    return y if y.shape == x.shape else y.view(x.shape)
+
+
+def _all_reduce_impl(x: torch.Tensor, backend: str | None) -> torch.Tensor:
+    y = _all_reduce_eager(x, None, backend_from_str(backend))
+    return y.clone() if y._base is not None else y
+
+
+_all_reduce_op = custom_op("all_reduce", _all_reduce_impl, lambda x, backend: torch.empty_like(x))
 
 
 def all_reduce_fused_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
@@ -90,11 +139,7 @@ def _validate(x: Any, residual: Any, weight: Any, eps: float, group: Any) -> tup
     check_same_device("weight", weight, "x", x)
     if not eps > 0:
         raise fail("eps", eps, "a positive float")
-    if group is not None:
-        if not _initialized():
-            raise fail("group", group, "None when torch.distributed is not initialised")
-        if not isinstance(group, torch.distributed.ProcessGroup):
-            raise fail("group", type(group).__name__, "a torch.distributed.ProcessGroup or None")
+    _check_group(group)
     hidden = x.shape[-1]
     return x.reshape(-1, hidden).contiguous(), residual.reshape(-1, hidden).contiguous()
 
@@ -102,10 +147,7 @@ def _validate(x: Any, residual: Any, weight: Any, eps: float, group: Any) -> tup
 def _ar_norm_eager(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, group: Any,
                    backend: BackendArg) -> tuple[torch.Tensor, torch.Tensor]:
     x2, r2 = _validate(x, residual, weight, eps, group)
-    dev, cc = device_key(x2)
-    problem = CommProblem(dev, cc, x2.dtype, x2.shape[1], bucket(x2.shape[0]), world_size(group), group_backend(group),
-                          graph_features(dev))
-    kernel = select_kernel("comm.all_reduce_fused_rms_norm", problem, backend)
+    kernel = select_kernel("comm.all_reduce_fused_rms_norm", _problem(x2, group), backend)
     y, r = kernel.run(x2, r2, weight, eps, group)
     if y.shape == x.shape:
         return y, r

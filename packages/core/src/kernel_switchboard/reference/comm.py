@@ -14,6 +14,13 @@ from ..registry import Kernel
 from ._cap import PRIORITY, REFERENCE
 
 
+def all_reduce(x: torch.Tensor, group: Any) -> torch.Tensor:
+    s = x.to(torch.float32, copy=True)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.all_reduce(s, group=group)
+    return s.to(x.dtype)
+
+
 def all_reduce_fused_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                               group: Any) -> tuple[torch.Tensor, torch.Tensor]:
     s = x.to(torch.float32, copy=True)
@@ -25,6 +32,8 @@ def all_reduce_fused_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: t
 
 
 KERNELS = [
+    Kernel("comm.all_reduce", "all_reduce", "reference", REFERENCE, all_reduce, priority=PRIORITY,
+           doc="torch.distributed.all_reduce of a float32 copy"),
     Kernel("comm.all_reduce_fused_rms_norm", "all_reduce_fused_rms_norm", "reference", REFERENCE,
            all_reduce_fused_rms_norm, priority=PRIORITY, doc="torch.distributed.all_reduce + float32 RMSNorm"),
 ]

@@ -16,20 +16,22 @@ from ..case import Case
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _case(rows: int, hidden: int, dtype: torch.dtype, device: torch.device, g: torch.Generator, tag: str = "") -> Case:
+def _case(op: str, rows: int, hidden: int, dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Case:
     x = torch.randn(rows, hidden, generator=g).to(device, dtype)
+    name = f"{str(dtype)[6:]}-{rows}x{hidden}"
+    if op == "comm.all_reduce":
+        return Case(op, name, (x,), {}, dtype)
     r = torch.randn(rows, hidden, generator=g).to(device, dtype)
     w = (torch.rand(hidden, generator=g) + 0.5).to(device, dtype)
-    name = f"{str(dtype)[6:]}-{rows}x{hidden}{tag}"
-    return Case("comm.all_reduce_fused_rms_norm", name, (x, r, w), {"eps": 1e-6}, dtype)
+    return Case(op, name, (x, r, w), {"eps": 1e-6}, dtype)
 
 
 def cases(op: str, device: torch.device, size: str) -> list[Case]:
-    if op != "comm.all_reduce_fused_rms_norm":
+    if op not in ("comm.all_reduce", "comm.all_reduce_fused_rms_norm"):
         return []
     g = torch.Generator().manual_seed(0)
     shapes = [(3, 64), (5, 200)] if size == "small" else [(7, 4096), (256, 7168), (2048, 8192)]
-    return [_case(rows, hidden, dtype, device, g) for dtype in DTYPES for rows, hidden in shapes]
+    return [_case(op, rows, hidden, dtype, device, g) for dtype in DTYPES for rows, hidden in shapes]
 
 
 def example(op: str, device: torch.device, **shape: Any) -> Case:
@@ -37,5 +39,5 @@ def example(op: str, device: torch.device, **shape: Any) -> Case:
     from .sampling import _dtype
 
     g = torch.Generator().manual_seed(int(shape.get("seed", 0)))
-    return _case(int(shape.get("rows", 256)), int(shape.get("hidden", 8192)), _dtype(str(shape.get("dtype", "bfloat16"))),
-                 device, g)
+    return _case(op, int(shape.get("rows", 256)), int(shape.get("hidden", 8192)),
+                 _dtype(str(shape.get("dtype", "bfloat16"))), device, g)
