@@ -94,8 +94,11 @@ def _problem(**fields: Any) -> CommProblem:
 
 
 def test_capability_declines_what_one_shot_cannot_serve(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Declared: GPU ranks of one host in an NCCL group, 2-8 of them, messages <= 4 MiB, hidden <= 16384."""
+    """Declared: 2-8 GPU ranks of one host with peer access, in an NCCL group; messages <= 4 MiB, hidden <= 16384."""
+    from kernel_switchboard_triton import comm
+
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.setattr(comm, "_peer_access", lambda world: True)
     cap = _kernel().capability
     assert cap.reasons(_problem()) == []
     cases = {
@@ -113,6 +116,9 @@ def test_capability_declines_what_one_shot_cannot_serve(monkeypatch: pytest.Monk
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert any("needs every rank on this host" in r for r in cap.reasons(_problem()))
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.setattr(comm, "_peer_access", lambda world: False)
+    assert any("cannot all map each other's memory" in r for r in cap.reasons(_problem()))
+    monkeypatch.setattr(comm, "_peer_access", lambda world: True)
     plain = _kernel("one_shot_all_reduce").capability  # no norm: rows need not fit in registers
     assert plain.reasons(_problem(hidden=32768, rows=1)) == [] and plain.reasons(_problem(rows=8192))
 

@@ -17,6 +17,7 @@ Signature: see :mod:`kernel_switchboard.ops.comm`.
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections.abc import Callable
@@ -144,6 +145,12 @@ def _message_bytes(p: Any) -> int:
     return int(p.rows * p.hidden * p.dtype.itemsize)
 
 
+@functools.cache
+def _peer_access(world: int) -> bool:
+    """Every pair of the first ``world`` GPUs can access each other's memory (NVLink or PCIe P2P)."""
+    return all(torch.cuda.can_device_access_peer(i, j) for i in range(world) for j in range(world) if i != j)
+
+
 def _one_shot_check(p: Any) -> list[str]:
     out = []
     if p.world_size < 2:
@@ -153,6 +160,8 @@ def _one_shot_check(p: Any) -> list[str]:
     elif p.device == "cuda" and p.world_size > torch.cuda.device_count():
         out.append(f"world_size={p.world_size} > {torch.cuda.device_count()} GPUs here: peer memory needs every rank "
                    f"on this host")
+    elif p.device == "cuda" and not _peer_access(p.world_size):
+        out.append(f"GPUs 0-{p.world_size - 1} cannot all map each other's memory (no P2P between some pair)")
     if _message_bytes(p) > ONE_SHOT_MAX_BYTES:
         out.append(f"message {_message_bytes(p) / 2**20:.1f} MiB > {ONE_SHOT_MAX_BYTES / 2**20:.0f} MiB: one-shot "
                    f"reads the whole message from every peer; NCCL's ring is faster past it")
