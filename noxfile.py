@@ -21,6 +21,7 @@ nox.options.sessions = [
     "typecheck",
     "tests-core",
     "tests-triton",
+    "tests-triton-3.7",
     "tests-cudnn",
     "tests-fa",
     "tests-cutlass",
@@ -63,14 +64,26 @@ def tests_core(session: nox.Session) -> None:
     session.run(*PYTEST, "tests", *session.posargs)
 
 
-@nox.session(name="tests-triton")
-def tests_triton(session: nox.Session) -> None:
-    """Core + the Triton backend, kernels run by Triton's CPU interpreter; the engine on Triton vs the reference."""
+def _triton_tests(session: nox.Session, triton: str | None) -> None:
     _install(session, CORE, "packages/backend-triton")
+    if triton is not None:
+        session.install(f"triton=={triton}")
     session.install("transformers>=4.45")
     session.run(*PYTEST, "packages/backend-triton/tests", "tests/test_engine_backends.py", "tests/test_empty_rows.py",
                 *session.posargs,
                 env={"TRITON_INTERPRET": "1"})
+
+
+@nox.session(name="tests-triton")
+def tests_triton(session: nox.Session) -> None:
+    """Core + the Triton backend, kernels run by Triton's CPU interpreter; the engine on Triton vs the reference."""
+    _triton_tests(session, None)
+
+
+@nox.session(name="tests-triton-3.7")
+def tests_triton_37(session: nox.Session) -> None:
+    """As tests-triton, on Triton 3.7.1: the release torch 2.13's CUDA build pins, so what most GPU users run."""
+    _triton_tests(session, "3.7.1")
 
 
 #: extra installs per vendor-backend session. CUTLASS: only the C++ headers inside the nvidia-cutlass wheel
