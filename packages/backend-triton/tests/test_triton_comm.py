@@ -1,6 +1,7 @@
-"""Triton's one-shot all-reduce + residual + RMSNorm: the kernel over simulated peers (several buffers of one
-process, CPU interpreter or GPU), the launcher's exchange through a simulated symmetric memory, the declared
-capability and cost, and the exchange between real ranks (GPU: one rank on one GPU, two where two GPUs are)."""
+"""Triton's comm kernels: the one-shot sums (plain, and fused with the residual add and RMSNorm) over simulated peers
+(several buffers of one process, CPU interpreter or GPU), the launchers' exchange through a simulated symmetric
+memory, all-reduce-then-norm on two gloo ranks, the declared capabilities and costs, and real ranks (GPU: one rank
+on one GPU, two where two GPUs are)."""
 
 from __future__ import annotations
 
