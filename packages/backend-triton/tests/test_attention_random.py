@@ -1,9 +1,9 @@
 """Seeded random problems across the Triton attention and KV-cache kernels' declared space, against the reference.
 
 Attention: head dims (also q/k and v differing), GQA groups, page sizes, layouts, lengths including 0 and 1, soft
-cap, window, LSE, fp8 KV (e4m3, e5m2), and decode, paged prefill (full, append, mixed with decode rows) and ragged
-prefill. MLA decode: heads, page sizes, lengths, new tokens per request, LSE. KV append: layouts, page sizes, head
-dims, fp8 pages, decode steps and prefill chunks, standard and MLA pages."""
+cap, window, LSE, fp8 KV (e4m3, e5m2), the shipped custom variants, and decode, paged prefill (full, append, mixed
+with decode rows) and ragged prefill. MLA decode: heads, page sizes, lengths, new tokens per request, LSE. KV append:
+layouts, page sizes, head dims, fp8 pages, decode steps and prefill chunks, standard and MLA pages."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from kernel_switchboard.testing.cases.attention import (
     ragged_case,
 )
 from kernel_switchboard.testing.cases.kv_cache import append_case, append_mla_case
+from kernel_switchboard.variants_lib import VARIANTS
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(DEVICE == "cpu" and not triton_interpreting(),
@@ -40,14 +41,17 @@ def _random_case(seed: int) -> Case:
     head_dim_v = rng.choice([head_dim, head_dim, 64, 128]) if head_dim != 192 else 128
     max_len = 200 if DEVICE == "cpu" else 3000
     lens = tuple(rng.choice([0, 1, rng.randint(2, max_len)]) for _ in range(rng.randint(1, 4)))
+    variant = rng.choice([None, None, None, *sorted(VARIANTS)])  # a custom variant brings its own cap or window
     spec = AttnSpec(dtype, rng.choice(["NHD", "HND"]), rng.choice([1, 8, 16, 32, 64, 128]), kv_heads * group,
-                    kv_heads, head_dim, head_dim_v, kv_lens=lens, soft_cap=rng.choice([None, None, 7.0]),
-                    window=rng.choice([None, None, rng.randint(0, 60)]), lse=rng.random() < 0.5,
-                    kv_dtype=rng.choice([None, None, torch.float8_e4m3fn, torch.float8_e5m2]))
+                    kv_heads, head_dim, head_dim_v, kv_lens=lens,
+                    soft_cap=None if variant else rng.choice([None, None, 7.0]),
+                    window=None if variant else rng.choice([None, None, rng.randint(0, 60)]), lse=rng.random() < 0.5,
+                    kv_dtype=rng.choice([None, None, torch.float8_e4m3fn, torch.float8_e5m2]), variant=variant)
     kind = rng.choice(["decode", "prefill", "ragged"])
     if kind == "decode":
         return decode_case(spec, DEVICE, seed)
-    spec = _with_queries(spec, rng, 48, mixed=rng.random() < 0.5, causal=rng.random() < 0.7)
+    causal = variant != "prefix_lm" and rng.random() < 0.7  # prefix-LM is its own mask
+    spec = _with_queries(spec, rng, 48, mixed=rng.random() < 0.5, causal=causal)
     if kind == "ragged":
         return ragged_case(replace(spec, kv_dtype=None), DEVICE, seed)
     return prefill_case(spec, DEVICE, seed)
