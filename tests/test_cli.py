@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import torch
+
 from kernel_switchboard.cli import main
 
 BACKENDS = {"reference", "triton", "cudnn", "fa", "cutlass", "trtllm"}
@@ -21,6 +23,7 @@ def test_doctor_json_lists_every_backend_with_availability(capsys) -> None:
         if not b["available"]:
             assert b["reason"], name
     assert "torch" in report["environment"]
+    assert report["gpus"]["count"] == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
 
 
 def test_doctor_human(capsys) -> None:

@@ -9,12 +9,22 @@ import sys
 from typing import Any
 
 
+def _gpus() -> dict[str, Any]:
+    """The GPUs here and the pairs that cannot map each other's memory (the one-shot all-reduce needs none)."""
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    missing = [f"{i}->{j}" for i in range(count) for j in range(count)
+               if i != j and not torch.cuda.can_device_access_peer(i, j)]
+    return {"count": count, "peer_access_missing": missing}
+
+
 def _doctor(args: argparse.Namespace) -> int:
     from .device import fingerprint
     from .registry import registry
 
     backends = registry.all_backends()
-    report: dict[str, Any] = {"environment": fingerprint(), "backends": {}}
+    report: dict[str, Any] = {"environment": fingerprint(), "gpus": _gpus(), "backends": {}}
     for name, b in backends.items():
         report["backends"][name] = {
             "version": b.version,
@@ -35,6 +45,11 @@ def _doctor(args: argparse.Namespace) -> int:
     print("environment")
     for key, value in env.items():
         print(f"  {key:<20} {value}")
+    gpus = report["gpus"]
+    if gpus["count"] > 1:
+        missing = gpus["peer_access_missing"]
+        peers = f"no peer access {', '.join(missing)}" if missing else "peer access between every pair"
+        print(f"  {'gpus':<20} {gpus['count']} ({peers})")
     print("backends")
     for name, b in report["backends"].items():
         state = "available" if b["available"] else "unavailable"
