@@ -7,7 +7,12 @@ checks at real sizes and capture plans in CUDA graphs.
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -527,6 +532,23 @@ def test_dense_cost_stays_within_a_third_of_the_h200_times() -> None:
     captured = bench_problems()["cross-attention 77x1024"]
     captured = captured._replace(features=captured.features | {"cuda_graph"})  # type: ignore[attr-defined]
     assert _dense_cost(captured) < 0.05e-3  # replayed from a CUDA graph: no eager host floor
+
+
+def test_attention_kernels_compile_for_hopper_through_their_launchers() -> None:
+    """Decode and paged prefill at head dims 96 and 80, fp8 e4m3 and e5m2 pages, launched on CPU tensors under a fake
+    sm_90 driver (``hopper_compile.py``): every kernel the launchers pick compiles for Hopper, ptxas included, with
+    their Hopper configuration (the interpreter runs other tile sizes and no GPU compiler)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = Path(__file__).with_name("hopper_compile.py")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(results) == 6
+    for result in results:
+        assert "error" not in result, result
+        names = {k["name"] for k in result["kernels"]}
+        assert ("_decode_split_kernel" if result["problem"].startswith("decode") else "_prefill_kernel") in names
+        assert all(k["arch"] == 90 and k["shared"] <= 227 * 1024 for k in result["kernels"]), result
 
 
 _MLA_GLUON_SIG = {"qn_ptr": "*bf16", "qp_ptr": "*bf16", "ckv_desc": "", "kpe_desc": "", "block_table_ptr": "*i32",
