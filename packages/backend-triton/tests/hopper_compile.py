@@ -48,12 +48,16 @@ class FakeHopper:
 
 
 def _params(case: Any, prefill: bool) -> types.SimpleNamespace:
-    """The attention parameters the launchers read (what the op layer would pass)."""
+    """The attention parameters the launchers read (what the op layer would pass), a custom variant bound."""
+    from kernel_switchboard.variants import bind
+
     q, kw = case.args[0], case.kwargs
     window = kw.get("window_left")
+    variant = kw.get("variant")
+    bound = None if variant is None else bind(variant, kw.get("variant_args", ()), q.device)
     p = types.SimpleNamespace(sm_scale=q.shape[-1] ** -0.5, logits_soft_cap=kw.get("logits_soft_cap"),
                               window_left=-1 if window is None else window, return_lse=kw.get("return_lse", False),
-                              variant=None, causal=kw.get("causal", True))
+                              variant=bound, causal=kw.get("causal", True))
     if prefill:
         qo = case.args[1]
         p.max_q_len = int((qo[1:] - qo[:-1]).max())

@@ -151,6 +151,12 @@ def test_capability_rejects_what_the_kernels_do_not_do() -> None:
     cache, table = make_cache([10], 16, 1, 112)  # 112 = 64 + 48: prefill's qk split needs power-of-two parts
     with pytest.raises(KernelUnavailableError, match="head_dim=112"):
         ksb.attention.decode(_randn(1, 2, 112), cache, table, backend="triton")
+    from kernel_switchboard.variants_lib import VARIANTS
+
+    cache, table = make_cache([10], 16, 1, 80)
+    with pytest.raises(KernelUnavailableError, match="head_dim=80 with a custom variant"):
+        ksb.attention.prefill(_randn(10, 2, 80), _indptr([10]), cache, table, variant=VARIANTS["sliding_window"],
+                              variant_args=(5,), backend="triton")
     cache, table = make_cache([10], 16, 1, 64, dtype=torch.float32)  # float32: the kernels' dots are 16-bit
     with pytest.raises(KernelUnavailableError, match="kv_dtype=float32"):
         ksb.attention.decode(_randn(1, 2, 64, dtype=torch.float32), cache, table, backend="triton")

@@ -52,14 +52,26 @@ DECODE = Capability(
     head_dims_v=_DIMS, page_sizes=None, layouts=frozenset({"NHD", "HND"}),
     features=_COMMON | {"paged", "fp8_kv"}, limits={"group_size": 64}, check=fp8_needs_sm89,
 )
+def _no_variant_at_d80(problem: Any) -> list[str]:
+    """Prefill splits head dim 80 into 64 + 16; with a custom variant's hooks, ptxas (Triton 3.6's, on the H200)
+    crashed compiling two of five such kernels (notes/gpu-runs.md, session 22). Without a variant all d80 runs passed."""
+    if getattr(problem, "head_dim", None) == 80 and "custom_variant" in getattr(problem, "features", ()):
+        return ["head_dim=80 with a custom variant: ptxas crashed compiling such prefill kernels (use 64, 96 or 128)"]
+    return []
+
+
+def _prefill_checks(problem: Any) -> list[str]:
+    return fp8_needs_sm89(problem) + _no_variant_at_d80(problem)
+
+
 PREFILL = Capability(
     devices=DEVICES, min_cc=(8, 0), dtypes=_HALF, kv_dtypes=_HALF | _FP8, head_dims=_DIMS,
     head_dims_v=_DIMS, page_sizes=None, layouts=frozenset({"NHD", "HND"}),
-    features=_COMMON | {"paged", "causal", "fp8_kv", "mixed_batch"}, limits={"group_size": 64}, check=fp8_needs_sm89,
+    features=_COMMON | {"paged", "causal", "fp8_kv", "mixed_batch"}, limits={"group_size": 64}, check=_prefill_checks,
 )
 RAGGED = Capability(
     devices=DEVICES, min_cc=(8, 0), dtypes=_HALF, kv_dtypes=_HALF, head_dims=_DIMS, head_dims_v=_DIMS,
-    features=_COMMON | {"ragged", "causal", "mixed_batch"}, limits={"group_size": 64},
+    features=_COMMON | {"ragged", "causal", "mixed_batch"}, limits={"group_size": 64}, check=_no_variant_at_d80,
 )
 MLA = Capability(
     devices=DEVICES, min_cc=(8, 0), dtypes=_HALF, kv_dtypes=_HALF, head_dims=frozenset({512}),
