@@ -7,7 +7,8 @@ and ``_merge.py`` (merge_states). Capabilities state exactly what the kernels do
 - q/out dtypes fp16 and bf16 (dots on tensor cores, float32 accumulation and softmax);
 - KV dtypes: q's dtype, or fp8 (e4m3, e5m2) with scales (dequantised in registers);
 - head dims 64, 80, 96, 128, 192, 256 (prefill splits the qk dot into power-of-two parts, 192 = 128 + 64,
-  96 = 64 + 32, 80 = 64 + 16; decode and the v dims pad to a power of two in registers); any page size; NHD, HND;
+  96 = 64 + 32, 80 = 64 + 16, and takes no custom variant at 80; decode and the v dims pad to a power of two in
+  registers); any page size; NHD and HND;
 - soft cap, sliding window, LSE, and CUDA-graph capturable runs; deterministic (no atomics);
 - custom variants (``kernel_switchboard.Variant``) in decode / prefill / ragged prefill: the hooks
   are ``tl.constexpr`` kernel arguments, so Triton compiles and caches one kernel per variant;
