@@ -28,6 +28,7 @@ import torch
 import triton
 
 from kernel_switchboard import Capability, Kernel
+from kernel_switchboard.device import pairs_without_peer_access
 
 from . import _comm_kernels as K
 from ._common import BACKEND, DEVICES, PRIORITY
@@ -148,7 +149,7 @@ def _message_bytes(p: Any) -> int:
 @functools.cache
 def _peer_access(world: int) -> bool:
     """Every pair of the first ``world`` GPUs can access each other's memory (NVLink or PCIe P2P)."""
-    return all(torch.cuda.can_device_access_peer(i, j) for i in range(world) for j in range(world) if i != j)
+    return not pairs_without_peer_access(world)
 
 
 def _one_shot_check(p: Any) -> list[str]:
@@ -213,15 +214,16 @@ _THEN_NORM = Capability(devices=DEVICES, dtypes=DTYPES, check=_all_reduce_then_n
 
 def kernels() -> list[Kernel]:
     missing = _missing_symmetric_memory()
+    install = "pip install -U torch" if missing else None
     return [
         Kernel("comm.all_reduce_fused_rms_norm", "one_shot_all_reduce_rms_norm", BACKEND, _ONE_SHOT,
                all_reduce_fused_rms_norm, priority=PRIORITY, cost=_one_shot_cost, unavailable=missing,
-               install="pip install -U torch" if missing else None,
+               install=install,
                doc="one-shot all-reduce over symmetric (peer) memory fused with residual add + RMSNorm; "
                    f"messages <= {ONE_SHOT_MAX_BYTES >> 20} MiB"),
         Kernel("comm.all_reduce", "one_shot_all_reduce", BACKEND, _ONE_SHOT_SUM, all_reduce, priority=PRIORITY,
                cost=lambda p: _one_shot_cost(p, local_passes=4), unavailable=missing,
-               install="pip install -U torch" if missing else None,
+               install=install,
                doc=f"one-shot all-reduce over symmetric (peer) memory; messages <= {ONE_SHOT_MAX_BYTES >> 20} MiB"),
         Kernel("comm.all_reduce_fused_rms_norm", "all_reduce_then_norm", BACKEND, _THEN_NORM, all_reduce_then_norm,
                priority=PRIORITY, cost=_all_reduce_then_norm_cost,

@@ -13,10 +13,10 @@ def _gpus() -> dict[str, Any]:
     """The GPUs here and the pairs that cannot map each other's memory (the one-shot all-reduce needs none)."""
     import torch
 
+    from .device import pairs_without_peer_access
+
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    missing = [f"{i}->{j}" for i in range(count) for j in range(count)
-               if i != j and not torch.cuda.can_device_access_peer(i, j)]
-    return {"count": count, "peer_access_missing": missing}
+    return {"count": count, "peer_access_missing": pairs_without_peer_access(count)}
 
 
 def _doctor(args: argparse.Namespace) -> int:

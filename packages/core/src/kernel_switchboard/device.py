@@ -80,6 +80,12 @@ def fingerprint() -> dict[str, Any]:
     return info
 
 
+def pairs_without_peer_access(count: int) -> list[str]:
+    """``"i->j"`` for each pair of the first ``count`` GPUs where i cannot map j's memory (no NVLink or PCIe P2P)."""
+    return [f"{i}->{j}" for i in range(count) for j in range(count)
+            if i != j and not torch.cuda.can_device_access_peer(i, j)]
+
+
 def is_capturing() -> bool:
     """True while the current CUDA stream is being captured into a graph."""
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
