@@ -43,7 +43,7 @@ ROWS: list[dict[str, Any]] = []
 FULL = {"n": 8192, "experts": 256, "hidden": 7168, "inter": 2048, "tokens": 4096, "top_k": 8}
 SMOKE = {"n": 128, "experts": 4, "hidden": 128, "inter": 64, "tokens": 16, "top_k": 2}
 #: fp8 block-scaled tiles forced besides the shape's default (``configs.FP8_BLOCK_TILES``)
-FP8_BLOCK_CANDIDATES = ("coop", "coop_c1x1", "coop_c2x1_ovl")
+FP8_BLOCK_CANDIDATES = ("coop", "coop_c1x1", "coop_c2x1")
 
 
 def _sync() -> None:
@@ -208,8 +208,8 @@ def bench_gemm(device: torch.device | str = "cuda", sizes: dict[str, int] | None
     _row(w, anchor, "tensor", scaled_mm, want_t, flops)
     _row(w, "cutlass", "tensor", tensor, want_t, flops)
     _row(w, "cutlass", "tensor swizzle=1", tensor, want_t, flops, env={"KSB_CUTLASS_SWIZZLE": "1"})
-    _row(w, "cutlass", "tensor tile=coop_c2x1_ovl", tensor, want_t, flops,
-         env={"KSB_CUTLASS_FP8_TENSOR_TILE": "coop_c2x1_ovl"})
+    _row(w, "cutlass", "tensor tile=coop_c2x1", tensor, want_t, flops,
+         env={"KSB_CUTLASS_FP8_TENSOR_TILE": "coop_c2x1"})
     del want_t
     want_b = ref.mm_fp8(qa_b, qb_b, sa_b, sb_b, "block", torch.float32)
     _row(w, "cutlass", "block 1x128/128x128", block, want_b, flops)
@@ -223,11 +223,9 @@ def bench_gemm(device: torch.device | str = "cuda", sizes: dict[str, int] | None
     _in_turn(w, "cutlass block", block, anchor, scaled_mm)
     _in_turn(w, "cutlass block", block, "triton block",
              lambda: ksb.gemm.mm_fp8(qa_b, qb_b, sa_b, sb_b, backend="triton"))
-    # the candidates with their promotion overlapped (overlap_promotion.hpp) against the same anchor
-    _in_turn(w, "cutlass block tile=coop_c2x1_ovl", block, anchor, scaled_mm,
-             env={"KSB_CUTLASS_FP8_BLOCK_TILE": "coop_c2x1_ovl"})
-    _in_turn(w, "cutlass tensor tile=coop_c2x1_ovl", tensor, anchor, scaled_mm,
-             env={"KSB_CUTLASS_FP8_TENSOR_TILE": "coop_c2x1_ovl"})
+    _in_turn(w, "cutlass tensor", tensor, anchor, scaled_mm)
+    # the mainloop without the overlapped promotion (overlap_promotion.hpp), against the same anchor
+    _in_turn(w, "cutlass block tile=coop_c2x1", block, anchor, scaled_mm, env={"KSB_CUTLASS_FP8_BLOCK_TILE": "coop_c2x1"})
 
     w = f"grouped mm {experts}x{hidden}->{inter}, {tokens} tok top-{top_k}"
     gflops = 2.0 * tokens * top_k * hidden * inter

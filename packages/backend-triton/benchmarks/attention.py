@@ -238,7 +238,7 @@ def _mla_point(dev: torch.device, g: torch.Generator, sweep: bool, batch: int = 
     want = ref.mla_decode(qn, qp, ckv, kpe, table, p)[0]
     nbytes = float(batch * length * (512 + 64) * 2)
     workload = f"mla decode B={batch} L={length} H={heads} p{page}"
-    base = mla_config(dev, batch, heads, round_len(length))
+    base = mla_config(dev, batch, heads, round_len(length), page)
     cfgs = [base]
     if sweep:
         # the Triton kernels (the warp-specialised Gluon one is the Hopper default), the Gluon kernel without warp

@@ -418,7 +418,7 @@ def test_mla_cluster_config_is_refused_where_the_cluster_kernel_cannot_run() -> 
     bt = torch.arange(4, dtype=torch.int32, device=DEVICE).view(1, 4)
     table = PageTable(bt, torch.tensor([50], dtype=torch.int32, device=DEVICE))
     ckv, kpe = _randn(4, 16, 512), _randn(4, 16, 64, seed=2)
-    cfg = _mla.mla_config(torch.device(DEVICE), 1, 16, 64)._replace(cluster=True)
+    cfg = _mla.mla_config(torch.device(DEVICE), 1, 16, 64, 16)._replace(cluster=True)
     p = SimpleNamespace(sm_scale=0.04, max_kv_len=50, return_lse=False)
     with pytest.raises(ValueError, match="cluster=True needs gluon_ws"):
         _mla.mla_decode(_randn(1, 16, 512), _randn(1, 16, 64, seed=3), ckv, kpe, table, p, cfg)

@@ -175,10 +175,12 @@ def test_mla_decode_fewer_heads_than_a_tile_on_gluon(heads: int, splits: int | N
 
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon MLA kernels use Hopper's wgmma (sm_90 only)")
+    default = _mla.mla_config(torch.device("cuda"), 5, heads, 8192, 64)
+    assert (default.block_h, default.gluon_ws) == (64, True), default  # the default on 64-token pages since run 26
     real_config = _mla.mla_config
-    monkeypatch.setattr(_mla, "mla_config", lambda *a: real_config(*a, splits)._replace(
-        block_h=64, block_n=64, num_warps=8, num_stages=2, tma=True, gluon=True, gluon_ws=True))
+    monkeypatch.setattr(_mla, "mla_config", lambda *a: real_config(*a, splits))
     _check_mla_on_deepseek_pages(64, BF16, heads)
+    assert _mla.mla_config(torch.device("cuda"), 5, heads, 8192, 16).block_h < 64  # 16-token pages: no Gluon tiles
 
 
 def _check_mla_on_deepseek_pages(page_size: int, dtype: torch.dtype, heads: int = 128) -> None:

@@ -101,14 +101,13 @@ def mm_config(dtype: str, layout_a: str, layout_b: str, m: int, n: int, sm_count
 
 
 #: fp8 block-scaled tiles by role: ``small_m`` (M <= 64), ``coop`` (M <= 128: one tile row, which a 2x1 cluster
-#: would leave half idle) and ``coop_c2x1`` (larger M) are the defaults; ``coop_c1x1`` and ``coop_c2x1_ovl`` are
-#: candidates the benchmark measures (``KSB_CUTLASS_FP8_BLOCK_TILE`` forces one). H200 8192^3, TFLOP/s: run 14 coop
-#: 932 (1005 in run 11), coop_c2x1 975, coop_c1x1 972; run 19 coop 936, coop_c2x1 1001, coop_c1x1 939; with
-#: swizzle 8 (runs 21-23) coop_c2x1 1077-1123, 0.84-0.97x torch._scaled_mm, median 0.89. coop_c2x1's GPU
-#: conformance with clusters cut by the problem's edge (M = 333, 1100) passed in run 20. ``coop_c2x1_ovl`` is
-#: coop_c2x1 with the promotion overlapped (``overlap_promotion.hpp``): written and compiled on the host (no
-#: spills), not yet run on a GPU. Dropped after run 14: 64x128x128 pingpong with a 1x2 cluster (672) and
-#: 128x256x128 cooperative (nvcc rejects it).
+#: would leave half idle) and ``coop_c2x1_ovl`` (larger M) are the defaults; ``coop_c1x1`` and ``coop_c2x1`` are
+#: candidates the benchmark measures (``KSB_CUTLASS_FP8_BLOCK_TILE`` forces one). ``coop_c2x1_ovl`` is coop_c2x1 with
+#: the promotion overlapped (``overlap_promotion.hpp``). H200 8192^3 with swizzle 8, timed in turn against
+#: torch._scaled_mm per-tensor (run 26, two calls): coop_c2x1_ovl 0.943 and 0.948x (1121-1150 TFLOP/s), coop_c2x1
+#: 0.867 and 0.849x (runs 21-23: 0.84-0.97x, median 0.89). Both passed GPU conformance with clusters cut by the
+#: problem's edge (M = 333, 1100; runs 20 and 26). Dropped after run 14: 64x128x128 pingpong with a 1x2 cluster
+#: (672) and 128x256x128 cooperative (nvcc rejects it).
 FP8_BLOCK_TILES: dict[str, tuple[tuple[int, int, int], tuple[int, int, int], str, bool]] = {
     "small_m": ((64, 128, 128), (1, 1, 1), "pingpong", False),
     "coop": ((128, 128, 128), (1, 2, 1), "cooperative", False),
@@ -130,14 +129,15 @@ def _fp8_config(kind: str, tiles: dict[str, Any], variable: str, out_dtype: str,
 def fp8_block_config(out_dtype: str, m: int, role: str | None = None) -> GemmConfig:
     """DeepSeek-style fp8 GEMM with 1x128 (A) and 128x128 (B) float32 scales; ``role`` (else
     ``KSB_CUTLASS_FP8_BLOCK_TILE``, else chosen by ``m``) names one of ``FP8_BLOCK_TILES``."""
-    default = "small_m" if m <= 64 else "coop" if m <= 128 else "coop_c2x1"
+    default = "small_m" if m <= 64 else "coop" if m <= 128 else "coop_c2x1_ovl"
     return _fp8_config("mm_fp8_block", FP8_BLOCK_TILES, "KSB_CUTLASS_FP8_BLOCK_TILE", out_dtype, role, default)
 
 
 #: fp8 per-tensor tiles by role, as ``FP8_BLOCK_TILES`` (``KSB_CUTLASS_FP8_TENSOR_TILE`` forces one). CUTLASS's fp8
 #: mainloop keeps a second accumulator to promote into every 128 of K, so the large-M tile is 128x128, as for block
 #: scales: at 128x256 (runs 10-21: 484-497 TFLOP/s at 8192^3) the two 128-float accumulators spilled 1,412 bytes a
-#: thread (ptxas). ``coop_c2x1_ovl`` overlaps the promotion (``overlap_promotion.hpp``). Neither is measured yet.
+#: thread (ptxas). ``coop_c2x1_ovl``, the large-M default, overlaps the promotion (``overlap_promotion.hpp``): H200
+#: 8192^3 (run 26) 1166-1187 TFLOP/s, 0.957-0.958x torch._scaled_mm timed in turn, where ``coop_c2x1`` ran 1067-1078.
 FP8_TENSOR_TILES: dict[str, tuple[tuple[int, int, int], tuple[int, int, int], str, bool]] = {
     "small_m": ((64, 128, 128), (1, 1, 1), "pingpong", False),
     "coop_c2x1": ((128, 128, 128), (2, 1, 1), "cooperative", False),
@@ -149,7 +149,7 @@ def fp8_tensor_config(out_dtype: str, m: int, role: str | None = None) -> GemmCo
     """fp8 GEMM with one float32 scale per operand (folded into the epilogue's alpha); ``role`` (else
     ``KSB_CUTLASS_FP8_TENSOR_TILE``, else chosen by ``m``) names one of ``FP8_TENSOR_TILES``."""
     return _fp8_config("mm_fp8_tensor", FP8_TENSOR_TILES, "KSB_CUTLASS_FP8_TENSOR_TILE", out_dtype, role,
-                       "small_m" if m <= 64 else "coop_c2x1")
+                       "small_m" if m <= 64 else "coop_c2x1_ovl")
 
 
 def grouped_config(dtype: str, layout_b: str) -> GemmConfig:

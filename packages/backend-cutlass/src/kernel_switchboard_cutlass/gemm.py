@@ -26,13 +26,12 @@ WORD = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", to
 HALF = frozenset({torch.float16, torch.bfloat16})
 FP8_OUT = frozenset({torch.bfloat16, torch.float16, torch.float32})
 LAYOUT_WORD = {"R": "row", "C": "col"}
-#: rough sustained rates on an H100/H200 (flop/s) and HBM bandwidth; they only rank kernels. fp8 by scale mode:
-#: H200 8192^3 (notes/gpu-runs.md runs 10-21): 128x128 block scales 1088-1123 TFLOP/s with swizzle 8 (run 21, where
-#: Triton's sm_90 Gluon kernel ran 847-1026 in the same calls; 932-1005 before), per-tensor 484-497 (a 128x256 tile
-#: whose two accumulators spilled; the 128x128 tile that replaced it is not yet measured, so its rate stays low until
-#: it is), where Triton's per-tensor kernel ran 938-1158;
-#: bf16 mm 660-680 (Triton 684-798); grouped DeepSeek-V3 experts 286-293 (Triton 229-247)
-RATE = {"mm": 650e12, "mm_fp8": 1100e12, "mm_fp8_tensor": 500e12, "grouped_mm": 290e12}
+#: rough sustained rates on an H100/H200 (flop/s) and HBM bandwidth; they only rank kernels. fp8 by scale mode,
+#: H200 8192^3 with the overlapped promotion (notes/gpu-runs.md run 26): 128x128 block scales 1121-1150 TFLOP/s
+#: (Triton's sm_90 Gluon kernel 954-965 in the same calls; 847-1026 before), per-tensor 1166-1187 (Triton's
+#: per-tensor kernel 938-1158 in runs 10-21; torch._scaled_mm 1263-1271); bf16 mm 660-690 (Triton 684-798);
+#: grouped DeepSeek-V3 experts 286-306 (Triton 227-248)
+RATE = {"mm": 650e12, "mm_fp8": 1130e12, "mm_fp8_tensor": 1150e12, "grouped_mm": 290e12}
 BANDWIDTH = 3.3e12
 #: host work per call: ctypes, CUTLASS initialize (TMA descriptors), launch
 HOST_S = 12e-6

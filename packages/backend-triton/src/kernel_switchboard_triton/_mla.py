@@ -244,7 +244,7 @@ class MLAConfig(NamedTuple):
 
 
 @functools.lru_cache(maxsize=512)
-def mla_config(device: torch.device, batch: int, heads: int, kv_len: int,
+def mla_config(device: torch.device, batch: int, heads: int, kv_len: int, page_size: int,
                num_splits: int | None = None) -> MLAConfig:
     """Tiles and split count for an MLA decode shape (``kv_len``: the longest KV length, rounded)."""
     if interpreting():
@@ -257,13 +257,16 @@ def mla_config(device: torch.device, batch: int, heads: int, kv_len: int,
     # (B=128 L=8192 H=128 p64, notes/gpu-runs.md runs 8 and 17), BLOCK_N 64: TMA two stages 1.25 TB/s, one 0.96;
     # pointer loads two stages 0.97, one 0.76; TMA BLOCK_N 32 with 2-4 stages 0.79-0.82; 32-head tiles 0.60;
     # the Gluon kernels on the TMA tiles (sm_90 only: wgmma) 1.45, warp-specialised 1.67 (run 20), 2.02 (run 21), 2.16 (run 22).
-    block_h = 64 if hopper and heads >= 64 else (32 if heads >= 32 else 16)
+    # Fewer than 64 heads (DeepSeek-V3 on 8-way tensor parallelism has 16) take the Gluon kernel's 64-row tiles too,
+    # rows past the heads computed on zero queries and never stored: B=128 L=8192 H=16, 4.13 TB/s against 2.84 for
+    # 16-row tiles on mma.sync, FlashInfer 4.0 (run 26). Their tiles are whole 64-token pages' parts (TMA).
+    gluon = gluon_hopper(device) and page_size % 64 == 0
+    block_h = 64 if gluon or (hopper and heads >= 64) else (32 if heads >= 32 else 16)
     block_n, warps, stages = (64, 8, 2) if hopper else (32, 8, 1)
     if num_splits is None:
         smem = stages * block_n * (512 + 64) * 2 + block_h * (512 + 64) * 2
         slots = sm_count(device) * resident_ctas(device, smem, warps, 255 if block_h == 64 else 192)
         num_splits = choose_splits(batch * triton.cdiv(heads, block_h), kv_len, block_n, slots)
-    gluon = gluon_hopper(device) and (block_h, block_n) == (64, 64)
     return MLAConfig(block_h, block_n, num_splits, warps, stages, False, has_tma(device), gluon, gluon)
 
 
@@ -349,12 +352,12 @@ class MLAPlan:
     so it can be captured in a CUDA graph; one plan serves every layer of a step. It writes ``out`` (B, H, Dc) and
     ``lse`` (B, H) float32 (default: the plan's own scratch)."""
 
-    def __init__(self, table: Any, heads: int, dc: int, sm_scale: float, max_kv_len: int,
+    def __init__(self, table: Any, heads: int, dc: int, page_size: int, sm_scale: float, max_kv_len: int,
                  cfg: MLAConfig | None = None) -> None:
         device = table.block_table.device
         batch = table.block_table.shape[0]
         self.table, self.sm_scale = table, sm_scale
-        self.cfg = cfg or mla_config(device, batch, heads, round_len(max_kv_len))
+        self.cfg = cfg or mla_config(device, batch, heads, round_len(max_kv_len), page_size)
         s = self.cfg.num_splits
         self.lse_scratch = torch.empty(batch, heads, device=device, dtype=torch.float32)
         self.part_out = torch.empty(batch, heads, s, dc, device=device, dtype=torch.float32) if s > 1 else None
@@ -371,12 +374,12 @@ class MLAPlan:
 
 def plan_mla(problem: Any, table: Any, p: Any, **_: Any) -> MLAPlan:
     """``Kernel.plan`` of the MLA decode kernel: the split schedule and workspace for this table."""
-    return MLAPlan(table, problem.num_q_heads, problem.head_dim, p.sm_scale, p.max_kv_len)
+    return MLAPlan(table, problem.num_q_heads, problem.head_dim, problem.page_size, p.sm_scale, p.max_kv_len)
 
 
 def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_pages: torch.Tensor, kpe_pages: torch.Tensor,
                table: Any, p: Any, cfg: MLAConfig | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The ``attention.mla_decode`` kernel: q_nope (B, H, 512), q_pe (B, H, 64) -> out (B, H, 512), lse (B, H)."""
-    plan = MLAPlan(table, q_nope.shape[1], q_nope.shape[2], p.sm_scale, p.max_kv_len, cfg)
+    plan = MLAPlan(table, q_nope.shape[1], q_nope.shape[2], ckv_pages.shape[1], p.sm_scale, p.max_kv_len, cfg)
     out, lse = plan.run(q_nope, q_pe, ckv_pages, kpe_pages, q_nope.new_empty(q_nope.shape))
     return out, (lse if p.return_lse else None)
