@@ -259,7 +259,8 @@ def mla_config(device: torch.device, batch: int, heads: int, kv_len: int, page_s
     # the Gluon kernels on the TMA tiles (sm_90 only: wgmma) 1.45, warp-specialised 1.67 (run 20), 2.02 (run 21), 2.16 (run 22).
     # Fewer than 64 heads (DeepSeek-V3 on 8-way tensor parallelism has 16) take the Gluon kernel's 64-row tiles too,
     # rows past the heads computed on zero queries and never stored: B=128 L=8192 H=16, 4.13 TB/s against 2.84 for
-    # 16-row tiles on mma.sync, FlashInfer 4.0 (run 26). Their tiles are whole 64-token pages' parts (TMA).
+    # 16-row tiles on mma.sync, FlashInfer 4.0 (run 26). The Gluon kernels load 64-token tiles with TMA: pages of a
+    # multiple of 64 tokens.
     gluon = gluon_hopper(device) and page_size % 64 == 0
     block_h = 64 if gluon or (hopper and heads >= 64) else (32 if heads >= 32 else 16)
     block_n, warps, stages = (64, 8, 2) if hopper else (32, 8, 1)
