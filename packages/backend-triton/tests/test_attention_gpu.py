@@ -139,7 +139,7 @@ def test_mla_decode_deepseek_shape(page_size: int, kernel: str, splits: int | No
     if kernel != "triton":
         if torch.cuda.get_device_capability()[0] != 9:
             pytest.skip("the Gluon MLA kernels use Hopper's wgmma (sm_90 only)")
-        assert real_config(torch.device("cuda"), 4, 128, 8192).gluon_ws  # the default here
+        assert real_config(torch.device("cuda"), 4, 128, 8192, 64).gluon_ws  # the default here
     monkeypatch.setattr(_mla, "mla_config", lambda *a: real_config(*a, splits)._replace(
         gluon=kernel != "triton", gluon_ws=kernel == "gluon_ws"))
     _check_mla_on_deepseek_pages(page_size, dtype)
