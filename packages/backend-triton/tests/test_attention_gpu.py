@@ -145,7 +145,14 @@ def test_mla_decode_deepseek_shape(page_size: int, kernel: str, splits: int | No
         assert real_config(torch.device("cuda"), 4, 128, 8192, 64).gluon_ws  # the default here
     monkeypatch.setattr(_mla, "mla_config", lambda *a: real_config(*a, splits)._replace(
         gluon=kernel != "triton", gluon_ws=kernel.startswith("gluon_"), pairs=kernel == "gluon_pairs"))
+    launched: list[int] = []
+    if kernel == "gluon_pairs":
+        from kernel_switchboard_triton import _mla_gluon_pairs
+
+        real_launch = _mla_gluon_pairs.launch
+        monkeypatch.setattr(_mla_gluon_pairs, "launch", lambda *a: (launched.append(1), real_launch(*a)))
     _check_mla_on_deepseek_pages(page_size, dtype)
+    assert launched == ([1] if kernel == "gluon_pairs" else [])  # the pair kernel ran, not another one
 
 
 @pytest.mark.parametrize(("heads", "page_size", "splits", "dtype"), [

@@ -17,6 +17,8 @@ On Hopper the default is therefore Gluon with explicit layouts (``MLAConfig.gluo
 warp-specialised warpgroups take whole score tiles in turn (``gluon_ws``), else ``_mla_gluon``, the same tiles
 split between both warpgroups. H200, B=128 L=8192 H=128 page 64: 2.16 TB/s (run 22; FlashInfer 2.20 in the same
 run); in run 20 the three kernels ran 1.67 (before runs 21-22's schedule), 1.45 and this module's TMA kernel's 1.24.
+``_mla_gluon_pairs`` (``MLAConfig.pairs``, experimental, not yet run on a GPU) takes the tiles in pairs whose
+scores run at once (FlashMLA's seesaw schedule).
 """
 
 from __future__ import annotations
