@@ -36,7 +36,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from . import _mla_gluon
 from ._mla_gluon import _split_tiles
-from ._mla_gluon_ws import PIECE_COLS, _loader
+from ._mla_gluon_ws import PIECE_COLS, _loader, _stage_queries, _store_output
 
 
 @gluon.jit
@@ -78,8 +78,6 @@ def _consume(p, WG: gl.constexpr):
     q_smem, qp_smem, ckv_smem, kpe_smem, row_max, row_sum = smem
     ready, empty, xbars, tail = bars  # noqa: RUF059
     bar_m0, bar_m1, bar_pa, bar_pb = xbars
-    o_ptr, stride_ob, stride_oh, stride_os = o
-    lse_ptr, stride_lb, stride_lh = lse
     heads = sizes
     BLOCK_H: gl.constexpr = q_smem.shape[1]
     BLOCK_N: gl.constexpr = ckv_desc.block_type.shape[0]
@@ -164,16 +162,7 @@ def _consume(p, WG: gl.constexpr):
         l_i = l_i * gl.exp2(m_i - m_new) + sum_a + sum_b  # the same in both warpgroups
         m_i = m_new
 
-    empty_row = l_i == 0.0
-    safe = gl.where(empty_row, 1.0, l_i)
-    out = acc * (1.0 / safe)[:, None]
-    oh = gl.program_id(0) * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_o)
-    oc = WG * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, o_layout))
-    o_rows = o_ptr + b.to(gl.int64) * stride_ob + oh[:, None] * stride_oh + split * stride_os
-    gl.store(o_rows + oc[None, :], out.to(o_ptr.dtype.element_ty), mask=(oh < heads)[:, None])
-    if WG == 0:
-        lse_v = gl.where(empty_row, float("-inf"), (m_i + gl.log2(safe)) * 0.6931471805599453)
-        gl.store(lse_ptr + b.to(gl.int64) * stride_lb + oh * stride_lh + split, lse_v, mask=oh < heads)
+    _store_output(acc, l_i, m_i, o, lse, heads, b, split, WG)
 
 
 @gluon.jit
@@ -198,15 +187,7 @@ def mla_decode_pairs_kernel(
     q_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_H, DC], gl.NVMMASharedLayout.get_default_for([64, DC], dtype))
     qp_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_H, DR], gl.NVMMASharedLayout.get_default_for([64, DR], dtype))
     ld_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
-    b = gl.program_id(1)
-    offs_h = gl.program_id(0) * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld_layout))
-    cols = gl.arange(0, 64, layout=gl.SliceLayout(0, ld_layout))
-    qn_rows = qn_ptr + b.to(gl.int64) * stride_qnb + offs_h[:, None] * stride_qnh
-    for c in gl.static_range(DC // 64):
-        q_smem.index(0).slice(c * 64, 64, dim=1).store(gl.load(qn_rows + c * 64 + cols[None, :],
-                                                               mask=(offs_h < heads)[:, None], other=0.0))
-    qp_rows = qp_ptr + b.to(gl.int64) * stride_qpb + offs_h[:, None] * stride_qph
-    qp_smem.index(0).store(gl.load(qp_rows + cols[None, :], mask=(offs_h < heads)[:, None], other=0.0))
+    _stage_queries(qn_ptr, qp_ptr, q_smem, qp_smem, heads, stride_qnb, stride_qnh, stride_qpb, stride_qph, ld_layout)
     ckv_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DC], ckv_desc.layout)
     kpe_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DR], kpe_desc.layout)
     # the step's row statistics: max (m0 by warpgroup 0, m1 by warpgroup 1) and sums (of P_A, of P_B)

@@ -276,6 +276,28 @@ def _softmax(s, m_i, valid, qk_scale, dtype: gl.constexpr, row_o: gl.constexpr):
 
 
 @gluon.jit
+def _store_output(acc, l_i, m_i, o, lse, heads, b, split, WG: gl.constexpr):
+    """A consumer warpgroup's epilogue: its (64, 256) output columns of request ``b``'s split divided by the row sums
+    ``l_i`` (zeros for an empty split), and from warpgroup 0 the natural-log LSE (-inf where empty)."""
+    o_ptr, stride_ob, stride_oh, stride_os = o
+    lse_ptr, stride_lb, stride_lh = lse
+    BLOCK_H: gl.constexpr = acc.shape[0]
+    HALF: gl.constexpr = acc.shape[1]
+    o_layout: gl.constexpr = acc.type.layout
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    empty_row = l_i == 0.0
+    safe = gl.where(empty_row, 1.0, l_i)
+    out = acc * (1.0 / safe)[:, None]
+    oh = gl.program_id(0) * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_o)
+    oc = WG * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, o_layout))
+    o_rows = o_ptr + b.to(gl.int64) * stride_ob + oh[:, None] * stride_oh + split * stride_os
+    gl.store(o_rows + oc[None, :], out.to(o_ptr.dtype.element_ty), mask=(oh < heads)[:, None])
+    if WG == 0:
+        lse_v = gl.where(empty_row, float("-inf"), (m_i + gl.log2(safe)) * 0.6931471805599453)
+        gl.store(lse_ptr + b.to(gl.int64) * stride_lb + oh * stride_lh + split, lse_v, mask=oh < heads)
+
+
+@gluon.jit
 def _consume(p, CTAS: gl.constexpr, WG: gl.constexpr):
     """Consumer warpgroup ``WG`` (4 warps): output columns [WG * 256, WG * 256 + 256) of every tile, the scores
     and softmax of tiles t with t % 2 == WG. Each of its score tiles starts by folding in the other warpgroup's
@@ -286,8 +308,6 @@ def _consume(p, CTAS: gl.constexpr, WG: gl.constexpr):
     ckv_desc, kpe_desc, block_table_ptr, seq_lens_ptr, stride_bt, o, lse, qk_scale = io  # noqa: RUF059
     q_smem, qp_smem, ckv_smem, kpe_smem, p_smem, stats = smem  # noqa: RUF059
     ready, empty, p_ready, tail = bars  # noqa: RUF059
-    o_ptr, stride_ob, stride_oh, stride_os = o
-    lse_ptr, stride_lb, stride_lh = lse
     heads = sizes
     BLOCK_H: gl.constexpr = q_smem.shape[1]
     BLOCK_N: gl.constexpr = ckv_desc.block_type.shape[0]
@@ -327,16 +347,25 @@ def _consume(p, CTAS: gl.constexpr, WG: gl.constexpr):
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
             mbarrier.arrive(empty[WG].index((j + 1) % 2), count=1)
 
-    empty_row = l_i == 0.0
-    safe = gl.where(empty_row, 1.0, l_i)
-    out = acc * (1.0 / safe)[:, None]
-    oh = gl.program_id(0) * BLOCK_H + gl.arange(0, BLOCK_H, layout=row_o)
-    oc = WG * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(0, o_layout))
-    o_rows = o_ptr + b.to(gl.int64) * stride_ob + oh[:, None] * stride_oh + split * stride_os
-    gl.store(o_rows + oc[None, :], out.to(o_ptr.dtype.element_ty), mask=(oh < heads)[:, None])
-    if WG == 0:
-        lse_v = gl.where(empty_row, float("-inf"), (m_i + gl.log2(safe)) * 0.6931471805599453)
-        gl.store(lse_ptr + b.to(gl.int64) * stride_lb + oh * stride_lh + split, lse_v, mask=oh < heads)
+    _store_output(acc, l_i, m_i, o, lse, heads, b, split, WG)
+
+
+@gluon.jit
+def _stage_queries(qn_ptr, qp_ptr, q_smem, qp_smem, heads, stride_qnb, stride_qnh, stride_qpb, stride_qph,
+                   ld_layout: gl.constexpr):
+    """The program's q_nope (BLOCK_H, DC) and q_pe (BLOCK_H, DR) rows into shared memory (rows past ``heads``
+    zero), 64 columns at a time, by the default partition's warps before the partitions fork."""
+    BLOCK_H: gl.constexpr = q_smem.shape[1]
+    DC: gl.constexpr = q_smem.shape[2]
+    b = gl.program_id(1)
+    offs_h = gl.program_id(0) * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld_layout))
+    cols = gl.arange(0, 64, layout=gl.SliceLayout(0, ld_layout))
+    qn_rows = qn_ptr + b.to(gl.int64) * stride_qnb + offs_h[:, None] * stride_qnh
+    for c in gl.static_range(DC // 64):
+        q_smem.index(0).slice(c * 64, 64, dim=1).store(gl.load(qn_rows + c * 64 + cols[None, :],
+                                                               mask=(offs_h < heads)[:, None], other=0.0))
+    qp_rows = qp_ptr + b.to(gl.int64) * stride_qpb + offs_h[:, None] * stride_qph
+    qp_smem.index(0).store(gl.load(qp_rows + cols[None, :], mask=(offs_h < heads)[:, None], other=0.0))
 
 
 @gluon.jit
@@ -365,15 +394,7 @@ def mla_decode_ws_kernel(
     qp_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_H, DR],
                                         _on_ctas(gl.NVMMASharedLayout.get_default_for([64, DR], dtype), rows))
     ld_layout: gl.constexpr = _on_ctas(gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0]), rows)
-    b = gl.program_id(1)
-    offs_h = gl.program_id(0) * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld_layout))
-    cols = gl.arange(0, 64, layout=gl.SliceLayout(0, ld_layout))
-    qn_rows = qn_ptr + b.to(gl.int64) * stride_qnb + offs_h[:, None] * stride_qnh
-    for c in gl.static_range(DC // 64):
-        q_smem.index(0).slice(c * 64, 64, dim=1).store(gl.load(qn_rows + c * 64 + cols[None, :], mask=(offs_h < heads)[:, None],
-                                                      other=0.0))
-    qp_rows = qp_ptr + b.to(gl.int64) * stride_qpb + offs_h[:, None] * stride_qph
-    qp_smem.index(0).store(gl.load(qp_rows + cols[None, :], mask=(offs_h < heads)[:, None], other=0.0))
+    _stage_queries(qn_ptr, qp_ptr, q_smem, qp_smem, heads, stride_qnb, stride_qnh, stride_qpb, stride_qph, ld_layout)
     ckv_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DC], ckv_desc.layout)
     kpe_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DR], kpe_desc.layout)
     p_smem = gl.allocate_shared_memory(dtype, [1, BLOCK_H, BLOCK_N],
