@@ -7,23 +7,26 @@ tile's softmax and publish run while the tensor cores wait for them. Its loop (r
 cycles a tile for ~2,200 cycles of MMAs: 55% tensor-core use, where FlashMLA reports 80%.
 
 Here tiles A = 2i and B = 2i + 1 (ring slots 0 and 1) are one step, and the 512 output columns are split as before
-(warpgroup 0 the left 256, warpgroup 1 the right). Both warpgroups start their tile's scores at once, and one
-running row max m is shared:
+(warpgroup 0 the left 256, warpgroup 1 the right). Both warpgroups start their tile's scores at once. Each takes
+the max with the running max m of its own tile (m_A, m_B), publishes it and exponentiates against it without
+waiting; once it has the other's, both use m' = max(m_A, m_B):
 
-- warpgroup 0: S_A; m0 = max(m, rowmax S_A), published; P_A = exp(S_A - m0); O_L = O_L e^(m - m0) + P_A V_A,L (P
-  from registers; frees A's left half); then, given m1, P_A e^(m0 - m1) goes to A's k_pe space for warpgroup 1;
-  O_L = O_L e^(m0 - m1) + P_B V_B,L (P_B from B's k_pe space; frees B's left half and k_pe).
-- warpgroup 1: S_B; given m0, m1 = max(m0, rowmax S_B), published; P_B = exp(S_B - m1) to B's k_pe space;
-  O_R = O_R e^(m - m1) + P_A' V_A,R (frees A's right half and k_pe) + P_B V_B,R (P from registers; frees B's right
-  half).
+- warpgroup 0: O_L = O_L e^(m - m_A) + P_A V_A,L (P from registers; frees A's left half); then P_A e^(m_A - m') goes
+  to A's k_pe space for warpgroup 1; O_L = O_L e^(m_A - m') + P_B' V_B,L (P_B' from B's k_pe space; frees B's left
+  half and k_pe).
+- warpgroup 1: P_B' = P_B e^(m_B - m') to B's k_pe space for warpgroup 0; O_R = O_R e^(m - m') + P_A' V_A,R (frees
+  A's right half and k_pe) + P_B' V_B,R (P from registers; frees B's right half).
 
-So one warpgroup's exponentials run under the other's MMAs, and the only exchange on the critical path is m0 (a
-row vector). P's go through the k_pe part of their tile, which only the owner's scores read: no shared memory is
-added, and the kernel has 8 KB less than ``_mla_gluon_ws`` (no P buffer). The loader (``_mla_gluon_ws._loader``
-with ``KPE_LAST``) loads the latent halves first, since a tile's k_pe part is now freed last, and the scores take
-the pieces in that order. Both warpgroups fold the row sums in the same order, l = (l e^(m - m0) + sum_A)
-e^(m0 - m1) + sum_B, so their halves of a row are divided by the same l. A split with an odd number of tiles ends
-on a step without B: warpgroup 1 publishes m1 = m0 and skips its scores and P.
+So one warpgroup's exponentials run under the other's MMAs, and neither waits for the other before its
+exponentials (the maxima, a row vector each way, are needed only for the rescale after). P's go through the k_pe part of their tile, which only the owner's
+scores read: no shared memory is added, and the kernel has 8 KB less than ``_mla_gluon_ws`` (no P buffer). The
+loader (``_mla_gluon_ws._loader`` with ``KPE_LAST``) loads the latent halves first, since a tile's k_pe part is now
+freed last, and the scores take the pieces in that order. Both warpgroups fold the row sums the same way, l =
+l e^(m - m') + sum_A e^(m_A - m') + sum_B e^(m_B - m'), so their halves of a row are divided by the same l. A split
+with an odd number of tiles ends on a step without B: warpgroup 1's scores are all -inf, so its max is m and its P
+zero, and it stores no P.
+
+The barrier protocol has a model: ``tools/mla_pairs_protocol.py`` (change both together).
 """
 
 from __future__ import annotations
@@ -190,14 +193,14 @@ def mla_decode_pairs_kernel(
     _stage_queries(qn_ptr, qp_ptr, q_smem, qp_smem, heads, stride_qnb, stride_qnh, stride_qpb, stride_qph, ld_layout)
     ckv_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DC], ckv_desc.layout)
     kpe_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DR], kpe_desc.layout)
-    # the step's row statistics: max (m0 by warpgroup 0, m1 by warpgroup 1) and sums (of P_A, of P_B)
+    # the step's row statistics: maxima (m_A by warpgroup 0, m_B by warpgroup 1) and sums (of P_A', of P_B')
     rows: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     row_max = (gl.allocate_shared_memory(gl.float32, [BLOCK_H], rows), gl.allocate_shared_memory(gl.float32, [BLOCK_H], rows))
     row_sum = (gl.allocate_shared_memory(gl.float32, [BLOCK_H], rows), gl.allocate_shared_memory(gl.float32, [BLOCK_H], rows))
     # a barrier pair (one per ring slot) for each latent piece and for k_pe, each its own allocation (the compiler
     # syncs a partition's warps between two waits on one allocation); per slot the three parts each freed on their
     # own (latent half 0 by warpgroup 0, half 1 by warpgroup 1, k_pe by the reader of the P stored there); and the
-    # exchanges of a step (m0, m1, P_A, P_B), each completing once per step
+    # exchanges of a step (m_A, m_B, P_A', P_B'), each completing once per step
     ready = ()
     for _ in gl.static_range(PIECES + 1):  # (the Gluon frontend concatenates tuples; it does not unpack them)
         pair = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
