@@ -18,13 +18,13 @@ waiting; once it has the other's, both use m' = max(m_A, m_B):
   A's right half and k_pe) + P_B' V_B,R (P from registers; frees B's right half).
 
 So one warpgroup's exponentials run under the other's MMAs, and neither waits for the other before its
-exponentials (the maxima, a row vector each way, are needed only for the rescale after). P's go through the k_pe part of their tile, which only the owner's
-scores read: no shared memory is added, and the kernel has 8 KB less than ``_mla_gluon_ws`` (no P buffer). The
-loader (``_mla_gluon_ws._loader`` with ``KPE_LAST``) loads the latent halves first, since a tile's k_pe part is now
-freed last, and the scores take the pieces in that order. Both warpgroups fold the row sums the same way, l =
-l e^(m - m') + sum_A e^(m_A - m') + sum_B e^(m_B - m'), so their halves of a row are divided by the same l. A split
-with an odd number of tiles ends on a step without B: warpgroup 1's scores are all -inf, so its max is m and its P
-zero, and it stores no P.
+exponentials (the maxima, a row vector each way, are needed only for the rescale after). P's go through the k_pe
+part of their tile, which only the owner's scores read: no shared memory is added, and the kernel has 8 KB less than
+``_mla_gluon_ws`` (no P buffer). The loader (``_mla_gluon_ws._loader`` with ``KPE_LAST``) loads the latent halves
+first, since a tile's k_pe part is now freed last, and the scores take the pieces in that order. Both warpgroups
+fold the row sums the same way, l = l e^(m - m') + sum_A e^(m_A - m') + sum_B e^(m_B - m'), so their halves of a
+row are divided by the same l. A split with an odd number of tiles ends on a step without B: warpgroup 1's scores
+are all -inf, so its max is m and its P zero, and it stores no P.
 
 The barrier protocol has a model: ``tools/mla_pairs_protocol.py`` (change both together).
 """
