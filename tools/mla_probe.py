@@ -50,7 +50,7 @@ def main() -> None:
     cache = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device=dev)
     sink = torch.empty((), dtype=torch.int64, device=dev)
     flushes = {"zero": cache.zero_, "read": lambda: torch.sum(cache, 0, out=sink), "none": lambda: None}
-    graphs = {name: _graph(fn) for name, fn in calls.items()}
+    graphs = {name: _graph(name, fn) for name, fn in calls.items()}
     best: dict[tuple[str, str], float] = {}
     for r in range(a.rounds):
         for name, fn in calls.items():
@@ -59,14 +59,17 @@ def main() -> None:
                 best[name, mode] = min(best.get((name, mode), 1e9), ms)
                 print(json.dumps({"round": r, "call": name, "mode": mode, "ms": round(ms, 4),
                                   "tb_s": round(units / ms / 1e9, 3)}), flush=True)
-            ms = _graph_ms(graphs[name])
+            graph = graphs[name]
+            if graph is None:
+                continue
+            ms = _graph_ms(graph)
             best[name, "graph"] = min(best.get((name, "graph"), 1e9), ms)
             print(json.dumps({"round": r, "call": name, "mode": "graph", "ms": round(ms, 4),
                               "tb_s": round(units / ms / 1e9, 3)}), flush=True)
     print(f"best of {a.rounds} rounds, TB/s (B={a.batch} L={a.kv_len} H={a.heads} q_len={a.q_len}):")
     for name in calls:
         print(f"  {name:16s} " + "  ".join(f"{m} {units / best[name, m] / 1e9:.3f}"
-                                          for m in ("zero", "read", "none", "graph")))
+                                          for m in ("zero", "read", "none", "graph") if (name, m) in best))
 
 
 def _pairs_call(case: Any) -> Callable[[], torch.Tensor]:
@@ -96,12 +99,18 @@ def _per_call_ms(fn: Callable[[], Any], flush: Callable[[], Any], calls: int = 4
     return statistics.median(times)
 
 
-def _graph(fn: Callable[[], Any]) -> torch.cuda.CUDAGraph:
+def _graph(name: str, fn: Callable[[], Any]) -> torch.cuda.CUDAGraph | None:
+    """``fn`` captured in a CUDA graph, or None (printed) where it cannot be captured."""
     fn()
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
+    try:
+        with torch.cuda.graph(g):
+            fn()
+    except Exception as exc:  # noqa: BLE001 - a call that cannot be captured keeps its eager timings
+        print(json.dumps({"call": name, "graph": f"not captured: {type(exc).__name__}: {exc}"[:300]}), flush=True)
+        torch.cuda.synchronize()
+        return None
     return g
 
 
