@@ -38,8 +38,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma, warpgroup_mma_wait
 
 from . import _mla_gluon
-from ._mla_gluon import _split_tiles
-from ._mla_gluon_ws import PIECE_COLS, _loader, _stage_queries, _store_output
+from ._mla_gluon_ws import PIECE_COLS, _loader, _split_state, _stage_queries, _store_output
 
 
 @gluon.jit
@@ -94,12 +93,7 @@ def _consume(p, WG: gl.constexpr):
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
 
-    b = gl.program_id(1)
-    split = gl.program_id(2)
-    start, end, tiles = _split_tiles(seq_lens_ptr, b, split, NUM_SPLITS, BLOCK_N)
-    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=row_o)
-    l_i = gl.zeros([BLOCK_H], gl.float32, layout=row_o)
-    acc = gl.zeros([BLOCK_H, HALF], gl.float32, layout=o_layout)
+    b, split, start, end, tiles, m_i, l_i, acc = _split_state(seq_lens_ptr, NUM_SPLITS, BLOCK_N, BLOCK_H, HALF, o_layout)
     for i in range(0, (tiles + 1) // 2):  # step i: tile A = 2i in slot 0, B = 2i + 1 (if any) in slot 1
         ta = 2 * i
         has_b = ta + 1 < tiles
