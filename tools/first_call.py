@@ -1,6 +1,6 @@
 """Seconds of each kernel's first call in a fresh process: JIT compile or graph build plus one run,
 with an empty Triton cache (what a new machine pays; imports and input creation not counted); for Triton
-kernels also each compiled kernel's compile and load seconds (``triton_kernels``).
+kernels also each compiled kernel's compile and load seconds (``triton_kernels``), the compile's by stage.
 
     python3 tools/first_call.py [OUT.jsonl [KERNEL_PREFIX ...]]  # the kernels below (or those named), one child each
     python3 tools/first_call.py --one OP KERNEL k=v ...            # the child: prints one JSON line
@@ -42,13 +42,15 @@ def _time_triton_compiles() -> list[dict[str, object]]:
     except ImportError:
         return []
     spans: list[dict[str, object]] = []
+    stages = _time_cuda_stages()
     compile_fn, init_handles = tc.compile, CompiledKernel._init_handles
 
     def timed_compile(src, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        stages.clear()
         t0 = time.perf_counter()
         kernel = compile_fn(src, *args, **kwargs)
         spans.append({"kernel": getattr(getattr(src, "fn", None), "__name__", "?"),
-                      "compile_s": round(time.perf_counter() - t0, 3)})
+                      "compile_s": round(time.perf_counter() - t0, 3), "stages_s": dict(stages)})
         return kernel
 
     def timed_init(self):  # noqa: ANN001, ANN202
@@ -60,6 +62,31 @@ def _time_triton_compiles() -> list[dict[str, object]]:
 
     tc.compile, CompiledKernel._init_handles = timed_compile, timed_init
     return spans
+
+
+def _time_cuda_stages() -> dict[str, float]:
+    """Time each stage of Triton's CUDA compile pipeline (ttir, ttgir, llir, ptx, cubin: the last is ptxas) into the
+    returned dict, overwritten by each compile. The rest of a compile's seconds is the frontend (the kernel's AST
+    to IR) and the cache key (Triton hashes its own library once per process)."""
+    seconds: dict[str, float] = {}
+    try:
+        from triton.backends.nvidia.compiler import CUDABackend
+    except ImportError:
+        return seconds
+    add_stages = CUDABackend.add_stages
+
+    def timed_add_stages(self, stages, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        add_stages(self, stages, *args, **kwargs)
+        for name, stage in list(stages.items()):
+            def timed(src, metadata, stage=stage, name=name):  # noqa: ANN001, ANN202
+                t0 = time.perf_counter()
+                result = stage(src, metadata)
+                seconds[name] = round(time.perf_counter() - t0, 3)
+                return result
+            stages[name] = timed
+
+    CUDABackend.add_stages = timed_add_stages
+    return seconds
 
 
 def one(op: str, prefix: str, params: list[str]) -> dict[str, object]:
