@@ -2,7 +2,8 @@
 # MLA decode on a lent H200 in one call (issue 3), each step with its own time limit so that the whole fits the
 # device's 600 s a call: the GPU tests (the default Gluon kernel, fewer heads, CUDA graphs; then the pair schedule's),
 # tools/mla_probe.py (default / pairs / FlashInfer timed in turn, three L2 flush modes and CUDA graphs) at 128 and 16
-# heads, the bench preset, the MTP line (two new tokens per request), then the plan tests. Usage, from the project
+# heads, the bench preset, the MTP line (two new tokens per request), the plan tests, then the first call's
+# compile by stage. Usage, from the project
 # root:
 #   source .gpu/core/setup.sh && export OUT && bash tools/gpu_mla_check.sh
 set -u
@@ -36,5 +37,6 @@ step bench-mtp 55 switchboard bench --op attention.mla_decode --param batch=128 
 grep -hE "mla|MLA" "$R"/bench*.txt | grep -v "^bench \[" | cut -c1-200
 tar czf "$OUT/mla.tgz" -C "$OUT" mla
 step tests-plan 45 python3 -m pytest -q -m gpu --no-header -rA -p no:cacheprovider tests/test_attention_plan.py -k mla
+step first-call 30 python3 tools/first_call.py "$R/first_call.jsonl" triton:mla  # compile seconds by stage
 tar czf "$OUT/mla.tgz" -C "$OUT" mla
 log done
