@@ -3,8 +3,7 @@
 # device's 600 s a call: the GPU tests (the default Gluon kernel, fewer heads, CUDA graphs; then the pair schedule's),
 # tools/mla_probe.py (default / pairs / FlashInfer timed in turn, three L2 flush modes and CUDA graphs) at 128 and 16
 # heads, the bench preset, the MTP line (two new tokens per request), the plan tests, then the first call's
-# compile by stage. Usage, from the project
-# root:
+# compile by stage. Usage, from the project root:
 #   source .gpu/core/setup.sh && export OUT && bash tools/gpu_mla_check.sh
 set -u
 OUT=${OUT:-/tmp/ksb-out}
