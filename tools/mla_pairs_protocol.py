@@ -3,7 +3,8 @@ Python generators over the kernel's mbarriers (try_wait parity, arrive, TMA expe
 interleavings and load delays. Checks that nothing deadlocks, no barrier is arrived on past its phase, and every
 shared-memory read sees the tile or P it expects. It mirrors the kernel by hand: change both together.
 
-    python3 tools/mla_pairs_protocol.py      # tiles 0-11, full or partial last tile, 300 interleavings each
+    python3 tools/mla_pairs_protocol.py      # both PV orders of warpgroup 1 (``OWN_PV_FIRST``), tiles 0-11, full or
+                                             # partial last tile, 300 interleavings each
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ class Bar:
 class Model:
     """The kernel's barriers (ring slots 0 and 1) and what each shared-memory region holds."""
 
-    def __init__(self, tiles: int, partial: bool) -> None:
-        self.tiles, self.partial = tiles, partial
+    def __init__(self, tiles: int, partial: bool, own_first: bool = False) -> None:
+        self.tiles, self.partial, self.own_first = tiles, partial, own_first
         self.ready = [[Bar(f"ready{c}.{sl}") for sl in range(2)] for c in range(5)]  # latent pieces 0-3, k_pe
         self.empty = [[Bar(f"empty{p}.{sl}") for sl in range(2)] for p in range(3)]  # left half, right half, k_pe
         self.m0, self.m1, self.pa, self.pb, self.tail = Bar("m0"), Bar("m1"), Bar("pa"), Bar("pb"), Bar("tail")
@@ -123,6 +124,8 @@ def consumer(m: Model, wg: int) -> Iterator[Op]:
                 yield ("write", "kpe.1", ("P", ta + 1))
                 yield ("write", "row_sum1", ("s", i))
                 yield ("arrive", m.pb)
+            if m.own_first and has_b:
+                yield from _own_pv(m, ta + 1)
             yield ("wait", m.pa, phase)
             yield ("read", "row_sum0", ("s", i))
             pv = [("kpe.0", ("P", ta)), ("ckv2.0", ("kv", ta)), ("ckv3.0", ("kv", ta))]
@@ -131,16 +134,21 @@ def consumer(m: Model, wg: int) -> Iterator[Op]:
             yield ("mma_done", pv)
             yield ("arrive", m.empty[1][0])
             yield ("arrive", m.empty[2][0])
-            if has_b:
-                yield ("read", "ckv2.1", ("kv", ta + 1))  # PV of B's right half, P from registers (synchronous)
-                yield ("read", "ckv3.1", ("kv", ta + 1))
-                yield ("arrive", m.empty[1][1])
+            if not m.own_first and has_b:
+                yield from _own_pv(m, ta + 1)
 
 
-def run(tiles: int, partial: bool, seed: int) -> None:
+def _own_pv(m: Model, tb: int) -> Iterator[Op]:
+    """``_own_pv``: warpgroup 1's PV of B's right half, P from registers (synchronous), then B's right half freed."""
+    yield ("read", "ckv2.1", ("kv", tb))
+    yield ("read", "ckv3.1", ("kv", tb))
+    yield ("arrive", m.empty[1][1])
+
+
+def run(tiles: int, partial: bool, seed: int, own_first: bool = False) -> None:
     """One random interleaving; raises AssertionError on a deadlock, an overrun or a stale read."""
     rng = random.Random(seed)
-    m = Model(tiles, partial)
+    m = Model(tiles, partial, own_first)
     parts = {"loader": loader(m), "wg0": consumer(m, 0), "wg1": consumer(m, 1)}
     current: dict[str, Op | None] = dict.fromkeys(parts)
     done: set[str] = set()
@@ -200,15 +208,16 @@ def _step(m: Model, op: Op) -> None:
 
 
 def main() -> int:
-    for tiles in range(12):
-        for partial in (False, True) if tiles else (False,):
-            for seed in range(300):
-                try:
-                    run(tiles, partial, seed)
-                except AssertionError as exc:
-                    print(f"FAIL tiles={tiles} partial={partial} seed={seed}: {exc}")
-                    return 1
-    print("ok: tiles 0-11, full or partial last tile, 300 interleavings each")
+    for own_first in (False, True):
+        for tiles in range(12):
+            for partial in (False, True) if tiles else (False,):
+                for seed in range(300):
+                    try:
+                        run(tiles, partial, seed, own_first)
+                    except AssertionError as exc:
+                        print(f"FAIL own_first={own_first} tiles={tiles} partial={partial} seed={seed}: {exc}")
+                        return 1
+    print("ok: both PV orders, tiles 0-11, full or partial last tile, 300 interleavings each")
     return 0
 
 

@@ -1,12 +1,14 @@
-"""MLA decode on an H200, timed in turn (issue 3): the default Triton plan, the pair schedule (``MLAConfig.pairs``)
-and FlashInfer, each with the L2 flushed three ways and in a CUDA graph replayed back to back.
+"""MLA decode on an H200, timed in turn (issue 3): the default Triton plan, the pair schedule (``MLAConfig.pairs``;
+also with warpgroup 1's PVs in FlashMLA's order, ``pairs-own-first``) and FlashInfer, each with the L2 flushed three
+ways and in a CUDA graph replayed back to back.
 
     python3 tools/mla_probe.py [--batch 128] [--kv-len 8192] [--heads 128] [--q-len 1] [--rounds 3] [--no-pairs]
 
 Flush modes per call (40 calls, median of each call's CUDA events): ``zero`` (``triton.testing.do_bench``'s: 256 MB
 written, so L2 is left full of dirty lines: the bench's number), ``read`` (256 MB read: L2 left clean) and ``none``
 (back to back). ``graph``: 50 replays of one captured call, timed together. Prints one JSON line per (call, mode,
-round), then the best of the rounds per call and mode, and the pair schedule's largest difference from the default.
+round), then the best of the rounds per call and mode, and the pair schedules' largest differences from the
+default.
 """
 
 from __future__ import annotations
@@ -42,11 +44,12 @@ def main() -> None:
     _, ours = kb._mla_plan(None, case.args, case.kwargs)
     calls: dict[str, Callable[[], Any]] = {"default": ours}
     if a.q_len == 1 and not a.no_pairs:
-        calls["pairs"] = _pairs_call(case)
+        calls["pairs"], calls["pairs-own-first"] = _pairs_call(case), _pairs_call(case, own_first=True)
         want = ours()
         want = want[0] if isinstance(want, tuple) else want  # (out, lse) when the case asks for the LSE
-        diff = (calls["pairs"]().float() - want.float()).abs().max().item()
-        print(json.dumps({"pairs_vs_default_max_abs_diff": diff}), flush=True)
+        for name in ("pairs", "pairs-own-first"):
+            diff = (calls[name]().float() - want.float()).abs().max().item()
+            print(json.dumps({f"{name}_vs_default_max_abs_diff": diff}), flush=True)
     calls.update(kb._flashinfer_externals("attention.mla_decode", case.args, case.kwargs))
     cache = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device=dev)
     sink = torch.empty((), dtype=torch.int64, device=dev)
@@ -73,8 +76,10 @@ def main() -> None:
                                           for m in ("zero", "read", "none", "graph") if (name, m) in best))
 
 
-def _pairs_call(case: Any) -> Callable[[], torch.Tensor]:
-    """The default configuration with the pair schedule, through the Triton backend's own entry."""
+def _pairs_call(case: Any, own_first: bool = False) -> Callable[[], torch.Tensor]:
+    """The default configuration with the pair schedule, through the Triton backend's own entry; ``own_first``:
+    warpgroup 1's PVs in FlashMLA's order (``_mla_gluon_pairs.OWN_PV_FIRST``, set for each call)."""
+    from kernel_switchboard_triton import _mla_gluon_pairs
     from kernel_switchboard_triton._decode import round_len
     from kernel_switchboard_triton._mla import mla_config, mla_decode
 
@@ -83,7 +88,15 @@ def _pairs_call(case: Any) -> Callable[[], torch.Tensor]:
     cfg = mla_config(qn.device, qn.shape[0], qn.shape[1], round_len(length), ckv.shape[1])._replace(pairs=True)
     p = SimpleNamespace(sm_scale=case.kwargs.get("sm_scale") or (ckv.shape[2] + kpe.shape[2]) ** -0.5,
                         max_kv_len=length, return_lse=False)
-    return lambda: mla_decode(qn, qp, ckv, kpe, table, p, cfg)[0]
+
+    def call() -> torch.Tensor:
+        default, _mla_gluon_pairs.OWN_PV_FIRST = _mla_gluon_pairs.OWN_PV_FIRST, own_first
+        try:
+            return mla_decode(qn, qp, ckv, kpe, table, p, cfg)[0]
+        finally:
+            _mla_gluon_pairs.OWN_PV_FIRST = default
+
+    return call
 
 
 def _per_call_ms(fn: Callable[[], Any], flush: Callable[[], Any], calls: int = 40) -> float:

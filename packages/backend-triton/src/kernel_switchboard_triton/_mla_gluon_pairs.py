@@ -15,7 +15,8 @@ waiting; once it has the other's, both use m' = max(m_A, m_B):
   to A's k_pe space for warpgroup 1; O_L = O_L e^(m_A - m') + P_B' V_B,L (P_B' from B's k_pe space; frees B's left
   half and k_pe).
 - warpgroup 1: P_B' = P_B e^(m_B - m') to B's k_pe space for warpgroup 0; O_R = O_R e^(m - m') + P_A' V_A,R (frees
-  A's right half and k_pe) + P_B' V_B,R (P from registers; frees B's right half).
+  A's right half and k_pe) + P_B' V_B,R (P from registers; frees B's right half). With ``OWN_PV_FIRST`` the last
+  two in the other order, as FlashMLA's warpgroups take their own tile's half first.
 
 So one warpgroup's exponentials run under the other's MMAs, and neither waits for the other before its
 exponentials (the maxima, a row vector each way, are needed only for the rescale after). P's go through the k_pe
@@ -39,6 +40,11 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from . import _mla_gluon
 from ._mla_gluon_ws import PIECE_COLS, _loader, _split_state, _stage_queries, _store_output
+
+#: warpgroup 1 runs its own PV (P_B' from registers, over B's right half) before warpgroup 0's P_A' (over A's), as
+#: FlashMLA orders both warpgroups: B's right half is freed a PV earlier, A's a PV later, and warpgroup 1 no longer
+#: waits for P_A' before its first PV. Off until timed against the order below on a GPU (``tools/mla_probe.py``)
+OWN_PV_FIRST = False
 
 
 @gluon.jit
@@ -72,7 +78,15 @@ def _exp_rows(s, m, row_o: gl.constexpr):
 
 
 @gluon.jit
-def _consume(p, WG: gl.constexpr):
+def _own_pv(p_b, ckv_smem, empty, acc, HALF: gl.constexpr, p_layout: gl.constexpr):
+    """Warpgroup 1's PV of its own tile B (P_B' from registers) over B's right half, which it then frees."""
+    acc = warpgroup_mma(gl.convert_layout(p_b, p_layout), ckv_smem.index(1).slice(HALF, HALF, dim=1), acc)
+    mbarrier.arrive(empty[1].index(1), count=1)  # B's right half
+    return acc
+
+
+@gluon.jit
+def _consume(p, WG: gl.constexpr, OWN_FIRST: gl.constexpr):
     """Consumer warpgroup ``WG`` (4 warps): output columns [WG * 256, WG * 256 + 256), the scores of every step's
     tile A (``WG`` 0) or B (``WG`` 1); the module docstring gives the schedule."""
     io, sizes, smem, bars, PAGE_SIZE, NUM_SPLITS = p  # noqa: RUF059
@@ -147,15 +161,18 @@ def _consume(p, WG: gl.constexpr):
                 fence_async_shared()
                 mbarrier.arrive(bar_pb, count=1)
             acc = acc * gl.exp2(m_i - m_new)[:, None]
+            if OWN_FIRST:
+                if has_b:
+                    acc = _own_pv(p_b, ckv_smem, empty, acc, HALF, p_layout)
             mbarrier.wait(bar_pa, phase)
             sum_a = row_sum[0].load(row_o)
             pv = warpgroup_mma(kpe_smem.index(0), ckv_smem.index(0).slice(HALF, HALF, dim=1), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
             mbarrier.arrive(empty[1].index(0), count=1)  # A's right half
             mbarrier.arrive(empty[2].index(0), count=1)  # A's k_pe part, where P_A was
-            if has_b:
-                acc = warpgroup_mma(gl.convert_layout(p_b, p_layout), ckv_smem.index(1).slice(HALF, HALF, dim=1), acc)
-                mbarrier.arrive(empty[1].index(1), count=1)  # B's right half
+            if not OWN_FIRST:
+                if has_b:
+                    acc = _own_pv(p_b, ckv_smem, empty, acc, HALF, p_layout)
         l_i = l_i * gl.exp2(m_i - m_new) + sum_a + sum_b  # the same in both warpgroups
         m_i = m_new
 
@@ -172,6 +189,7 @@ def mla_decode_pairs_kernel(
     DC: gl.constexpr,  # latent columns
     PIECE: gl.constexpr,  # latent columns per ready barrier (whole 64-column TMA boxes)
     num_warps: gl.constexpr,  # 4: the default partition is consumer warpgroup 0
+    OWN_FIRST: gl.constexpr,  # warpgroup 1's own PV (B) before warpgroup 0's P_A' (``OWN_PV_FIRST``)
 ):
     """Arguments as ``_mla_gluon_ws.mla_decode_ws_kernel``'s with one CTA; grid (head blocks, batch, splits), 64 heads
     per program."""
@@ -221,11 +239,12 @@ def mla_decode_pairs_kernel(
           (lse_ptr, stride_lb, stride_lh), qk_scale)
     p = (io, heads, (q_smem, qp_smem, ckv_smem, kpe_smem, row_max, row_sum), (ready, empty, xbars, tail), PAGE_SIZE,
          NUM_SPLITS)
-    gl.warp_specialize([(_consume, (p, 0)), (_consume, (p, 1)), (_loader, (p, 1, True))], [4, 1], [232, 40])
+    gl.warp_specialize([(_consume, (p, 0, OWN_FIRST)), (_consume, (p, 1, OWN_FIRST)), (_loader, (p, 1, True))],
+                       [4, 1], [232, 40])
 
 
 def launch(*args: Any) -> None:
     """As ``_mla_gluon.launch``, with this kernel (64-column latent TMA boxes, ``PIECE_COLS`` columns per barrier; 4
     warps per partition, 168 registers a thread at launch)."""
     _mla_gluon.launch(*args, kernel=mla_decode_pairs_kernel, ckv_cols=64, DC=args[2].shape[1], PIECE=PIECE_COLS,
-                      num_warps=4, maxnreg=168)
+                      OWN_FIRST=OWN_PV_FIRST, num_warps=4, maxnreg=168)
