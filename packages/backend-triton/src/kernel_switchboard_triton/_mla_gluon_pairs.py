@@ -51,22 +51,36 @@ OWN_PV_FIRST = False
 def _tile_scores(q_smem, qp_smem, ckv_smem, kpe_smem, ready, t, valid, qk_scale, s_layout: gl.constexpr):
     """The (64, BLOCK_N) scores of tile ``t`` times ``qk_scale`` (log2 domain), keys from ``valid`` on at -inf: each
     latent piece's MMAs as it lands, then k_pe's (the loader's order), waited for."""
+    PIECES: gl.constexpr = len(ready) - 1  # latent pieces per tile (the last barrier pair: k_pe)
+    s = gl.zeros([q_smem.shape[1], ckv_smem.shape[1]], gl.float32, layout=s_layout)  # not read: use_acc=False
+    s = _score_pieces(q_smem, qp_smem, ckv_smem, kpe_smem, ready, t, s, 0, PIECES + 1)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    return _masked(s, valid, qk_scale, s_layout)
+
+
+@gluon.jit
+def _score_pieces(q_smem, qp_smem, ckv_smem, kpe_smem, ready, t, s, FIRST: gl.constexpr, LAST: gl.constexpr):
+    """Issue the score MMAs of tile ``t``'s pieces [FIRST, LAST) into ``s`` (64, BLOCK_N), each once it landed; piece
+    PIECES is k_pe. Asynchronous, a commit group per piece, not waited for."""
     slot = t % 2
     phase = (t // 2) & 1
-    BLOCK_H: gl.constexpr = q_smem.shape[1]
-    BLOCK_N: gl.constexpr = ckv_smem.shape[1]
-    PIECES: gl.constexpr = len(ready) - 1  # latent pieces per tile (the last barrier pair: k_pe)
+    PIECES: gl.constexpr = len(ready) - 1
     PIECE: gl.constexpr = ckv_smem.shape[2] // PIECES
-    s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_layout)  # not read: use_acc=False
     qn = q_smem.index(t >> 30)  # not hoisted out of the loop (``_mla_gluon_ws._own_scores`` says why)
-    for c in gl.static_range(PIECES):
+    for c in gl.static_range(FIRST, LAST):
         mbarrier.wait(ready[c].index(slot), phase)
-        k = ckv_smem.index(slot).slice(c * PIECE, PIECE, dim=1)
-        s = warpgroup_mma(qn.slice(c * PIECE, PIECE, dim=1), k.permute((1, 0)), s, use_acc=c > 0, is_async=True)
-    mbarrier.wait(ready[PIECES].index(slot), phase)
-    s = warpgroup_mma(qp_smem.index(t >> 30), kpe_smem.index(slot).permute((1, 0)), s, is_async=True)
-    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-    keys = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        if c < PIECES:
+            k = ckv_smem.index(slot).slice(c * PIECE, PIECE, dim=1)
+            s = warpgroup_mma(qn.slice(c * PIECE, PIECE, dim=1), k.permute((1, 0)), s, use_acc=c > 0, is_async=True)
+        else:
+            s = warpgroup_mma(qp_smem.index(t >> 30), kpe_smem.index(slot).permute((1, 0)), s, is_async=True)
+    return s
+
+
+@gluon.jit
+def _masked(s, valid, qk_scale, s_layout: gl.constexpr):
+    """Scores ``s`` (64, BLOCK_N) times ``qk_scale``, keys from ``valid`` on at -inf."""
+    keys = gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s_layout))
     return gl.where((keys < valid)[None, :], s * qk_scale, float("-inf"))
 
 
