@@ -24,7 +24,7 @@ bash tools/gpu_check.sh install > "$R/install.txt" 2>&1
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 if [ "$PART" = 1 ]; then
   # a hang or failure in the pair schedule's tests costs only this step, and the probes then leave it out
-  step tests-pairs 100 python3 -m pytest -q -m gpu --no-header -rA -p no:cacheprovider \
+  step tests-pairs 130 python3 -m pytest -q -m gpu --no-header -rA -p no:cacheprovider \
     packages/backend-triton/tests/test_attention_gpu.py -k "mla and pairs"
   PAIRS=""
   grep -qE "^[0-9]+ passed" "$R/tests-pairs.txt" && ! grep -qE "failed|error" "$R/tests-pairs.txt" || PAIRS=--no-pairs

@@ -3,12 +3,14 @@ Python generators over the kernel's mbarriers (try_wait parity, arrive, TMA expe
 interleavings and load delays. Checks that nothing deadlocks, no barrier is arrived on past its phase, and every
 shared-memory read sees the tile or P it expects. It mirrors the kernel by hand: change both together.
 
-    python3 tools/mla_pairs_protocol.py      # both PV orders of warpgroup 1 (``OWN_PV_FIRST``), tiles 0-11, full or
-                                             # partial last tile, 300 interleavings each
+    python3 tools/mla_pairs_protocol.py      # both PV orders of warpgroup 1 (``OWN_PV_FIRST``), with and without
+                                             # ``EARLY_SCORES``; tiles 0-11, full or partial last tile, 300
+                                             # interleavings each
 """
 
 from __future__ import annotations
 
+import itertools
 import random
 import sys
 from collections.abc import Iterator
@@ -40,8 +42,8 @@ class Bar:
 class Model:
     """The kernel's barriers (ring slots 0 and 1) and what each shared-memory region holds."""
 
-    def __init__(self, tiles: int, partial: bool, own_first: bool = False) -> None:
-        self.tiles, self.partial, self.own_first = tiles, partial, own_first
+    def __init__(self, tiles: int, partial: bool, own_first: bool = False, early: bool = False) -> None:
+        self.tiles, self.partial, self.own_first, self.early = tiles, partial, own_first, early
         self.ready = [[Bar(f"ready{c}.{sl}") for sl in range(2)] for c in range(5)]  # latent pieces 0-3, k_pe
         self.empty = [[Bar(f"empty{p}.{sl}") for sl in range(2)] for p in range(3)]  # left half, right half, k_pe
         self.m0, self.m1, self.pa, self.pb, self.tail = Bar("m0"), Bar("m1"), Bar("pa"), Bar("pb"), Bar("tail")
@@ -80,20 +82,33 @@ def loader(m: Model) -> Iterator[Op]:
 
 def scores(m: Model, t: int) -> Iterator[Op]:
     """``_tile_scores``: each piece's MMAs once it landed (operands read at issue and again at the wait)."""
+    yield from score_pieces(m, t, 0, 5)
+    yield ("mma_done", piece_regions(t, 0, 5))
+
+
+def score_pieces(m: Model, t: int, first: int, last: int) -> Iterator[Op]:
+    """``_score_pieces``: the MMAs of tile t's pieces [first, last) (4: k_pe) issued, each once it landed."""
     slot, phase = t % 2, (t // 2) & 1
-    reads = [(f"ckv{c}.{slot}", ("kv", t)) for c in range(4)] + [(f"kpe.{slot}", ("kv", t))]
-    for c, (region, tag) in enumerate(reads):
+    for c, (region, tag) in zip(range(first, last), piece_regions(t, first, last), strict=True):
         yield ("wait", m.ready[c][slot], phase)
         yield ("read", region, tag)
-    yield ("mma_done", reads)
+
+
+def piece_regions(t: int, first: int, last: int) -> list[tuple[str, Any]]:
+    """The shared-memory regions of tile t's pieces [first, last) and the tile each must hold."""
+    slot = t % 2
+    return [(f"ckv{c}.{slot}" if c < 4 else f"kpe.{slot}", ("kv", t)) for c in range(first, last)]
 
 
 def consumer(m: Model, wg: int) -> Iterator[Op]:
     """``_consume``: warpgroup 0 takes tile A = 2i of each step, warpgroup 1 tile B = 2i + 1."""
+    if m.early and wg == 0 and m.tiles > 0:
+        yield from scores(m, 0)
     for i in range((m.tiles + 1) // 2):
         ta, phase, has_b = 2 * i, i & 1, 2 * i + 1 < m.tiles
         if wg == 0:
-            yield from scores(m, ta)
+            if not m.early:
+                yield from scores(m, ta)
             yield ("write", "row_max0", ("m", i))
             yield ("arrive", m.m0)
             yield ("read", "ckv0.0", ("kv", ta))  # PV of A's left half, P from registers (synchronous)
@@ -110,9 +125,15 @@ def consumer(m: Model, wg: int) -> Iterator[Op]:
                 pv = [("kpe.1", ("P", ta + 1)), ("ckv0.1", ("kv", ta + 1)), ("ckv1.1", ("kv", ta + 1))]
                 for region, tag in pv:
                     yield ("read", region, tag)
+                early = m.early and ta + 2 < m.tiles
+                if early:  # the next A's left-half scores queued behind this PV
+                    yield from score_pieces(m, ta + 2, 0, 2)
                 yield ("mma_done", pv)
                 yield ("arrive", m.empty[0][1])
                 yield ("arrive", m.empty[2][1])
+                if early:
+                    yield from score_pieces(m, ta + 2, 2, 5)
+                    yield ("mma_done", piece_regions(ta + 2, 0, 5))
         else:
             if has_b:
                 yield from scores(m, ta + 1)
@@ -145,10 +166,10 @@ def _own_pv(m: Model, tb: int) -> Iterator[Op]:
     yield ("arrive", m.empty[1][1])
 
 
-def run(tiles: int, partial: bool, seed: int, own_first: bool = False) -> None:
+def run(tiles: int, partial: bool, seed: int, own_first: bool = False, early: bool = False) -> None:
     """One random interleaving; raises AssertionError on a deadlock, an overrun or a stale read."""
     rng = random.Random(seed)
-    m = Model(tiles, partial, own_first)
+    m = Model(tiles, partial, own_first, early)
     parts = {"loader": loader(m), "wg0": consumer(m, 0), "wg1": consumer(m, 1)}
     current: dict[str, Op | None] = dict.fromkeys(parts)
     done: set[str] = set()
@@ -208,16 +229,18 @@ def _step(m: Model, op: Op) -> None:
 
 
 def main() -> int:
-    for own_first in (False, True):
+    for own_first, early in itertools.product((False, True), (False, True)):
         for tiles in range(12):
             for partial in (False, True) if tiles else (False,):
                 for seed in range(300):
                     try:
-                        run(tiles, partial, seed, own_first)
+                        run(tiles, partial, seed, own_first, early)
                     except AssertionError as exc:
-                        print(f"FAIL own_first={own_first} tiles={tiles} partial={partial} seed={seed}: {exc}")
+                        print(f"FAIL own_first={own_first} early={early} tiles={tiles} partial={partial} seed={seed}: "
+                              f"{exc}")
                         return 1
-    print("ok: both PV orders, tiles 0-11, full or partial last tile, 300 interleavings each")
+    print("ok: both PV orders, with and without early scores, tiles 0-11, full or partial last tile, 300 interleavings "
+          "each")
     return 0
 
 

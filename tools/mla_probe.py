@@ -1,6 +1,6 @@
-"""MLA decode on an H200, timed in turn (issue 3): the default Triton plan, the pair schedule (``MLAConfig.pairs``;
-also with warpgroup 1's PVs in FlashMLA's order, ``pairs-own-first``) and FlashInfer, each with the L2 flushed three
-ways and in a CUDA graph replayed back to back.
+"""MLA decode on an H200, timed in turn (issue 3): the default Triton plan, the pair schedule (``MLAConfig.pairs``)
+with each of its schedule options (``PAIR_VARIANTS``) and FlashInfer, each with the L2 flushed three ways and in a
+CUDA graph replayed back to back.
 
     python3 tools/mla_probe.py [--batch 128] [--kv-len 8192] [--heads 128] [--q-len 1] [--rounds 3] [--no-pairs]
 
@@ -44,10 +44,10 @@ def main() -> None:
     _, ours = kb._mla_plan(None, case.args, case.kwargs)
     calls: dict[str, Callable[[], Any]] = {"default": ours}
     if a.q_len == 1 and not a.no_pairs:
-        calls["pairs"], calls["pairs-own-first"] = _pairs_call(case), _pairs_call(case, own_first=True)
         want = ours()
         want = want[0] if isinstance(want, tuple) else want  # (out, lse) when the case asks for the LSE
-        for name in ("pairs", "pairs-own-first"):
+        for name, (own_first, early) in PAIR_VARIANTS.items():
+            calls[name] = _pairs_call(case, own_first, early)
             diff = (calls[name]().float() - want.float()).abs().max().item()
             print(json.dumps({f"{name}_vs_default_max_abs_diff": diff}), flush=True)
     calls.update(kb._flashinfer_externals("attention.mla_decode", case.args, case.kwargs))
@@ -76,10 +76,15 @@ def main() -> None:
                                           for m in ("zero", "read", "none", "graph") if (name, m) in best))
 
 
-def _pairs_call(case: Any, own_first: bool = False) -> Callable[[], torch.Tensor]:
-    """The default configuration with the pair schedule, through the Triton backend's own entry; ``own_first``:
-    warpgroup 1's PVs in FlashMLA's order (``_mla_gluon_pairs.OWN_PV_FIRST``, set for each call)."""
-    from kernel_switchboard_triton import _mla_gluon_pairs
+#: the pair kernel's schedule options timed against each other: (OWN_PV_FIRST, EARLY_SCORES) by call name
+PAIR_VARIANTS = {"pairs": (False, False), "pairs-own-first": (True, False), "pairs-early": (False, True),
+                 "pairs-early-own-first": (True, True)}
+
+
+def _pairs_call(case: Any, own_first: bool = False, early: bool = False) -> Callable[[], torch.Tensor]:
+    """The default configuration with the pair schedule, through the Triton backend's own entry, with its module's
+    ``OWN_PV_FIRST`` and ``EARLY_SCORES`` set for each call."""
+    from kernel_switchboard_triton import _mla_gluon_pairs as pairs
     from kernel_switchboard_triton._decode import round_len
     from kernel_switchboard_triton._mla import mla_config, mla_decode
 
@@ -90,11 +95,12 @@ def _pairs_call(case: Any, own_first: bool = False) -> Callable[[], torch.Tensor
                         max_kv_len=length, return_lse=False)
 
     def call() -> torch.Tensor:
-        default, _mla_gluon_pairs.OWN_PV_FIRST = _mla_gluon_pairs.OWN_PV_FIRST, own_first
+        defaults = pairs.OWN_PV_FIRST, pairs.EARLY_SCORES
+        pairs.OWN_PV_FIRST, pairs.EARLY_SCORES = own_first, early
         try:
             return mla_decode(qn, qp, ckv, kpe, table, p, cfg)[0]
         finally:
-            _mla_gluon_pairs.OWN_PV_FIRST = default
+            pairs.OWN_PV_FIRST, pairs.EARLY_SCORES = defaults
 
     return call
 

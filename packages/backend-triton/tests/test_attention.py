@@ -602,12 +602,12 @@ def test_gluon_ws_mla_kernel_compiles_for_hopper() -> None:
     assert kernel["shared"] <= 227 * 1024
 
 
-@pytest.mark.parametrize("own_first", [False, True], ids=["pv-order", "own-pv-first"])
-def test_gluon_pairs_mla_kernel_compiles_for_hopper(own_first: bool) -> None:
-    """``MLAConfig.pairs`` (FlashMLA's seesaw schedule), compiled for sm_90 in both of warpgroup 1's PV orders
-    (``OWN_PV_FIRST``): both warpgroups' 64 x 64 score tiles (m64n64), each PV MMA over half of the output columns
-    (m64n256) with P from registers and from shared memory, the step's row statistics exchanged through shared
-    memory, and no P buffer beyond the ring (less shared memory than ``_mla_gluon_ws``)."""
+@pytest.mark.parametrize("options", [False, True], ids=["default", "own-pv-first-early-scores"])
+def test_gluon_pairs_mla_kernel_compiles_for_hopper(options: bool) -> None:
+    """``MLAConfig.pairs`` (FlashMLA's seesaw schedule), compiled for sm_90 as it is and with both schedule options
+    (``OWN_PV_FIRST``, ``EARLY_SCORES``): both warpgroups' 64 x 64 score tiles (m64n64), each PV MMA over half of
+    the output columns (m64n256) with P from registers and from shared memory, the step's row statistics exchanged
+    through shared memory, and no P buffer beyond the ring (less shared memory than ``_mla_gluon_ws``)."""
     pytest.importorskip("triton.experimental.gluon")
     from gluon_compile import compile_for_hopper
 
@@ -616,7 +616,8 @@ def test_gluon_pairs_mla_kernel_compiles_for_hopper(own_first: bool) -> None:
     boxes = {**_MLA_GLUON_DESCRIPTORS, "ckv_desc": ("bfloat16", [64, 64])}
     kernel = compile_for_hopper("kernel_switchboard_triton._mla_gluon_pairs", "mla_decode_pairs_kernel",
                                 _MLA_GLUON_SIG, boxes, {"PAGE_SIZE": 64, "NUM_SPLITS": 1, "DC": 512,
-                                                        "PIECE": PIECE_COLS, "num_warps": 4, "OWN_FIRST": own_first},
+                                                        "PIECE": PIECE_COLS, "num_warps": 4, "OWN_FIRST": options,
+                                                        "EARLY": options},
                                 4, maxnreg=168)
     ptx = kernel["ptx"]
     assert "m64n64k16" in ptx and "m64n256k16" in ptx and "m64n32k16" not in ptx

@@ -155,6 +155,24 @@ def test_mla_decode_deepseek_shape(page_size: int, kernel: str, splits: int | No
     assert launched == ([1] if kernel == "gluon_pairs" else [])  # the pair kernel ran, not another one
 
 
+@pytest.mark.parametrize(("own_first", "early", "splits"), [(True, False, 3), (False, True, 3), (True, True, None),
+                                                        (False, True, 2)], ids=str)
+def test_mla_pairs_schedule_options(own_first: bool, early: bool, splits: int | None,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pair kernel's schedule options (``_mla_gluon_pairs.OWN_PV_FIRST``: warpgroup 1's own PV first;
+    ``EARLY_SCORES``: the next tile's scores issued behind the last PV), timed against each other by
+    ``tools/mla_probe.py``: each is right on the DeepSeek shape, with splits of odd and even tile counts."""
+    from kernel_switchboard_triton import _mla, _mla_gluon_pairs
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon MLA kernels use Hopper's wgmma (sm_90 only)")
+    real_config = _mla.mla_config
+    monkeypatch.setattr(_mla, "mla_config", lambda *a: real_config(*a, splits)._replace(pairs=True))
+    monkeypatch.setattr(_mla_gluon_pairs, "OWN_PV_FIRST", own_first)
+    monkeypatch.setattr(_mla_gluon_pairs, "EARLY_SCORES", early)
+    _check_mla_on_deepseek_pages(64, BF16)
+
+
 @pytest.mark.parametrize(("heads", "page_size", "splits", "dtype"), [
     (128, 64, None, BF16), (128, 64, 1, BF16), (128, 128, 3, BF16), (128, 64, None, F16), (96, 64, None, BF16),
     (192, 64, 2, BF16)], ids=str)

@@ -18,6 +18,9 @@ waiting; once it has the other's, both use m' = max(m_A, m_B):
   A's right half and k_pe) + P_B' V_B,R (P from registers; frees B's right half). With ``OWN_PV_FIRST`` the last
   two in the other order, as FlashMLA's warpgroups take their own tile's half first.
 
+With ``EARLY_SCORES`` warpgroup 0 issues the next step's A scores behind its PV of P_B', as FlashMLA does, so the
+tensor cores do not wait for warpgroup 0 between steps. Both options are off until timed on a GPU.
+
 So one warpgroup's exponentials run under the other's MMAs, and neither waits for the other before its
 exponentials (the maxima, a row vector each way, are needed only for the rescale after). P's go through the k_pe
 part of their tile, which only the owner's scores read: no shared memory is added, and the kernel has 8 KB less than
@@ -45,14 +48,20 @@ from ._mla_gluon_ws import PIECE_COLS, _loader, _split_state, _stage_queries, _s
 #: FlashMLA orders both warpgroups: B's right half is freed a PV earlier, A's a PV later, and warpgroup 1 no longer
 #: waits for P_A' before its first PV. Off until timed against the order below on a GPU (``tools/mla_probe.py``)
 OWN_PV_FIRST = False
+#: warpgroup 0 issues the next tile A's score MMAs behind its PV of P_B' (the left half's pieces at once, the rest
+#: once B's left half and k_pe are freed), so the tensor cores do not wait for it between steps; FlashMLA does the
+#: same. Off until timed on a GPU (``tools/mla_probe.py``)
+EARLY_SCORES = False
 
 
 @gluon.jit
 def _tile_scores(q_smem, qp_smem, ckv_smem, kpe_smem, ready, t, valid, qk_scale, s_layout: gl.constexpr):
     """The (64, BLOCK_N) scores of tile ``t`` times ``qk_scale`` (log2 domain), keys from ``valid`` on at -inf: each
     latent piece's MMAs as it lands, then k_pe's (the loader's order), waited for."""
+    BLOCK_H: gl.constexpr = q_smem.shape[1]
+    BLOCK_N: gl.constexpr = ckv_smem.shape[1]
     PIECES: gl.constexpr = len(ready) - 1  # latent pieces per tile (the last barrier pair: k_pe)
-    s = gl.zeros([q_smem.shape[1], ckv_smem.shape[1]], gl.float32, layout=s_layout)  # not read: use_acc=False
+    s = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_layout)  # not read: use_acc=False
     s = _score_pieces(q_smem, qp_smem, ckv_smem, kpe_smem, ready, t, s, 0, PIECES + 1)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     return _masked(s, valid, qk_scale, s_layout)
@@ -80,7 +89,8 @@ def _score_pieces(q_smem, qp_smem, ckv_smem, kpe_smem, ready, t, s, FIRST: gl.co
 @gluon.jit
 def _masked(s, valid, qk_scale, s_layout: gl.constexpr):
     """Scores ``s`` (64, BLOCK_N) times ``qk_scale``, keys from ``valid`` on at -inf."""
-    keys = gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s_layout))
+    BLOCK_N: gl.constexpr = s.shape[1]
+    keys = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     return gl.where((keys < valid)[None, :], s * qk_scale, float("-inf"))
 
 
@@ -92,6 +102,13 @@ def _exp_rows(s, m, row_o: gl.constexpr):
 
 
 @gluon.jit
+def _free_b_left(empty):
+    """Warpgroup 0 frees B's left half and its k_pe part (where P_B' was) once its PV of them is done."""
+    mbarrier.arrive(empty[0].index(1), count=1)
+    mbarrier.arrive(empty[2].index(1), count=1)
+
+
+@gluon.jit
 def _own_pv(p_b, ckv_smem, empty, acc, HALF: gl.constexpr, p_layout: gl.constexpr):
     """Warpgroup 1's PV of its own tile B (P_B' from registers) over B's right half, which it then frees."""
     acc = warpgroup_mma(gl.convert_layout(p_b, p_layout), ckv_smem.index(1).slice(HALF, HALF, dim=1), acc)
@@ -100,7 +117,7 @@ def _own_pv(p_b, ckv_smem, empty, acc, HALF: gl.constexpr, p_layout: gl.constexp
 
 
 @gluon.jit
-def _consume(p, WG: gl.constexpr, OWN_FIRST: gl.constexpr):
+def _consume(p, WG: gl.constexpr, OWN_FIRST: gl.constexpr, EARLY: gl.constexpr):
     """Consumer warpgroup ``WG`` (4 warps): output columns [WG * 256, WG * 256 + 256), the scores of every step's
     tile A (``WG`` 0) or B (``WG`` 1); the module docstring gives the schedule."""
     io, sizes, smem, bars, PAGE_SIZE, NUM_SPLITS = p  # noqa: RUF059
@@ -122,13 +139,21 @@ def _consume(p, WG: gl.constexpr, OWN_FIRST: gl.constexpr):
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
 
     b, split, start, end, tiles, m_i, l_i, acc = _split_state(seq_lens_ptr, NUM_SPLITS, BLOCK_N, BLOCK_H, HALF, o_layout)
+    s_next = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_layout)  # EARLY: tile A's scores, from the step before
+    if EARLY:
+        if WG == 0:
+            if tiles > 0:
+                s_next = _tile_scores(q_smem, qp_smem, ckv_smem, kpe_smem, ready, 0, end - start, qk_scale, s_layout)
     for i in range(0, (tiles + 1) // 2):  # step i: tile A = 2i in slot 0, B = 2i + 1 (if any) in slot 1
         ta = 2 * i
         has_b = ta + 1 < tiles
         phase = i & 1
         if WG == 0:  # tile A, output columns [0, 256)
-            s = _tile_scores(q_smem, qp_smem, ckv_smem, kpe_smem, ready, ta, end - (start + ta * BLOCK_N), qk_scale,
-                             s_layout)
+            if EARLY:
+                s = s_next
+            else:
+                s = _tile_scores(q_smem, qp_smem, ckv_smem, kpe_smem, ready, ta, end - (start + ta * BLOCK_N),
+                                 qk_scale, s_layout)
             m_own = gl.maximum(m_i, gl.convert_layout(gl.max(s, 1), row_o))
             row_max[0].store(m_own)
             mbarrier.arrive(bar_m0, count=1)
@@ -151,9 +176,23 @@ def _consume(p, WG: gl.constexpr, OWN_FIRST: gl.constexpr):
                 mbarrier.wait(bar_pb, phase)
                 sum_b = row_sum[1].load(row_o)
                 pv = warpgroup_mma(kpe_smem.index(1), ckv_smem.index(1).slice(0, HALF, dim=1), acc, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
-                mbarrier.arrive(empty[0].index(1), count=1)  # B's left half
-                mbarrier.arrive(empty[2].index(1), count=1)  # B's k_pe part, where P_B was
+                LEFT: gl.constexpr = (len(ready) - 1) // 2  # the latent pieces of a tile's left half
+                if EARLY and ta + 2 < tiles:
+                    # the next A's left-half scores queued behind this PV (those pieces were loaded once A's left
+                    # half was freed, mid-step), then the rest once B's parts are freed
+                    s_n = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_layout)
+                    s_n = _score_pieces(q_smem, qp_smem, ckv_smem, kpe_smem, ready, ta + 2, s_n, 0, LEFT)
+                    acc = warpgroup_mma_wait(num_outstanding=LEFT, deps=(pv,))
+                    _free_b_left(empty)
+                    s_n = _score_pieces(q_smem, qp_smem, ckv_smem, kpe_smem, ready, ta + 2, s_n, LEFT, 2 * LEFT + 1)
+                    s_n = warpgroup_mma_wait(num_outstanding=0, deps=(s_n,))
+                    s_next = _masked(s_n, end - (start + (ta + 2) * BLOCK_N), qk_scale, s_layout)
+                else:
+                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
+                    _free_b_left(empty)
+                    s_next = gl.zeros_like(s_next)  # the last step: not read (a fresh value keeps none alive)
+            else:
+                s_next = gl.zeros_like(s_next)
         else:  # tile B, output columns [256, 512)
             s = gl.full([BLOCK_H, BLOCK_N], float("-inf"), gl.float32, layout=s_layout)
             if has_b:
@@ -204,6 +243,7 @@ def mla_decode_pairs_kernel(
     PIECE: gl.constexpr,  # latent columns per ready barrier (whole 64-column TMA boxes)
     num_warps: gl.constexpr,  # 4: the default partition is consumer warpgroup 0
     OWN_FIRST: gl.constexpr,  # warpgroup 1's own PV (B) before warpgroup 0's P_A' (``OWN_PV_FIRST``)
+    EARLY: gl.constexpr,  # warpgroup 0 issues the next A's scores behind its last PV (``EARLY_SCORES``)
 ):
     """Arguments as ``_mla_gluon_ws.mla_decode_ws_kernel``'s with one CTA; grid (head blocks, batch, splits), 64 heads
     per program."""
@@ -253,12 +293,12 @@ def mla_decode_pairs_kernel(
           (lse_ptr, stride_lb, stride_lh), qk_scale)
     p = (io, heads, (q_smem, qp_smem, ckv_smem, kpe_smem, row_max, row_sum), (ready, empty, xbars, tail), PAGE_SIZE,
          NUM_SPLITS)
-    gl.warp_specialize([(_consume, (p, 0, OWN_FIRST)), (_consume, (p, 1, OWN_FIRST)), (_loader, (p, 1, True))],
-                       [4, 1], [232, 40])
+    gl.warp_specialize([(_consume, (p, 0, OWN_FIRST, EARLY)), (_consume, (p, 1, OWN_FIRST, EARLY)),
+                        (_loader, (p, 1, True))], [4, 1], [232, 40])
 
 
 def launch(*args: Any) -> None:
     """As ``_mla_gluon.launch``, with this kernel (64-column latent TMA boxes, ``PIECE_COLS`` columns per barrier; 4
     warps per partition, 168 registers a thread at launch)."""
     _mla_gluon.launch(*args, kernel=mla_decode_pairs_kernel, ckv_cols=64, DC=args[2].shape[1], PIECE=PIECE_COLS,
-                      OWN_FIRST=OWN_PV_FIRST, num_warps=4, maxnreg=168)
+                      OWN_FIRST=OWN_PV_FIRST, EARLY=EARLY_SCORES, num_warps=4, maxnreg=168)
