@@ -27,7 +27,7 @@ if [ "$PART" = 1 ]; then
   step tests-pairs 130 python3 -m pytest -q -m gpu --no-header -rA -p no:cacheprovider \
     packages/backend-triton/tests/test_attention_gpu.py -k "mla and pairs"
   PAIRS=""
-  grep -qE "^[0-9]+ passed" "$R/tests-pairs.txt" && ! grep -qE "failed|error" "$R/tests-pairs.txt" || PAIRS=--no-pairs
+  grep -qE "^[0-9]+ passed" "$R/tests-pairs.txt" && ! grep -qE "failed|error|Interrupt" "$R/tests-pairs.txt" || PAIRS=--no-pairs
   log "pair schedule in the probes: ${PAIRS:-yes}"
   step probe-h128 150 python3 tools/mla_probe.py $PAIRS  # FlashInfer's MLA module JIT-compiles here (~20 s) the first time
   tail -8 "$R/probe-h128.txt"
