@@ -122,16 +122,12 @@ def _per_call_ms(fn: Callable[[], Any], flush: Callable[[], Any], calls: int = 4
 def _graph(name: str, fn: Callable[[], Any]) -> torch.cuda.CUDAGraph | None:
     """``fn`` captured in a CUDA graph, or None (printed) where it cannot be captured."""
     fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(g):
-            fn()
+        return kb._captured(fn)
     except Exception as exc:  # noqa: BLE001 - a call that cannot be captured keeps its eager timings
         print(json.dumps({"call": name, "graph": f"not captured: {type(exc).__name__}: {exc}"[:300]}), flush=True)
         torch.cuda.synchronize()
         return None
-    return g
 
 
 def _graph_ms(g: torch.cuda.CUDAGraph, replays: int = 50) -> float:
