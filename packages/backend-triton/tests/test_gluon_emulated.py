@@ -1,0 +1,180 @@
+"""The Hopper Gluon MLA decode kernels run on the CPU by ``gluon_emulator`` (partitions as threads, mbarriers, TMA
+loads landing late, wgmma groups checked at retirement), against the reference kernel; and the emulator's own checks
+fail on kernels with a planted race, a missing wait or a deadlock."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import kernel_switchboard as ksb
+from kernel_switchboard.availability import triton_interpreting
+from kernel_switchboard.paged import PageTable
+from kernel_switchboard.testing import assert_close, tolerance
+
+gluon = pytest.importorskip("triton.experimental.gluon")
+pytestmark = pytest.mark.skipif(torch.cuda.is_available() or not triton_interpreting(),
+                                reason="CPU only: the split merge runs in Triton's interpreter (TRITON_INTERPRET=1)")
+
+from gluon_emulator import EmulationError, emulated, emulating  # noqa: E402
+from triton.experimental.gluon import language as gl  # noqa: E402
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait  # noqa: E402
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
+
+from kernel_switchboard_triton import _mla, _mla_gluon, _mla_gluon_pairs, _mla_gluon_ws  # noqa: E402
+
+#: kernel -> (MLAConfig fields, the module whose kernel runs emulated, its kernel's name)
+KERNELS = {
+    "gluon": ({"gluon_ws": False}, _mla_gluon, "mla_decode_kernel"),
+    "ws": ({"gluon_ws": True}, _mla_gluon_ws, "mla_decode_ws_kernel"),
+    "pairs": ({"gluon_ws": True, "pairs": True}, _mla_gluon_pairs, "mla_decode_pairs_kernel"),
+}
+
+
+def _mla_problem(heads: int, lens: list[int], seed: int) -> tuple[torch.Tensor, ...]:
+    """bf16 queries and 64-token pages in a random order; slots no request wrote hold NaN."""
+    g = torch.Generator().manual_seed(seed)
+    page = 64
+    width = max(1, max(math.ceil(n / page) for n in lens))
+    pages = len(lens) * width + 2
+    ckv = (torch.randn(pages, page, 512, generator=g) * 0.3).to(torch.bfloat16)
+    kpe = torch.randn(pages, page, 64, generator=g).to(torch.bfloat16)
+    bt = torch.randperm(pages, generator=g)[: len(lens) * width].view(len(lens), width).to(torch.int32)
+    written = torch.zeros(pages, page, dtype=torch.bool)
+    for i, n in enumerate(lens):
+        pos = torch.arange(n)
+        written[bt[i, pos // page].long(), pos % page] = True
+    ckv[~written] = float("nan")
+    kpe[~written] = float("nan")
+    qn = torch.randn(len(lens), heads, 512, generator=g).to(torch.bfloat16)
+    qp = torch.randn(len(lens), heads, 64, generator=g).to(torch.bfloat16)
+    return qn, qp, ckv, kpe, bt, torch.tensor(lens, dtype=torch.int32)
+
+
+def _emulated_mla(kernel: str, heads: int, lens: list[int], splits: int, monkeypatch: pytest.MonkeyPatch,
+                  seed: int = 0) -> None:
+    fields, module, name = KERNELS[kernel]
+    qn, qp, ckv, kpe, bt, seq_lens = _mla_problem(heads, lens, seed)
+    table = PageTable(bt, seq_lens)
+    batch = len(lens)
+    cfg = _mla.MLAConfig(64, 64, splits, 8, 2, False, True, True, **fields)
+    out = torch.empty(batch, heads, 512, dtype=torch.bfloat16)
+    lse = torch.empty(batch, heads, dtype=torch.float32)
+    part_out = torch.empty(batch, heads, splits, 512, dtype=torch.float32)
+    part_lse = torch.empty(batch, heads, splits, dtype=torch.float32)
+    sm_scale = 0.04
+    with emulating(module, name):
+        _mla.launch_mla(qn, qp, ckv, kpe, table, sm_scale, out, lse, part_out, part_lse, cfg)
+    want = ksb.attention.mla_decode(qn, qp, ckv, kpe, table, sm_scale=sm_scale, return_lse=True, backend="reference")
+    assert not out.isnan().any()
+    atol, rtol = tolerance(torch.bfloat16)
+    assert_close(out, want[0], atol=atol, rtol=rtol)
+    assert_close(lse, want[1], atol=atol, rtol=rtol)
+
+
+# heads: padded rows (16), one head block (64), two (128); lens: empty requests, one partial tile, whole tiles,
+# odd and even tile counts per split (the pair schedule's last step without a tile B)
+MLA_CASES = [(16, [0, 1, 64, 200], 1), (64, [130, 64, 257], 2), (128, [321, 5], 3), (16, [448, 383], 2), (64, [1000], 1)]
+
+
+@pytest.mark.parametrize(("heads", "lens", "splits"), MLA_CASES)
+@pytest.mark.parametrize("kernel", ["gluon", "ws"])
+def test_gluon_mla_kernels_match_reference_emulated(kernel: str, heads: int, lens: list[int], splits: int,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_mla, "has_tma", lambda device: True)
+    _emulated_mla(kernel, heads, lens, splits, monkeypatch)
+
+
+@pytest.mark.parametrize(("heads", "lens", "splits"), MLA_CASES)
+@pytest.mark.parametrize(("own_first", "early"), [(False, False), (True, False), (False, True), (True, True)])
+def test_gluon_mla_pair_schedules_match_reference_emulated(own_first: bool, early: bool, heads: int, lens: list[int],
+                                                           splits: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pair kernel (never yet run on a GPU) and both of its schedule options."""
+    monkeypatch.setattr(_mla, "has_tma", lambda device: True)
+    monkeypatch.setattr(_mla_gluon_pairs, "OWN_PV_FIRST", own_first)
+    monkeypatch.setattr(_mla_gluon_pairs, "EARLY_SCORES", early)
+    _emulated_mla("pairs", heads, lens, splits, monkeypatch)
+
+
+# -- the emulator fails where the hardware would go wrong ------------------------------------------------------
+@gluon.jit
+def _ring_loader(desc, smem, ready, empty, TILES: gl.constexpr, PHASE_FLIP: gl.constexpr):
+    for t in range(TILES):
+        mbarrier.wait(empty.index(0), (t & 1) ^ 1 ^ PHASE_FLIP)  # a fresh barrier passes phase 1
+        mbarrier.expect(ready.index(0), desc.block_type.nbytes)
+        tma.async_load(desc, [t * 64, 0], ready.index(0), smem)
+
+
+@gluon.jit
+def _ring_consumer(desc, smem, ready, empty, q_smem, out_ptr, TILES: gl.constexpr, WAIT: gl.constexpr,
+                   EARLY_RELEASE: gl.constexpr):
+    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+    acc = gl.zeros([64, 64], gl.float32, layout=layout)
+    for t in range(TILES):
+        if WAIT:
+            mbarrier.wait(ready.index(0), t & 1)
+        acc = warpgroup_mma(q_smem, smem.permute((1, 0)), acc, is_async=True)
+        if EARLY_RELEASE:  # the slot freed while the MMA still reads it (a slow MMA: the next tile lands first)
+            mbarrier.arrive(empty.index(0), count=1)
+            mbarrier.wait(ready.index(0), (t + 1) & 1, pred=t + 1 < TILES)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        else:
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            mbarrier.arrive(empty.index(0), count=1)
+    rows = gl.arange(0, 64, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, 64, layout=gl.SliceLayout(0, layout))
+    gl.store(out_ptr + rows[:, None] * 64 + cols[None, :], acc)
+
+
+@gluon.jit
+def _ring_kernel(desc, q_ptr, out_ptr, TILES: gl.constexpr, WAIT: gl.constexpr, EARLY_RELEASE: gl.constexpr,
+                 PHASE_FLIP: gl.constexpr):
+    """out (64, 64) = q (64, 64) @ sum of the TILES (64, 64) tiles of desc's tensor, transposed: one ring slot."""
+    smem = gl.allocate_shared_memory(gl.bfloat16, [64, 64], desc.layout)
+    ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    rows = gl.arange(0, 64, layout=gl.SliceLayout(1, ld))
+    cols = gl.arange(0, 64, layout=gl.SliceLayout(0, ld))
+    q = gl.load(q_ptr + rows[:, None] * 64 + cols[None, :])
+    q_smem = gl.allocate_shared_memory(gl.bfloat16, [64, 64], desc.layout, q)
+    ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(ready.index(0), count=1)
+    mbarrier.init(empty.index(0), count=1)
+    gl.warp_specialize([(_ring_consumer, (desc, smem, ready, empty, q_smem, out_ptr, TILES, WAIT, EARLY_RELEASE)),
+                        (_ring_loader, (desc, smem, ready, empty, TILES, PHASE_FLIP))], [1], [40])
+
+
+def _ring(wait: bool = True, early_release: bool = False, phase_flip: bool = False, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1)
+    k = torch.randn(4 * 64, 64, generator=g).to(torch.bfloat16)
+    q = torch.randn(64, 64, generator=g).to(torch.bfloat16)
+    out = torch.empty(64, 64)
+    layout = gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16)
+    desc = TensorDescriptor.from_tensor(k, [64, 64], layout)
+    emulated(_ring_kernel, seed=seed)[(1,)](desc, q, out, TILES=4, WAIT=wait, EARLY_RELEASE=early_release,
+                                           PHASE_FLIP=phase_flip, num_warps=4)
+    want = q.float() @ k.float().view(4, 64, 64).sum(0).T
+    assert_close(out, want, atol=1e-3, rtol=1e-4)
+    return out
+
+
+def test_emulator_runs_a_correct_ring() -> None:
+    for seed in range(3):
+        _ring(seed=seed)
+
+
+def test_emulator_catches_an_mma_on_a_tile_not_yet_landed() -> None:
+    with pytest.raises(EmulationError, match="holds no data"):
+        _ring(wait=False)
+
+
+def test_emulator_catches_a_slot_released_under_an_mma_in_flight() -> None:
+    with pytest.raises(EmulationError, match="overwritten before warpgroup_mma_wait"):
+        _ring(early_release=True)
+
+
+def test_emulator_catches_a_deadlock() -> None:
+    with pytest.raises(EmulationError, match="deadlock"):
+        _ring(phase_flip=True)
