@@ -130,6 +130,7 @@ class _Storage:
 
     def __init__(self, numel: int, dtype: torch.dtype, name: str) -> None:
         poison = float("nan") if dtype.is_floating_point else 0
+        # one-byte types kept as float32 (exactly): torch cannot scatter into float8 tensors on the CPU
         self.data = torch.full((numel,), poison, dtype=torch.float32 if dtype.itemsize == 1 else dtype)
         self.dtype, self.name = dtype, name
         self.defined = torch.zeros(numel, dtype=torch.bool)
@@ -138,22 +139,20 @@ class _Storage:
 
 def _physical_offsets(shape: list[int], layout: Any) -> torch.Tensor:
     """Element offsets of a (..., rows, cols) buffer in ``layout``: an NVMMA layout whose swizzle is narrower than a
-    row stores the columns in swizzle-wide blocks, one after another (the swizzle within a block is left out);
-    leading dims stack whole tiles; anything else is row-major."""
-    numel = math.prod(shape)
-    width = 0
-    if isinstance(layout, real_gl.NVMMASharedLayout) and len(shape) >= 2 and layout.swizzle_byte_width:
-        width = layout.swizzle_byte_width * 8 // layout.element_bitwidth
-    dims = list(shape[-2:]) if len(shape) >= 2 else []
-    if getattr(layout, "transposed", False) and dims:
-        dims = dims[::-1]
-    if not width or dims[1] <= width or dims[1] % width:
-        return torch.arange(numel, dtype=torch.int64).view(shape)
-    rows, cols = dims
+    row stores the columns in swizzle-wide blocks, one after another (the swizzle within a block is left out), and a
+    transposed one the same with rows and columns swapped; leading dims stack whole tiles; anything else is
+    row-major."""
+    if len(shape) < 2 or not isinstance(layout, real_gl.NVMMASharedLayout):
+        return torch.arange(math.prod(shape), dtype=torch.int64).view(shape)
+    rows, cols = shape[-2:][::-1] if layout.transposed else shape[-2:]
+    width = layout.swizzle_byte_width * 8 // layout.element_bitwidth
     r = torch.arange(rows)[:, None]
     c = torch.arange(cols)[None, :]
-    tile = (c // width) * rows * width + r * width + c % width
-    if getattr(layout, "transposed", False):
+    if width and cols > width and cols % width == 0:
+        tile = (c // width) * rows * width + r * width + c % width
+    else:
+        tile = r * cols + c
+    if layout.transposed:
         tile = tile.T
     lead = math.prod(shape[:-2])
     return (torch.arange(lead)[:, None, None] * rows * cols + tile).reshape(shape)
@@ -231,6 +230,14 @@ class _Barrier:
 
     def describe(self) -> str:
         return f"{self.name} (phases completed {self.phases}, arrivals missing {self.left}, bytes missing {self.tx})"
+
+    def arrive(self, cta: _CTA, count: int) -> None:
+        if not self.count:
+            raise EmulationError(f"arrive on {self.name} before mbarrier.init")
+        self.left -= count
+        if self.left < 0:
+            raise EmulationError(f"more arrivals than {self.count} in one phase of {self.describe()}")
+        self._flip_if_done(cta)
 
     def _flip_if_done(self, cta: _CTA) -> None:
         if self.count and self.left == 0 and self.tx == 0:
@@ -354,7 +361,7 @@ class _CTA:
 
     def run(self, name: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         """Run partition ``name`` in this thread to its end; a failure is recorded, not raised."""
-        _tls.cta, _tls.name, _tls.groups = self, name, []
+        _tls.cta, _tls.name, _tls.groups, _tls.stores = self, name, [], []
         try:
             fn(*args)
             _check_drained()
@@ -371,6 +378,8 @@ def _cta() -> _CTA:
 def _check_drained() -> None:
     if _tls.groups:
         raise EmulationError(f"{_tls.name} ended with {len(_tls.groups)} wgmma groups never waited for")
+    if _tls.stores:
+        raise EmulationError(f"{_tls.name} ended with {len(_tls.stores)} TMA stores never waited for")
 
 
 def _warp_specialize(functions_and_args: Any, worker_num_warps: Any = None, worker_num_regs: Any = None) -> Any:
@@ -484,9 +493,9 @@ _gl = types.SimpleNamespace(
     maximum=_binary(torch.maximum),
     minimum=_binary(torch.minimum),
     cdiv=lambda a, b: (a + b - 1) // b,
-    max=lambda x, axis=None, **_: torch.amax(x, dim=int(axis)).as_subclass(Tensor),
-    min=lambda x, axis=None, **_: torch.amin(x, dim=int(axis)).as_subclass(Tensor),
-    sum=lambda x, axis=None, **_: torch.sum(x, dim=int(axis)).as_subclass(Tensor),
+    max=lambda x, axis, keep_dims=False: torch.amax(x, dim=int(axis), keepdim=bool(keep_dims)).as_subclass(Tensor),
+    min=lambda x, axis, keep_dims=False: torch.amin(x, dim=int(axis), keepdim=bool(keep_dims)).as_subclass(Tensor),
+    sum=lambda x, axis, keep_dims=False: torch.sum(x, dim=int(axis), keepdim=bool(keep_dims)).as_subclass(Tensor),
     exp=torch.exp, exp2=torch.exp2, log=torch.log, log2=torch.log2, sqrt=torch.sqrt, abs=torch.abs,
     barrier=lambda: None, thread_barrier=lambda: None,
     constexpr=lambda v: v,
@@ -500,8 +509,10 @@ _gl.SwizzledSharedLayout = real_gl.SwizzledSharedLayout
 
 
 def _init(bar: BarrierArray, count: int) -> None:
+    cta = _cta()
     b = bar.one()
-    b.count = b.left = int(count)
+    with cta.cond:
+        b.count = b.left = int(count)
 
 
 def _arrive(bar: BarrierArray, *, count: int = 1, pred: Any = True, **_: Any) -> None:
@@ -509,30 +520,22 @@ def _arrive(bar: BarrierArray, *, count: int = 1, pred: Any = True, **_: Any) ->
     cta.jitter()
     if not bool(pred):
         return
-    b = bar.one()
     with cta.cond:
-        if not b.count:
-            raise EmulationError(f"arrive on {b.name} before mbarrier.init")
-        b.left -= int(count)
-        if b.left < 0:
-            raise EmulationError(f"more arrivals than {b.count} in one phase of {b.describe()}")
-        b._flip_if_done(cta)
+        bar.one().arrive(cta, int(count))
         settle = cta.rng.random() < 0.5
-    if settle:
+    if settle:  # half the time the other partitions act on the release at once
         cta.settle()
 
 
 def _expect(bar: BarrierArray, nbytes: int, pred: Any = True, **_: Any) -> None:
+    """Arrive once, and the phase also waits for ``nbytes`` of TMA loads."""
     cta = _cta()
     if not bool(pred):
         return
-    b = bar.one()
     with cta.cond:
+        b = bar.one()
         b.tx += int(nbytes)
-        b.left -= 1
-        if b.left < 0:
-            raise EmulationError(f"more arrivals than {b.count} in one phase of {b.describe()}")
-        b._flip_if_done(cta)
+        b.arrive(cta, 1)
 
 
 def _wait(bar: BarrierArray, phase: Any, pred: Any = True, deps: Any = ()) -> None:
@@ -557,17 +560,29 @@ class Descriptor:
         nbytes = math.prod(self.block_shape) * self.tensor.element_size()
         self.block_type = types.SimpleNamespace(shape=self.block_shape, nbytes=nbytes)
 
-    def box(self, coords: list[int]) -> torch.Tensor:
-        """The block at ``coords``, zeros where it leaves the tensor (TMA's zero padding)."""
-        out = torch.zeros(self.block_shape, dtype=self.dtype)
+    def _clip(self, coords: list[int]) -> tuple[tuple[slice, ...], tuple[slice, ...]] | None:
+        """(tensor slices, box slices) of the part of the box at ``coords`` inside the tensor; None if none is."""
         src, dst = [], []
         for c, b, n in zip(coords, self.block_shape, self.tensor.shape, strict=True):
             lo, hi = max(c, 0), min(c + b, n)
             if hi <= lo:
-                return out
+                return None
             src.append(slice(lo, hi))
             dst.append(slice(lo - c, hi - c))
-        out[tuple(dst)] = self.tensor[tuple(src)]
+        return tuple(src), tuple(dst)
+
+    def write(self, coords: list[int], values: torch.Tensor) -> None:
+        """A TMA store: the part of the box inside the tensor."""
+        clipped = self._clip(coords)
+        if clipped is not None:
+            self.tensor[clipped[0]] = values[clipped[1]]
+
+    def box(self, coords: list[int]) -> torch.Tensor:
+        """The block at ``coords``, zeros where it leaves the tensor (TMA's zero padding)."""
+        out = torch.zeros(self.block_shape, dtype=self.dtype)
+        clipped = self._clip(coords)
+        if clipped is not None:
+            out[clipped[1]] = self.tensor[clipped[0]]
         return out
 
 
@@ -593,7 +608,35 @@ def _tma_load(desc: Descriptor, coord: Any, bar: BarrierArray, result: SharedMem
     cta.jitter()
 
 
-_tma = types.SimpleNamespace(async_load=_tma_load, async_copy_global_to_shared=_tma_load)
+class _Store:
+    """A TMA store in flight: its source, and the values it held at the issue."""
+
+    def __init__(self, desc: Descriptor, coords: list[int], src: SharedMemory) -> None:
+        self.desc, self.coords, self.src, self.values = desc, coords, src, src.values()
+
+
+def _tma_store(desc: Descriptor, coord: Any, src: SharedMemory, **_: Any) -> None:
+    _cta().jitter()
+    if src.undefined():
+        raise EmulationError(f"TMA store from {src.storage.name} where it holds no data")
+    if src.shape != desc.block_shape:
+        raise EmulationError(f"TMA store of {src.shape} from {src.storage.name} as a {desc.block_shape} box")
+    _tls.stores.append(_Store(desc, [int(c) for c in coord], src))
+
+
+def _store_wait(pendings: int = 0) -> None:
+    """Complete this partition's TMA stores but the last ``pendings``; a source changed meanwhile is an error."""
+    _cta().jitter()
+    while len(_tls.stores) > int(pendings):
+        store = _tls.stores.pop(0)
+        if not _same(store.src.values(), store.values):
+            raise EmulationError(f"{store.src.storage.name} was overwritten under a TMA store in flight (before "
+                                 f"store_wait)")
+        store.desc.write(store.coords, store.values)
+
+
+_tma = types.SimpleNamespace(async_load=_tma_load, async_copy_global_to_shared=_tma_load, async_store=_tma_store,
+                             async_copy_shared_to_global=_tma_store, store_wait=_store_wait)
 
 
 class _Group:
@@ -651,7 +694,12 @@ def _warpgroup_mma(a: Any, b: SharedMemory, acc: Any, *, use_acc: Any = True, is
     if is_async:
         return MMAResult(group)
     _retire(0)
-    return result.as_subclass(Tensor)
+    return result.clone().as_subclass(Tensor)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal, NaN where NaN."""
+    return bool(torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num()))
 
 
 def _retire(outstanding: int) -> None:
@@ -659,7 +707,7 @@ def _retire(outstanding: int) -> None:
     while len(groups) > outstanding:
         group = groups.pop(0)
         again = group.recompute()
-        if not torch.equal(again.nan_to_num(123.0), group.result.nan_to_num(123.0)):
+        if not _same(again, group.result):
             where = group.b.storage.name if not isinstance(group.a, SharedMemory) else \
                 f"{group.a.storage.name} or {group.b.storage.name}"
             raise EmulationError(f"shared memory read by an MMA in flight ({where}) was overwritten before "
@@ -681,7 +729,7 @@ def _warpgroup_mma_wait(num_outstanding: int = 0, deps: Any = None) -> Any:
             if not dep.group.retired:
                 raise EmulationError(f"warpgroup_mma_wait(num_outstanding={num_outstanding}) returns an MMA result "
                                      f"still in flight")
-            out.append(dep.group.result.as_subclass(Tensor))
+            out.append(dep.group.result.clone().as_subclass(Tensor))
         else:
             out.append(dep)
     return out[0] if len(out) == 1 else tuple(out)
@@ -729,6 +777,8 @@ def _patched(module_globals: dict[str, Any]) -> dict[str, Any]:
         for name, value in module_globals.items():
             if id(value) in _REPLACE:
                 patched[name] = _REPLACE[id(value)]
+            elif isinstance(value, real_gl.constexpr):
+                patched[name] = value.value
             elif isinstance(value, (JITFunction, ConstexprFunction)):
                 patched[name] = _Deferred(value)
             else:

@@ -178,3 +178,26 @@ def test_emulator_catches_a_slot_released_under_an_mma_in_flight() -> None:
 def test_emulator_catches_a_deadlock() -> None:
     with pytest.raises(EmulationError, match="deadlock"):
         _ring(phase_flip=True)
+
+
+# -- the fp8 block-scaled GEMM ----------------------------------------------------------------------------------
+@pytest.mark.parametrize(("m", "n", "k", "stages", "programs", "out"), [
+    (200, 256, 384, 2, 2, torch.bfloat16), (64, 128, 128, 4, 1, torch.float32), (130, 384, 256, 3, 4, torch.float16)],
+    ids=str)
+def test_gluon_fp8_block_gemm_matches_reference_emulated(m: int, n: int, k: int, stages: int, programs: int,
+                                                         out: torch.dtype) -> None:
+    """Edge tiles in M, several tiles per persistent program (the ring and the two store buffers carry on across
+    tiles), a ring shorter than the K steps, one K step; every output dtype."""
+    from kernel_switchboard.testing.cases.gemm import quantize_fp8
+
+    from kernel_switchboard_triton import _gemm_gluon
+
+    g = torch.Generator().manual_seed(m + n + k)
+    qa, sa = quantize_fp8(torch.randn(m, k, generator=g), 1, 128)
+    qw, sw = quantize_fp8(torch.randn(n, k, generator=g) * k**-0.5, 128, 128)
+    c = torch.full((m, n), float("nan"), dtype=out)
+    with emulating(_gemm_gluon, "mm_fp8_block_kernel"):
+        _gemm_gluon.mm_fp8_block(qa, qw.t(), sa, sw.t(), c, stages=stages, programs=programs)
+    want = ksb.gemm.mm_fp8(qa, qw.t(), sa, sw.t(), out_dtype=torch.float32, backend="reference")
+    atol, rtol = tolerance(out)
+    assert_close(c.float(), want, atol=atol, rtol=rtol)

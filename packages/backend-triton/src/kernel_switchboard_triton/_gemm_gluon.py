@@ -186,16 +186,17 @@ def _descriptors(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> tuple:
 
 
 def mm_fp8_block(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, c: torch.Tensor,
-                 stages: int = 4, group_m: int = 8) -> torch.Tensor:
+                 stages: int = 4, group_m: int = 8, programs: int | None = None) -> torch.Tensor:
     """c (M, N) bf16 / fp16 / fp32 = a @ b with block scales, written in place and returned: a (M, K) e4m3 and
     b.t() (N, K) e4m3 and c row-major and TMA-ready; scale_a (M, ceil(K/128)), scale_b (ceil(K/128), ceil(N/128))
-    float32, any strides. Hopper."""
+    float32, any strides. Hopper. ``programs``: persistent programs (default one per SM, at most one per tile)."""
     m, k = a.shape
     n = b.shape[1]
     a_desc, b_desc, c_desc = _descriptors(a, b, c)
     tiles = triton.cdiv(m, BLOCK_M.value) * triton.cdiv(n, BLOCK_N.value)
-    sms = torch.cuda.get_device_properties(a.device).multi_processor_count
-    mm_fp8_block_kernel[(min(tiles, sms),)](
+    if programs is None:
+        programs = torch.cuda.get_device_properties(a.device).multi_processor_count
+    mm_fp8_block_kernel[(min(tiles, programs),)](
         a_desc, b_desc, c_desc, scale_a, scale_b, m, n, k, scale_a.stride(0), scale_a.stride(1), scale_b.stride(0),
         scale_b.stride(1), GROUP_M=group_m, STAGES=stages, num_warps=4, maxnreg=168)
     return c
