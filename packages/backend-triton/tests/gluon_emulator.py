@@ -8,13 +8,16 @@ ignored. What the emulator models, and checks, is what the kernels' correctness 
 - **mbarriers**: arrival counts, the transaction bytes of ``expect``, phases and parity waits.
 - **TMA loads** are asynchronous: the destination holds no data (NaN, and marked undefined) from the issue until the
   load completes, which happens at a random later sync point or when a partition waits on its barrier. Two loads in
-  flight into one buffer, and a load never waited for, are errors.
+  flight into one buffer, and a load never waited for, are errors. **TMA stores** complete at ``store_wait``: a
+  source overwritten before then is an error.
 - **wgmma**: each asynchronous ``warpgroup_mma`` is a commit group, computed in float32 when issued. A shared-memory
   operand with undefined elements is an error at the issue. When ``warpgroup_mma_wait`` retires a group, it is
-  computed again from the operands as they are then: a difference means the buffer changed under an MMA in flight
-  (released too early). A result used before its group retired is an error.
+  computed again from the operands as they are then: a difference means a buffer was overwritten under an MMA in
+  flight (released too early, or read before it was written). A result used before its group retired is an error.
 - **deadlock**: every live partition waiting, none able to pass, is an error listing each one's barrier and phase.
-- Threads switch every few microseconds and sync points add random delays, so each run sees other interleavings.
+- **Schedules**: threads switch every few microseconds and sync points add random delays; half the time a
+  partition that releases a buffer (``arrive``) or waits for its MMAs lets the others run until they block first,
+  so a refill that would land under a read does. Each run sees other interleavings.
 
 Not modelled: races between the warps of one partition (one thread runs them; the compiler syncs them), the memory
 proxies (``fence_async_shared`` does nothing), clusters and multicast, and the physical XOR swizzle (a shared layout

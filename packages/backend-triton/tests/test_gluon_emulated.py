@@ -1,6 +1,6 @@
-"""The Hopper Gluon MLA decode kernels run on the CPU by ``gluon_emulator`` (partitions as threads, mbarriers, TMA
-loads landing late, wgmma groups checked at retirement), against the reference kernel; and the emulator's own checks
-fail on kernels with a planted race, a missing wait or a deadlock."""
+"""The Hopper Gluon kernels (MLA decode, the fp8 block GEMM) run on the CPU by ``gluon_emulator`` (partitions as
+threads, mbarriers, TMA loads landing late, wgmma groups checked at retirement) against the reference kernels; and
+the emulator's own checks fail on a kernel with a planted race, a missing wait or a deadlock."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import kernel_switchboard as ksb
 from kernel_switchboard.availability import triton_interpreting
 from kernel_switchboard.paged import PageTable
 from kernel_switchboard.testing import assert_close, tolerance
+from kernel_switchboard.testing.cases.gemm import quantize_fp8
 
 gluon = pytest.importorskip("triton.experimental.gluon")
 pytestmark = pytest.mark.skipif(torch.cuda.is_available() or not triton_interpreting(),
@@ -23,7 +24,7 @@ from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait  # noqa: E402
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
-from kernel_switchboard_triton import _mla, _mla_gluon, _mla_gluon_pairs, _mla_gluon_ws  # noqa: E402
+from kernel_switchboard_triton import _gemm_gluon, _mla, _mla_gluon, _mla_gluon_pairs, _mla_gluon_ws  # noqa: E402
 
 #: kernel -> (MLAConfig fields, the module whose kernel runs emulated, its kernel's name)
 KERNELS = {
@@ -188,10 +189,6 @@ def test_gluon_fp8_block_gemm_matches_reference_emulated(m: int, n: int, k: int,
                                                          out: torch.dtype) -> None:
     """Edge tiles in M, several tiles per persistent program (the ring and the two store buffers carry on across
     tiles), a ring shorter than the K steps, one K step; every output dtype."""
-    from kernel_switchboard.testing.cases.gemm import quantize_fp8
-
-    from kernel_switchboard_triton import _gemm_gluon
-
     g = torch.Generator().manual_seed(m + n + k)
     qa, sa = quantize_fp8(torch.randn(m, k, generator=g), 1, 128)
     qw, sw = quantize_fp8(torch.randn(n, k, generator=g) * k**-0.5, 128, 128)

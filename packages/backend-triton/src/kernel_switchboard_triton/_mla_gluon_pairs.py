@@ -1,6 +1,7 @@
 """Absorbed MLA decode in Gluon, Hopper, 64 heads per CTA: warp-specialised, the split's tiles taken in pairs
 (FlashMLA's seesaw schedule, its deep-dive of 2025-04-22). Experimental: ``MLAConfig(pairs=True)``, off by default
-until it is measured on a GPU (it has compiled for sm_90 only; notes/gpu-runs.md, "For the next GPU session").
+until it is measured on a GPU (it has compiled for sm_90 and run in the CPU Gluon emulator, not on a GPU;
+notes/gpu-runs.md, "For the next GPU session").
 
 Why a fourth kernel: in ``_mla_gluon_ws`` a warpgroup's score MMAs queue behind its PV of the other's P, so every
 tile's softmax and publish run while the tensor cores wait for them. Its loop (run 23's clock profile) takes ~4,000
@@ -30,7 +31,8 @@ fold the row sums the same way, l = l e^(m - m') + sum_A e^(m_A - m') + sum_B e^
 row are divided by the same l. A split with an odd number of tiles ends on a step without B: warpgroup 1's scores
 are all -inf, so its max is m and its P zero, and it stores no P.
 
-The barrier protocol has a model: ``tools/mla_pairs_protocol.py`` (change both together).
+``tests/test_gluon_emulated.py`` runs this kernel, with each option, on the CPU against the reference (barrier
+phases, late TMA loads, wgmma operands checked when retired, deadlocks).
 """
 
 from __future__ import annotations
