@@ -756,27 +756,29 @@ def _replacements() -> dict[int, Any]:
 
 
 _REPLACE = _replacements()
-_PLAIN: dict[int, Callable[..., Any]] = {}
-_GLOBALS: dict[int, dict[str, Any]] = {}
+#: id(jit function) -> (it, its plain function); id(module globals) -> (them, patched); the originals are kept so
+#: that their ids stay theirs
+_PLAIN: dict[int, tuple[Any, Callable[..., Any]]] = {}
+_GLOBALS: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
 
 
 def _plain(fn: Any) -> Callable[..., Any]:
     """``fn`` (a Gluon jit or constexpr function) as a Python function over the stand-ins."""
-    key = id(fn)
-    if key not in _PLAIN:
+    if id(fn) not in _PLAIN:
         raw = fn.fn if isinstance(fn, (JITFunction, ConstexprFunction)) else fn
         plain = types.FunctionType(raw.__code__, _patched(raw.__globals__), raw.__name__, raw.__defaults__,
                                    raw.__closure__)
         plain.__kwdefaults__ = raw.__kwdefaults__
-        _PLAIN[key] = plain
-    return _PLAIN[key]
+        _PLAIN[id(fn)] = (fn, plain)
+    return _PLAIN[id(fn)][1]
 
 
 def _patched(module_globals: dict[str, Any]) -> dict[str, Any]:
-    key = id(module_globals)
-    if key not in _GLOBALS:
+    """A copy of a module's globals, taken once, with the Gluon builtins, modules and constexprs replaced and its
+    jit helpers made plain when called."""
+    if id(module_globals) not in _GLOBALS:
         patched: dict[str, Any] = {}
-        _GLOBALS[key] = patched
+        _GLOBALS[id(module_globals)] = (module_globals, patched)
         for name, value in module_globals.items():
             if id(value) in _REPLACE:
                 patched[name] = _REPLACE[id(value)]
@@ -786,7 +788,7 @@ def _patched(module_globals: dict[str, Any]) -> dict[str, Any]:
                 patched[name] = _Deferred(value)
             else:
                 patched[name] = value
-    return _GLOBALS[key]
+    return _GLOBALS[id(module_globals)][1]
 
 
 class _Deferred:
@@ -850,14 +852,10 @@ def _argument(value: Any) -> Any:
     return value
 
 
+@contextlib.contextmanager
 def emulating(module: Any, *names: str) -> Iterator[None]:
     """Context: ``module.name`` (jit kernels) replaced by their emulated launchers, so a host launcher that indexes
     them by grid runs on the CPU."""
-    return _swap(module, names)
-
-
-@contextlib.contextmanager
-def _swap(module: Any, names: tuple[str, ...]) -> Iterator[None]:
     saved = {n: getattr(module, n) for n in names}
     try:
         for n in names:
