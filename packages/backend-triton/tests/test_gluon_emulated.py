@@ -56,6 +56,9 @@ def _mla_problem(heads: int, lens: list[int], seed: int) -> tuple[torch.Tensor, 
 
 def _emulated_mla(kernel: str, heads: int, lens: list[int], splits: int, monkeypatch: pytest.MonkeyPatch,
                   seed: int = 0) -> None:
+    """``kernel``'s answer through ``_mla.launch_mla`` (pages flattened for TMA, the split merge) against the
+    reference's."""
+    monkeypatch.setattr(_mla, "has_tma", lambda device: True)  # the pages' TMA path, as on a Hopper GPU
     fields, module, name = KERNELS[kernel]
     qn, qp, ckv, kpe, bt, seq_lens = _mla_problem(heads, lens, seed)
     table = PageTable(bt, seq_lens)
@@ -84,7 +87,6 @@ MLA_CASES = [(16, [0, 1, 64, 200], 1), (64, [130, 64, 257], 2), (128, [321, 5], 
 @pytest.mark.parametrize("kernel", ["gluon", "ws"])
 def test_gluon_mla_kernels_match_reference_emulated(kernel: str, heads: int, lens: list[int], splits: int,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_mla, "has_tma", lambda device: True)
     _emulated_mla(kernel, heads, lens, splits, monkeypatch)
 
 
@@ -93,7 +95,6 @@ def test_gluon_mla_kernels_match_reference_emulated(kernel: str, heads: int, len
 def test_gluon_mla_pair_schedules_match_reference_emulated(own_first: bool, early: bool, heads: int, lens: list[int],
                                                            splits: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The pair kernel (never yet run on a GPU) and both of its schedule options."""
-    monkeypatch.setattr(_mla, "has_tma", lambda device: True)
     monkeypatch.setattr(_mla_gluon_pairs, "OWN_PV_FIRST", own_first)
     monkeypatch.setattr(_mla_gluon_pairs, "EARLY_SCORES", early)
     _emulated_mla("pairs", heads, lens, splits, monkeypatch)
