@@ -167,9 +167,10 @@ def test_emulator_runs_a_correct_ring() -> None:
         _ring(seed=seed)
 
 
-def test_emulator_catches_an_mma_on_a_tile_not_yet_landed() -> None:
+def test_emulator_catches_an_mma_on_a_tile_not_yet_loaded() -> None:
+    """No wait for the tile, and the loader holds back until the first tile is consumed: the MMA reads nothing."""
     with pytest.raises(EmulationError, match="holds no data"):
-        _ring(wait=False)
+        _ring(wait=False, phase_flip=True)
 
 
 def test_emulator_catches_a_slot_released_under_an_mma_in_flight() -> None:
