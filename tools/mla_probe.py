@@ -1,14 +1,13 @@
-"""MLA decode on an H200, timed in turn (issue 3): the default Triton plan, the pair schedule (``MLAConfig.pairs``)
-with each of its schedule options (``PAIR_VARIANTS``) and FlashInfer, each with the L2 flushed three ways and in a
-CUDA graph replayed back to back.
+"""MLA decode on a GPU, timed in turn (issue 3): the default Triton plan and FlashInfer, each with the L2 flushed
+three ways and in a CUDA graph replayed back to back. A kernel under trial goes beside them as another entry of
+``calls`` (run 27 timed FlashMLA's pair schedule this way).
 
-    python3 tools/mla_probe.py [--batch 128] [--kv-len 8192] [--heads 128] [--q-len 1] [--rounds 3] [--no-pairs]
+    python3 tools/mla_probe.py [--batch 128] [--kv-len 8192] [--heads 128] [--q-len 1] [--rounds 3]
 
 Flush modes per call (40 calls, median of each call's CUDA events): ``zero`` (``triton.testing.do_bench``'s: 256 MB
 written, so L2 is left full of dirty lines: the bench's number), ``read`` (256 MB read: L2 left clean) and ``none``
 (back to back). ``graph``: 50 replays of one captured call, timed together. Prints one JSON line per (call, mode,
-round), then the best of the rounds per call and mode, and the pair schedules' largest differences from the
-default.
+round), then the best of the rounds per call and mode.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ import argparse
 import json
 import statistics
 from collections.abc import Callable
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -32,7 +30,6 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=128)
     ap.add_argument("--q-len", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--no-pairs", action="store_true", help="leave out the pair schedule (its GPU tests failed)")
     a = ap.parse_args()
     dev = torch.device("cuda")
     params: dict[str, Any] = {"batch": a.batch, "kv_len": a.kv_len, "num_heads": a.heads, "page_size": 64,
@@ -43,13 +40,6 @@ def main() -> None:
     units, _ = kb.work("attention.mla_decode", case.args, case.kwargs)
     _, ours = kb._mla_plan(None, case.args, case.kwargs)
     calls: dict[str, Callable[[], Any]] = {"default": ours}
-    if a.q_len == 1 and not a.no_pairs:
-        want = ours()
-        want = want[0] if isinstance(want, tuple) else want  # (out, lse) when the case asks for the LSE
-        for name, (own_first, early) in PAIR_VARIANTS.items():
-            calls[name] = _pairs_call(case, own_first, early)
-            diff = (calls[name]().float() - want.float()).abs().max().item()
-            print(json.dumps({f"{name}_vs_default_max_abs_diff": diff}), flush=True)
     calls.update(kb._flashinfer_externals("attention.mla_decode", case.args, case.kwargs))
     cache = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device=dev)
     sink = torch.empty((), dtype=torch.int64, device=dev)
@@ -74,35 +64,6 @@ def main() -> None:
     for name in calls:
         print(f"  {name:16s} " + "  ".join(f"{m} {units / best[name, m] / 1e9:.3f}"
                                           for m in ("zero", "read", "none", "graph") if (name, m) in best))
-
-
-#: the pair kernel's schedule options timed against each other: (OWN_PV_FIRST, EARLY_SCORES) by call name
-PAIR_VARIANTS = {"pairs": (False, False), "pairs-own-first": (True, False), "pairs-early": (False, True),
-                 "pairs-early-own-first": (True, True)}
-
-
-def _pairs_call(case: Any, own_first: bool = False, early: bool = False) -> Callable[[], torch.Tensor]:
-    """The default configuration with the pair schedule, through the Triton backend's own entry, with its module's
-    ``OWN_PV_FIRST`` and ``EARLY_SCORES`` set for each call."""
-    from kernel_switchboard_triton import _mla_gluon_pairs as pairs
-    from kernel_switchboard_triton._decode import round_len
-    from kernel_switchboard_triton._mla import mla_config, mla_decode
-
-    qn, qp, ckv, kpe, table = case.args
-    length = int(table.seq_lens.max())
-    cfg = mla_config(qn.device, qn.shape[0], qn.shape[1], round_len(length), ckv.shape[1])._replace(pairs=True)
-    p = SimpleNamespace(sm_scale=case.kwargs.get("sm_scale") or (ckv.shape[2] + kpe.shape[2]) ** -0.5,
-                        max_kv_len=length, return_lse=False)
-
-    def call() -> torch.Tensor:
-        defaults = pairs.OWN_PV_FIRST, pairs.EARLY_SCORES
-        pairs.OWN_PV_FIRST, pairs.EARLY_SCORES = own_first, early
-        try:
-            return mla_decode(qn, qp, ckv, kpe, table, p, cfg)[0]
-        finally:
-            pairs.OWN_PV_FIRST, pairs.EARLY_SCORES = defaults
-
-    return call
 
 
 def _per_call_ms(fn: Callable[[], Any], flush: Callable[[], Any], calls: int = 40) -> float:

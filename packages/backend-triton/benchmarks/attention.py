@@ -250,8 +250,6 @@ def _mla_point(dev: torch.device, g: torch.Generator, sweep: bool, batch: int = 
         cfgs += [base._replace(num_splits=s) for s in sorted({1, *splits} - {base.num_splits})]
         if base.gluon:
             cfgs += [base._replace(gluon_ws=False, num_splits=s) for s in sorted({1, base.num_splits})]
-        if base.gluon_ws and not base.pairs:  # the pair schedule (MLAConfig.pairs, FlashMLA's seesaw)
-            cfgs += [base._replace(pairs=True, num_splits=s) for s in sorted({1, base.num_splits, *splits})]
         # 2-CTA clusters sharing each tile (Triton >= 3.9); KSB_SWEEP_CLUSTER=0 leaves them out (their tests failed)
         if base.gluon_ws and heads > 64 and gluon_clusters() and os.environ.get("KSB_SWEEP_CLUSTER", "1") != "0":
             cfgs += [base._replace(cluster=True, num_splits=s) for s in sorted({1, base.num_splits, *splits})]
@@ -271,7 +269,7 @@ def _mla_point(dev: torch.device, g: torch.Generator, sweep: bool, batch: int = 
         rows.append(_row(workload + (" graph" if graph else ""), "triton" if i == 0 else "triton (sweep)",
                          f"BLOCK_H={cfg.block_h} BLOCK_N={cfg.block_n} splits={cfg.num_splits} warps={cfg.num_warps} "
                          f"stages={cfg.num_stages} tma={cfg.tma} gluon={cfg.gluon} gluon_ws={cfg.gluon_ws}"
-                         f"{' cluster=2' if cfg.cluster else ''}{' pairs' if cfg.pairs else ''}", run,
+                         f"{' cluster=2' if cfg.cluster else ''}", run,
                          lambda run=run: _err(run(), want), nbytes, "tb_s"))
     return rows
 

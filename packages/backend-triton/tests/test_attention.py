@@ -411,8 +411,8 @@ def test_mla_decode_of_several_new_tokens_per_request() -> None:
 
 
 def test_mla_cluster_config_is_refused_where_the_cluster_kernel_cannot_run() -> None:
-    """``MLAConfig.cluster`` names the 2-CTA Gluon kernel and ``pairs`` the pair schedule: with another kernel (here
-    the interpreter's) the launch is refused with the reason, never run as something else."""
+    """``MLAConfig.cluster`` names the 2-CTA Gluon kernel: with another kernel (here the interpreter's) the launch is
+    refused with the reason, never run as something else."""
     from kernel_switchboard_triton import _mla
 
     bt = torch.arange(4, dtype=torch.int32, device=DEVICE).view(1, 4)
@@ -422,9 +422,6 @@ def test_mla_cluster_config_is_refused_where_the_cluster_kernel_cannot_run() -> 
     p = SimpleNamespace(sm_scale=0.04, max_kv_len=50, return_lse=False)
     with pytest.raises(ValueError, match="cluster=True needs gluon_ws"):
         _mla.mla_decode(_randn(1, 16, 512), _randn(1, 16, 64, seed=3), ckv, kpe, table, p, cfg)
-    with pytest.raises(ValueError, match="pairs=True needs gluon_ws on one CTA"):  # likewise the pair schedule
-        _mla.mla_decode(_randn(1, 16, 512), _randn(1, 16, 64, seed=3), ckv, kpe, table, p,
-                        cfg._replace(cluster=False, pairs=True))
 
 
 # -- merge_states -------------------------------------------------------------------------------------
@@ -600,32 +597,6 @@ def test_gluon_ws_mla_kernel_compiles_for_hopper() -> None:
     assert ptx.count("cp.async.bulk.tensor") == 2 * 9  # full and partial tiles: 8 latent boxes and k_pe each
     assert "setmaxnreg.dec.sync.aligned.u32 \t40" in ptx  # the loader warp gives registers back
     assert kernel["shared"] <= 227 * 1024
-
-
-@pytest.mark.parametrize("options", [False, True], ids=["default", "own-pv-first-early-scores"])
-def test_gluon_pairs_mla_kernel_compiles_for_hopper(options: bool) -> None:
-    """``MLAConfig.pairs`` (FlashMLA's seesaw schedule), compiled for sm_90 as it is and with both schedule options
-    (``OWN_PV_FIRST``, ``EARLY_SCORES``): both warpgroups' 64 x 64 score tiles (m64n64), each PV MMA over half of
-    the output columns (m64n256) with P from registers and from shared memory, the step's row statistics exchanged
-    through shared memory, and no P buffer beyond the ring (less shared memory than ``_mla_gluon_ws``)."""
-    pytest.importorskip("triton.experimental.gluon")
-    from gluon_compile import compile_for_hopper
-
-    from kernel_switchboard_triton._mla_gluon_ws import PIECE_COLS
-
-    boxes = {**_MLA_GLUON_DESCRIPTORS, "ckv_desc": ("bfloat16", [64, 64])}
-    kernel = compile_for_hopper("kernel_switchboard_triton._mla_gluon_pairs", "mla_decode_pairs_kernel",
-                                _MLA_GLUON_SIG, boxes, {"PAGE_SIZE": 64, "NUM_SPLITS": 1, "DC": 512,
-                                                        "PIECE": PIECE_COLS, "num_warps": 4, "OWN_FIRST": options,
-                                                        "EARLY": options},
-                                4, maxnreg=168)
-    ptx = kernel["ptx"]
-    assert "m64n64k16" in ptx and "m64n256k16" in ptx and "m64n32k16" not in ptx
-    assert ptx.count("cp.async.bulk.tensor") == 2 * 9  # full and partial tiles: 8 latent boxes and k_pe each
-    assert "setmaxnreg.dec.sync.aligned.u32 \t40" in ptx
-    # 64 x 64 P tiles stored for the other warpgroup (stmatrix), into the k_pe part of their tile
-    assert ptx.count("stmatrix") >= 2
-    assert kernel["shared"] <= 220 * 1024
 
 
 def test_gluon_ws_mla_kernel_compiles_as_a_2cta_cluster() -> None:

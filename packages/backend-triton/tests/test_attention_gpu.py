@@ -126,16 +126,13 @@ BF16, F16 = torch.bfloat16, torch.float16
 @pytest.mark.parametrize(("page_size", "kernel", "splits", "dtype"), [
     (1, "triton", None, BF16), (16, "triton", None, BF16), (64, "triton", None, BF16), (128, "triton", None, BF16),
     (64, "gluon", None, BF16), (64, "gluon", 1, BF16), (128, "gluon", 3, BF16), (64, "gluon", None, F16),
-    (64, "gluon_ws", None, BF16), (64, "gluon_ws", 1, BF16), (128, "gluon_ws", 3, BF16), (64, "gluon_ws", None, F16),
-    (64, "gluon_pairs", None, BF16), (64, "gluon_pairs", 1, BF16), (128, "gluon_pairs", 3, BF16),
-    (64, "gluon_pairs", None, F16), (64, "gluon_pairs", 2, BF16)],
+    (64, "gluon_ws", None, BF16), (64, "gluon_ws", 1, BF16), (128, "gluon_ws", 3, BF16), (64, "gluon_ws", None, F16)],
     ids=str)
 def test_mla_decode_deepseek_shape(page_size: int, kernel: str, splits: int | None, dtype: torch.dtype,
                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """``gluon_ws``: the warp-specialised Gluon kernel (the Hopper default on TMA-ready pages) with the default, one
-    and three KV splits; ``gluon_pairs``: the same with tiles taken in pairs (``MLAConfig.pairs``; splits of odd and
-    even tile counts, partial last tiles); ``gluon``: the Gluon kernel without warp specialisation; ``triton``: the
-    Triton kernels (TMA or pointer loads)."""
+    and three KV splits; ``gluon``: the Gluon kernel without warp specialisation; ``triton``: the Triton kernels (TMA
+    or pointer loads)."""
     from kernel_switchboard_triton import _mla
 
     real_config = _mla.mla_config
@@ -144,33 +141,8 @@ def test_mla_decode_deepseek_shape(page_size: int, kernel: str, splits: int | No
             pytest.skip("the Gluon MLA kernels use Hopper's wgmma (sm_90 only)")
         assert real_config(torch.device("cuda"), 4, 128, 8192, 64).gluon_ws  # the default here
     monkeypatch.setattr(_mla, "mla_config", lambda *a: real_config(*a, splits)._replace(
-        gluon=kernel != "triton", gluon_ws=kernel.startswith("gluon_"), pairs=kernel == "gluon_pairs"))
-    launched: list[int] = []
-    if kernel == "gluon_pairs":
-        from kernel_switchboard_triton import _mla_gluon_pairs
-
-        real_launch = _mla_gluon_pairs.launch
-        monkeypatch.setattr(_mla_gluon_pairs, "launch", lambda *a: (launched.append(1), real_launch(*a)))
+        gluon=kernel != "triton", gluon_ws=kernel == "gluon_ws"))
     _check_mla_on_deepseek_pages(page_size, dtype)
-    assert launched == ([1] if kernel == "gluon_pairs" else [])  # the pair kernel ran, not another one
-
-
-@pytest.mark.parametrize(("own_first", "early", "splits"), [(True, False, 3), (False, True, 3), (True, True, None),
-                                                        (False, True, 2)], ids=str)
-def test_mla_pairs_schedule_options(own_first: bool, early: bool, splits: int | None,
-                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """The pair kernel's schedule options (``_mla_gluon_pairs.OWN_PV_FIRST``: warpgroup 1's own PV first;
-    ``EARLY_SCORES``: the next tile's scores issued behind the last PV), timed against each other by
-    ``tools/mla_probe.py``: each is right on the DeepSeek shape, with splits of odd and even tile counts."""
-    from kernel_switchboard_triton import _mla, _mla_gluon_pairs
-
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the Gluon MLA kernels use Hopper's wgmma (sm_90 only)")
-    real_config = _mla.mla_config
-    monkeypatch.setattr(_mla, "mla_config", lambda *a: real_config(*a, splits)._replace(pairs=True))
-    monkeypatch.setattr(_mla_gluon_pairs, "OWN_PV_FIRST", own_first)
-    monkeypatch.setattr(_mla_gluon_pairs, "EARLY_SCORES", early)
-    _check_mla_on_deepseek_pages(64, BF16)
 
 
 @pytest.mark.parametrize(("heads", "page_size", "splits", "dtype"), [
@@ -194,14 +166,11 @@ def test_mla_decode_on_2cta_clusters(heads: int, page_size: int, splits: int | N
     assert launched == [2]  # the cluster kernel ran, not another one
 
 
-@pytest.mark.parametrize(("heads", "splits", "pairs"), [(16, None, False), (16, 1, False), (32, 3, False),
-                                                     (8, None, False),
-                                                     pytest.param(16, None, True, id="16-None-pairs")], ids=str)
-def test_mla_decode_fewer_heads_than_a_tile_on_gluon(heads: int, splits: int | None, pairs: bool,
+@pytest.mark.parametrize(("heads", "splits"), [(16, None), (16, 1), (32, 3), (8, None)], ids=str)
+def test_mla_decode_fewer_heads_than_a_tile_on_gluon(heads: int, splits: int | None,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """16 heads (DeepSeek-V3 on eight-way tensor parallelism), 32 and 8 on the warp-specialised Gluon kernel's
-    64-row tiles (``pairs``: its pair schedule): the rows past the heads are computed on zero queries and never
-    stored."""
+    64-row tiles: the rows past the heads are computed on zero queries and never stored."""
     from kernel_switchboard_triton import _mla
 
     if torch.cuda.get_device_capability()[0] != 9:
@@ -209,7 +178,7 @@ def test_mla_decode_fewer_heads_than_a_tile_on_gluon(heads: int, splits: int | N
     default = _mla.mla_config(torch.device("cuda"), 5, heads, 8192, 64)
     assert (default.block_h, default.gluon_ws) == (64, True), default  # the default on 64-token pages since run 26
     real_config = _mla.mla_config
-    monkeypatch.setattr(_mla, "mla_config", lambda *a: real_config(*a, splits)._replace(pairs=pairs))
+    monkeypatch.setattr(_mla, "mla_config", lambda *a: real_config(*a, splits))
     _check_mla_on_deepseek_pages(64, BF16, heads)
     assert _mla.mla_config(torch.device("cuda"), 5, heads, 8192, 16).block_h < 64  # 16-token pages: no Gluon tiles
 
@@ -249,18 +218,9 @@ def test_mla_decode_on_views_of_one_latent_cache() -> None:
            ksb.attention.mla_decode(*args, sm_scale=0.07, return_lse=True, backend="reference"), torch.bfloat16)
 
 
-@pytest.mark.parametrize("pairs", [False, True], ids=["default", "pairs"])
-def test_mla_decode_cuda_graph_capture_and_replay(pairs: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """MLA decode (the warp-specialised Gluon kernel on sm_90, split KV; ``pairs``: its pair schedule) captured once,
-    replayed on new queries and latent rows written in place: the capture keeps the TMA descriptors and the split
-    count of the first call."""
-    from kernel_switchboard_triton import _mla
-
-    if pairs:
-        if torch.cuda.get_device_capability()[0] != 9:
-            pytest.skip("the Gluon MLA kernels use Hopper's wgmma (sm_90 only)")
-        real_config = _mla.mla_config
-        monkeypatch.setattr(_mla, "mla_config", lambda *a: real_config(*a)._replace(pairs=True))
+def test_mla_decode_cuda_graph_capture_and_replay() -> None:
+    """MLA decode (the warp-specialised Gluon kernel on sm_90, split KV) captured once, replayed on new queries and
+    latent rows written in place: the capture keeps the TMA descriptors and the split count of the first call."""
     lens = [3000, 64, 1, 1500]
     g = _gen(12)
     ckv = (torch.randn(200, 64, 512, device="cuda", generator=g) * 0.3).to(torch.bfloat16)

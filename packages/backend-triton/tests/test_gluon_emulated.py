@@ -24,13 +24,12 @@ from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait  # noqa: E402
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
-from kernel_switchboard_triton import _gemm_gluon, _mla, _mla_gluon, _mla_gluon_pairs, _mla_gluon_ws  # noqa: E402
+from kernel_switchboard_triton import _gemm_gluon, _mla, _mla_gluon, _mla_gluon_ws  # noqa: E402
 
 #: kernel -> (MLAConfig fields, the module whose kernel runs emulated, its kernel's name)
 KERNELS = {
     "gluon": ({"gluon_ws": False}, _mla_gluon, "mla_decode_kernel"),
     "ws": ({"gluon_ws": True}, _mla_gluon_ws, "mla_decode_ws_kernel"),
-    "pairs": ({"gluon_ws": True, "pairs": True}, _mla_gluon_pairs, "mla_decode_pairs_kernel"),
 }
 
 
@@ -79,7 +78,7 @@ def _emulated_mla(kernel: str, heads: int, lens: list[int], splits: int, monkeyp
 
 
 # heads: padded rows (16), one head block (64), two (128); lens: empty requests, one partial tile, whole tiles,
-# odd and even tile counts per split (the pair schedule's last step without a tile B)
+# odd and even tile counts per split (warpgroup 1's last tile or none), a 16-tile split
 MLA_CASES = [(16, [0, 1, 64, 200], 1), (64, [130, 64, 257], 2), (128, [321, 5], 3), (16, [448, 383], 2), (64, [1000], 1)]
 
 
@@ -88,16 +87,6 @@ MLA_CASES = [(16, [0, 1, 64, 200], 1), (64, [130, 64, 257], 2), (128, [321, 5], 
 def test_gluon_mla_kernels_match_reference_emulated(kernel: str, heads: int, lens: list[int], splits: int,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     _emulated_mla(kernel, heads, lens, splits, monkeypatch)
-
-
-@pytest.mark.parametrize(("heads", "lens", "splits"), MLA_CASES)
-@pytest.mark.parametrize(("own_first", "early"), [(False, False), (True, False), (False, True), (True, True)])
-def test_gluon_mla_pair_schedules_match_reference_emulated(own_first: bool, early: bool, heads: int, lens: list[int],
-                                                           splits: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The pair kernel (never yet run on a GPU) and both of its schedule options."""
-    monkeypatch.setattr(_mla_gluon_pairs, "OWN_PV_FIRST", own_first)
-    monkeypatch.setattr(_mla_gluon_pairs, "EARLY_SCORES", early)
-    _emulated_mla("pairs", heads, lens, splits, monkeypatch)
 
 
 # -- the emulator fails where the hardware would go wrong ------------------------------------------------------

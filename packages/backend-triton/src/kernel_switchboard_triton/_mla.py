@@ -17,14 +17,13 @@ On Hopper the default is therefore Gluon with explicit layouts (``MLAConfig.gluo
 warp-specialised warpgroups take whole score tiles in turn (``gluon_ws``), else ``_mla_gluon``, the same tiles
 split between both warpgroups. H200, B=128 L=8192 H=128 page 64: 2.16 TB/s (run 22; FlashInfer 2.20 in the same
 run); in run 20 the three kernels ran 1.67 (before runs 21-22's schedule), 1.45 and this module's TMA kernel's 1.24.
-``_mla_gluon_pairs`` (``MLAConfig.pairs``, experimental, not yet run on a GPU) takes the tiles in pairs whose
-scores run at once (FlashMLA's seesaw schedule).
+FlashMLA's seesaw schedule (the tiles in pairs whose scores run at once) was tried as a fourth kernel: its best
+variant ran 0.91-0.98x the default on an H100 (run 27; the kernel is in commit 685b800).
 """
 
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any, NamedTuple
 
 import torch
@@ -244,10 +243,6 @@ class MLAConfig(NamedTuple):
     #: with ``gluon_ws``: 2-CTA clusters of 128 heads, each latent tile loaded once into both CTAs (TMA multicast;
     #: Triton >= 3.9). Off by default: correct on the H200 but 3% slower than one CTA at 128 heads (run 26)
     cluster: bool = False
-    #: with ``gluon_ws``: ``_mla_gluon_pairs``, the split's tiles in pairs whose scores run at once (FlashMLA's seesaw
-    #: schedule). Off by default until measured on a GPU (written in session 24 without one); ``KSB_MLA_PAIRS=1``
-    #: makes it the default for experiments
-    pairs: bool = False
 
 
 @functools.lru_cache(maxsize=512)
@@ -275,8 +270,7 @@ def mla_config(device: torch.device, batch: int, heads: int, kv_len: int, page_s
         smem = stages * block_n * (512 + 64) * 2 + block_h * (512 + 64) * 2
         slots = sm_count(device) * resident_ctas(device, smem, warps, 255 if block_h == 64 else 192)
         num_splits = choose_splits(batch * triton.cdiv(heads, block_h), kv_len, block_n, slots)
-    pairs = gluon and os.environ.get("KSB_MLA_PAIRS", "0") == "1"
-    return MLAConfig(block_h, block_n, num_splits, warps, stages, False, has_tma(device), gluon, gluon, pairs=pairs)
+    return MLAConfig(block_h, block_n, num_splits, warps, stages, False, has_tma(device), gluon, gluon)
 
 
 def _flat_rows(ckv: torch.Tensor, kpe: torch.Tensor, cfg: MLAConfig) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -329,17 +323,13 @@ def launch_mla(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv: torch.Tensor, kpe:
     if cfg.cluster and not (cfg.gluon_ws and gluon_clusters()):
         raise ValueError(f"launch_mla: cluster=True needs gluon_ws and Triton >= 3.9 (have {triton.__version__}), "
                          f"got {cfg}")
-    if cfg.pairs and not (cfg.gluon_ws and not cfg.cluster):
-        raise ValueError(f"launch_mla: pairs=True needs gluon_ws on one CTA (cluster=False), got {cfg}")
     rows = _flat_rows(ckv, kpe, cfg) if cfg.gluon else None  # None: pages TMA cannot load, the kernels below
     descriptors = None if rows is not None else _tma_descriptors(ckv, kpe, cfg)
     if rows is not None:
-        from . import _mla_gluon, _mla_gluon_pairs, _mla_gluon_ws
+        from . import _mla_gluon, _mla_gluon_ws
 
         args = (q_nope, q_pe, rows[0], rows[1], bt, table.seq_lens, ckv.shape[1], o, lp, oss, splits, sm_scale * LOG2E)
-        if cfg.pairs:
-            _mla_gluon_pairs.launch(*args)
-        elif cfg.gluon_ws:
+        if cfg.gluon_ws:
             _mla_gluon_ws.launch(*args, ctas=2 if cfg.cluster else 1)
         else:
             _mla_gluon.launch(*args)

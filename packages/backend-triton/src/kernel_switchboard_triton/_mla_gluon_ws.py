@@ -86,11 +86,11 @@ def _barrier_layout(ctas: int, shared: bool = False) -> Any:
 
 
 @gluon.jit
-def _loader(p, CTAS: gl.constexpr, KPE_LAST: gl.constexpr):
+def _loader(p, CTAS: gl.constexpr):
     """Worker (1 warp): TMA loads of the split's KV tiles into the ring, each part of a slot (k_pe, latent half 0, half
-    1; with ``KPE_LAST`` the latent halves first) as soon as tile t - 2 is done with it, in pieces with a barrier
-    each. A partial last tile waits for the whole slot and lands on a private barrier first; its rows past the end
-    are zeroed before all of its pieces are published.
+    1) as soon as tile t - 2 is done with it, in pieces with a barrier each. A partial last tile waits for the whole
+    slot and lands on a private barrier first; its rows past the end are zeroed before all of its pieces are
+    published.
     In a 2-CTA cluster CTA 0 issues each load once for both CTAs (TMA multicast) once both CTAs' consumers freed
     the part, and each CTA's loader posts the bytes its own ready barriers expect.
     (Every partition takes the kernel's argument tuple ``p`` and unpacks all of it.)"""
@@ -113,8 +113,11 @@ def _loader(p, CTAS: gl.constexpr, KPE_LAST: gl.constexpr):
         row = _tile_row(bt_row, token, PAGE_SIZE)
         valid = end - token
         if valid >= BLOCK_N:  # each part as soon as tile t - 2 is done with it, each piece on its own barrier
-            if not KPE_LAST:
-                _load_kpe(kpe_desc, kpe_smem, ready[PIECES], empty[2], row, slot, freed, CTAS)
+            mbarrier.wait(empty[2].index(slot), freed)
+            bar = ready[PIECES].index(slot)
+            _after_phase(bar, freed, CTAS)
+            mbarrier.expect(bar, kpe_desc.block_type.nbytes)
+            _load(kpe_desc, row, 0, bar, kpe_smem.index(slot), CTAS)
             for h in gl.static_range(2):
                 mbarrier.wait(empty[h].index(slot), freed)
                 for c in gl.static_range(h * PIECES // 2, (h + 1) * PIECES // 2):
@@ -123,8 +126,6 @@ def _loader(p, CTAS: gl.constexpr, KPE_LAST: gl.constexpr):
                     mbarrier.expect(bar, (PIECE // BOX) * ckv_desc.block_type.nbytes)
                     for x in gl.static_range(c * PIECE, (c + 1) * PIECE, BOX):
                         _load(ckv_desc, row, x, bar, ckv_smem.index(slot).slice(x, BOX, dim=1), CTAS)
-            if KPE_LAST:
-                _load_kpe(kpe_desc, kpe_smem, ready[PIECES], empty[2], row, slot, freed, CTAS)
         else:  # the last tile, partial: at most one per split, so the private barrier's phase is 0
             for part in gl.static_range(3):
                 mbarrier.wait(empty[part].index(slot), freed)
@@ -141,16 +142,6 @@ def _loader(p, CTAS: gl.constexpr, KPE_LAST: gl.constexpr):
             for c in gl.static_range(PIECES + 1):
                 _after_phase(ready[c].index(slot), freed, CTAS)
                 mbarrier.arrive(ready[c].index(slot), count=1)
-
-
-@gluon.jit
-def _load_kpe(kpe_desc, kpe_smem, ready, empty, row, slot, freed, CTAS: gl.constexpr):
-    """The loader's k_pe part of a whole tile: once tile t - 2 freed it, one TMA box on its own ready barrier."""
-    mbarrier.wait(empty.index(slot), freed)
-    bar = ready.index(slot)
-    _after_phase(bar, freed, CTAS)
-    mbarrier.expect(bar, kpe_desc.block_type.nbytes)
-    _load(kpe_desc, row, 0, bar, kpe_smem.index(slot), CTAS)
 
 
 @gluon.jit
@@ -453,7 +444,7 @@ def mla_decode_ws_kernel(
     p = (io, heads, (q_smem, qp_smem, ckv_smem, kpe_smem, p_smem, stats), (ready, empty, p_ready, tail), PAGE_SIZE,
          NUM_SPLITS)
     # (CTAS passed on its own: a constant inside the tuple ``p`` reaches the partitions as a tensor)
-    gl.warp_specialize([(_consume, (p, CTAS, 0)), (_consume, (p, CTAS, 1)), (_loader, (p, CTAS, False))], [4, 1], [232, 40])
+    gl.warp_specialize([(_consume, (p, CTAS, 0)), (_consume, (p, CTAS, 1)), (_loader, (p, CTAS))], [4, 1], [232, 40])
 
 
 def launch(*args: Any, ctas: int = 1) -> None:
