@@ -267,21 +267,6 @@ def _softmax(s, m_i, valid, qk_scale, dtype: gl.constexpr, row_o: gl.constexpr):
 
 
 @gluon.jit
-def _split_state(seq_lens_ptr, NUM_SPLITS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr,
-                 HALF: gl.constexpr, o_layout: gl.constexpr):
-    """A consumer's start: this program's request ``b`` and ``split``, the split's tokens [start, end) and tiles, and
-    an empty online softmax in ``o_layout``: (b, split, start, end, tiles, m = -inf, l = 0, acc (BLOCK_H, HALF) = 0)."""
-    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    b = gl.program_id(1)
-    split = gl.program_id(2)
-    start, end, tiles = _split_tiles(seq_lens_ptr, b, split, NUM_SPLITS, BLOCK_N)
-    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=row_o)
-    l_i = gl.zeros([BLOCK_H], gl.float32, layout=row_o)
-    acc = gl.zeros([BLOCK_H, HALF], gl.float32, layout=o_layout)
-    return b, split, start, end, tiles, m_i, l_i, acc
-
-
-@gluon.jit
 def _store_output(acc, l_i, m_i, o, lse, heads, b, split, WG: gl.constexpr):
     """A consumer warpgroup's epilogue: its (64, 256) output columns of request ``b``'s split divided by the row sums
     ``l_i`` (zeros for an empty split), and from warpgroup 0 the natural-log LSE (-inf where empty)."""
@@ -329,7 +314,12 @@ def _consume(p, CTAS: gl.constexpr, WG: gl.constexpr):
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
 
-    b, split, start, end, tiles, m_i, l_i, acc = _split_state(seq_lens_ptr, NUM_SPLITS, BLOCK_N, BLOCK_H, HALF, o_layout)
+    b = gl.program_id(1)
+    split = gl.program_id(2)
+    start, end, tiles = _split_tiles(seq_lens_ptr, b, split, NUM_SPLITS, BLOCK_N)
+    m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=row_o)
+    l_i = gl.zeros([BLOCK_H], gl.float32, layout=row_o)
+    acc = gl.zeros([BLOCK_H, HALF], gl.float32, layout=o_layout)
     # j runs one step past this warpgroup's last tile when the split's last tile is the other's, to fold that in
     for j in range(WG, tiles + (tiles > 0), 2):
         # the other warpgroup's tile j - 1 first, so this warpgroup's half of it is released as soon as that PV MMA is
