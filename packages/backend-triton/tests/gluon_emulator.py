@@ -88,9 +88,6 @@ class Pointer:
 
     __radd__ = __add__
 
-    def __sub__(self, other: Any) -> Pointer:
-        return Pointer(self.base, self.offsets - torch.as_tensor(other).to(torch.int64))
-
     @property
     def dtype(self) -> Any:
         return types.SimpleNamespace(element_ty=self.base.dtype)
@@ -174,10 +171,6 @@ class SharedMemory:
     @property
     def dtype(self) -> torch.dtype:
         return self.storage.dtype
-
-    @property
-    def type(self) -> Any:
-        return types.SimpleNamespace(layout=self.layout, shape=self.shape, element_ty=self.dtype)
 
     def _view(self, offsets: torch.Tensor) -> SharedMemory:
         return SharedMemory(self.storage, offsets, self.layout)
@@ -490,16 +483,14 @@ _gl = types.SimpleNamespace(
     zeros=lambda shape, dtype, layout=None: _t(torch.zeros([int(s) for s in shape], dtype=_dtype(dtype))),
     full=lambda shape, value, dtype, layout=None: _t(torch.full([int(s) for s in shape], value, dtype=_dtype(dtype))),
     zeros_like=lambda t, **_: torch.zeros_like(t).as_subclass(Tensor),
-    full_like=lambda t, value, **_: torch.full_like(t, value).as_subclass(Tensor),
     convert_layout=lambda x, layout=None, **_: x,
     where=_where,
     maximum=_binary(torch.maximum),
     minimum=_binary(torch.minimum),
     cdiv=lambda a, b: (a + b - 1) // b,
     max=lambda x, axis, keep_dims=False: torch.amax(x, dim=int(axis), keepdim=bool(keep_dims)).as_subclass(Tensor),
-    min=lambda x, axis, keep_dims=False: torch.amin(x, dim=int(axis), keepdim=bool(keep_dims)).as_subclass(Tensor),
     sum=lambda x, axis, keep_dims=False: torch.sum(x, dim=int(axis), keepdim=bool(keep_dims)).as_subclass(Tensor),
-    exp=torch.exp, exp2=torch.exp2, log=torch.log, log2=torch.log2, sqrt=torch.sqrt, abs=torch.abs,
+    exp2=torch.exp2, log2=torch.log2,
     barrier=lambda: None, thread_barrier=lambda: None,
     constexpr=lambda v: v,
     **{name: _DTYPES[name] for name in _DTYPES},
@@ -658,10 +649,6 @@ class MMAResult:
 
     def __init__(self, group: _Group) -> None:
         self.group = group
-
-    @property
-    def shape(self) -> list[int]:
-        return list(self.group.result.shape)
 
 
 def _mma_value(a: Any, b: SharedMemory, acc: torch.Tensor | None) -> torch.Tensor:

@@ -4,15 +4,13 @@ the emulator's own checks fail on a kernel with a planted race, a missing wait o
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 import kernel_switchboard as ksb
 from kernel_switchboard.availability import triton_interpreting
-from kernel_switchboard.paged import PageTable
 from kernel_switchboard.testing import assert_close, tolerance
+from kernel_switchboard.testing.cases.attention import mla_case
 from kernel_switchboard.testing.cases.gemm import quantize_fp8
 
 gluon = pytest.importorskip("triton.experimental.gluon")
@@ -33,44 +31,23 @@ KERNELS = {
 }
 
 
-def _mla_problem(heads: int, lens: list[int], seed: int) -> tuple[torch.Tensor, ...]:
-    """bf16 queries and 64-token pages in a random order; slots no request wrote hold NaN."""
-    g = torch.Generator().manual_seed(seed)
-    page = 64
-    width = max(1, max(math.ceil(n / page) for n in lens))
-    pages = len(lens) * width + 2
-    ckv = (torch.randn(pages, page, 512, generator=g) * 0.3).to(torch.bfloat16)
-    kpe = torch.randn(pages, page, 64, generator=g).to(torch.bfloat16)
-    bt = torch.randperm(pages, generator=g)[: len(lens) * width].view(len(lens), width).to(torch.int32)
-    written = torch.zeros(pages, page, dtype=torch.bool)
-    for i, n in enumerate(lens):
-        pos = torch.arange(n)
-        written[bt[i, pos // page].long(), pos % page] = True
-    ckv[~written] = float("nan")
-    kpe[~written] = float("nan")
-    qn = torch.randn(len(lens), heads, 512, generator=g).to(torch.bfloat16)
-    qp = torch.randn(len(lens), heads, 64, generator=g).to(torch.bfloat16)
-    return qn, qp, ckv, kpe, bt, torch.tensor(lens, dtype=torch.int32)
-
-
 def _emulated_mla(kernel: str, heads: int, lens: list[int], splits: int, monkeypatch: pytest.MonkeyPatch,
                   seed: int = 0) -> None:
     """``kernel``'s answer through ``_mla.launch_mla`` (pages flattened for TMA, the split merge) against the
     reference's."""
     monkeypatch.setattr(_mla, "has_tma", lambda device: True)  # the pages' TMA path, as on a Hopper GPU
     fields, module, name = KERNELS[kernel]
-    qn, qp, ckv, kpe, bt, seq_lens = _mla_problem(heads, lens, seed)
-    table = PageTable(bt, seq_lens)
+    case = mla_case(torch.bfloat16, tuple(lens), heads, 64, "cpu", lse=True, seed=seed)  # NaN in unwritten slots
+    qn, qp, ckv, kpe, table = case.args
     batch = len(lens)
     cfg = _mla.MLAConfig(64, 64, splits, 8, 2, False, True, True, **fields)
     out = torch.empty(batch, heads, 512, dtype=torch.bfloat16)
     lse = torch.empty(batch, heads, dtype=torch.float32)
     part_out = torch.empty(batch, heads, splits, 512, dtype=torch.float32)
     part_lse = torch.empty(batch, heads, splits, dtype=torch.float32)
-    sm_scale = 0.04
     with emulating(module, name):
-        _mla.launch_mla(qn, qp, ckv, kpe, table, sm_scale, out, lse, part_out, part_lse, cfg)
-    want = ksb.attention.mla_decode(qn, qp, ckv, kpe, table, sm_scale=sm_scale, return_lse=True, backend="reference")
+        _mla.launch_mla(qn, qp, ckv, kpe, table, case.kwargs["sm_scale"], out, lse, part_out, part_lse, cfg)
+    want = ksb.attention.mla_decode(*case.args, **case.kwargs, backend="reference")
     assert not out.isnan().any()
     atol, rtol = tolerance(torch.bfloat16)
     assert_close(out, want[0], atol=atol, rtol=rtol)
