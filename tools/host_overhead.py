@@ -3,17 +3,15 @@
 Small decode problems (B=1, L=1024) are bound by the host: the time per ``plan.run`` with no sync in
 the loop is the host's. Prints microseconds per run for each eligible backend and FlashInfer's wrapper,
 then each eager ``ksb.attention.decode`` call (automatic choice and explicit backends) with a cProfile of
-the automatic one, then a cProfile of the Triton plan's runs. ``--mla``: the same for ``plan_mla_decode``'s run
-(B=16 L=4096 and B=128 L=8192, 128 heads, page 64) and FlashInfer's MLA wrapper, the bench's inputs.
+the automatic one, then a cProfile of the Triton plan's runs.
 
-    python3 tools/host_overhead.py [--mla]
+    python3 tools/host_overhead.py
 """
 
 from __future__ import annotations
 
 import cProfile
 import pstats
-import sys
 import time
 
 import torch
@@ -35,35 +33,7 @@ def host_us(fn) -> float:
     return (time.perf_counter() - t0) / RUNS * 1e6
 
 
-def profile(fn, runs: int = 500, lines: int = 22) -> None:
-    """cProfile of ``runs`` calls of ``fn``, by own time and by cumulative time."""
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(runs):
-        fn()
-    prof.disable()
-    torch.cuda.synchronize()
-    pstats.Stats(prof).sort_stats("tottime").print_stats(lines)
-    pstats.Stats(prof).sort_stats("cumulative").print_stats(lines)
-
-
-def mla() -> int:
-    from kernel_switchboard import bench as kb
-
-    for batch, kv_len in ((16, 4096), (128, 8192)):
-        params = {"batch": batch, "kv_len": kv_len, "num_heads": 128, "page_size": 64, "dtype": "bfloat16"}
-        case = kb._example("attention.mla_decode", torch.device("cuda"), params)
-        _, run = kb._mla_plan(None, case.args, case.kwargs)
-        print(f"B={batch} L={kv_len} plan.run {host_us(run):7.1f} us/run", flush=True)
-        for name, fn in kb._flashinfer_externals("attention.mla_decode", case.args, case.kwargs).items():
-            print(f"B={batch} L={kv_len} {name} {host_us(fn):7.1f} us/run", flush=True)
-        profile(run)
-    return 0
-
-
 def main() -> int:
-    if "--mla" in sys.argv:
-        return mla()
     spec = AttnSpec(torch.bfloat16, "NHD", 16, 32, 8, 128, kv_lens=(1024,))
     q, cache, table = decode_case(spec, "cuda").args
     plans = {}
@@ -94,9 +64,22 @@ def main() -> int:
             continue
         print(f"eager {backend!s:8s} decode {us:7.1f} us/call", flush=True)
     print(ksb.explain("attention.decode", q, cache, table))
-    profile(lambda: ksb.attention.decode(q, cache, table))
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(500):
+        ksb.attention.decode(q, cache, table)
+    prof.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(22)
     if "triton" in plans:
-        profile(lambda: plans["triton"].run(q, cache))
+        plan = plans["triton"]
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(500):
+            plan.run(q, cache)
+        prof.disable()
+        torch.cuda.synchronize()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(22)
     return 0
 
 
