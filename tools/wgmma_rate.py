@@ -4,7 +4,7 @@ One persistent program per SM issues back-to-back bf16 wgmma on operands residen
 from shared memory; RS: A from registers), two consumer warpgroups of 64 rows each as in the MLA kernel, K=256 per
 MMA and four MMAs between waits. Prints TFLOP/s per (N, mode) and the ratio to N=256 SS, the tensor cores' rate.
 An m64nNk16 SS wgmma reads 2 KB of A and N * 32 bytes of B from shared memory in the N / 2 clocks its MACs take at
-full rate, so at 128 B a clock per SM, N = 64 is the widest that is not short of shared-memory bandwidth on paper.
+full rate, so at 128 B a clock per SM, N = 64 is the narrowest tile that shared memory can feed at full rate.
 
     python3 tools/wgmma_rate.py [--iters 2000]
 """

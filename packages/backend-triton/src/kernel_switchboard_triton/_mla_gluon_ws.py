@@ -1,12 +1,12 @@
 """Absorbed MLA decode in Gluon with warp-specialised partitions (FlashMLA's "seesaw"), Hopper, 64 heads per CTA.
 
 Why a third kernel: in ``_mla_gluon`` both warpgroups compute half of every score tile (m64n32 wgmma, which reads
-three bytes of shared memory per 32 MACs: 0.66x the tensor-core rate, run 28's ``tools/wgmma_rate.py``) and meet at
-two CTA barriers per tile. Here the two consumer warpgroups take the score tiles in turn: warpgroup ``t % 2`` computes tile
-``t``'s whole 64 x 64 scores (m64n64), its online softmax, and publishes P and the row statistics through shared
-memory; both then multiply P by their half of the 512 latent columns (the owner with P in registers). While one
-runs its softmax the other's MMAs run. A one-warp loader partition fills a two-slot TMA ring (and zeroes the rows
-of a partial last tile past the request's end, which may hold NaN), so no CTA barrier is left in the loop.
+three bytes of shared memory per 32 MACs: 0.64-0.66x the tensor-core rate, ``tools/wgmma_rate.py``, run 28) and meet
+at two CTA barriers per tile. Here the two consumer warpgroups take the score tiles in turn: warpgroup ``t % 2``
+computes tile ``t``'s whole 64 x 64 scores (m64n64), its online softmax, and publishes P and the row statistics
+through shared memory; both then multiply P by their half of the 512 latent columns (the owner with P in registers).
+While one runs its softmax the other's MMAs run. A one-warp loader partition fills a two-slot TMA ring (and zeroes
+the rows of a partial last tile past the request's end, which may hold NaN), so no CTA barrier is left in the loop.
 
 The schedule is set by the ring: with the queries, two 72 KB tiles fill shared memory, so tile t + 2 can load only
 once both warpgroups are done with tile t. Each warpgroup therefore multiplies the other's tile t - 1 first (its
