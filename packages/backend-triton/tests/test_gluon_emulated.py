@@ -33,20 +33,16 @@ KERNELS = {
 
 def _emulated_mla(kernel: str, heads: int, lens: list[int], splits: int, monkeypatch: pytest.MonkeyPatch,
                   seed: int = 0) -> None:
-    """``kernel``'s answer through ``_mla.launch_mla`` (pages flattened for TMA, the split merge) against the
-    reference's."""
+    """``kernel``'s answer through the backend's ``MLAPlan`` (its split workspace, ``_mla.launch_mla``: pages flattened
+    for TMA, the split merge) against the reference's."""
     monkeypatch.setattr(_mla, "has_tma", lambda device: True)  # the pages' TMA path, as on a Hopper GPU
     fields, module, name = KERNELS[kernel]
     case = mla_case(torch.bfloat16, tuple(lens), heads, 64, "cpu", lse=True, seed=seed)  # NaN in unwritten slots
     qn, qp, ckv, kpe, table = case.args
-    batch = len(lens)
     cfg = _mla.MLAConfig(64, 64, splits, 8, 2, False, True, True, **fields)
-    out = torch.empty(batch, heads, 512, dtype=torch.bfloat16)
-    lse = torch.empty(batch, heads, dtype=torch.float32)
-    part_out = torch.empty(batch, heads, splits, 512, dtype=torch.float32)
-    part_lse = torch.empty(batch, heads, splits, dtype=torch.float32)
+    plan = _mla.MLAPlan(table, heads, 512, 64, case.kwargs["sm_scale"], max(lens), cfg)
     with emulating(module, name):
-        _mla.launch_mla(qn, qp, ckv, kpe, table, case.kwargs["sm_scale"], out, lse, part_out, part_lse, cfg)
+        out, lse = plan.run(qn, qp, ckv, kpe, torch.empty_like(qn))
     want = ksb.attention.mla_decode(*case.args, **case.kwargs, backend="reference")
     assert not out.isnan().any()
     atol, rtol = tolerance(torch.bfloat16)
