@@ -20,13 +20,14 @@ NAMESPACE = "ksb"
 
 
 @functools.lru_cache(maxsize=64)
-def _device_key(device: torch.device) -> tuple[str, tuple[int, int] | None]:
+def device_info(device: torch.device) -> tuple[str, tuple[int, int] | None]:
+    """(device type, compute capability or None) of a device, cached (a warm call is one C-level lookup)."""
     return device.type, compute_capability(device)
 
 
 def device_key(t: torch.Tensor) -> tuple[str, tuple[int, int] | None]:
     """(device type, compute capability or None) of a tensor, cached per device."""
-    return _device_key(t.device)
+    return device_info(t.device)
 
 
 _NO_FEATURES: frozenset[str] = frozenset()
