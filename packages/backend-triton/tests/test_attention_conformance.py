@@ -13,6 +13,6 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available() and not triton_int
                                 reason="Triton kernels need a CUDA GPU or TRITON_INTERPRET=1")
 
 test_conformance = conformance_test("triton", ops=(
-    "attention.decode", "attention.prefill", "attention.prefill_ragged", "attention.mla_decode",
+    "attention.decode", "attention.prefill", "attention.prefill_ragged", "attention.mla_decode", "attention.mla_prefill",
     "attention.merge_states", "attention.dense", "kv_cache.append", "kv_cache.append_mla",
 ))

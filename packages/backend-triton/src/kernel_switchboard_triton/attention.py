@@ -1,8 +1,9 @@
 """Triton attention kernels: their records, capabilities and cost estimates.
 
 The kernels and their launchers live in ``_decode.py`` (paged decode, split-KV + merge),
-``_prefill.py`` (paged / ragged prefill, append, mixed batches), ``_mla.py`` (absorbed MLA decode)
-and ``_merge.py`` (merge_states). Capabilities state exactly what the kernels do:
+``_prefill.py`` (paged / ragged prefill, append, mixed batches), ``_mla.py`` (absorbed MLA decode),
+``_mla_prefill.py`` (absorbed MLA prefill / append over latent pages) and ``_merge.py`` (merge_states).
+Capabilities state exactly what the kernels do:
 
 - q/out dtypes fp16 and bf16 (dots on tensor cores, float32 accumulation and softmax);
 - KV dtypes: q's dtype, or fp8 (e4m3, e5m2) with scales (dequantised in registers);
@@ -39,6 +40,7 @@ from ._common import BACKEND, DEVICES, PRIORITY
 from ._decode import decode, plan_decode
 from ._merge import merge_states
 from ._mla import mla_decode, plan_mla
+from ._mla_prefill import MLAPrefillRunner, mla_prefill
 from ._prefill import PrefillPlan, prefill, prefill_ragged
 from .dense import dense
 
@@ -80,6 +82,12 @@ MLA = Capability(
     features=frozenset({"paged", "return_lse", "cuda_graph", "deterministic"}),
     allowed={"head_dim_pe": frozenset({64})},
 )
+MLA_PREFILL = Capability(
+    devices=DEVICES, min_cc=(8, 0), dtypes=_HALF, kv_dtypes=_HALF, head_dims=frozenset({512}),
+    head_dims_v=frozenset({512}), page_sizes=None,
+    features=frozenset({"paged", "causal", "mixed_batch", "return_lse", "cuda_graph", "deterministic"}),
+    allowed={"head_dim_pe": frozenset({64})},
+)
 DENSE = Capability(
     devices=DEVICES, min_cc=(8, 0), dtypes=_HALF, head_dims=_DIMS, head_dims_v=_DIMS,
     features=frozenset({"causal", "attn_bias", "qk_v_dims_differ", "cuda_graph", "deterministic"}),
@@ -109,6 +117,15 @@ def _mla_cost(pr: Any) -> float:
     kv = pr.batch * pr.max_kv_len * (pr.head_dim + pr.head_dim_pe) * nbytes(pr.kv_dtype)
     flops = 2.0 * pr.batch * pr.num_q_heads * pr.max_kv_len * (pr.head_dim + pr.head_dim_pe + pr.head_dim_v)
     return cost_seconds(kv, flops, pr)  # 128 heads: compute-bound (~240 flop/byte)
+
+
+def _mla_prefill_cost(pr: Any) -> float:
+    rows = pr.batch * pr.max_q_len * pr.num_q_heads
+    flops = 2.0 * rows * pr.max_kv_len * (pr.head_dim + pr.head_dim_pe + pr.head_dim_v)
+    if "causal" in pr.features and pr.max_q_len >= pr.max_kv_len:
+        flops *= 0.5
+    kv = pr.batch * pr.max_kv_len * (pr.head_dim + pr.head_dim_pe) * nbytes(pr.kv_dtype)
+    return cost_seconds(kv, flops, pr)
 
 
 #: ``attention.dense`` on the H200 (run 11, ``switchboard bench --preset dense``, head dim 64): the kernel reads
@@ -150,6 +167,10 @@ def kernels() -> list[Kernel]:
                plan=plan_mla, cost=_mla_cost, priority=PRIORITY,
                doc="absorbed MLA decode (512 + 64), split-KV, head tiles share each latent KV tile (sm_90: the "
                    "warp-specialised Gluon kernel)"),
+        Kernel("attention.mla_prefill", "mla_prefill", BACKEND, MLA_PREFILL, mla_prefill, version=__version__,
+               plan=MLAPrefillRunner, cost=_mla_prefill_cost, priority=PRIORITY,
+               doc="absorbed MLA over latent pages, several query tokens per request: (token, head) rows share "
+                   "each latent tile, one launch per batch"),
         Kernel("attention.merge_states", "merge_states", BACKEND, MERGE, merge_states, version=__version__,
                cost=_merge_cost, priority=PRIORITY, doc="elementwise LSE merge"),
         Kernel("attention.dense", "dense", BACKEND, DENSE, dense, version=__version__, cost=_dense_cost,

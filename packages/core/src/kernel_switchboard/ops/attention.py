@@ -1,8 +1,8 @@
 """Attention ops: ``attention.decode``, ``attention.prefill``, ``attention.prefill_ragged``,
-``attention.mla_decode``, ``attention.merge_states``, ``attention.dense`` (dense tensors with a bias or
-mask, :mod:`.attention_dense`); the :func:`cascade` helper; and plans
-(:func:`plan_decode`, :func:`plan_prefill`, :func:`plan_prefill_ragged`, :func:`plan_mla_decode`, defined in
-:mod:`.attention_plans`) for repeated steps and CUDA graphs.
+``attention.mla_decode``, ``attention.mla_prefill``, ``attention.merge_states``, ``attention.dense`` (dense tensors
+with a bias or mask, :mod:`.attention_dense`); the :func:`cascade` helper; and plans
+(:func:`plan_decode`, :func:`plan_prefill`, :func:`plan_prefill_ragged`, :func:`plan_mla_decode`,
+:func:`plan_mla_prefill`, defined in :mod:`.attention_plans`) for repeated steps and CUDA graphs.
 
 Kernel ``run`` signatures (canonical, validated arguments; see docs/ops.md), each returning
 ``(out, lse_or_None)``:
@@ -11,12 +11,13 @@ Kernel ``run`` signatures (canonical, validated arguments; see docs/ops.md), eac
 - ``attention.prefill``: ``run(q, qo_indptr, cache, table, p)``; q (Tq, Hq, D), qo_indptr (B+1,) int32.
 - ``attention.prefill_ragged``: ``run(q, k, v, qo_indptr, kv_indptr, p)``; k (Tk, Hkv, D), v (Tk, Hkv, Dv).
 - ``attention.mla_decode``: ``run(q_nope, q_pe, ckv_pages, kpe_pages, table, p)``.
+- ``attention.mla_prefill``: ``run(q_nope, q_pe, qo_indptr, ckv_pages, kpe_pages, table, p)``; q_nope (Tq, H, Dc).
 - ``attention.merge_states``: ``run(out_a, lse_a, out_b, lse_b) -> (out, lse)``.
 
-The first four also take a kernel's ``plan`` (the backend contract, :mod:`.attention_runner`): ``plan(problem, table,
-p, **static)`` returns a runner whose ``run(..., out, lse)`` writes into the buffers it is given (or returns new
-tensors for None) with no host synchronisation. A kernel needs one of the two: the core wraps a run-only kernel. An
-eager call is the kernel's plan and run (a run-only kernel's run); a planned call keeps the runner.
+The paged, ragged and MLA ops also take a kernel's ``plan`` (the backend contract, :mod:`.attention_runner`):
+``plan(problem, table, p, **static)`` returns a runner whose ``run(..., out, lse)`` writes into the buffers it is
+given (or returns new tensors for None) with no host synchronisation. A kernel needs one of the two: the core wraps a
+run-only kernel. An eager call is the kernel's plan and run (a run-only kernel's run); a planned call keeps the runner.
 
 One validation: every call is prepared by :mod:`.attention_problems` (``decode_call`` ...), eagerly, inside its
 custom op under torch.compile (the same public function runs there), and for ``ksb.explain`` (the op's spec).
@@ -49,11 +50,13 @@ from .attention_problems import (
     DecodeProblem,
     MergeProblem,
     MLADecodeProblem,
+    MLAPrefillProblem,
     PrefillProblem,
     RaggedPrefillProblem,
     decode_call,
     merge_call,
     mla_call,
+    mla_prefill_call,
     prefill_call,
     ragged_call,
     token_rows_table,
@@ -205,6 +208,36 @@ def mla_decode(q_nope: _Tensor, q_pe: _Tensor, ckv_pages: _Tensor, kpe_pages: _T
     return _result(out, lse, return_lse)
 
 
+# -- MLA prefill ------------------------------------------------------------------------------------------
+def mla_prefill(q_nope: _Tensor, q_pe: _Tensor, qo_indptr: _Tensor, ckv_pages: _Tensor, kpe_pages: _Tensor,
+                table: PageTable, *, causal: bool = True, sm_scale: float | None = None, return_lse: bool = False,
+                backend: BackendArg = None) -> _Tensor | tuple[_Tensor, _Tensor]:
+    """Absorbed multi-head latent attention over paged latent KV for several new tokens per request: chunked
+    prefill, append and mixed prefill/decode batches of DeepSeek-style models (one latent KV head).
+
+    q_nope (Tq, H, Dc) and q_pe (Tq, H, Dr) packed: request b owns rows ``qo_indptr[b]:qo_indptr[b+1]``; qo_indptr
+    (B+1,) int32; ckv_pages (P, S, Dc), kpe_pages (P, S, Dr) in q's dtype, already holding every request's new
+    tokens (``table.seq_lens`` counts them). Query i of request b sits at KV position ``seq_len_b - qo_len_b + i``;
+    causal masks later positions. logits = (q_nope·ckv + q_pe·kpe) * sm_scale (default 1/sqrt(Dc + Dr)); out =
+    softmax · ckv, (Tq, H, Dc) in q's dtype; lse (Tq, H) float32 when ``return_lse``. The kernels read the latent
+    pages through the table: no gathering by hand. FlashInfer's ``BatchMLAPagedAttentionWrapper`` with several
+    query tokens per request computes the same.
+    """
+    if torch.compiler.is_compiling():
+        out, lse = MLA_PREFILL.compiled(q_nope, q_pe, qo_indptr, ckv_pages, kpe_pages, table, causal, sm_scale,
+                                        return_lse, backend)
+        return (out, lse) if return_lse else out
+    problem, p, host = mla_prefill_call(q_nope, q_pe, qo_indptr, ckv_pages, kpe_pages, table, causal, sm_scale,
+                                        return_lse)
+    kernel = select("attention.mla_prefill", problem, backend).kernel
+    if kernel.plan is None:
+        out, lse = kernel.run(q_nope, q_pe, qo_indptr, ckv_pages, kpe_pages, table, p)
+    else:
+        runner = kernel.plan(problem, table, p, qo_indptr=qo_indptr, host_qo_indptr=host)
+        out, lse = runner.run(q_nope, q_pe, ckv_pages, kpe_pages, None, None)
+    return _result(out, lse, return_lse)
+
+
 # -- merge_states ----------------------------------------------------------------------------------------
 def merge_states(out_a: _Tensor, lse_a: _Tensor, out_b: _Tensor, lse_b: _Tensor, *,
                  backend: BackendArg = None) -> tuple[_Tensor, _Tensor]:
@@ -295,6 +328,14 @@ MLA = define(OpSpec(
     returns="(Tensor, Tensor)", outputs=_out_lse,
     fake=lambda q_nope, *rest: _fake_out_lse(q_nope, q_nope.shape[:2], q_nope.shape[-1], rest[-2]),
 ))
+MLA_PREFILL = define(OpSpec(
+    "attention.mla_prefill", mla_prefill, MLAPrefillProblem, mla_prefill_call, reference="mla_prefill",
+    cases="attention", op="attention_mla_prefill",
+    args=(Arg("q_nope"), Arg("q_pe"), Arg("qo_indptr"), Arg("ckv_pages"), Arg("kpe_pages"), Arg("table", "table"),
+          Arg("causal", "bool"), Arg("sm_scale", "float?"), Arg("return_lse", "bool"), Arg("backend", "backend")),
+    returns="(Tensor, Tensor)", outputs=_out_lse,
+    fake=lambda q_nope, *rest: _fake_out_lse(q_nope, q_nope.shape[:2], q_nope.shape[-1], rest[-2]),
+))
 MERGE = define(OpSpec(
     "attention.merge_states", merge_states, MergeProblem, merge_call, reference="merge_states", cases="attention",
     op="attention_merge_states",
@@ -309,17 +350,20 @@ from .attention_plans import (  # noqa: E402
     AttentionPlan,
     DecodePlan,
     MLADecodePlan,
+    MLAPrefillPlan,
     PrefillPlan,
     RaggedPrefillPlan,
     plan_decode,
     plan_mla_decode,
+    plan_mla_prefill,
     plan_prefill,
     plan_prefill_ragged,
 )
 
 __all__ = [
     "AttentionPlan", "AttnParams", "DecodePlan", "DecodeProblem", "DenseParams", "DenseProblem", "MLADecodePlan",
-    "MLADecodeProblem", "MergeProblem", "PrefillPlan", "PrefillProblem", "RaggedPrefillPlan", "RaggedPrefillProblem",
-    "cascade", "decode", "dense", "merge_states", "mla_decode", "plan_decode", "plan_mla_decode", "plan_prefill",
-    "plan_prefill_ragged", "prefill", "prefill_ragged", "table_of",
+    "MLADecodeProblem", "MLAPrefillPlan", "MLAPrefillProblem", "MergeProblem", "PrefillPlan", "PrefillProblem",
+    "RaggedPrefillPlan", "RaggedPrefillProblem", "cascade", "decode", "dense", "merge_states", "mla_decode",
+    "mla_prefill", "plan_decode", "plan_mla_decode", "plan_mla_prefill", "plan_prefill", "plan_prefill_ragged",
+    "prefill", "prefill_ragged", "table_of",
 ]

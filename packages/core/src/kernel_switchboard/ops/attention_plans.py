@@ -21,9 +21,11 @@ from .attention_problems import (
     INT32,
     AttnParams,
     MLADecodeProblem,
+    MLAPrefillProblem,
     RaggedPrefillProblem,
     cache_dims,
     decode_problem,
+    mla_prefill_problem,
     mla_problem,
     params,
     prefill_lengths,
@@ -327,10 +329,8 @@ class MLADecodePlan:
         self.problem, self.params, self.selection, self.table, self._runner = problem, params, selection, table, runner
         self._rows = rows
         self._pages_used = table.pages_used(problem.page_size)
-        h, dc, dr = problem.num_q_heads, problem.head_dim, problem.head_dim_pe
         lead = (table.batch_size,) if rows is None else (table.batch_size, rows.tokens)
-        self._expect = ((*lead, h, dc), (*lead, h, dr), problem.dtype, table.block_table.device,
-                        (problem.page_size, dc), (problem.page_size, dr))
+        self._expect = _latent_expect(table, lead, problem)
 
     @property
     def kernel(self) -> Any:
@@ -340,15 +340,8 @@ class MLADecodePlan:
             out: _Tensor | None = None, lse: _Tensor | None = None) -> _Tensor | tuple[_Tensor, _Tensor]:
         """out (B, H, Dc) in q's dtype [, lse (B, H) float32] — (B, T, H, Dc) [, (B, T, H)] with ``q_len=T`` —;
         ``out``/``lse`` of those shapes may be given to write into."""
-        qn_shape, qp_shape, dtype, device, ckv_dims, kpe_dims = self._expect
-        _check_planned("q_nope", q_nope, qn_shape, dtype, device)
-        _check_planned("q_pe", q_pe, qp_shape, dtype, device)
-        for name, t, dims in (("ckv_pages", ckv_pages, ckv_dims), ("kpe_pages", kpe_pages, kpe_dims)):
-            if not (isinstance(t, torch.Tensor) and t.dim() == 3 and t.shape[1:] == dims and t.dtype == dtype
-                    and t.device == device and t.stride(-1) == 1 and t.shape[0] == ckv_pages.shape[0]):
-                raise fail(name, _described(t), f"(P, {dims[0]}, {dims[1]}) {dtype} on {device}, unit last stride, "
-                                                f"P as in ckv_pages, as planned")
-        _check_pages("ckv_pages.shape[0]", ckv_pages.shape[0], self._pages_used)
+        qn_shape, _, dtype, device, _, _ = self._expect
+        _check_latent_planned(q_nope, q_pe, ckv_pages, kpe_pages, self._expect, self._pages_used)
         _check_buffer("out", out, qn_shape, dtype, device)
         want_lse = self.params.return_lse
         if want_lse:
@@ -369,6 +362,27 @@ class MLADecodePlan:
 
     def __repr__(self) -> str:
         return f"MLADecodePlan(kernel={self.kernel.id}, problem={self.problem})"
+
+
+def _latent_expect(table: PageTable, q_lead: tuple[int, ...], problem: Any) -> tuple[Any, ...]:
+    """What an MLA plan's run checks: (q_nope shape, q_pe shape, dtype, device, ckv page dims, kpe page dims)."""
+    h, dc, dr = problem.num_q_heads, problem.head_dim, problem.head_dim_pe
+    return ((*q_lead, h, dc), (*q_lead, h, dr), problem.dtype, table.block_table.device, (problem.page_size, dc),
+            (problem.page_size, dr))
+
+
+def _check_latent_planned(q_nope: Any, q_pe: Any, ckv_pages: Any, kpe_pages: Any, expect: tuple[Any, ...],
+                          pages_used: int | None) -> None:
+    """An MLA plan's inputs against :func:`_latent_expect`, and pages holding every page the planned table uses."""
+    qn_shape, qp_shape, dtype, device, ckv_dims, kpe_dims = expect
+    _check_planned("q_nope", q_nope, qn_shape, dtype, device)
+    _check_planned("q_pe", q_pe, qp_shape, dtype, device)
+    for name, t, dims in (("ckv_pages", ckv_pages, ckv_dims), ("kpe_pages", kpe_pages, kpe_dims)):
+        if not (isinstance(t, torch.Tensor) and t.dim() == 3 and t.shape[1:] == dims and t.dtype == dtype
+                and t.device == device and t.stride(-1) == 1 and t.shape[0] == ckv_pages.shape[0]):
+            raise fail(name, _described(t), f"(P, {dims[0]}, {dims[1]}) {dtype} on {device}, unit last stride, "
+                                            f"P as in ckv_pages, as planned")
+    _check_pages("ckv_pages.shape[0]", ckv_pages.shape[0], pages_used)
 
 
 def _rows_view(t: _Tensor, name: str, rows: int) -> _Tensor:
@@ -410,3 +424,78 @@ def plan_mla_decode(table: PageTable, *, num_heads: int, head_dim_ckv: int, head
     else:
         runner = RunOnly(lambda qn, qp, ckv, kpe: kernel.run(qn, qp, ckv, kpe, kernel_table, p))
     return MLADecodePlan(problem, p, selection, table, runner, rows)
+
+
+class MLAPrefillPlan:
+    """A planned :func:`mla_prefill`: ``run(q_nope, q_pe, ckv_pages, kpe_pages)`` with q_nope (Tq, H, Dc) and q_pe
+    (Tq, H, Dr) packed by the planned qo_indptr, ckv_pages (P, S, Dc), kpe_pages (P, S, Dr); one plan per step serves
+    every layer's pages. No host synchronisation (CUDA-graph capturable); ``table``'s tensors are read on the device
+    at every run, so they may be updated in place while no sequence exceeds ``params.max_kv_len`` and every page
+    index is below P (which :meth:`run` checks against the pages the table used at plan time); ``qo_indptr`` is
+    fixed at plan time."""
+
+    __slots__ = ("_expect", "_pages_used", "_runner", "params", "problem", "qo_indptr", "selection", "table")
+
+    def __init__(self, problem: MLAPrefillProblem, params: AttnParams, selection: Selection, table: PageTable,
+                 qo_indptr: _Tensor, total_q: int, runner: Any) -> None:
+        self.problem, self.params, self.selection, self.table, self._runner = problem, params, selection, table, runner
+        self.qo_indptr = qo_indptr
+        self._pages_used = table.pages_used(problem.page_size)
+        self._expect = _latent_expect(table, (total_q,), problem)
+
+    @property
+    def kernel(self) -> Any:
+        return self.selection.kernel
+
+    def run(self, q_nope: _Tensor, q_pe: _Tensor, ckv_pages: _Tensor, kpe_pages: _Tensor, *,
+            out: _Tensor | None = None, lse: _Tensor | None = None) -> _Tensor | tuple[_Tensor, _Tensor]:
+        """out (Tq, H, Dc) in q's dtype [, lse (Tq, H) float32]; ``out``/``lse`` may be given to write into."""
+        qn_shape, _, dtype, device, _, _ = self._expect
+        _check_latent_planned(q_nope, q_pe, ckv_pages, kpe_pages, self._expect, self._pages_used)
+        _check_buffer("out", out, qn_shape, dtype, device)
+        if not self.params.return_lse:
+            return self._runner.run(q_nope, q_pe, ckv_pages, kpe_pages, out, None)[0]  # type: ignore[no-any-return]
+        _check_buffer("lse", lse, qn_shape[:2], torch.float32, device)
+        return self._runner.run(q_nope, q_pe, ckv_pages, kpe_pages, out, lse)  # type: ignore[no-any-return]
+
+    def __repr__(self) -> str:
+        return f"MLAPrefillPlan(kernel={self.kernel.id}, problem={self.problem})"
+
+
+def plan_mla_prefill(table: PageTable, qo_indptr: _Tensor, *, num_heads: int, head_dim_ckv: int, head_dim_kpe: int,
+                     dtype: torch.dtype, page_size: int, causal: bool = True, sm_scale: float | None = None,
+                     return_lse: bool = False, max_kv_len: int | None = None, capturable: bool = True,
+                     backend: BackendArg = None) -> MLAPrefillPlan:
+    """Plan :func:`mla_prefill` for this table and ``qo_indptr`` (B+1,) int32 (read back once, here): validation,
+    kernel selection and the kernel's own plan, once per step; every layer then calls ``plan.run`` with its own
+    pages. ``max_kv_len`` bounds the sequence lengths the plan will see (default: the table's now); on a GPU the
+    selection requires the ``cuda_graph`` feature unless ``capturable=False``."""
+    if not isinstance(table, PageTable):
+        raise fail("table", type(table).__name__, "a PageTable")
+    for name, value in (("num_heads", num_heads), ("head_dim_ckv", head_dim_ckv), ("head_dim_kpe", head_dim_kpe),
+                        ("page_size", page_size)):
+        if not (isinstance(value, int) and value >= 1):
+            raise fail(name, value, "a positive int")
+    if dtype not in FLOAT_DTYPES:
+        raise fail("dtype", dtype, "torch.float16, torch.bfloat16 or torch.float32")
+    b = table.batch_size
+    check_tensor(qo_indptr, "qo_indptr", dims=1, dtypes=INT32)
+    if qo_indptr.shape[0] != b + 1:
+        raise fail("qo_indptr.shape", tuple(qo_indptr.shape), f"({b + 1},) = batch + 1")
+    check_same_device("qo_indptr", qo_indptr, "table.block_table", table.block_table)
+    if not qo_indptr.is_contiguous():
+        raise fail("qo_indptr", "non-contiguous", "a contiguous tensor")
+    max_kv = _planned_max_kv(table, page_size, max_kv_len)
+    values = torch.cat((qo_indptr, table.seq_lens)).tolist()  # the one host read of the plan
+    total = values[b]
+    max_q, _, mixed = prefill_lengths(values, total, bool(causal), False, 0)
+    p = params(head_dim_ckv + head_dim_kpe, sm_scale, None, None, bool(causal), bool(return_lse), max_q, max_kv)
+    dev, cc, extra = _context(table.block_table.device, capturable)
+    problem = mla_prefill_problem(dev, cc, dtype, head_dim_ckv, head_dim_kpe, page_size, num_heads, b, p, mixed, extra)
+    selection = select("attention.mla_prefill", problem, backend)
+    kernel = selection.kernel
+    if kernel.plan is not None:
+        runner = kernel.plan(problem, table, p, qo_indptr=qo_indptr, host_qo_indptr=values[:b + 1])
+    else:
+        runner = RunOnly(lambda qn, qp, ckv, kpe: kernel.run(qn, qp, qo_indptr, ckv, kpe, table, p))
+    return MLAPrefillPlan(problem, p, selection, table, qo_indptr, total, runner)

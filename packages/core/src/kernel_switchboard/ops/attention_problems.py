@@ -127,6 +127,28 @@ class MLADecodeProblem(NamedTuple):
     features: frozenset[str]
 
 
+class MLAPrefillProblem(NamedTuple):
+    """Signature of an absorbed multi-head latent attention prefill / append / mixed batch over paged latent KV (one
+    latent KV head shared by every query head)."""
+
+    device: str
+    cc: tuple[int, int] | None
+    dtype: torch.dtype
+    kv_dtype: torch.dtype
+    head_dim: int  # latent (ckv) dim, 512 for DeepSeek
+    head_dim_v: int  # = head_dim
+    head_dim_pe: int  # rope dim, 64 for DeepSeek
+    page_size: int
+    layout: None
+    num_q_heads: int
+    num_kv_heads: int  # 1
+    group_size: int  # = num_q_heads
+    batch: int  # bucketed
+    max_q_len: int  # bucketed
+    max_kv_len: int  # bucketed
+    features: frozenset[str]
+
+
 class MergeProblem(NamedTuple):
     """Signature of a merge of two partial attention states."""
 
@@ -230,6 +252,17 @@ def mla_problem(dev: str, cc: Any, dtype: torch.dtype, head_dim_ckv: int, head_d
                             num_heads, 1, num_heads, bucket(batch), bucket(p.max_kv_len), feats)
 
 
+@functools.lru_cache(maxsize=1024)
+def mla_prefill_problem(dev: str, cc: Any, dtype: torch.dtype, head_dim_ckv: int, head_dim_kpe: int, page_size: int,
+                        num_heads: int, batch: int, p: AttnParams, mixed: bool,
+                        extra: frozenset[str]) -> MLAPrefillProblem:
+    """The :class:`MLAPrefillProblem` of these (validated) values; the pages have q's dtype."""
+    base = ("paged", "causal") if p.causal else ("paged",)
+    feats = _features(base, p, False, False, mixed, extra)
+    return MLAPrefillProblem(dev, cc, dtype, dtype, head_dim_ckv, head_dim_ckv, head_dim_kpe, page_size, None,
+                             num_heads, 1, num_heads, bucket(batch), bucket(p.max_q_len), bucket(p.max_kv_len), feats)
+
+
 # -- checks ----------------------------------------------------------------------------------------------
 def check_q(q: Any, name: str, dims: int) -> None:
     """A float tensor of ``dims`` dims with unit stride in the last dim (one test on the hot path)."""
@@ -277,12 +310,12 @@ def check_table(table: Any, batch: int, device: torch.device, q_name: str = "q")
         raise fail("table.device", table.block_table.device, f"the device of {q_name} ({device})")
 
 
-def check_indptr(ind: Any, name: str, batch: int, q: _Tensor) -> None:
+def check_indptr(ind: Any, name: str, batch: int, q: _Tensor, q_name: str = "q") -> None:
     """A contiguous (batch + 1,) int32 tensor on q's device."""
     check_tensor(ind, name, dims=1, dtypes=INT32)
     if ind.shape[0] != batch + 1:
         raise fail(f"{name}.shape", tuple(ind.shape), f"({batch + 1},) = batch + 1")
-    check_same_device(name, ind, "q", q)
+    check_same_device(name, ind, q_name, q)
     if not ind.is_contiguous():
         raise fail(name, "non-contiguous", "a contiguous tensor")
 
@@ -431,19 +464,16 @@ def ragged_call(q: Any, k: Any, v: Any, qo_indptr: Any, kv_indptr: Any, causal: 
     return problem, p, host
 
 
-def mla_call(q_nope: Any, q_pe: Any, ckv_pages: Any, kpe_pages: Any, table: Any, sm_scale: Any = None,
-             return_lse: bool = False) -> tuple[MLADecodeProblem, AttnParams, PageTable, _Tensor, _Tensor]:
-    """Validate a :func:`~.attention.mla_decode` call: its problem, parameters, and the page table and queries the
-    kernel reads (for queries (B, T, H, D) of T new tokens per request: the B * T decode rows, :class:`TokenRows`)."""
-    if isinstance(q_nope, torch.Tensor) and q_nope.dim() == 4:
-        table = token_rows_table(q_nope, q_pe, table)
-        q_nope, q_pe = q_nope.flatten(0, 1), q_pe.flatten(0, 1)
+def check_latent(q_nope: Any, q_pe: Any, ckv_pages: Any, kpe_pages: Any) -> None:
+    """Queries q_nope (rows, H, Dc) and q_pe (rows, H, Dr) and latent pages ckv (P, S, Dc) and kpe (P, S, Dr), all of
+    one float dtype on one device with unit stride in the last dim (the MLA ops' common check)."""
     check_q(q_nope, "q_nope", 3)
     check_q(q_pe, "q_pe", 3)
     if q_pe.dtype != q_nope.dtype:
         raise fail("q_pe.dtype", q_pe.dtype, f"q_nope.dtype ({q_nope.dtype})")
     if q_pe.shape[:2] != q_nope.shape[:2]:
-        raise fail("q_pe.shape", tuple(q_pe.shape), f"(B, H, Dr) with (B, H) = {tuple(q_nope.shape[:2])} as in q_nope")
+        raise fail("q_pe.shape", tuple(q_pe.shape), f"(rows, H, Dr) with (rows, H) = {tuple(q_nope.shape[:2])} as in "
+                                                    f"q_nope")
     check_same_device("q_pe", q_pe, "q_nope", q_nope)
     for name, t, q in (("ckv_pages", ckv_pages, q_nope), ("kpe_pages", kpe_pages, q_pe)):
         check_q(t, name, 3)
@@ -455,6 +485,16 @@ def mla_call(q_nope: Any, q_pe: Any, ckv_pages: Any, kpe_pages: Any, table: Any,
         check_same_device(name, t, "q_nope", q_nope)
     if kpe_pages.shape[:2] != ckv_pages.shape[:2]:
         raise fail("kpe_pages.shape", tuple(kpe_pages.shape), f"(P, S, Dr) with (P, S) = {tuple(ckv_pages.shape[:2])}")
+
+
+def mla_call(q_nope: Any, q_pe: Any, ckv_pages: Any, kpe_pages: Any, table: Any, sm_scale: Any = None,
+             return_lse: bool = False) -> tuple[MLADecodeProblem, AttnParams, PageTable, _Tensor, _Tensor]:
+    """Validate a :func:`~.attention.mla_decode` call: its problem, parameters, and the page table and queries the
+    kernel reads (for queries (B, T, H, D) of T new tokens per request: the B * T decode rows, :class:`TokenRows`)."""
+    if isinstance(q_nope, torch.Tensor) and q_nope.dim() == 4:
+        table = token_rows_table(q_nope, q_pe, table)
+        q_nope, q_pe = q_nope.flatten(0, 1), q_pe.flatten(0, 1)
+    check_latent(q_nope, q_pe, ckv_pages, kpe_pages)
     check_table(table, q_nope.shape[0], q_nope.device, "q_nope")
     page_size = ckv_pages.shape[1]
     max_kv = table.checked_max_seq_len(page_size, ckv_pages.shape[0])
@@ -464,6 +504,35 @@ def mla_call(q_nope: Any, q_pe: Any, ckv_pages: Any, kpe_pages: Any, table: Any,
     problem = mla_problem(dev, cc, q_nope.dtype, dc, dr, page_size, q_nope.shape[1], q_nope.shape[0], p,
                           graph_features(dev))
     return problem, p, table, q_nope, q_pe
+
+
+def mla_prefill_call(q_nope: Any, q_pe: Any, qo_indptr: Any, ckv_pages: Any, kpe_pages: Any, table: Any,
+                     causal: bool = True, sm_scale: Any = None, return_lse: bool = False
+                     ) -> tuple[MLAPrefillProblem, AttnParams, list[int] | None]:
+    """Validate a :func:`~.attention.mla_prefill` call: its problem, parameters and the host values of qo_indptr (one
+    read of qo_indptr and seq_lens; None while a CUDA graph is captured, which allows none)."""
+    check_latent(q_nope, q_pe, ckv_pages, kpe_pages)
+    if not isinstance(table, PageTable):
+        raise fail("table", type(table).__name__, "a PageTable")
+    batch = table.batch_size
+    check_indptr(qo_indptr, "qo_indptr", batch, q_nope, "q_nope")
+    check_table(table, batch, q_nope.device, "q_nope")
+    page_size = ckv_pages.shape[1]
+    max_kv = table.checked_max_seq_len(page_size, ckv_pages.shape[0])
+    causal = bool(causal)
+    host: list[int] | None = None
+    if is_capturing():
+        max_q, mixed = q_nope.shape[0], False
+    else:
+        values = torch.cat((qo_indptr, table.seq_lens)).tolist()
+        max_q, _, mixed = prefill_lengths(values, q_nope.shape[0], causal, False, 0)
+        host = values[:batch + 1]
+    dc, dr = q_nope.shape[-1], q_pe.shape[-1]
+    p = params(dc + dr, sm_scale, None, None, causal, bool(return_lse), max_q, max_kv)
+    dev, cc = device_key(q_nope)
+    problem = mla_prefill_problem(dev, cc, q_nope.dtype, dc, dr, page_size, q_nope.shape[1], batch, p, mixed,
+                                  graph_features(dev))
+    return problem, p, host
 
 
 def token_rows_table(q_nope: _Tensor, q_pe: Any, table: Any) -> PageTable:

@@ -13,6 +13,8 @@ attention.prefill_ragged   None; ``qo_indptr``, ``kv_indptr``,              ``(q
                            ``host_indptrs``
 attention.mla_decode       table (of the decode rows); no static            ``(q_nope, q_pe, ckv_pages, kpe_pages,
                                                                             out, lse)``
+attention.mla_prefill      table; ``qo_indptr``, ``host_qo_indptr``         ``(q_nope, q_pe, ckv_pages, kpe_pages,
+                                                                            out, lse)``
 =========================  ===============================================  =========================================
 
 - ``out``, ``lse``: each a buffer to write into, or None: the runner returns a new tensor of its own in its place
@@ -54,7 +56,7 @@ class RaggedRunner(Protocol):
 
 
 class MLARunner(Protocol):
-    """The runner of a planned ``attention.mla_decode``."""
+    """The runner of a planned ``attention.mla_decode`` or ``attention.mla_prefill``."""
 
     def run(self, q_nope: _Tensor, q_pe: _Tensor, ckv_pages: _Tensor, kpe_pages: _Tensor, out: _Tensor | None,
             lse: _Tensor | None, /) -> Outputs: ...

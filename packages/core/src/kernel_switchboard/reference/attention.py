@@ -250,34 +250,51 @@ def prefill_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr:
     return out[rows, cols].to(q.dtype), (lse[rows, cols] if p.return_lse else None)
 
 
+def _latent_attend(q_pad: torch.Tensor, q_pos: torch.Tensor, ckv_pages: torch.Tensor, kpe_pages: torch.Tensor,
+                   table: PageTable, p: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Padded queries (B, M, H, Dc + Dr) in the compute dtype against the latent pages (one latent KV head: K =
+    [ckv, kpe], V = ckv), in batch chunks: out (B, M, H, Dc), lse (B, M, H)."""
+    b, m, h, _ = q_pad.shape
+    page_size, dc = ckv_pages.shape[1], ckv_pages.shape[2]
+    length = p.max_kv_len
+    if b == 0 or length == 0 or ckv_pages.shape[0] == 0:
+        return _empty(q_pad, (b, m, h), dc)
+    seq_lens = table.seq_lens.long()
+    outs, lses = [], []
+    step = _chunk(b, max(h * m, 2 * dc + q_pad.shape[-1]) * length)
+    for lo in range(0, b, step):
+        hi = min(b, lo + step)
+        pages, slots = paged_slots(table.block_table[lo:hi], table.seq_lens[lo:hi], page_size, length)
+        ckv = ckv_pages[pages, slots[None, :]].to(q_pad.dtype)[:, :, None]  # (b, L, 1, Dc)
+        kpe = kpe_pages[pages, slots[None, :]].to(q_pad.dtype)[:, :, None]
+        o, s = attend(q_pad[lo:hi], torch.cat((ckv, kpe), dim=-1), ckv, q_pos[lo:hi], seq_lens[lo:hi], p)
+        outs.append(o)
+        lses.append(s)
+    return _cat(outs), _cat(lses)
+
+
 def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_pages: torch.Tensor, kpe_pages: torch.Tensor,
                table: PageTable, p: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Absorbed MLA decode: q_nope (B, H, Dc), q_pe (B, H, Dr), ckv_pages (P, S, Dc), kpe_pages (P, S, Dr).
 
     logits = (q_nope·ckv + q_pe·kpe) * sm_scale; out = softmax · ckv (B, H, Dc); lse (B, H).
     """
-    b, h, dc = q_nope.shape
-    page_size = ckv_pages.shape[1]
-    cdt = compute_dtype(q_nope.dtype)
-    q = torch.cat((q_nope, q_pe), dim=-1).to(cdt)[:, None]  # (B, 1, H, Dc+Dr)
+    q = torch.cat((q_nope, q_pe), dim=-1).to(compute_dtype(q_nope.dtype))[:, None]  # (B, 1, H, Dc+Dr)
     q_pos = (table.seq_lens.long() - 1)[:, None]
-    seq_lens = table.seq_lens.long()
-    length = p.max_kv_len
-    if b == 0 or length == 0 or ckv_pages.shape[0] == 0:
-        out, lse = _empty(q_nope, (b, h), dc)
-        return out.to(q_nope.dtype), (lse if p.return_lse else None)
-    outs, lses = [], []
-    step = _chunk(b, max(h, 2 * dc + q.shape[-1]) * length)
-    for lo in range(0, b, step):
-        hi = min(b, lo + step)
-        pages, slots = paged_slots(table.block_table[lo:hi], table.seq_lens[lo:hi], page_size, length)
-        ckv = ckv_pages[pages, slots[None, :]].to(cdt)[:, :, None]  # (b, L, 1, Dc)
-        kpe = kpe_pages[pages, slots[None, :]].to(cdt)[:, :, None]
-        o, s = attend(q[lo:hi], torch.cat((ckv, kpe), dim=-1), ckv, q_pos[lo:hi], seq_lens[lo:hi], p)
-        outs.append(o)
-        lses.append(s)
-    out, lse = _cat(outs)[:, 0], _cat(lses)[:, 0]
-    return out.to(q_nope.dtype), (lse if p.return_lse else None)
+    out, lse = _latent_attend(q, q_pos, ckv_pages, kpe_pages, table, p)
+    return out[:, 0].to(q_nope.dtype), (lse[:, 0] if p.return_lse else None)
+
+
+def mla_prefill(q_nope: torch.Tensor, q_pe: torch.Tensor, qo_indptr: torch.Tensor, ckv_pages: torch.Tensor,
+                kpe_pages: torch.Tensor, table: PageTable, p: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Absorbed MLA over several new tokens per request: q_nope (Tq, H, Dc), q_pe (Tq, H, Dr) packed by qo_indptr
+    (B+1,) -> out (Tq, H, Dc) q's dtype, lse (Tq, H) float32 or None; query i of request b at KV position
+    ``seq_len_b - qo_len_b + i``."""
+    rows, cols = token_rows(qo_indptr, q_nope.shape[0])
+    q_pad = pad_queries(torch.cat((q_nope, q_pe), dim=-1), rows, cols, table.batch_size, p.max_q_len)
+    q_pos = query_positions(qo_indptr, table.seq_lens, p.max_q_len)
+    out, lse = _latent_attend(q_pad, q_pos, ckv_pages, kpe_pages, table, p)
+    return out[rows, cols].to(q_nope.dtype), (lse[rows, cols] if p.return_lse else None)
 
 
 def merge_states(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
@@ -354,6 +371,8 @@ KERNELS = [
     Kernel("attention.prefill_ragged", "prefill_ragged", "reference", REFERENCE_CAPTURABLE, prefill_ragged,
            priority=PRIORITY),
     Kernel("attention.mla_decode", "mla_decode", "reference", REFERENCE_CAPTURABLE, mla_decode, priority=PRIORITY),
+    Kernel("attention.mla_prefill", "mla_prefill", "reference", REFERENCE_CAPTURABLE, mla_prefill, priority=PRIORITY,
+           doc="padded batched torch over the gathered latents, float32 (float64 for float32 q)"),
     Kernel("attention.merge_states", "merge_states", "reference", REFERENCE_CAPTURABLE, merge_states,
            priority=PRIORITY),
     Kernel("attention.dense", "dense", "reference", REFERENCE_CAPTURABLE, dense, priority=PRIORITY,

@@ -21,7 +21,7 @@ from ..case import Case, tolerance
 from .attention_dense import DenseSpec, dense_case, dense_specs
 
 OPS = ("attention.decode", "attention.prefill", "attention.prefill_ragged", "attention.mla_decode",
-       "attention.merge_states", "attention.dense")
+       "attention.mla_prefill", "attention.merge_states", "attention.dense")
 
 DTYPES: dict[str, torch.dtype] = {
     "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
@@ -239,27 +239,51 @@ def write_positions(cache: PagedKVCache, table: PageTable, request: int, start: 
             row.copy_(torch.randn(row.shape, generator=g).to(row.dtype))
 
 
+def latent_pages(g: torch.Generator, kv_lens: tuple[int, ...], page_size: int, dtype: torch.dtype,
+                 device: torch.device | str, dc: int = 512, dr: int = 64) -> tuple[torch.Tensor, torch.Tensor, PageTable]:
+    """Random latent pages ckv (P, S, dc), kpe (P, S, dr) and their shuffled table for ``kv_lens``; the unwritten slots
+    hold NaN: a kernel must never let them reach the output."""
+    block_table, seq_lens, num_pages = page_table(g, kv_lens, page_size)
+    unused = unwritten_slots(block_table, seq_lens, num_pages, page_size)[:, :, None]
+    ckv = torch.randn(num_pages, page_size, dc, generator=g, device=g.device).masked_fill_(unused, float("nan"))
+    kpe = torch.randn(num_pages, page_size, dr, generator=g, device=g.device).masked_fill_(unused, float("nan"))
+    return ckv.to(device, dtype), kpe.to(device, dtype), PageTable(block_table.to(device), seq_lens.to(device))
+
+
 def mla_case(dtype: torch.dtype, kv_lens: tuple[int, ...], heads: int, page_size: int, device: torch.device | str,
              lse: bool = False, seed: int | torch.Generator = 0, dc: int = 512, dr: int = 64, q_len: int = 1) -> Case:
     """Latent pages whose unwritten slots hold NaN: a kernel must never let them reach the output. ``q_len`` > 1:
     queries (B, q_len, H, D), each request's newest tokens (multi-token prediction)."""
     g = generator(seed)
-    block_table, seq_lens, num_pages = page_table(g, kv_lens, page_size)
-    unused = unwritten_slots(block_table, seq_lens, num_pages, page_size)[:, :, None]
-    ckv = torch.randn(num_pages, page_size, dc, generator=g, device=g.device).masked_fill_(unused, float("nan"))
-    kpe = torch.randn(num_pages, page_size, dr, generator=g, device=g.device).masked_fill_(unused, float("nan"))
-    ckv, kpe = ckv.to(device, dtype), kpe.to(device, dtype)
+    ckv, kpe, table = latent_pages(g, kv_lens, page_size, dtype, device, dc, dr)
     b = len(kv_lens)
     lead = (b, heads) if q_len == 1 else (b, q_len, heads)
     q_nope = torch.randn(*lead, dc, generator=g, device=g.device).to(device, dtype)
     q_pe = torch.randn(*lead, dr, generator=g, device=g.device).to(device, dtype)
-    table = PageTable(block_table.to(device), seq_lens.to(device))
     kw: dict[str, Any] = {"sm_scale": 1.0 / math.sqrt(192)}
     if lse:
         kw["return_lse"] = True
     tag = (f"mla-{_SHORT[dtype]}-p{page_size}-h{heads}-b{b}-L{max(kv_lens, default=0)}" + ("-lse" if lse else "")
            + (f"-t{q_len}" if q_len > 1 else ""))
     return Case("attention.mla_decode", tag, (q_nope, q_pe, ckv, kpe, table), kw, dtype)
+
+
+def mla_prefill_case(dtype: torch.dtype, kv_lens: tuple[int, ...], q_lens: tuple[int, ...], heads: int,
+                     page_size: int, device: torch.device | str, lse: bool = False, causal: bool = True,
+                     seed: int | torch.Generator = 0, dc: int = 512, dr: int = 64) -> Case:
+    """``attention.mla_prefill``: request b's ``q_lens[b]`` newest tokens (prefill, append, or a decode row of 1)
+    against its ``kv_lens[b]`` latent tokens, the unwritten page slots holding NaN."""
+    g = generator(seed)
+    ckv, kpe, table = latent_pages(g, kv_lens, page_size, dtype, device, dc, dr)
+    tq = sum(q_lens)
+    q_nope = torch.randn(tq, heads, dc, generator=g, device=g.device).to(device, dtype)
+    q_pe = torch.randn(tq, heads, dr, generator=g, device=g.device).to(device, dtype)
+    kw: dict[str, Any] = {"sm_scale": 1.0 / math.sqrt(192), "causal": causal}
+    if lse:
+        kw["return_lse"] = True
+    tag = (f"mla-prefill-{_SHORT[dtype]}-p{page_size}-h{heads}-b{len(kv_lens)}-L{max(kv_lens, default=0)}"
+           f"-q{max(q_lens, default=0)}" + ("" if causal else "-noncausal") + ("-lse" if lse else ""))
+    return Case("attention.mla_prefill", tag, (q_nope, q_pe, indptr(q_lens, device), ckv, kpe, table), kw, dtype)
 
 
 def merge_case(dtype: torch.dtype, tokens: int, heads: int, dim: int, device: torch.device | str,
@@ -401,6 +425,17 @@ def cases(op: str, device: torch.device, size: str) -> list[Case]:
                 mla_case(torch.bfloat16, tuple([0, 1] + [rng.randint(1, 2048) for _ in range(30)]), 16, 64, device,
                          lse=True, seed=1),
                 mla_case(torch.float16, tuple(rng.randint(1, 1024) for _ in range(16)), 128, 16, device, seed=2)]
+    if op == "attention.mla_prefill":
+        if size == "small":
+            return [mla_prefill_case(torch.float16, (0, 1, 37), (0, 1, 20), 4, 16, device),
+                    mla_prefill_case(torch.bfloat16, (23, 40, 5), (23, 1, 5), 2, 1, device, lse=True, seed=1),
+                    mla_prefill_case(torch.float32, (9, 17), (4, 17), 4, 16, device, lse=True, seed=2),
+                    mla_prefill_case(torch.float16, (12, 30), (12, 7), 2, 16, device, lse=True, causal=False, seed=3)]
+        lens = [rng.randint(1, 4096) for _ in range(8)]
+        return [mla_prefill_case(torch.bfloat16, (2048, 1500, 1, 600), (256, 300, 1, 600), 128, 64, device),
+                mla_prefill_case(torch.bfloat16, tuple(lens), tuple(rng.randint(1, min(n, 1024)) for n in lens), 16,
+                                 64, device, lse=True, seed=1),
+                mla_prefill_case(torch.float16, (1024, 200, 50), (1, 200, 17), 128, 16, device, lse=True, seed=2)]
     if op == "attention.dense":
         return [dense_case(s, device, seed=i) for i, s in enumerate(dense_specs(size))]
     if op == "attention.merge_states":
@@ -427,8 +462,8 @@ def example(op: str, device: torch.device | str = "cpu", **shape: Any) -> Case:
     num_kv_heads), head_dim, head_dim_v, page_size, dtype ("bf16"...), kv_dtype ("fp8"/"e4m3" for
     a quantised cache), layout, causal, soft_cap, window, lse, seed, variant (a name in
     ``variants_lib.VARIANTS``, with random parameters). MLA uses head_dim (latent, 512)
-    and head_dim_pe (64); merge_states uses tokens; dense uses q_len, kv_len and bias (none | bool |
-    float). Data is generated on ``device``.
+    and head_dim_pe (64) (MLA prefill also q_len and causal); merge_states uses tokens; dense uses q_len, kv_len
+    and bias (none | bool | float). Data is generated on ``device``.
     """
     batch = int(shape.get("batch", 4))
     kv_len = int(shape.get("kv_len", 1024))
@@ -439,6 +474,11 @@ def example(op: str, device: torch.device | str = "cpu", **shape: Any) -> Case:
     if op == "attention.mla_decode":
         return mla_case(dtype, (kv_len,) * batch, q_heads or 128, int(shape.get("page_size", 64)), device, lse, g,
                         int(shape.get("head_dim", 512)), int(shape.get("head_dim_pe", 64)), int(shape.get("q_len", 1)))
+    if op == "attention.mla_prefill":
+        q_len = min(int(shape.get("q_len", kv_len)), kv_len)
+        return mla_prefill_case(dtype, (kv_len,) * batch, (q_len,) * batch, q_heads or 128,
+                                int(shape.get("page_size", 64)), device, lse, bool(shape.get("causal", True)), g,
+                                int(shape.get("head_dim", 512)), int(shape.get("head_dim_pe", 64)))
     if op == "attention.merge_states":
         return merge_case(dtype, int(shape.get("tokens", batch)), q_heads or 32, int(shape.get("head_dim", 128)), device,
                           g)
