@@ -1,7 +1,10 @@
 """Paged decode attention: split-KV (flash-decoding) with GQA packing, plus the split merge.
 
 One program handles all query heads of one KV head (``BLOCK_H >= group`` rows, at least 16 for
-``tl.dot``) for one split of one request, so each KV page is read once. K/V tiles of ``BLOCK_N``
+``tl.dot``) for one split of one request, so each KV page is read once. Splits divide a request's KV
+evenly (their count chosen per batch to fill the GPU); in the batch-invariant scope they take a fixed
+number of tokens each (:data:`INVARIANT_SPLIT_TOKENS`), whatever the batch, and the partials are merged
+in split order by ``_merge_splits_ordered_kernel``, so a request's bits depend on the request alone. K/V tiles of ``BLOCK_N``
 tokens are gathered through the block table (token j -> page ``block_table[b, j // page_size]``,
 slot ``j % page_size``), which works for any page size and, through strides, for NHD and HND.
 Scores are kept in log2 units (``exp2``); LSE outputs are natural log, float32.
@@ -60,6 +63,7 @@ def _decode_split_kernel(
     PAGE_SIZE: tl.constexpr,  # tokens per page
     BLOCK_N: tl.constexpr,  # KV tokens per tile
     NUM_SPLITS: tl.constexpr,  # KV splits per request (grid dim 2)
+    SPLIT_TOKENS: tl.constexpr,  # KV tokens per split (a multiple of BLOCK_N), or 0: the span divided by NUM_SPLITS
     SOFT_CAP: tl.constexpr,  # apply the logits soft cap
     DOT_FP32: tl.constexpr,  # upcast dot operands to float32 (interpreter)
     SCORE_MOD: tl.constexpr,  # variant score hook (kernel_switchboard.variants) or None
@@ -77,7 +81,10 @@ def _decode_split_kernel(
     seq_len = tl.load(seq_lens_ptr + b)
     lo = tl.where(window_left >= 0, tl.maximum(seq_len - 1 - window_left, 0), 0)
     span = seq_len - lo
-    chunk = tl.cdiv(tl.cdiv(span, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    if SPLIT_TOKENS > 0:
+        chunk = SPLIT_TOKENS
+    else:
+        chunk = tl.cdiv(tl.cdiv(span, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = lo + split * chunk
     end = tl.minimum(start + chunk, seq_len)
 
@@ -185,6 +192,51 @@ def _merge_splits_kernel(
     tl.store(lse_ptr + b * stride_lb + h * stride_lh, lse_out)
 
 
+@triton.jit
+def _merge_splits_ordered_kernel(
+    po_ptr,  # float32 partial outputs (B, H, NUM_SPLITS, Dv)
+    plse_ptr,  # float32 partial LSE (B, H, NUM_SPLITS), natural log; -inf for empty splits
+    o_ptr,  # out (B, H, Dv), the query dtype
+    lse_ptr,  # float32 out LSE (B, H), natural log
+    stride_pb,  # partial out stride over batch
+    stride_ph,  # partial out stride over heads
+    stride_ps,  # partial out stride over splits
+    stride_plb,  # partial LSE stride over batch
+    stride_plh,  # partial LSE stride over heads (split stride 1)
+    stride_ob,  # out stride over batch
+    stride_oh,  # out stride over heads
+    stride_lb,  # out LSE stride over batch
+    stride_lh,  # out LSE stride over heads
+    HEAD_DIM_V: tl.constexpr,  # v head dim
+    BLOCK_DV: tl.constexpr,  # next power of two of HEAD_DIM_V
+    NUM_SPLITS: tl.constexpr,  # partials per (batch, head)
+):
+    """The merge of the batch-invariant scope: the partials added one by one in split order, empty splits skipped,
+    so a request's result does not depend on how many (empty) splits its batch launched."""
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    mask_dv = offs_dv < HEAD_DIM_V
+    lse_row = plse_ptr + b * stride_plb + h * stride_plh
+    m = float("-inf")
+    for s in range(NUM_SPLITS):
+        m = tl.maximum(m, tl.load(lse_row + s))
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    denom = 0.0
+    acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
+    for s in range(NUM_SPLITS):
+        lse_s = tl.load(lse_row + s)
+        keep = lse_s > float("-inf")
+        w = tl.exp2((lse_s - m_safe) * 1.4426950408889634)
+        po = tl.load(po_ptr + b * stride_pb + h * stride_ph + s * stride_ps + offs_dv, mask=mask_dv, other=0.0)
+        denom = tl.where(keep, denom + w, denom)
+        acc = tl.where(keep, acc + po * w, acc)
+    out = acc / tl.where(denom == 0.0, 1.0, denom)
+    tl.store(o_ptr + b * stride_ob + h * stride_oh + offs_dv, out.to(o_ptr.dtype.element_ty), mask=mask_dv)
+    lse_out = tl.where(denom > 0.0, m_safe + tl.log(tl.where(denom > 0.0, denom, 1.0)), float("-inf"))
+    tl.store(lse_ptr + b * stride_lb + h * stride_lh, lse_out)
+
+
 # -- launchers -----------------------------------------------------------------------------------
 class DecodeConfig(NamedTuple):
     """Static launch choices of one decode shape."""
@@ -196,6 +248,27 @@ class DecodeConfig(NamedTuple):
     num_stages: int
     #: interpreter: float32 dot operands for bf16 inputs (its bf16 tl.dot is wrong; fp16 runs natively)
     dot_fp32: bool
+    #: KV tokens per split (a multiple of block_n), merged in split order; 0: the span divided into num_splits
+    split_tokens: int = 0
+
+
+#: KV tokens per split in the batch-invariant scope (SGLang's deterministic FlashInfer decode uses 2048 too):
+#: a request of L tokens takes cdiv(L, 2048) splits whatever its batch (the interpreter: 32, so tiny tests split)
+INVARIANT_SPLIT_TOKENS = 2048
+INTERPRETED_SPLIT_TOKENS = 32
+
+
+@functools.lru_cache(maxsize=256)
+def invariant_decode_config(device: torch.device, group: int, head_dim: int, kv_len: int) -> DecodeConfig:
+    """The batch-invariant scope's decode configuration: tiles by head dims only and splits of
+    :data:`INVARIANT_SPLIT_TOKENS` (as many as the longest request needs), never by batch size."""
+    block_h = max(16, triton.next_power_of_2(group))
+    if interpreting():
+        splits = max(1, triton.cdiv(kv_len, INTERPRETED_SPLIT_TOKENS))
+        return DecodeConfig(block_h, 16, splits, 1, 1, True, INTERPRETED_SPLIT_TOKENS)
+    splits = max(1, triton.cdiv(kv_len, INVARIANT_SPLIT_TOKENS))
+    block_n = 64 if head_dim <= 128 else 32  # divides the split
+    return DecodeConfig(block_h, block_n, splits, 4, 3 if cc_major(device) >= 9 else 2, False, INVARIANT_SPLIT_TOKENS)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -236,7 +309,7 @@ class DecodePlan:
     def __init__(self, table: Any, *, num_q_heads: int, num_kv_heads: int, head_dim: int, head_dim_v: int,
                  sm_scale: float, logits_soft_cap: float | None, window_left: int, max_kv_len: int,
                  num_splits: int | None = None, cfg: DecodeConfig | None = None,
-                 dtype: torch.dtype | None = None, variant: Any = None) -> None:
+                 dtype: torch.dtype | None = None, variant: Any = None, invariant: bool = False) -> None:
         device = table.block_table.device
         self.variant = variant
         if variant is not None and variant.variant.needs_single_split:
@@ -244,17 +317,21 @@ class DecodePlan:
         batch = table.block_table.shape[0]
         self.table = table
         self.group = num_q_heads // num_kv_heads
-        if cfg is None or (num_splits == 1 and cfg.num_splits != 1):
+        if invariant and num_splits != 1:  # fixed split size (one split: the whole KV, invariant as it is)
+            cfg = invariant_decode_config(device, self.group, head_dim, max_kv_len)
+        elif cfg is None or (num_splits == 1 and cfg.num_splits != 1):
             cfg = decode_config(device, batch, num_kv_heads, self.group, head_dim, round_len(max_kv_len), num_splits)
         self.cfg = cfg
         self.sm_scale, self.soft_cap, self.window_left = sm_scale, logits_soft_cap, window_left
         s = self.cfg.num_splits
+        partials = s > 1 or self.cfg.split_tokens > 0  # the batch-invariant merge runs even for one split
         #: LSE scratch for runs that do not ask for it (the kernels always write one)
         self.lse_scratch = torch.empty(batch, num_q_heads, device=device, dtype=torch.float32)
         #: output of runs that pass none (only when the plan knows the query dtype)
         self.out = None if dtype is None else torch.empty(batch, num_q_heads, head_dim_v, device=device, dtype=dtype)
-        self.part_out = torch.empty(batch, num_q_heads, s, head_dim_v, device=device, dtype=torch.float32) if s > 1 else None
-        self.part_lse = torch.empty(batch, num_q_heads, s, device=device, dtype=torch.float32) if s > 1 else None
+        self.part_out = torch.empty(batch, num_q_heads, s, head_dim_v, device=device, dtype=torch.float32) if partials \
+            else None
+        self.part_lse = torch.empty(batch, num_q_heads, s, device=device, dtype=torch.float32) if partials else None
 
     def run(self, q: torch.Tensor, cache: Any, out: torch.Tensor | None = None,
             lse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -287,7 +364,7 @@ def launch_decode(q: torch.Tensor, cache: Any, table: Any, out: torch.Tensor, ls
     batch, kv_heads, splits = q.shape[0], cache.num_kv_heads, cfg.num_splits
     head_dim, head_dim_v = q.shape[2], v.shape[-1]
     bt = table.block_table
-    if splits == 1:
+    if splits == 1 and not cfg.split_tokens:
         o, lp = out, lse
         osb, osh, oss, lsb, lsh = out.stride(0), out.stride(1), 0, lse.stride(0), lse.stride(1)
     elif part_out is None or part_lse is None:
@@ -304,17 +381,30 @@ def launch_decode(q: torch.Tensor, cache: Any, table: Any, out: torch.Tensor, ls
         qk_scale, cap_log2, cache.v_scale if fp8 else 1.0, window_left, vargs,
         GROUP=group, BLOCK_H=cfg.block_h, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v,
         BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_DV=triton.next_power_of_2(head_dim_v),
-        PAGE_SIZE=cache.page_size, BLOCK_N=cfg.block_n, NUM_SPLITS=splits, SOFT_CAP=soft_cap is not None,
+        PAGE_SIZE=cache.page_size, BLOCK_N=cfg.block_n, NUM_SPLITS=splits, SPLIT_TOKENS=cfg.split_tokens,
+        SOFT_CAP=soft_cap is not None,
         DOT_FP32=cfg.dot_fp32 and q.dtype == torch.bfloat16,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **hooks,
     )
-    if splits > 1:
+    if cfg.split_tokens:  # batch invariant: always the partials, merged in split order
+        launch_merge_splits(o, lp, out, lse, ordered=True)
+    elif splits > 1:
         launch_merge_splits(o, lp, out, lse)
 
 
-def launch_merge_splits(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
-    """Merge (B, H, S, Dv) float32 partials with their (B, H, S) LSE into ``out`` (B, H, Dv) and ``lse`` (B, H)."""
+def launch_merge_splits(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                        ordered: bool = False) -> None:
+    """Merge (B, H, S, Dv) float32 partials with their (B, H, S) LSE into ``out`` (B, H, Dv) and ``lse`` (B, H);
+    ``ordered``: add them one by one in split order (the batch-invariant merge)."""
     batch, heads, splits, dv = part_out.shape
+    if ordered:
+        _merge_splits_ordered_kernel[(batch, heads)](
+            part_out, part_lse, out, lse,
+            part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
+            out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
+            HEAD_DIM_V=dv, BLOCK_DV=triton.next_power_of_2(dv), NUM_SPLITS=splits, num_warps=4 if dv >= 256 else 2,
+        )
+        return
     _merge_splits_kernel[(batch, heads)](
         part_out, part_lse, out, lse,
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
@@ -328,7 +418,8 @@ def decode(q: torch.Tensor, cache: Any, table: Any, p: Any) -> tuple[torch.Tenso
     """The ``attention.decode`` kernel: q (B, Hq, D) -> (out (B, Hq, Dv), lse (B, Hq) float32 or None)."""
     plan = DecodePlan(table, num_q_heads=q.shape[1], num_kv_heads=cache.num_kv_heads, head_dim=q.shape[2],
                       head_dim_v=cache.head_dim_v, sm_scale=p.sm_scale, logits_soft_cap=p.logits_soft_cap,
-                      window_left=p.window_left, max_kv_len=p.max_kv_len, variant=getattr(p, "variant", None))
+                      window_left=p.window_left, max_kv_len=p.max_kv_len, variant=getattr(p, "variant", None),
+                      invariant=getattr(p, "batch_invariant", False))
     out = q.new_empty(q.shape[0], q.shape[1], cache.head_dim_v)
     lse = q.new_empty(q.shape[0], q.shape[1], dtype=torch.float32) if p.return_lse else None
     plan.run(q, cache, out, lse)
@@ -343,7 +434,8 @@ class DecodeRunner:
         self.plan = DecodePlan(table, num_q_heads=problem.num_q_heads, num_kv_heads=problem.num_kv_heads,
                                head_dim=problem.head_dim, head_dim_v=problem.head_dim_v, sm_scale=p.sm_scale,
                                logits_soft_cap=p.logits_soft_cap, window_left=p.window_left, max_kv_len=p.max_kv_len,
-                               num_splits=num_splits, variant=getattr(p, "variant", None))
+                               num_splits=num_splits, variant=getattr(p, "variant", None),
+                               invariant=getattr(p, "batch_invariant", False))
         self.head_dim_v, self.want_lse = problem.head_dim_v, p.return_lse
 
     def run(self, q: torch.Tensor, cache: Any, out: torch.Tensor | None, lse: torch.Tensor | None

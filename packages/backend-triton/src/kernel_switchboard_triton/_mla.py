@@ -382,7 +382,8 @@ class MLARunner:
     table) whose runs write the given ``out`` / ``lse`` or new ones (the core's runner contract)."""
 
     def __init__(self, problem: Any, table: Any, p: Any, **_: Any) -> None:
-        self.plan = MLAPlan(table, problem.num_q_heads, problem.head_dim, problem.page_size, p.sm_scale, p.max_kv_len)
+        self.plan = MLAPlan(table, problem.num_q_heads, problem.head_dim, problem.page_size, p.sm_scale, p.max_kv_len,
+                            invariant_config(table, problem, p))
         self.want_lse = p.return_lse
 
     def run(self, q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_pages: torch.Tensor, kpe_pages: torch.Tensor,
@@ -395,9 +396,22 @@ class MLARunner:
 plan_mla = MLARunner
 
 
+def invariant_config(table: Any, problem: Any, p: Any) -> MLAConfig | None:
+    """In the batch-invariant scope (``p.batch_invariant``), one KV split whatever the batch: each (request, head
+    tile) streams its whole KV, so its bits depend on the request alone; None otherwise (the split count is
+    chosen for the batch)."""
+    if not getattr(p, "batch_invariant", False):
+        return None
+    return mla_config(table.block_table.device, table.block_table.shape[0], problem.num_q_heads,
+                      round_len(p.max_kv_len), problem.page_size, 1)
+
+
 def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_pages: torch.Tensor, kpe_pages: torch.Tensor,
                table: Any, p: Any, cfg: MLAConfig | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The ``attention.mla_decode`` kernel: q_nope (B, H, 512), q_pe (B, H, 64) -> out (B, H, 512), lse (B, H)."""
+    if cfg is None and getattr(p, "batch_invariant", False):
+        cfg = mla_config(table.block_table.device, q_nope.shape[0], q_nope.shape[1], round_len(p.max_kv_len),
+                         ckv_pages.shape[1], 1)
     plan = MLAPlan(table, q_nope.shape[1], q_nope.shape[2], ckv_pages.shape[1], p.sm_scale, p.max_kv_len, cfg)
     out, lse = plan.run(q_nope, q_pe, ckv_pages, kpe_pages, q_nope.new_empty(q_nope.shape))
     return out, (lse if p.return_lse else None)

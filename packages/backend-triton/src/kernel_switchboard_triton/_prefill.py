@@ -14,6 +14,10 @@ KV head varying fastest so that the heavy (late causal) tiles of every head run 
 
 The KV loop runs in three parts: masked tiles at the window's start, unmasked tiles, then
 masked tiles at the causal diagonal / the end of the sequence.
+
+A row's result depends on its request and on the tile shape alone (tiles never mix requests, and a request's tiles
+start at its first row). The tile shape follows the batch's longest query (short tiles for decode rows) except in the
+batch-invariant scope, where it is the one of :data:`INVARIANT_ROWS` rows whatever the batch.
 """
 
 from __future__ import annotations
@@ -378,6 +382,19 @@ class PrefillConfig(NamedTuple):
     diag_n: int = 0
 
 
+#: the packed rows the tile shape is chosen for in the batch-invariant scope (128-row tiles on Hopper at head dims up
+#: to 128, as a long prefill takes; 64 elsewhere)
+INVARIANT_ROWS = 128
+
+
+def rows_bucket(p: Any, group: int) -> int:
+    """The ``rows_bucket`` of :func:`prefill_config` for a call: its longest query's packed rows, or
+    :data:`INVARIANT_ROWS` in the batch-invariant scope."""
+    if getattr(p, "batch_invariant", False):
+        return INVARIANT_ROWS
+    return triton.next_power_of_2(max(1, p.max_q_len) * group)
+
+
 @functools.lru_cache(maxsize=1024)
 def prefill_config(device: torch.device, head_dim: int, head_dim_v: int, rows_bucket: int) -> PrefillConfig:
     """Tiles for a prefill shape; ``rows_bucket`` = max_q_len * group, bucketed (small for decode rows)."""
@@ -456,7 +473,7 @@ def launch_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr:
     batch = qo_indptr.shape[0] - 1
     dv = v.shape[-1]
     if cfg is None:
-        cfg = prefill_config(q.device, d, dv, triton.next_power_of_2(max(1, p.max_q_len) * group))
+        cfg = prefill_config(q.device, d, dv, rows_bucket(p, group))
     main, tail = split_dim(d)
     qk_scale, cap_log2 = soft_cap_args(p.sm_scale, p.logits_soft_cap, k_scale)
     slots = tq * group // cfg.block_m + batch
@@ -516,8 +533,8 @@ class PrefillPlan:
 
     def __init__(self, problem: Any, table: Any, p: Any, *, qo_indptr: torch.Tensor, **_: Any) -> None:
         self.table, self.p, self.qo_indptr = table, p, qo_indptr
-        rows = triton.next_power_of_2(max(1, p.max_q_len) * problem.group_size)
-        self.cfg = prefill_config(table.block_table.device, problem.head_dim, problem.head_dim_v, rows)
+        self.cfg = prefill_config(table.block_table.device, problem.head_dim, problem.head_dim_v,
+                                  rows_bucket(p, problem.group_size))
 
     def run(self, q: torch.Tensor, cache: Any, out: torch.Tensor | None, lse: torch.Tensor | None
             ) -> tuple[torch.Tensor, torch.Tensor | None]:

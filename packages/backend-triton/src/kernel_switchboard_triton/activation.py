@@ -84,7 +84,7 @@ def _cost(problem: Any) -> float:
     return memory_bound(problem, 3 * problem.rows * problem.hidden * problem.dtype.itemsize)
 
 
-_CAP = Capability(devices=DEVICES, dtypes=DTYPES, features=frozenset({"cuda_graph", "deterministic"}))
+_CAP = Capability(devices=DEVICES, dtypes=DTYPES, features=frozenset({"cuda_graph", "deterministic", "batch_invariant"}))
 
 
 def kernels() -> list[Kernel]:

@@ -10,7 +10,9 @@ Capabilities state exactly what the kernels do:
 - head dims 64, 80, 96, 128, 192, 256 (prefill splits the qk dot into power-of-two parts, 192 = 128 + 64,
   96 = 64 + 32, 80 = 64 + 16, and takes no custom variant at 80; decode and the v dims pad to a power of two in
   registers); any page size; NHD and HND;
-- soft cap, sliding window, LSE, and CUDA-graph capturable runs; deterministic (no atomics);
+- soft cap, sliding window, LSE, and CUDA-graph capturable runs; deterministic (no atomics); batch invariant in
+  ``ksb.batch_invariant()`` (decode: splits of a fixed token count merged in order; prefill: one tile shape; MLA
+  decode: one split; MLA prefill, dense and merge as they are);
 - custom variants (``kernel_switchboard.Variant``) in decode / prefill / ragged prefill: the hooks
   are ``tl.constexpr`` kernel arguments, so Triton compiles and caches one kernel per variant;
 - ``attention.dense`` (``dense.py``): the ragged prefill kernel with the bias or mask read by a variant hook.
@@ -48,7 +50,7 @@ _HALF = frozenset({torch.float16, torch.bfloat16})
 _FP8 = frozenset({torch.float8_e4m3fn, torch.float8_e5m2})
 _DIMS = frozenset({64, 80, 96, 128, 192, 256})
 _COMMON = frozenset({"sliding_window", "soft_cap", "return_lse", "qk_v_dims_differ", "cuda_graph", "deterministic",
-                     "custom_variant"})
+                     "custom_variant", "batch_invariant"})
 
 DECODE = Capability(
     devices=DEVICES, min_cc=(8, 0), dtypes=_HALF, kv_dtypes=_HALF | _FP8, head_dims=_DIMS,
@@ -79,23 +81,24 @@ RAGGED = Capability(
 MLA = Capability(
     devices=DEVICES, min_cc=(8, 0), dtypes=_HALF, kv_dtypes=_HALF, head_dims=frozenset({512}),
     head_dims_v=frozenset({512}), page_sizes=None,
-    features=frozenset({"paged", "return_lse", "cuda_graph", "deterministic"}),
+    features=frozenset({"paged", "return_lse", "cuda_graph", "deterministic", "batch_invariant"}),
     allowed={"head_dim_pe": frozenset({64})},
 )
 MLA_PREFILL = Capability(
     devices=DEVICES, min_cc=(8, 0), dtypes=_HALF, kv_dtypes=_HALF, head_dims=frozenset({512}),
     head_dims_v=frozenset({512}), page_sizes=None,
-    features=frozenset({"paged", "causal", "mixed_batch", "return_lse", "cuda_graph", "deterministic"}),
+    features=frozenset({"paged", "causal", "mixed_batch", "return_lse", "cuda_graph", "deterministic",
+                        "batch_invariant"}),
     allowed={"head_dim_pe": frozenset({64})},
 )
 DENSE = Capability(
     devices=DEVICES, min_cc=(8, 0), dtypes=_HALF, head_dims=_DIMS, head_dims_v=_DIMS,
-    features=frozenset({"causal", "attn_bias", "qk_v_dims_differ", "cuda_graph", "deterministic"}),
+    features=frozenset({"causal", "attn_bias", "qk_v_dims_differ", "cuda_graph", "deterministic", "batch_invariant"}),
     limits={"group_size": 64},
 )
 MERGE = Capability(
     devices=DEVICES, min_cc=(8, 0), dtypes=_HALF | {torch.float32},
-    features=frozenset({"cuda_graph", "deterministic"}),
+    features=frozenset({"cuda_graph", "deterministic", "batch_invariant"}),
 )
 
 

@@ -23,6 +23,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernel_switchboard import Capability, Kernel
 from kernel_switchboard.availability import triton_interpreting
+from kernel_switchboard.invariance import active as invariant_scope
 
 from . import _gemm_kernels as K
 from ._common import BACKEND, DEVICES, PRIORITY, gluon_hopper, has_tma, row_major_for_tma
@@ -115,6 +116,11 @@ def _descriptors(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, t: Tiles, b_
             TensorDescriptor.from_tensor(c, [t.block_m, t.block_n]))
 
 
+#: the row count whose tiles every matmul takes in the batch-invariant scope, with the pointer kernel: a row's K
+#: steps (and the MMA shapes) must not change with the number of rows
+INVARIANT_M = 4096
+
+
 def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     m, k = a.shape
     n = b.shape[1]
@@ -123,9 +129,10 @@ def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return c
     if k == 0:
         return c.zero_()
-    t = mm_tiles(m, n, k, a.dtype)
+    invariant = invariant_scope()
+    t = mm_tiles(INVARIANT_M if invariant else m, n, k, a.dtype)
     b_kmajor = _b_layout(b)
-    if a.dtype != torch.float32 and m >= TMA_MIN_M and b_kmajor is not None and row_major_for_tma(a) \
+    if not invariant and a.dtype != torch.float32 and m >= TMA_MIN_M and b_kmajor is not None and row_major_for_tma(a) \
             and row_major_for_tma(c) and has_tma(a.device):
         a_desc, b_desc, c_desc = _descriptors(a, b, c, t, b_kmajor)
         grid = _tma_grid(m, n, t, a.device)
@@ -157,13 +164,14 @@ def mm_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: tor
         return c.zero_()
     sa = scale_a.reshape(1, 1) if scale_mode == "tensor" else scale_a
     sb = scale_b.reshape(1, 1) if scale_mode == "tensor" else scale_b
-    tma = m >= TMA_MIN_M and _b_layout(b) is True and row_major_for_tma(a) and row_major_for_tma(c) \
+    invariant = invariant_scope()  # fixed tiles, the pointer kernel (see INVARIANT_M)
+    tma = not invariant and m >= TMA_MIN_M and _b_layout(b) is True and row_major_for_tma(a) and row_major_for_tma(c) \
         and has_tma(a.device)
     if tma and scale_mode == "block" and GLUON_FP8 and gluon_hopper(a.device):
         from . import _gemm_gluon
 
         return _gemm_gluon.mm_fp8_block(a, b, sa, sb, c)
-    t = fp8_tiles(m, n, k, scale_mode, tma)
+    t = fp8_tiles(INVARIANT_M if invariant else m, n, k, scale_mode, tma)
     if tma:
         a_desc, b_desc, c_desc = _descriptors(a, b, c, t, True)
         grid = _tma_grid(m, n, t, a.device)
@@ -233,14 +241,16 @@ def _cost(name: str) -> Callable[[Any], float]:
 
 
 _FEATURES = frozenset({"cuda_graph", "deterministic"})
+#: mm and mm_fp8: a row's result does not depend on the other rows (fixed tiles in the batch-invariant scope)
+_ROWS_FEATURES = _FEATURES | {"batch_invariant"}
 
 
 def kernels() -> list[Kernel]:
     return [
-        Kernel("gemm.mm", "mm", BACKEND, Capability(devices=DEVICES, dtypes=DTYPES, features=_FEATURES), mm,
+        Kernel("gemm.mm", "mm", BACKEND, Capability(devices=DEVICES, dtypes=DTYPES, features=_ROWS_FEATURES), mm,
                priority=PRIORITY, cost=_cost("mm"), doc="grouped-order tiled matmul, fixed tiles by shape, fp32 accumulation"),
         Kernel("gemm.mm_fp8", "mm_fp8", BACKEND,
-               Capability(devices=DEVICES, min_cc=(8, 9), dtypes=FP8, out_dtypes=FP8_OUT, features=_FEATURES,
+               Capability(devices=DEVICES, min_cc=(8, 9), dtypes=FP8, out_dtypes=FP8_OUT, features=_ROWS_FEATURES,
                           allowed={"scale_mode": frozenset({"tensor", "row_col", "block"})}),
                mm_fp8, priority=PRIORITY, cost=_cost("mm_fp8"),
                doc="e4m3 matmul; block scales applied per 128-wide K step in the accumulation loop (sm_90: the "

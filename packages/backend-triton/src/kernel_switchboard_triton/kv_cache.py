@@ -23,12 +23,13 @@ _FLOAT = frozenset({torch.float16, torch.bfloat16, torch.float32})
 APPEND = Capability(
     devices=DEVICES, min_cc=(8, 0), dtypes=_FLOAT, kv_dtypes=_FLOAT | {torch.float8_e4m3fn, torch.float8_e5m2},
     layouts=frozenset({"NHD", "HND"}),
-    features=frozenset({"paged", "in_place", "fp8_kv", "qk_v_dims_differ", "cuda_graph", "deterministic"}),
+    features=frozenset({"paged", "in_place", "fp8_kv", "qk_v_dims_differ", "cuda_graph", "deterministic",
+                        "batch_invariant"}),
     check=fp8_needs_sm89,
 )
 APPEND_MLA = Capability(
     devices=DEVICES, min_cc=(8, 0), dtypes=_FLOAT, kv_dtypes=_FLOAT,
-    features=frozenset({"paged", "in_place", "cuda_graph", "deterministic"}),
+    features=frozenset({"paged", "in_place", "cuda_graph", "deterministic", "batch_invariant"}),
 )
 
 

@@ -19,6 +19,7 @@ import triton
 
 from kernel_switchboard import Capability, Kernel
 from kernel_switchboard.availability import triton_interpreting
+from kernel_switchboard.invariance import active as invariant_scope
 
 from . import _moe_kernels as K
 from ._common import BACKEND, DEVICES, PRIORITY
@@ -110,7 +111,8 @@ def fused_moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tenso
         return torch.zeros_like(x)
     fp8 = w13_scale is not None
     fp32 = x.dtype == torch.float32
-    t = moe_tiles(n, experts, fp32, fp8)
+    invariant = invariant_scope()  # tiles of 64-assignment blocks whatever the batch, slots summed in order
+    t = moe_tiles(64 * experts if invariant else n, experts, fp32, fp8)
     sorted_ids, block_expert = sort_by_expert(topk_ids, experts, t.block_m)
     num_blocks = block_expert.numel()
     w13c, w2c = w13.contiguous(), w2.contiguous()
@@ -139,7 +141,13 @@ def fused_moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tenso
     )
     if top_k == 1:
         return y
-    return y.view(tokens, top_k, hidden).sum(dim=1, dtype=torch.float32).to(x.dtype)
+    slots = y.view(tokens, top_k, hidden)
+    if invariant:  # torch's reduction may split a small batch's sum across threads: add the slots one by one
+        total = slots[:, 0].float()
+        for j in range(1, top_k):
+            total = total + slots[:, j]
+        return total.to(x.dtype)
+    return slots.sum(dim=1, dtype=torch.float32).to(x.dtype)
 
 
 # -- capability and cost ----------------------------------------------------------------------------
@@ -163,7 +171,7 @@ def _fp8_needs_sm89(problem: Any) -> list[str]:
     return []
 
 
-_CAP = Capability(devices=DEVICES, dtypes=DTYPES, features=frozenset({"cuda_graph", "deterministic"}),
+_CAP = Capability(devices=DEVICES, dtypes=DTYPES, features=frozenset({"cuda_graph", "deterministic", "batch_invariant"}),
                   allowed={"quant": frozenset({"none", "fp8_block"})}, check=_fp8_needs_sm89)
 
 

@@ -14,6 +14,7 @@ import torch
 import triton
 
 from kernel_switchboard import Capability, Kernel
+from kernel_switchboard.invariance import active as invariant_scope
 
 from . import _norm_kernels as K
 from ._common import BACKEND, DEVICES, PRIORITY
@@ -38,6 +39,12 @@ def block_config(rows: int, n: int) -> tuple[int, int, int] | None:
     return block_m, block_n, num_warps
 
 
+def _rows_per_program(rows: int) -> int:
+    """The row count the block shape is chosen for: the batch's (up to 16), or 16 whatever the batch in the
+    batch-invariant scope (the tile, and so the reduction layout of a row, must not change with the batch)."""
+    return 16 if invariant_scope() else min(rows, 16)
+
+
 def _looped_warps() -> int:
     return 8
 
@@ -47,7 +54,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) -> 
     y = torch.empty((rows, n), dtype=x.dtype, device=x.device)
     if rows == 0:
         return y
-    cfg = block_config(min(rows, 16), n)
+    cfg = block_config(_rows_per_program(rows), n)
     if cfg is None:
         K._rms_norm_looped[(rows,)](x, y, weight, n, x.stride(0), y.stride(0), eps, GEMMA=gemma, BLOCK_N=LOOP_BLOCK,
                                     num_warps=_looped_warps())
@@ -62,7 +69,7 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     rows, n = x.shape
     if rows == 0:
         return
-    cfg = block_config(min(rows, 16), n)
+    cfg = block_config(_rows_per_program(rows), n)
     if cfg is None:
         K._fused_add_rms_norm_looped[(rows,)](x, residual, weight, n, x.stride(0), residual.stride(0), eps, GEMMA=gemma,
                                               BLOCK_N=LOOP_BLOCK, num_warps=_looped_warps())
@@ -79,7 +86,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         return y
     has_bias = bias is not None
     b = bias if has_bias else weight
-    cfg = block_config(min(rows, 16), n)
+    cfg = block_config(_rows_per_program(rows), n)
     if cfg is None:
         K._layer_norm_looped[(rows,)](x, y, weight, b, n, x.stride(0), y.stride(0), eps, HAS_BIAS=has_bias,
                                       BLOCK_N=LOOP_BLOCK, num_warps=_looped_warps())
@@ -94,7 +101,8 @@ def _bytes(problem: Any, tensors: int) -> float:
     return tensors * problem.rows * problem.hidden * problem.dtype.itemsize
 
 
-_FEATURES = frozenset({"cuda_graph", "deterministic"})
+#: batch invariant: a row's reduction layout is fixed by its width (and 16 rows per tile inside the scope)
+_FEATURES = frozenset({"cuda_graph", "deterministic", "batch_invariant"})
 _CAP = Capability(devices=DEVICES, dtypes=DTYPES, features=_FEATURES)
 _CAP_IN_PLACE = Capability(devices=DEVICES, dtypes=DTYPES, features=_FEATURES | {"in_place"})
 

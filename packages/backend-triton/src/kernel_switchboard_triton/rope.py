@@ -149,7 +149,8 @@ def _cost(problem: Any) -> float:
     return memory_bound(problem, 2 * tokens * heads * head_dim * problem.dtype.itemsize)
 
 
-_CAP = Capability(devices=DEVICES, dtypes=DTYPES, features=frozenset({"cuda_graph", "deterministic", "in_place"}))
+_CAP = Capability(devices=DEVICES, dtypes=DTYPES, features=frozenset({"cuda_graph", "deterministic", "in_place",
+                                                                                 "batch_invariant"}))
 
 
 def kernels() -> list[Kernel]:

@@ -10,6 +10,7 @@ positive mass (possible only with ``check_nan=False``) still gets an in-range to
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, NamedTuple
 
@@ -18,13 +19,15 @@ import triton
 
 from kernel_switchboard import Capability, Kernel
 from kernel_switchboard.availability import triton_interpreting
+from kernel_switchboard.invariance import active as invariant_scope
+from kernel_switchboard.invariance import one_request_draws
 
 from . import _sampling_kernels as K
 from ._common import BACKEND, DEVICES, PRIORITY
 from ._perf import memory_bound
 
 DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
-FEATURES = frozenset({"cuda_graph", "deterministic", "generator", "per_row_params"})
+FEATURES = frozenset({"cuda_graph", "deterministic", "generator", "per_row_params", "batch_invariant"})
 #: candidates checked per pass of the top-p rejection loop, and the bound on those passes
 NUM_CAND = 4
 MAX_ROUNDS = 16
@@ -144,7 +147,7 @@ def renorm(probs: torch.Tensor, top_k: Any, top_p: Any, min_p: Any) -> torch.Ten
         return out
     if probs.stride(1) != 1:
         probs = probs.contiguous()
-    cfg = _config(batch, vocab, SEARCH_WALK)
+    cfg = _config(1 if invariant_scope() else batch, vocab, SEARCH_WALK)  # the scope: one row per program
     has_k, k_rows, k_t, k_v = _split(top_k, torch.int32, probs.device)
     has_p, p_rows, p_t, p_v = _split(top_p, torch.float32, probs.device)
     has_m, m_rows, m_t, m_v = _split(min_p, torch.float32, probs.device)
@@ -196,14 +199,16 @@ def _spec_cost(problem: Any) -> float:
 
 
 _CAP = Capability(devices=DEVICES, dtypes=DTYPES, features=FEATURES)
+#: a draw is batch invariant for a batch of one request only (the batch shares one random stream)
+_DRAWS = dataclasses.replace(_CAP, check=one_request_draws)
 
 
 def kernels() -> list[Kernel]:
     return [
-        Kernel("sampling.top_k_top_p", "top_k_top_p", BACKEND, _CAP, top_k_top_p, priority=PRIORITY, cost=_sample_cost,
+        Kernel("sampling.top_k_top_p", "top_k_top_p", BACKEND, _DRAWS, top_k_top_p, priority=PRIORITY, cost=_sample_cost,
                doc="sorting-free: exact top-k threshold search, top-p by rejection with 4 candidates per pass"),
         Kernel("sampling.renorm", "renorm", BACKEND, _CAP, renorm, priority=PRIORITY, cost=_renorm_cost,
                doc="exact top-k / top-p / min-p thresholds by pivot search, then one normalised write"),
-        Kernel("sampling.chain_speculative", "chain_speculative", BACKEND, _CAP, chain_speculative, priority=PRIORITY,
+        Kernel("sampling.chain_speculative", "chain_speculative", BACKEND, _DRAWS, chain_speculative, priority=PRIORITY,
                cost=_spec_cost, doc="acceptance tests, then the residual draw by inverse CDF, one program per row tile"),
     ]

@@ -14,6 +14,7 @@ from .capability import Capability
 from .dispatch import Selection, autotune, clear_cache, explain, select, use
 from .errors import InvalidArgumentError, KernelUnavailableError, NoEligibleKernelError, SwitchboardError
 from .hookspecs import hookimpl
+from .invariance import batch_invariant
 from .ops import activation, attention, comm, gemm, kv_cache, moe, norm, rope, sampling
 from .paged import PagedKVCache, PageTable
 from .registry import Backend, Kernel, eager_host_floor, registry
@@ -35,6 +36,7 @@ __all__ = [
     "activation",
     "attention",
     "autotune",
+    "batch_invariant",
     "clear_cache",
     "comm",
     "eager_host_floor",

@@ -43,6 +43,7 @@ FEATURES = frozenset(
         "qk_v_dims_differ",  # head_dim != head_dim_v
         "cuda_graph",  # the call is being captured in a CUDA graph
         "deterministic",  # bitwise reproducible results requested
+        "batch_invariant",  # a request's results must not depend on its batch (ksb.batch_invariant())
         "generator",  # a torch.Generator was passed (sampling)
         "per_row_params",  # per-request sampling parameters given as tensors
         "in_place",  # the op writes into its inputs

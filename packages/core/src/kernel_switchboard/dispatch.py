@@ -15,6 +15,10 @@ explicit choice, for in-place ops, for sampling ops (timing runs would consume t
 stream), for collectives (``comm.*``: every rank must pick the same kernel, and one rank's timings may differ
 from another's), inside CUDA-graph capture, or with ``KSB_TUNE_CACHE=off``.
 
+Inside a :func:`~kernel_switchboard.batch_invariant` scope the problem carries the feature ``batch_invariant`` and
+the eligible kernels are ranked by explicit choice, then priority alone (keys 2-4 change with the batch size bucket
+or over time; see :mod:`.invariance`), and nothing is autotuned.
+
 Selections are cached by ``(op, problem, preferences, registry generation, tuning generation)``.
 """
 
@@ -28,7 +32,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import tuning
+from . import invariance, tuning
 from .errors import KernelUnavailableError, NoEligibleKernelError
 from .registry import Kernel, registry
 
@@ -166,6 +170,8 @@ def select(op: str, problem: Any, backend: str | Sequence[str] | None = None) ->
 
     Preferences: a per-call ``backend`` (strict), else the innermost :func:`use` scope, else ``KSB_PREFER``.
     """
+    if invariance.SCOPE.get():
+        problem = invariance.mark(problem)
     if backend is None:
         prefs, strict = _scoped.get() or _ENV_PREFER, False
     else:
@@ -199,14 +205,16 @@ def _select_cold(op: str, problem: Any, prefs: tuple[str, ...], strict: bool) ->
     kernels = registry.kernels(op)
     if not kernels:
         raise NoEligibleKernelError(f"no kernel is registered for op {op!r}; known ops: {', '.join(registry.ops())}")
-    tuned_id = tuning.lookup(op, problem)
+    features: frozenset[str] = getattr(problem, "features", frozenset())
+    invariant = invariance.FEATURE in features
+    tuned_id = None if invariant else tuning.lookup(op, problem)
     cands: list[Candidate] = []
     for k in kernels:
         reasons = k.reasons(problem)
         cand = Candidate(k, reasons)
         if not reasons:
             cand.cost = _safe_cost(k, problem)
-            cand.needs_build = bool(k.needs_build and k.needs_build(problem))
+            cand.needs_build = bool(k.needs_build and k.needs_build(problem)) and not invariant
             cand.tuned = tuned_id == k.id
         cand.preferred = next((i for i, p in enumerate(prefs) if _matches(k, p)), None)
         cands.append(cand)
@@ -232,6 +240,8 @@ def _select_cold(op: str, problem: Any, prefs: tuple[str, ...], strict: bool) ->
 
     def rank(c: Candidate) -> tuple[Any, ...]:
         pref = c.preferred if c.preferred is not None else math.inf
+        if invariant:  # the same kernel for every batch: nothing that varies with the size bucket or over time
+            return (pref, c.cost == math.inf, -c.kernel.priority)
         return (pref, not c.tuned, c.needs_build, c.cost if c.cost is not None else math.inf, -c.kernel.priority)
 
     eligible.sort(key=rank)
@@ -239,6 +249,8 @@ def _select_cold(op: str, problem: Any, prefs: tuple[str, ...], strict: bool) ->
     best = eligible[0]
     if best.preferred is not None:
         source = "explicit"
+    elif invariant:
+        source = "only" if len(eligible) == 1 else "priority"
     elif best.tuned:
         source = "tuned"
     elif len(eligible) == 1:
@@ -248,7 +260,10 @@ def _select_cold(op: str, problem: Any, prefs: tuple[str, ...], strict: bool) ->
     else:
         source = "priority"
     sel = Selection(op, problem, best.kernel, eligible + ineligible, source, prefs)
-    features: frozenset[str] = getattr(problem, "features", frozenset())
+    if invariant:
+        sel.notes.append("batch-invariant scope: only kernels declaring batch_invariant, ranked by priority (cost "
+                         "estimates and the autotune cache vary with the batch size)")
+        return sel
     # never for random ops (timing runs would consume the caller's generator), collectives (ranks timing apart
     # could pick different kernels, which would not meet) or in-place ops
     if (source in ("cost", "priority") and len(eligible) > 1 and getattr(problem, "device", None) == "cuda"

@@ -21,6 +21,8 @@ import torch
 from ..capability import bucket
 from ..device import is_capturing
 from ..errors import fail
+from ..invariance import FEATURE as INVARIANT
+from ..invariance import SCOPE as INVARIANT_SCOPE
 from ..paged import FP8_DTYPES, PagedKVCache, PageTable, TokenRows
 from ..variants import BoundVariant, bind
 from ._common import FLOAT_DTYPES, check_same_device, check_tensor, device_info, device_key, graph_features
@@ -43,6 +45,8 @@ class AttnParams:
     max_q_len: int  # upper bound on any request's query count
     max_kv_len: int  # upper bound on any request's KV length
     variant: BoundVariant | None = None  # custom attention variant and its call-time args (variants.py)
+    #: made inside ``ksb.batch_invariant()``: kernels fix their split and tile choices (see invariance.py)
+    batch_invariant: bool = False
 
 
 class DecodeProblem(NamedTuple):
@@ -164,9 +168,10 @@ class MergeProblem(NamedTuple):
 # -- scalar parameters --------------------------------------------------------------------------------------
 def params(head_dim: int, sm_scale: Any, cap: Any, window: Any, causal: bool, return_lse: bool, max_q: int,
            max_kv: int, variant: Any = None, variant_args: Any = None, device: Any = None) -> AttnParams:
-    """Validated :class:`AttnParams`; ``variant`` / ``variant_args`` bound (and checked) on ``device``."""
+    """Validated :class:`AttnParams`; ``variant`` / ``variant_args`` bound (and checked) on ``device``;
+    ``batch_invariant`` inside a ``ksb.batch_invariant()`` scope."""
     try:
-        p = _params(head_dim, sm_scale, cap, window, causal, return_lse, max_q, max_kv)
+        p = _params(head_dim, sm_scale, cap, window, causal, return_lse, max_q, max_kv, INVARIANT_SCOPE.get())
     except TypeError:  # an unhashable scalar argument
         for name, value in (("sm_scale", sm_scale), ("logits_soft_cap", cap), ("window_left", window)):
             if not (value is None or isinstance(value, (int, float))):
@@ -179,7 +184,7 @@ def params(head_dim: int, sm_scale: Any, cap: Any, window: Any, causal: bool, re
 
 @functools.lru_cache(maxsize=1024)
 def _params(head_dim: int, sm_scale: Any, cap: Any, window: Any, causal: bool, return_lse: bool, max_q: int,
-            max_kv: int) -> AttnParams:
+            max_kv: int, invariant: bool = False) -> AttnParams:
     """Validated :class:`AttnParams` (cached: warm calls skip the checks)."""
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(head_dim)
@@ -192,7 +197,7 @@ def _params(head_dim: int, sm_scale: Any, cap: Any, window: Any, causal: bool, r
     elif not (isinstance(window, int) and window >= -1):
         raise fail("window_left", window, "an int >= -1 (-1 = no window) or None")
     return AttnParams(float(sm_scale), None if cap is None else float(cap), int(window), bool(causal),
-                      bool(return_lse), max_q, max_kv)
+                      bool(return_lse), max_q, max_kv, batch_invariant=invariant)
 
 
 # -- problem builders (the one construction of each problem type) ----------------------------------------
@@ -200,7 +205,7 @@ def _features(base: tuple[str, ...], p: AttnParams, fp8: bool, dims_differ: bool
               extra: frozenset[str]) -> frozenset[str]:
     flags = (("sliding_window", p.window_left >= 0), ("soft_cap", p.logits_soft_cap is not None),
              ("return_lse", p.return_lse), ("fp8_kv", fp8), ("qk_v_dims_differ", dims_differ),
-             ("mixed_batch", mixed), ("custom_variant", p.variant is not None))
+             ("mixed_batch", mixed), ("custom_variant", p.variant is not None), (INVARIANT, p.batch_invariant))
     return frozenset(base).union((name for name, on in flags if on), extra)
 
 
@@ -384,7 +389,7 @@ def decode_call(q: Any, cache: Any, table: Any, sm_scale: Any = None, logits_sof
     dev, cc = device_info(device)
     graph = _CAPTURE if dev == "cuda" and torch.cuda.is_current_stream_capturing() else _NO_FEATURES
     try:
-        p = _params(d, sm_scale, logits_soft_cap, window_left, True, return_lse, 1, max_kv)
+        p = _params(d, sm_scale, logits_soft_cap, window_left, True, return_lse, 1, max_kv, INVARIANT_SCOPE.get())
     except TypeError:
         p = params(d, sm_scale, logits_soft_cap, window_left, True, return_lse, 1, max_kv)
     if variant is not None or variant_args is not None:

@@ -10,7 +10,8 @@ import math
 import torch
 
 from ..registry import Kernel
-from ._cap import PRIORITY, REFERENCE_CAPTURABLE
+from ._cap import INVARIANT_CAPTURABLE, PRIORITY
+from ._rows import rowwise
 
 
 def _halves(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -36,10 +37,13 @@ def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 KERNELS = [
-    Kernel("activation.silu_and_mul", "silu_and_mul", "reference", REFERENCE_CAPTURABLE, silu_and_mul,
+    Kernel("activation.silu_and_mul", "silu_and_mul", "reference", INVARIANT_CAPTURABLE,
+           rowwise(silu_and_mul, rows=(0,)),
            priority=PRIORITY),
-    Kernel("activation.gelu_and_mul", "gelu_and_mul", "reference", REFERENCE_CAPTURABLE, gelu_and_mul,
+    Kernel("activation.gelu_and_mul", "gelu_and_mul", "reference", INVARIANT_CAPTURABLE,
+           rowwise(gelu_and_mul, rows=(0,)),
            priority=PRIORITY),
-    Kernel("activation.gelu_tanh_and_mul", "gelu_tanh_and_mul", "reference", REFERENCE_CAPTURABLE, gelu_tanh_and_mul,
+    Kernel("activation.gelu_tanh_and_mul", "gelu_tanh_and_mul", "reference", INVARIANT_CAPTURABLE,
+           rowwise(gelu_tanh_and_mul, rows=(0,)),
            priority=PRIORITY),
 ]

@@ -8,10 +8,15 @@ padded, batched torch ops whose sizes come only from host ints (shapes and ``Att
 Scheme: gather each request's K/V into ``(B, L, Hkv, D)`` (L = max_kv_len), scatter its queries
 into ``(B, M, Hq, D)`` (M = max_q_len), compute masked logits ``(B, Hkv, G, M, L)`` in batch
 chunks that bound memory, then scatter the rows back to the caller's layout.
+
+Batch invariance (``AttnParams.batch_invariant``, set inside ``ksb.batch_invariant()``): the padding to the batch's
+longest lengths would change the shapes (and so the reduction order) of a request's computation with its batch, so
+each request is attended alone on copies of its rows, with L and M its own lengths (read on the host once per call).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -19,7 +24,8 @@ import torch
 from ..ops.attention_runner import into
 from ..paged import PagedKVCache, PageTable
 from ..registry import Kernel
-from ._cap import PRIORITY, REFERENCE_CAPTURABLE
+from ._cap import INVARIANT_CAPTURABLE, PER_REQUEST, PRIORITY
+from ._rows import rowwise
 
 #: logits elements per chunk: bounds the reference's temporary memory to ~0.5-1 GB
 _CHUNK_ELEMS = 1 << 27
@@ -152,9 +158,10 @@ def gather_pages(cache: PagedKVCache, pages: torch.Tensor, slots: torch.Tensor, 
     return k, v
 
 
-def _paged_attend(q_pad: torch.Tensor, q_pos: torch.Tensor, cache: PagedKVCache, table: PageTable, p: Any
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Padded queries (B, M, Hq, D) against the paged cache, in batch chunks."""
+def _paged_attend(q_pad: torch.Tensor, q_pos: torch.Tensor, cache: PagedKVCache, table: PageTable, p: Any,
+                  batch0: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Padded queries (B, M, Hq, D) against the paged cache, in batch chunks; ``batch0``: the request index of row 0
+    (seen by a custom variant's hooks)."""
     b, m, hq, _ = q_pad.shape
     length = p.max_kv_len
     if b == 0 or length == 0 or cache.num_pages == 0:
@@ -166,10 +173,88 @@ def _paged_attend(q_pad: torch.Tensor, q_pos: torch.Tensor, cache: PagedKVCache,
         hi = min(b, lo + step)
         pages, slots = paged_slots(table.block_table[lo:hi], table.seq_lens[lo:hi], cache.page_size, length)
         k, v = gather_pages(cache, pages, slots, q_pad.dtype)
-        o, s = attend(q_pad[lo:hi], k, v, q_pos[lo:hi], seq_lens[lo:hi], p, lo)
+        o, s = attend(q_pad[lo:hi], k, v, q_pos[lo:hi], seq_lens[lo:hi], p, batch0 + lo)
         outs.append(o)
         lses.append(s)
     return _cat(outs), _cat(lses)
+
+
+# -- batch invariance: each request alone -----------------------------------------------------------------
+def _alone(p: Any, max_q: int, max_kv: int) -> Any:
+    """``p`` for one request of ``max_q`` queries and ``max_kv`` keys."""
+    return dataclasses.replace(p, max_q_len=max_q, max_kv_len=max_kv, batch_invariant=False)
+
+
+def _table_row(table: PageTable, b: int, length: int) -> PageTable:
+    """Request b's row of ``table`` as a table of its own (copies; ``length`` its sequence length)."""
+    return PageTable(table.block_table[b:b + 1].clone(), table.seq_lens[b:b + 1].clone(), max_seq_len=length)
+
+
+def _single(length: int, device: torch.device) -> torch.Tensor:
+    """qo_indptr / kv_indptr of one request of ``length`` rows."""
+    return torch.tensor([0, length], dtype=torch.int32, device=device)
+
+
+_Parts = list[tuple[torch.Tensor, torch.Tensor | None]]
+
+
+def _joined(parts: _Parts, p: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The requests' (out, lse) as the batch's (lse only when the call asked for it)."""
+    if not p.return_lse:
+        return torch.cat([o for o, _ in parts]), None
+    return torch.cat([o for o, _ in parts]), torch.cat([s for _, s in parts if s is not None])
+
+
+def _decode_each(q: torch.Tensor, cache: PagedKVCache, table: PageTable, p: Any
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    parts: _Parts = []
+    for b, n in enumerate(table.seq_lens.tolist()):
+        q_pos = torch.full((1, 1), n - 1, dtype=torch.int64, device=q.device)
+        out, lse = _paged_attend(q[b:b + 1].to(compute_dtype(q.dtype))[:, None], q_pos, cache, _table_row(table, b, n),
+                                 _alone(p, 1, n), b)
+        parts.append((out[:, 0].to(q.dtype), lse[:, 0]))
+    return _joined(parts, p)
+
+
+def _prefill_each(q: torch.Tensor, qo_indptr: torch.Tensor, cache: PagedKVCache, table: PageTable, p: Any
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    bounds, lens = qo_indptr.tolist(), table.seq_lens.tolist()
+    parts: _Parts = []
+    for b, n in enumerate(lens):
+        lo, hi = bounds[b], bounds[b + 1]
+        one = _single(hi - lo, q.device)
+        q_pad = pad_queries(q[lo:hi].clone(), *token_rows(one, hi - lo), 1, hi - lo)
+        q_pos = query_positions(one, table.seq_lens[b:b + 1], hi - lo)
+        out, lse = _paged_attend(q_pad, q_pos, cache, _table_row(table, b, n), _alone(p, hi - lo, n), b)
+        parts.append((out[0, :hi - lo].to(q.dtype), lse[0, :hi - lo]))
+    return _joined(parts, p)
+
+
+def _ragged_each(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
+                 p: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    q_bounds, kv_bounds = qo_indptr.tolist(), kv_indptr.tolist()
+    parts: _Parts = []
+    for b in range(len(q_bounds) - 1):
+        qlo, qhi, klo, khi = q_bounds[b], q_bounds[b + 1], kv_bounds[b], kv_bounds[b + 1]
+        parts.append(_ragged_padded(q[qlo:qhi].clone(), k[klo:khi].clone(), v[klo:khi].clone(),
+                                    _single(qhi - qlo, q.device), _single(khi - klo, q.device),
+                                    _alone(p, qhi - qlo, khi - klo), b))
+    return _joined(parts, p)
+
+
+def _latent_each(q_nope: torch.Tensor, q_pe: torch.Tensor, qo_bounds: list[int], ckv_pages: torch.Tensor,
+                 kpe_pages: torch.Tensor, table: PageTable, p: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """MLA (decode: ``qo_bounds`` = 0..B) one request at a time; its queries at the last positions of its sequence."""
+    parts: _Parts = []
+    for b, n in enumerate(table.seq_lens.tolist()):
+        lo, hi = qo_bounds[b], qo_bounds[b + 1]
+        one = _single(hi - lo, q_nope.device)
+        q = torch.cat((q_nope[lo:hi], q_pe[lo:hi]), dim=-1)
+        q_pad = pad_queries(q, *token_rows(one, hi - lo), 1, hi - lo)
+        q_pos = query_positions(one, table.seq_lens[b:b + 1], hi - lo)
+        out, lse = _latent_attend(q_pad, q_pos, ckv_pages, kpe_pages, _table_row(table, b, n), _alone(p, hi - lo, n))
+        parts.append((out[0, :hi - lo].to(q_nope.dtype), lse[0, :hi - lo]))
+    return _joined(parts, p)
 
 
 # -- query packing (prefill) ----------------------------------------------------------------------
@@ -200,6 +285,8 @@ def query_positions(qo_indptr: torch.Tensor, kv_len: torch.Tensor, max_q: int) -
 # -- kernels ---------------------------------------------------------------------------------------
 def decode(q: torch.Tensor, cache: PagedKVCache, table: PageTable, p: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     """q (B, Hq, D) -> out (B, Hq, Dv) q.dtype, lse (B, Hq) float32 or None."""
+    if getattr(p, "batch_invariant", False):
+        return _decode_each(q, cache, table, p)
     q_pos = (table.seq_lens.long() - 1)[:, None]
     out, lse = _paged_attend(q.to(compute_dtype(q.dtype))[:, None], q_pos, cache, table, p)
     return out[:, 0].to(q.dtype), (lse[:, 0] if p.return_lse else None)
@@ -208,6 +295,8 @@ def decode(q: torch.Tensor, cache: PagedKVCache, table: PageTable, p: Any) -> tu
 def prefill(q: torch.Tensor, qo_indptr: torch.Tensor, cache: PagedKVCache, table: PageTable, p: Any
             ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """q (Tq, Hq, D) packed by qo_indptr (B+1,) -> out (Tq, Hq, Dv), lse (Tq, Hq) float32 or None."""
+    if getattr(p, "batch_invariant", False):
+        return _prefill_each(q, qo_indptr, cache, table, p)
     rows, cols = token_rows(qo_indptr, q.shape[0])
     return _prefill_rows(q, qo_indptr, rows, cols, cache, table, p)
 
@@ -224,6 +313,13 @@ def _prefill_rows(q: torch.Tensor, qo_indptr: torch.Tensor, rows: torch.Tensor, 
 def prefill_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
                    p: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     """q (Tq, Hq, D), k (Tk, Hkv, D), v (Tk, Hkv, Dv) packed by the indptrs -> out (Tq, Hq, Dv), lse (Tq, Hq)."""
+    if getattr(p, "batch_invariant", False):
+        return _ragged_each(q, k, v, qo_indptr, kv_indptr, p)
+    return _ragged_padded(q, k, v, qo_indptr, kv_indptr, p)
+
+
+def _ragged_padded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
+                   p: Any, batch0: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
     b = qo_indptr.shape[0] - 1
     rows, cols = token_rows(qo_indptr, q.shape[0])
     q_pad = pad_queries(q, rows, cols, b, p.max_q_len)
@@ -243,7 +339,7 @@ def prefill_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr:
         valid = pos[None, :] < kv_len[lo:hi, None]
         tok = torch.where(valid, kv_ind[lo:hi, None] + pos[None, :], torch.zeros_like(valid, dtype=torch.int64))
         o, s = attend(q_pad[lo:hi], k[tok].to(q_pad.dtype), v[tok].to(q_pad.dtype), q_pos[lo:hi], kv_len[lo:hi], p,
-                      lo)
+                      batch0 + lo)
         outs.append(o)
         lses.append(s)
     out, lse = _cat(outs), _cat(lses)
@@ -279,6 +375,8 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_pages: torch.Tensor
 
     logits = (q_nope·ckv + q_pe·kpe) * sm_scale; out = softmax · ckv (B, H, Dc); lse (B, H).
     """
+    if getattr(p, "batch_invariant", False):
+        return _latent_each(q_nope, q_pe, list(range(q_nope.shape[0] + 1)), ckv_pages, kpe_pages, table, p)
     q = torch.cat((q_nope, q_pe), dim=-1).to(compute_dtype(q_nope.dtype))[:, None]  # (B, 1, H, Dc+Dr)
     q_pos = (table.seq_lens.long() - 1)[:, None]
     out, lse = _latent_attend(q, q_pos, ckv_pages, kpe_pages, table, p)
@@ -290,6 +388,8 @@ def mla_prefill(q_nope: torch.Tensor, q_pe: torch.Tensor, qo_indptr: torch.Tenso
     """Absorbed MLA over several new tokens per request: q_nope (Tq, H, Dc), q_pe (Tq, H, Dr) packed by qo_indptr
     (B+1,) -> out (Tq, H, Dc) q's dtype, lse (Tq, H) float32 or None; query i of request b at KV position
     ``seq_len_b - qo_len_b + i``."""
+    if getattr(p, "batch_invariant", False):
+        return _latent_each(q_nope, q_pe, qo_indptr.tolist(), ckv_pages, kpe_pages, table, p)
     rows, cols = token_rows(qo_indptr, q_nope.shape[0])
     q_pad = pad_queries(torch.cat((q_nope, q_pe), dim=-1), rows, cols, table.batch_size, p.max_q_len)
     q_pos = query_positions(qo_indptr, table.seq_lens, p.max_q_len)
@@ -357,24 +457,38 @@ class PrefillPlanRunner:
 
     def run(self, q: torch.Tensor, cache: PagedKVCache, out: torch.Tensor | None, lse: torch.Tensor | None
             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if getattr(self.p, "batch_invariant", False):
+            return into(_prefill_each(q, self.qo_indptr, cache, self.table, self.p), out, lse)
         if self.rows is None:
             self.rows = token_rows(self.qo_indptr, q.shape[0])
         rows, cols = self.rows
         return into(_prefill_rows(q, self.qo_indptr, rows, cols, cache, self.table, self.p), out, lse)
 
 
+def _dense_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_bias: torch.Tensor | None, p: Any
+                ) -> torch.Tensor:
+    """:func:`dense`, one batch entry at a time in the batch-invariant scope (a bias of 4 dims whose first is the batch
+    is sliced with it; any other bias broadcasts over the batch)."""
+    if attn_bias is not None and attn_bias.dim() == 4 and attn_bias.shape[0] == q.shape[0]:
+        return _dense_per_batch(q, k, v, attn_bias, p)  # type: ignore[no-any-return]
+    return _dense_shared_bias(q, k, v, p, attn_bias)  # type: ignore[no-any-return]
+
+
+_dense_per_batch = rowwise(dense, rows=(0, 1, 2, 3))
+_dense_shared_bias = rowwise(lambda q, k, v, p, bias: dense(q, k, v, bias, p), rows=(0, 1, 2))
+
 KERNELS = [
-    Kernel("attention.decode", "decode", "reference", REFERENCE_CAPTURABLE, decode, priority=PRIORITY,
+    Kernel("attention.decode", "decode", "reference", PER_REQUEST, decode, priority=PRIORITY,
            plan=DecodePlanRunner, doc="padded batched torch, float32 (float64 for float32 q)"),
-    Kernel("attention.prefill", "prefill", "reference", REFERENCE_CAPTURABLE, prefill, priority=PRIORITY,
+    Kernel("attention.prefill", "prefill", "reference", PER_REQUEST, prefill, priority=PRIORITY,
            plan=PrefillPlanRunner, doc="padded batched torch, float32 (float64 for float32 q)"),
-    Kernel("attention.prefill_ragged", "prefill_ragged", "reference", REFERENCE_CAPTURABLE, prefill_ragged,
+    Kernel("attention.prefill_ragged", "prefill_ragged", "reference", PER_REQUEST, prefill_ragged,
            priority=PRIORITY),
-    Kernel("attention.mla_decode", "mla_decode", "reference", REFERENCE_CAPTURABLE, mla_decode, priority=PRIORITY),
-    Kernel("attention.mla_prefill", "mla_prefill", "reference", REFERENCE_CAPTURABLE, mla_prefill, priority=PRIORITY,
+    Kernel("attention.mla_decode", "mla_decode", "reference", PER_REQUEST, mla_decode, priority=PRIORITY),
+    Kernel("attention.mla_prefill", "mla_prefill", "reference", PER_REQUEST, mla_prefill, priority=PRIORITY,
            doc="padded batched torch over the gathered latents, float32 (float64 for float32 q)"),
-    Kernel("attention.merge_states", "merge_states", "reference", REFERENCE_CAPTURABLE, merge_states,
-           priority=PRIORITY),
-    Kernel("attention.dense", "dense", "reference", REFERENCE_CAPTURABLE, dense, priority=PRIORITY,
+    Kernel("attention.merge_states", "merge_states", "reference", INVARIANT_CAPTURABLE,
+           rowwise(merge_states, rows=(0, 1, 2, 3)), priority=PRIORITY),
+    Kernel("attention.dense", "dense", "reference", INVARIANT_CAPTURABLE, _dense_rows, priority=PRIORITY,
            doc="torch einsum, float32 (float64 for float32 q)"),
 ]

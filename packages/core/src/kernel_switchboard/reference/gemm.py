@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 
 from ..registry import Kernel
-from ._cap import PRIORITY, REFERENCE, REFERENCE_CAPTURABLE
+from ._cap import INVARIANT_CAPTURABLE, PRIORITY, REFERENCE
+from ._rows import rowwise
 
 BLOCK = 128
 
@@ -57,7 +58,9 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> torch
 
 
 KERNELS = [
-    Kernel("gemm.mm", "mm", "reference", REFERENCE_CAPTURABLE, mm, priority=PRIORITY),
-    Kernel("gemm.mm_fp8", "mm_fp8", "reference", REFERENCE_CAPTURABLE, mm_fp8, priority=PRIORITY),
+    Kernel("gemm.mm", "mm", "reference", INVARIANT_CAPTURABLE, rowwise(mm, rows=(0,)), priority=PRIORITY),
+    # scale_a: a row's scales ("row_col", "block") come with it; a 0-d per-tensor scale is shared
+    Kernel("gemm.mm_fp8", "mm_fp8", "reference", INVARIANT_CAPTURABLE, rowwise(mm_fp8, rows=(0, 2)), priority=PRIORITY),
+    # a row's group follows from its position: no batch-invariant form
     Kernel("gemm.grouped_mm", "grouped_mm", "reference", REFERENCE, grouped_mm, priority=PRIORITY),
 ]

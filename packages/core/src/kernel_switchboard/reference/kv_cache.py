@@ -9,7 +9,7 @@ import torch
 
 from ..paged import PagedKVCache, PageTable
 from ..registry import Kernel
-from ._cap import PRIORITY, REFERENCE_CAPTURABLE
+from ._cap import INVARIANT_CAPTURABLE, PRIORITY
 
 
 def _targets(table: PageTable, batch_indices: torch.Tensor, positions: torch.Tensor, page_size: int
@@ -50,6 +50,7 @@ def append_mla(ckv: torch.Tensor, kpe: torch.Tensor, ckv_pages: torch.Tensor, kp
 
 
 KERNELS = [
-    Kernel("kv_cache.append", "append", "reference", REFERENCE_CAPTURABLE, append, priority=PRIORITY),
-    Kernel("kv_cache.append_mla", "append_mla", "reference", REFERENCE_CAPTURABLE, append_mla, priority=PRIORITY),
+    # a token's stored values depend on that token alone (copies, or an exact divide and round for fp8): batch invariant
+    Kernel("kv_cache.append", "append", "reference", INVARIANT_CAPTURABLE, append, priority=PRIORITY),
+    Kernel("kv_cache.append_mla", "append_mla", "reference", INVARIANT_CAPTURABLE, append_mla, priority=PRIORITY),
 ]

@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 
 from ..registry import Kernel
-from ._cap import PRIORITY, REFERENCE, REFERENCE_CAPTURABLE
+from ._cap import INVARIANT_CAPTURABLE, INVARIANT_REFERENCE, PRIORITY
+from ._rows import rowwise
 
 BLOCK = 128
 
@@ -72,8 +73,9 @@ def fused_moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tenso
 
 
 KERNELS = [
-    Kernel("moe.route", "route", "reference", REFERENCE_CAPTURABLE, route, priority=PRIORITY,
+    Kernel("moe.route", "route", "reference", INVARIANT_CAPTURABLE, rowwise(route, rows=(0,)), priority=PRIORITY,
            doc="softmax / sigmoid top-k, DeepSeek grouped top-k (float32)"),
-    Kernel("moe.fused_moe", "fused_moe", "reference", REFERENCE, fused_moe, priority=PRIORITY,
+    Kernel("moe.fused_moe", "fused_moe", "reference", INVARIANT_REFERENCE, rowwise(fused_moe, rows=(0, 1, 2)),
+           priority=PRIORITY,
            doc="one float32 GEMM pair per expert; fp8 block weights dequantized"),
 ]

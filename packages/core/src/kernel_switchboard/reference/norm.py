@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from ..registry import Kernel
-from ._cap import PRIORITY, REFERENCE_CAPTURABLE
+from ._cap import INVARIANT_CAPTURABLE, PRIORITY
+from ._rows import rowwise
 
 
 def _scale(weight: torch.Tensor, gemma: bool) -> torch.Tensor:
@@ -39,8 +40,10 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
 
 
 KERNELS = [
-    Kernel("norm.rms_norm", "rms_norm", "reference", REFERENCE_CAPTURABLE, rms_norm, priority=PRIORITY),
-    Kernel("norm.fused_add_rms_norm", "fused_add_rms_norm", "reference", REFERENCE_CAPTURABLE, fused_add_rms_norm,
+    Kernel("norm.rms_norm", "rms_norm", "reference", INVARIANT_CAPTURABLE, rowwise(rms_norm, rows=(0,)),
            priority=PRIORITY),
-    Kernel("norm.layer_norm", "layer_norm", "reference", REFERENCE_CAPTURABLE, layer_norm, priority=PRIORITY),
+    Kernel("norm.fused_add_rms_norm", "fused_add_rms_norm", "reference", INVARIANT_CAPTURABLE,
+           rowwise(fused_add_rms_norm, rows=(0, 1), mutated=lambda args: (0, 1)), priority=PRIORITY),
+    Kernel("norm.layer_norm", "layer_norm", "reference", INVARIANT_CAPTURABLE, rowwise(layer_norm, rows=(0,)),
+           priority=PRIORITY),
 ]

@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 
 from ..registry import Kernel
-from ._cap import PRIORITY, REFERENCE_CAPTURABLE
+from ._cap import INVARIANT_CAPTURABLE, PRIORITY
+from ._rows import rowwise
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, inplace: bool) -> torch.Tensor:
@@ -41,8 +42,14 @@ def apply_cos_sin_cache(q: torch.Tensor, k: torch.Tensor, positions: torch.Tenso
     return _rotate(q, cos, sin, interleaved, inplace), _rotate(k, cos, sin, interleaved, inplace)
 
 
+def _in_place(args: tuple[object, ...]) -> tuple[int, ...]:
+    """q and k (arguments 0 and 1) are written when ``inplace`` (argument 5)."""
+    return (0, 1) if args[5] else ()
+
+
 KERNELS = [
-    Kernel("rope.apply", "rope", "reference", REFERENCE_CAPTURABLE, apply, priority=PRIORITY),
-    Kernel("rope.apply_cos_sin_cache", "rope_cos_sin_cache", "reference", REFERENCE_CAPTURABLE, apply_cos_sin_cache,
+    Kernel("rope.apply", "rope", "reference", INVARIANT_CAPTURABLE, rowwise(apply, rows=(0, 1, 2), mutated=_in_place),
            priority=PRIORITY),
+    Kernel("rope.apply_cos_sin_cache", "rope_cos_sin_cache", "reference", INVARIANT_CAPTURABLE,
+           rowwise(apply_cos_sin_cache, rows=(0, 1, 2), mutated=_in_place), priority=PRIORITY),
 ]

@@ -8,10 +8,14 @@ every device, no host sync (CUDA-graph capturable). Out-of-range parameters (pos
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
+from ..invariance import one_request_draws
 from ..registry import Kernel
-from ._cap import PRIORITY, REFERENCE_CAPTURABLE
+from ._cap import INVARIANT_CAPTURABLE, PRIORITY
+from ._rows import rowwise
 
 ParamArg = float | int | torch.Tensor | None
 
@@ -125,10 +129,14 @@ def chain_speculative(draft_probs: torch.Tensor, draft_token_ids: torch.Tensor, 
     return tokens, accepted, emitted.to(torch.int32)
 
 
+#: draws: batch invariant for a batch of one request (see :func:`kernel_switchboard.invariance.one_request_draws`)
+DRAWS = dataclasses.replace(INVARIANT_CAPTURABLE, check=one_request_draws)
+
 KERNELS = [
-    Kernel("sampling.top_k_top_p", "top_k_top_p", "reference", REFERENCE_CAPTURABLE, top_k_top_p, priority=PRIORITY,
+    Kernel("sampling.top_k_top_p", "top_k_top_p", "reference", DRAWS, top_k_top_p, priority=PRIORITY,
            doc="sort-based filter, inverse-CDF draw (float32)"),
-    Kernel("sampling.renorm", "renorm", "reference", REFERENCE_CAPTURABLE, renorm, priority=PRIORITY),
-    Kernel("sampling.chain_speculative", "chain_speculative", "reference", REFERENCE_CAPTURABLE, chain_speculative,
+    Kernel("sampling.renorm", "renorm", "reference", INVARIANT_CAPTURABLE, rowwise(renorm, rows=(0, 1, 2, 3)),
+           priority=PRIORITY),
+    Kernel("sampling.chain_speculative", "chain_speculative", "reference", DRAWS, chain_speculative,
            priority=PRIORITY),
 ]
