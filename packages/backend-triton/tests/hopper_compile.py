@@ -103,5 +103,55 @@ def main() -> None:
     print(json.dumps(results))
 
 
+def _as_hopper(*modules: Any) -> None:
+    """The fake driver active, and the launchers' device queries answering as an H100 / H200 would."""
+    driver.set_active(FakeHopper())
+    for module in modules:
+        for name, value in (("cc_major", lambda device: 9), ("sm_count", lambda device: 132)):
+            if hasattr(module, name):
+                setattr(module, name, value)
+
+
+def main_beyond() -> None:
+    """``python hopper_compile.py beyond``: the MLA prefill kernel, and the POD kernel in both schedules and its
+    co-resident configuration (whose shared memory must leave room for a second program on an SM)."""
+    import kernel_switchboard_triton._attn_common as common
+    import kernel_switchboard_triton._mla_prefill as mla_prefill
+    import kernel_switchboard_triton._pod as pod
+    import kernel_switchboard_triton._prefill as prefill
+    from kernel_switchboard.testing.cases.attention import AttnSpec, mla_prefill_case, pod_case
+
+    _as_hopper(common, prefill, pod, mla_prefill)
+    results = []
+
+    def run(name: str, call: Any) -> None:
+        start = len(LAUNCHED)
+        try:
+            call()
+            results.append({"problem": name, "kernels": LAUNCHED[start:]})
+        except Exception as e:  # noqa: BLE001 - reported to the test, which fails on it
+            results.append({"problem": name, "error": repr(e)[:2000]})
+
+    case = mla_prefill_case(torch.bfloat16, (300, 40), (100, 1), 128, 64, "cpu", lse=True)
+    q_nope, q_pe, qo, ckv, kpe, table = case.args
+    p = types.SimpleNamespace(sm_scale=0.07, causal=True, return_lse=True, max_q_len=100, batch_invariant=False)
+    run("mla_prefill-bf16-h128-p64", lambda: mla_prefill.MLAPrefillRunner(None, table, p, qo_indptr=qo).run(
+        q_nope, q_pe, ckv, kpe, None, None))
+    spec = AttnSpec(torch.bfloat16, "NHD", 64, 32, 8, 128, kv_lens=(300,), q_lens=(300,), lse=True)
+    case = pod_case(spec, (200, 1, 77), "cpu")
+    q, qo, q_decode, cache, prefill_table, decode_table = case.args
+    p = types.SimpleNamespace(sm_scale=0.08, logits_soft_cap=None, window_left=-1, causal=True, return_lse=True,
+                              max_q_len=300, batch_invariant=False, variant=None)
+    for schedule, co_resident in (("decode_first", False), ("interleave", False), ("interleave", True)):
+        cfg = pod.pod_config(q.device, 128, 128, 4, 2048, schedule, co_resident)
+        runner = pod.PODRunner(types.SimpleNamespace(head_dim=128, head_dim_v=128, group_size=4), prefill_table, p,
+                               qo_indptr=qo, decode_table=decode_table, config=cfg)
+        run(f"pod-{schedule}{'-co_resident' if co_resident else ''}",
+            lambda runner=runner: runner.run(q, q_decode, cache, None, None, None, None))
+    print(json.dumps(results))
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    main_beyond() if sys.argv[1:] == ["beyond"] else main()

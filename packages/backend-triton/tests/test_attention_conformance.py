@@ -14,5 +14,5 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available() and not triton_int
 
 test_conformance = conformance_test("triton", ops=(
     "attention.decode", "attention.prefill", "attention.prefill_ragged", "attention.mla_decode", "attention.mla_prefill",
-    "attention.merge_states", "attention.dense", "kv_cache.append", "kv_cache.append_mla",
+    "attention.pod", "attention.merge_states", "attention.dense", "kv_cache.append", "kv_cache.append_mla",
 ))

@@ -266,8 +266,82 @@ def _prefill_kernel(
     HAS_OUTPUT_MOD: tl.constexpr,  # apply OUTPUT_MOD
     SOFTMAX: tl.constexpr,  # softmax weights (else the variant's scores are the weights)
 ):
-    kvh = tl.program_id(0) % NUM_KV_HEADS
-    slot_id = tl.program_id(0) // NUM_KV_HEADS
+    # the KV head varies fastest: every head's heavy (late causal) tiles run before the light ones
+    _prefill_program(tl.program_id(0) // NUM_KV_HEADS, tl.program_id(0) % NUM_KV_HEADS,
+                     q_ptr, k_ptr, v_ptr, k_desc, v_desc, kd_desc, vd_desc, qo_indptr_ptr, kv_indptr_ptr,
+                     block_table_ptr, seq_lens_ptr, o_ptr, lse_ptr, stride_qt, stride_qh, stride_kp, stride_ks,
+                     stride_kh, stride_vp, stride_vs, stride_vh, stride_bt, stride_ot, stride_oh, stride_lt,
+                     stride_lh, qk_scale, cap_log2, v_scale, window_left, batch, vargs, GROUP, NUM_KV_HEADS, BLOCK_M,
+                     BLOCK_N, DIAG_N, HEAD_MAIN, HEAD_TAIL, HEAD_DIM_V, BLOCK_DV, PAGE_SIZE, PAGED, TMA, HND, CAUSAL,
+                     WINDOW, SOFT_CAP, RETURN_LSE, LOG_B, DOT_FP32, SCORE_MOD, MASK_MOD, OUTPUT_MOD, HAS_SCORE_MOD,
+                     HAS_MASK_MOD, HAS_OUTPUT_MOD, SOFTMAX)
+
+
+@triton.jit
+def _prefill_program(
+    slot_id,  # work slot of this program (see the module docstring)
+    kvh,  # KV head of this program
+    q_ptr,  # (Tq, Hq, D) packed queries
+    k_ptr,  # K: pages (PAGED, any layout through strides) or (Tk, Hkv, D) ragged
+    v_ptr,  # V: like K with head dim Dv
+    k_desc,  # TMA descriptor of K as token rows, block (BLOCK_N, D) (TMA; else k_ptr again): see tma_descriptors
+    v_desc,  # TMA descriptor of V as token rows, block (BLOCK_N, Dv) (TMA; else v_ptr again)
+    kd_desc,  # K descriptor of the diagonal tiles, block (DIAG_N, D) (TMA; else k_desc again)
+    vd_desc,  # V descriptor of the diagonal tiles, block (DIAG_N, Dv) (TMA; else v_desc again)
+    qo_indptr_ptr,  # (B+1,) int32 query offsets
+    kv_indptr_ptr,  # (B+1,) int32 KV offsets (ragged only)
+    block_table_ptr,  # (B, max_pages) int32 (PAGED only)
+    seq_lens_ptr,  # (B,) int32 KV lengths (PAGED only)
+    o_ptr,  # (Tq, Hq, Dv) output, q's dtype
+    lse_ptr,  # (Tq, Hq) float32 natural-log LSE (RETURN_LSE only)
+    stride_qt,  # q stride over tokens
+    stride_qh,  # q stride over heads
+    stride_kp,  # K stride over pages (PAGED)
+    stride_ks,  # K stride over tokens (in-page slots when PAGED)
+    stride_kh,  # K stride over kv heads
+    stride_vp,  # V stride over pages (PAGED)
+    stride_vs,  # V stride over tokens (in-page slots when PAGED)
+    stride_vh,  # V stride over kv heads
+    stride_bt,  # block_table row stride
+    stride_ot,  # out stride over tokens
+    stride_oh,  # out stride over heads
+    stride_lt,  # lse stride over tokens
+    stride_lh,  # lse stride over heads
+    qk_scale,  # log2-unit score scale, or sm_scale / cap with SOFT_CAP
+    cap_log2,  # soft cap * log2 e (SOFT_CAP only)
+    v_scale,  # output multiplier (fp8 V scale, else 1.0)
+    window_left,  # window size (WINDOW only)
+    batch,  # requests B
+    vargs,  # variant call-time args tuple (a trailing 0 keeps it non-empty)
+    GROUP: tl.constexpr,  # query heads per KV head
+    NUM_KV_HEADS: tl.constexpr,  # KV heads (the fast-varying part of the grid)
+    BLOCK_M: tl.constexpr,  # packed (token, head) rows per program
+    BLOCK_N: tl.constexpr,  # KV tokens per tile
+    DIAG_N: tl.constexpr,  # KV tokens per tile in the last (causal diagonal / sequence end) part, divides BLOCK_N
+    HEAD_MAIN: tl.constexpr,  # power-of-two part of the qk head dim
+    HEAD_TAIL: tl.constexpr,  # rest of the qk head dim (0 or a power of two)
+    HEAD_DIM_V: tl.constexpr,  # v head dim
+    BLOCK_DV: tl.constexpr,  # next power of two of HEAD_DIM_V
+    PAGE_SIZE: tl.constexpr,  # tokens per page (PAGED)
+    PAGED: tl.constexpr,  # paged (else ragged) K/V
+    TMA: tl.constexpr,  # K/V tiles by TMA (k_desc / v_desc)
+    HND: tl.constexpr,  # paged HND pages (TMA rows)
+    CAUSAL: tl.constexpr,  # causal mask
+    WINDOW: tl.constexpr,  # sliding-window mask
+    SOFT_CAP: tl.constexpr,  # logits soft cap: 0 none, 1 exact tanh, 2 approximate tanh (soft_cap_mode)
+    RETURN_LSE: tl.constexpr,  # write lse
+    LOG_B: tl.constexpr,  # binary-search steps, >= log2(B) + 1
+    DOT_FP32: tl.constexpr,  # float32 dot operands (interpreter)
+    SCORE_MOD: tl.constexpr,  # variant score hook (kernel_switchboard.variants) or None
+    MASK_MOD: tl.constexpr,  # variant mask hook or None
+    OUTPUT_MOD: tl.constexpr,  # variant output hook or None
+    HAS_SCORE_MOD: tl.constexpr,  # apply SCORE_MOD
+    HAS_MASK_MOD: tl.constexpr,  # apply MASK_MOD
+    HAS_OUTPUT_MOD: tl.constexpr,  # apply OUTPUT_MOD
+    SOFTMAX: tl.constexpr,  # softmax weights (else the variant's scores are the weights)
+):
+    """One program of the prefill kernel: the tile ``slot_id`` of its request, for KV head ``kvh`` (also the
+    prefill and decode parts of the POD kernel, ``_pod.py``, each with its own tile shape)."""
 
     # request of this slot: the last b with start(b) <= slot_id
     lo = 0

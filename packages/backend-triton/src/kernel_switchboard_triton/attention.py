@@ -2,7 +2,8 @@
 
 The kernels and their launchers live in ``_decode.py`` (paged decode, split-KV + merge),
 ``_prefill.py`` (paged / ragged prefill, append, mixed batches), ``_mla.py`` (absorbed MLA decode),
-``_mla_prefill.py`` (absorbed MLA prefill / append over latent pages) and ``_merge.py`` (merge_states).
+``_mla_prefill.py`` (absorbed MLA prefill / append over latent pages), ``_pod.py`` (prefill and decode requests in
+one launch) and ``_merge.py`` (merge_states).
 Capabilities state exactly what the kernels do:
 
 - q/out dtypes fp16 and bf16 (dots on tensor cores, float32 accumulation and softmax);
@@ -43,6 +44,7 @@ from ._decode import decode, plan_decode
 from ._merge import merge_states
 from ._mla import mla_decode, plan_mla
 from ._mla_prefill import MLAPrefillRunner, mla_prefill
+from ._pod import PODRunner, pod
 from ._prefill import PrefillPlan, prefill, prefill_ragged
 from .dense import dense
 
@@ -73,6 +75,12 @@ PREFILL = Capability(
     devices=DEVICES, min_cc=(8, 0), dtypes=_HALF, kv_dtypes=_HALF | _FP8, head_dims=_DIMS,
     head_dims_v=_DIMS, page_sizes=None, layouts=frozenset({"NHD", "HND"}),
     features=_COMMON | {"paged", "causal", "fp8_kv", "mixed_batch"}, limits={"group_size": 64}, check=_prefill_checks,
+)
+POD = Capability(
+    devices=DEVICES, min_cc=(8, 0), dtypes=_HALF, kv_dtypes=_HALF | _FP8, head_dims=_DIMS,
+    head_dims_v=_DIMS, page_sizes=None, layouts=frozenset({"NHD", "HND"}),
+    features=(_COMMON - {"custom_variant"}) | {"paged", "causal", "fp8_kv"}, limits={"group_size": 64},
+    check=fp8_needs_sm89,
 )
 RAGGED = Capability(
     devices=DEVICES, min_cc=(8, 0), dtypes=_HALF, kv_dtypes=_HALF, head_dims=_DIMS, head_dims_v=_DIMS,
@@ -120,6 +128,16 @@ def _mla_cost(pr: Any) -> float:
     kv = pr.batch * pr.max_kv_len * (pr.head_dim + pr.head_dim_pe) * nbytes(pr.kv_dtype)
     flops = 2.0 * pr.batch * pr.num_q_heads * pr.max_kv_len * (pr.head_dim + pr.head_dim_pe + pr.head_dim_v)
     return cost_seconds(kv, flops, pr)  # 128 heads: compute-bound (~240 flop/byte)
+
+
+def _pod_cost(pr: Any) -> float:
+    """The prefill part's tensor-core time and both parts' KV reads, overlapped (one launch)."""
+    rows = pr.batch * pr.max_q_len * pr.num_q_heads
+    flops = 2.0 * rows * pr.max_kv_len * (pr.head_dim + pr.head_dim_v)
+    if "causal" in pr.features and pr.max_q_len >= pr.max_kv_len:
+        flops *= 0.5
+    kv = (pr.batch + pr.decode_batch) * pr.max_kv_len * pr.num_kv_heads * (pr.head_dim + pr.head_dim_v)
+    return cost_seconds(kv * nbytes(pr.kv_dtype), flops, pr)
 
 
 def _mla_prefill_cost(pr: Any) -> float:
@@ -174,6 +192,9 @@ def kernels() -> list[Kernel]:
                plan=MLAPrefillRunner, cost=_mla_prefill_cost, priority=PRIORITY,
                doc="absorbed MLA over latent pages, several query tokens per request: (token, head) rows share "
                    "each latent tile, one launch per batch"),
+        Kernel("attention.pod", "pod", BACKEND, POD, pod, version=__version__, plan=PODRunner, cost=_pod_cost,
+               priority=PRIORITY, doc="prefill tiles and one-token decode tiles of the prefill kernel in one launch, "
+                                      "decode units scheduled first"),
         Kernel("attention.merge_states", "merge_states", BACKEND, MERGE, merge_states, version=__version__,
                cost=_merge_cost, priority=PRIORITY, doc="elementwise LSE merge"),
         Kernel("attention.dense", "dense", BACKEND, DENSE, dense, version=__version__, cost=_dense_cost,

@@ -1,8 +1,9 @@
 """Attention ops: ``attention.decode``, ``attention.prefill``, ``attention.prefill_ragged``,
-``attention.mla_decode``, ``attention.mla_prefill``, ``attention.merge_states``, ``attention.dense`` (dense tensors
-with a bias or mask, :mod:`.attention_dense`); the :func:`cascade` helper; and plans
-(:func:`plan_decode`, :func:`plan_prefill`, :func:`plan_prefill_ragged`, :func:`plan_mla_decode`,
-:func:`plan_mla_prefill`, defined in :mod:`.attention_plans`) for repeated steps and CUDA graphs.
+``attention.mla_decode``, ``attention.mla_prefill``, ``attention.pod`` (prefill and decode requests in one launch),
+``attention.merge_states``, ``attention.dense`` (dense tensors with a bias or mask, :mod:`.attention_dense`); the
+:func:`cascade` helper; and plans (:func:`plan_decode`, :func:`plan_prefill`, :func:`plan_prefill_ragged`,
+:func:`plan_mla_decode`, :func:`plan_mla_prefill`, :func:`plan_pod`, defined in :mod:`.attention_plans`) for repeated
+steps and CUDA graphs.
 
 Kernel ``run`` signatures (canonical, validated arguments; see docs/ops.md), each returning
 ``(out, lse_or_None)``:
@@ -12,6 +13,8 @@ Kernel ``run`` signatures (canonical, validated arguments; see docs/ops.md), eac
 - ``attention.prefill_ragged``: ``run(q, k, v, qo_indptr, kv_indptr, p)``; k (Tk, Hkv, D), v (Tk, Hkv, Dv).
 - ``attention.mla_decode``: ``run(q_nope, q_pe, ckv_pages, kpe_pages, table, p)``.
 - ``attention.mla_prefill``: ``run(q_nope, q_pe, qo_indptr, ckv_pages, kpe_pages, table, p)``; q_nope (Tq, H, Dc).
+- ``attention.pod``: ``run(q_prefill, qo_indptr, q_decode, cache, prefill_table, decode_table, p)`` ->
+  ``(out_prefill, out_decode, lse_prefill, lse_decode)``.
 - ``attention.merge_states``: ``run(out_a, lse_a, out_b, lse_b) -> (out, lse)``.
 
 The paged, ragged and MLA ops also take a kernel's ``plan`` (the backend contract, :mod:`.attention_runner`):
@@ -51,12 +54,14 @@ from .attention_problems import (
     MergeProblem,
     MLADecodeProblem,
     MLAPrefillProblem,
+    PODProblem,
     PrefillProblem,
     RaggedPrefillProblem,
     decode_call,
     merge_call,
     mla_call,
     mla_prefill_call,
+    pod_call,
     prefill_call,
     ragged_call,
     token_rows_table,
@@ -238,6 +243,42 @@ def mla_prefill(q_nope: _Tensor, q_pe: _Tensor, qo_indptr: _Tensor, ckv_pages: _
     return _result(out, lse, return_lse)
 
 
+# -- POD: prefill and decode requests in one launch ------------------------------------------------------------
+def pod(q_prefill: _Tensor, qo_indptr: _Tensor, q_decode: _Tensor, cache: PagedKVCache, prefill_table: PageTable,
+        decode_table: PageTable, *, causal: bool = True, sm_scale: float | None = None,
+        logits_soft_cap: float | None = None, window_left: int | None = None, return_lse: bool = False,
+        backend: BackendArg = None) -> tuple[_Tensor, ...]:
+    """Prefill-on-decode (POD): a batch's prefill requests and decode requests attended together, one kernel launch
+    where the kernel allows, over one paged cache.
+
+    The prefill part is :func:`prefill` of q_prefill (Tq, Hq, D) packed by qo_indptr (Bp+1,) int32 over
+    ``prefill_table`` (Bp requests; ``causal`` applies to it); the decode part is :func:`decode` of q_decode
+    (Bd, Hq, D) over ``decode_table`` (Bd requests); both read ``cache``, which already holds every request's new
+    tokens. Returns (out_prefill (Tq, Hq, Dv), out_decode (Bd, Hq, Dv)), and with ``return_lse`` also
+    (lse_prefill (Tq, Hq), lse_decode (Bd, Hq)) float32 after them. FlashInfer's ``BatchPODWithPagedKVCacheWrapper``
+    computes the same; :func:`plan_pod` plans it once per step. Eager = the kernel's plan and run (under
+    torch.compile, a graph break: it reads qo_indptr on the host; a plan's run is the compiled step's call).
+    """
+    if torch.compiler.is_compiling():
+        return _eager_only(pod)(q_prefill, qo_indptr, q_decode, cache, prefill_table, decode_table, causal=causal,  # type: ignore[no-any-return]
+                                sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, window_left=window_left,
+                                return_lse=return_lse, backend=backend)
+    problem, p, host = pod_call(q_prefill, qo_indptr, q_decode, cache, prefill_table, decode_table, causal, sm_scale,
+                                logits_soft_cap, window_left, return_lse)
+    kernel = select("attention.pod", problem, backend).kernel
+    if kernel.plan is None:
+        out_p, out_d, lse_p, lse_d = kernel.run(q_prefill, qo_indptr, q_decode, cache, prefill_table, decode_table, p)
+    else:
+        runner = kernel.plan(problem, prefill_table, p, qo_indptr=qo_indptr, host_qo_indptr=host,
+                             decode_table=decode_table)
+        out_p, out_d, lse_p, lse_d = runner.run(q_prefill, q_decode, cache, None, None, None, None)
+    if not return_lse:
+        return out_p, out_d
+    if lse_p is None or lse_d is None:
+        raise RuntimeError("the selected POD kernel returned no lse although return_lse=True was requested")
+    return out_p, out_d, lse_p, lse_d
+
+
 # -- merge_states ----------------------------------------------------------------------------------------
 def merge_states(out_a: _Tensor, lse_a: _Tensor, out_b: _Tensor, lse_b: _Tensor, *,
                  backend: BackendArg = None) -> tuple[_Tensor, _Tensor]:
@@ -336,6 +377,9 @@ MLA_PREFILL = define(OpSpec(
     returns="(Tensor, Tensor)", outputs=_out_lse,
     fake=lambda q_nope, *rest: _fake_out_lse(q_nope, q_nope.shape[:2], q_nope.shape[-1], rest[-2]),
 ))
+POD = define(OpSpec(
+    "attention.pod", pod, PODProblem, pod_call, reference="pod", cases="attention",
+))
 MERGE = define(OpSpec(
     "attention.merge_states", merge_states, MergeProblem, merge_call, reference="merge_states", cases="attention",
     op="attention_merge_states",
@@ -351,19 +395,21 @@ from .attention_plans import (  # noqa: E402
     DecodePlan,
     MLADecodePlan,
     MLAPrefillPlan,
+    PODPlan,
     PrefillPlan,
     RaggedPrefillPlan,
     plan_decode,
     plan_mla_decode,
     plan_mla_prefill,
+    plan_pod,
     plan_prefill,
     plan_prefill_ragged,
 )
 
 __all__ = [
     "AttentionPlan", "AttnParams", "DecodePlan", "DecodeProblem", "DenseParams", "DenseProblem", "MLADecodePlan",
-    "MLADecodeProblem", "MLAPrefillPlan", "MLAPrefillProblem", "MergeProblem", "PrefillPlan", "PrefillProblem",
-    "RaggedPrefillPlan", "RaggedPrefillProblem", "cascade", "decode", "dense", "merge_states", "mla_decode",
-    "mla_prefill", "plan_decode", "plan_mla_decode", "plan_mla_prefill", "plan_prefill", "plan_prefill_ragged",
-    "prefill", "prefill_ragged", "table_of",
+    "MLADecodeProblem", "MLAPrefillPlan", "MLAPrefillProblem", "MergeProblem", "PODPlan", "PODProblem", "PrefillPlan",
+    "PrefillProblem", "RaggedPrefillPlan", "RaggedPrefillProblem", "cascade", "decode", "dense", "merge_states",
+    "mla_decode", "mla_prefill", "plan_decode", "plan_mla_decode", "plan_mla_prefill", "plan_pod", "plan_prefill",
+    "plan_prefill_ragged", "pod", "prefill", "prefill_ragged", "table_of",
 ]

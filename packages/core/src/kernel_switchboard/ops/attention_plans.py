@@ -22,12 +22,14 @@ from .attention_problems import (
     AttnParams,
     MLADecodeProblem,
     MLAPrefillProblem,
+    PODProblem,
     RaggedPrefillProblem,
     cache_dims,
     decode_problem,
     mla_prefill_problem,
     mla_problem,
     params,
+    pod_problem,
     prefill_lengths,
     prefill_problem,
     ragged_problem,
@@ -499,3 +501,100 @@ def plan_mla_prefill(table: PageTable, qo_indptr: _Tensor, *, num_heads: int, he
     else:
         runner = RunOnly(lambda qn, qp, ckv, kpe: kernel.run(qn, qp, qo_indptr, ckv, kpe, table, p))
     return MLAPrefillPlan(problem, p, selection, table, qo_indptr, total, runner)
+
+
+class PODPlan:
+    """A planned :func:`pod`: ``run(q_prefill, q_decode, cache)`` with q_prefill (Tq, Hq, D) packed by the planned
+    qo_indptr and q_decode (Bd, Hq, D); returns (out_prefill, out_decode) [, lse_prefill, lse_decode]. No host
+    synchronisation (CUDA-graph capturable); both tables' tensors are read on the device at every run (in-place
+    updates are seen while no sequence exceeds ``params.max_kv_len`` and every page index stays below the cache's page
+    count, which :meth:`run` checks against the pages the tables used at plan time); ``qo_indptr`` is fixed."""
+
+    __slots__ = ("_expect", "_pages_used", "_runner", "decode_table", "params", "prefill_table", "problem", "qo_indptr",
+                 "selection")
+
+    def __init__(self, problem: PODProblem, params: AttnParams, selection: Selection, prefill_table: PageTable,
+                 decode_table: PageTable, qo_indptr: _Tensor, total_q: int, runner: Any) -> None:
+        self.problem, self.params, self.selection, self._runner = problem, params, selection, runner
+        self.prefill_table, self.decode_table, self.qo_indptr = prefill_table, decode_table, qo_indptr
+        used = [t.pages_used(problem.page_size) for t in (prefill_table, decode_table)]
+        self._pages_used = None if None in used else max(u for u in used if u is not None)
+        h, d = problem.num_q_heads, problem.head_dim
+        self._expect = ((total_q, h, d), (decode_table.batch_size, h, d), problem.dtype, prefill_table.block_table.device,
+                        (problem.kv_dtype, d, problem.head_dim_v, problem.page_size, problem.layout,
+                         problem.num_kv_heads))
+
+    @property
+    def kernel(self) -> Any:
+        return self.selection.kernel
+
+    def run(self, q_prefill: _Tensor, q_decode: _Tensor, cache: PagedKVCache, *, out_prefill: _Tensor | None = None,
+            out_decode: _Tensor | None = None, lse_prefill: _Tensor | None = None,
+            lse_decode: _Tensor | None = None) -> tuple[_Tensor, ...]:
+        """(out_prefill, out_decode) in q's dtype [, lse_prefill, lse_decode float32]; the buffers may be given to
+        write into."""
+        qp_shape, qd_shape, dtype, device, dims = self._expect
+        _check_planned("q_prefill", q_prefill, qp_shape, dtype, device)
+        _check_planned("q_decode", q_decode, qd_shape, dtype, device)
+        if not isinstance(cache, PagedKVCache) or cache_dims(cache) != dims:
+            raise fail("cache", cache, f"(dtype, head_dim, head_dim_v, page_size, layout, kv_heads) = {dims} as planned")
+        if cache.k_pages.device != device:
+            raise fail("cache.device", cache.k_pages.device, f"{device} as planned")
+        _check_pages("cache.num_pages", cache.num_pages, self._pages_used)
+        dv = dims[2]
+        _check_buffer("out_prefill", out_prefill, (*qp_shape[:2], dv), dtype, device)
+        _check_buffer("out_decode", out_decode, (*qd_shape[:2], dv), dtype, device)
+        if not self.params.return_lse:
+            out_p, out_d, _, _ = self._runner.run(q_prefill, q_decode, cache, out_prefill, out_decode, None, None)
+            return out_p, out_d
+        _check_buffer("lse_prefill", lse_prefill, qp_shape[:2], torch.float32, device)
+        _check_buffer("lse_decode", lse_decode, qd_shape[:2], torch.float32, device)
+        return tuple(self._runner.run(q_prefill, q_decode, cache, out_prefill, out_decode, lse_prefill, lse_decode))
+
+    def __repr__(self) -> str:
+        return f"PODPlan(kernel={self.kernel.id}, problem={self.problem})"
+
+
+def plan_pod(prefill_table: PageTable, qo_indptr: _Tensor, decode_table: PageTable, *, num_q_heads: int,
+             num_kv_heads: int, head_dim: int, head_dim_v: int | None = None, dtype: torch.dtype,
+             kv_dtype: torch.dtype | None = None, layout: str = "NHD", page_size: int, causal: bool = True,
+             sm_scale: float | None = None, logits_soft_cap: float | None = None, window_left: int | None = None,
+             return_lse: bool = False, max_kv_len: int | None = None, capturable: bool = True,
+             backend: BackendArg = None) -> PODPlan:
+    """Plan :func:`pod` (prefill requests of ``prefill_table`` packed by ``qo_indptr`` (Bp+1,) int32, read back once
+    here, and the one-token decode requests of ``decode_table``): validation, kernel selection and the kernel's own
+    plan (its work split), once per step; ``plan.run(q_prefill, q_decode, cache)`` per layer does no host
+    synchronisation. ``max_kv_len`` bounds both parts' sequence lengths (default: the tables' now); on a GPU the
+    selection requires the ``cuda_graph`` feature unless ``capturable=False``."""
+    dims, max_kv = _check_plan_args(prefill_table, num_q_heads, num_kv_heads, head_dim, head_dim_v, dtype, kv_dtype,
+                                    layout, page_size, max_kv_len)
+    if not isinstance(decode_table, PageTable):
+        raise fail("decode_table", type(decode_table).__name__, "a PageTable")
+    check_same_device("decode_table.block_table", decode_table.block_table, "prefill_table.block_table",
+                      prefill_table.block_table)
+    max_kv = max(max_kv, _planned_max_kv(decode_table, page_size, max_kv_len))
+    check_tensor(qo_indptr, "qo_indptr", dims=1, dtypes=INT32)
+    b = prefill_table.batch_size
+    if qo_indptr.shape[0] != b + 1:
+        raise fail("qo_indptr.shape", tuple(qo_indptr.shape), f"({b + 1},) = prefill batch + 1")
+    check_same_device("qo_indptr", qo_indptr, "prefill_table.block_table", prefill_table.block_table)
+    if not qo_indptr.is_contiguous():
+        raise fail("qo_indptr", "non-contiguous", "a contiguous tensor")
+    values = torch.cat((qo_indptr, prefill_table.seq_lens)).tolist()  # the one host read of the plan
+    total = values[b]
+    max_q, _, _ = prefill_lengths(values, total, bool(causal), False, 0)
+    device = prefill_table.block_table.device
+    p = params(head_dim, sm_scale, logits_soft_cap, window_left, bool(causal), bool(return_lse), max_q, max_kv)
+    dev, cc, extra = _context(device, capturable)
+    kv_dtype_, _, head_dim_v_, _, _, _ = dims
+    problem = pod_problem(dev, cc, dtype, kv_dtype_, head_dim, head_dim_v_, page_size, layout, num_q_heads,
+                          num_kv_heads, b, decode_table.batch_size, p, extra)
+    selection = select("attention.pod", problem, backend)
+    kernel = selection.kernel
+    if kernel.plan is not None:
+        runner = kernel.plan(problem, prefill_table, p, qo_indptr=qo_indptr, host_qo_indptr=values[:b + 1],
+                             decode_table=decode_table)
+    else:
+        runner = RunOnly(lambda qp, qd, cache: kernel.run(qp, qo_indptr, qd, cache, prefill_table, decode_table, p),
+                         buffers=4)
+    return PODPlan(problem, p, selection, prefill_table, decode_table, qo_indptr, total, runner)

@@ -153,6 +153,28 @@ class MLAPrefillProblem(NamedTuple):
     features: frozenset[str]
 
 
+class PODProblem(NamedTuple):
+    """Signature of a POD call: a prefill part (paged, several query tokens per request) and a decode part (paged, one
+    token per request) attended together over one cache."""
+
+    device: str
+    cc: tuple[int, int] | None
+    dtype: torch.dtype
+    kv_dtype: torch.dtype
+    head_dim: int
+    head_dim_v: int
+    page_size: int
+    layout: str
+    num_q_heads: int
+    num_kv_heads: int
+    group_size: int
+    batch: int  # prefill requests, bucketed
+    decode_batch: int  # decode requests, bucketed
+    max_q_len: int  # the prefill part's longest query, bucketed
+    max_kv_len: int  # the longest KV of either part, bucketed
+    features: frozenset[str]
+
+
 class MergeProblem(NamedTuple):
     """Signature of a merge of two partial attention states."""
 
@@ -266,6 +288,18 @@ def mla_prefill_problem(dev: str, cc: Any, dtype: torch.dtype, head_dim_ckv: int
     feats = _features(base, p, False, False, mixed, extra)
     return MLAPrefillProblem(dev, cc, dtype, dtype, head_dim_ckv, head_dim_ckv, head_dim_kpe, page_size, None,
                              num_heads, 1, num_heads, bucket(batch), bucket(p.max_q_len), bucket(p.max_kv_len), feats)
+
+
+@functools.lru_cache(maxsize=1024)
+def pod_problem(dev: str, cc: Any, dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, head_dim_v: int,
+                page_size: int, layout: str, num_q_heads: int, num_kv_heads: int, prefill_batch: int, decode_batch: int,
+                p: AttnParams, extra: frozenset[str]) -> PODProblem:
+    """The :class:`PODProblem` of these (validated) values (``p.causal``: the prefill part's mask)."""
+    base = ("paged", "causal") if p.causal else ("paged",)
+    feats = _features(base, p, kv_dtype in FP8_DTYPES, head_dim != head_dim_v, False, extra)
+    return PODProblem(dev, cc, dtype, kv_dtype, head_dim, head_dim_v, page_size, layout, num_q_heads, num_kv_heads,
+                      num_q_heads // num_kv_heads, bucket(prefill_batch), bucket(decode_batch), bucket(p.max_q_len),
+                      bucket(p.max_kv_len), feats)
 
 
 # -- checks ----------------------------------------------------------------------------------------------
@@ -490,6 +524,46 @@ def check_latent(q_nope: Any, q_pe: Any, ckv_pages: Any, kpe_pages: Any) -> None
         check_same_device(name, t, "q_nope", q_nope)
     if kpe_pages.shape[:2] != ckv_pages.shape[:2]:
         raise fail("kpe_pages.shape", tuple(kpe_pages.shape), f"(P, S, Dr) with (P, S) = {tuple(ckv_pages.shape[:2])}")
+
+
+def pod_call(q_prefill: Any, qo_indptr: Any, q_decode: Any, cache: Any, prefill_table: Any, decode_table: Any,
+             causal: bool = True, sm_scale: Any = None, logits_soft_cap: Any = None, window_left: Any = None,
+             return_lse: bool = False) -> tuple[PODProblem, AttnParams, list[int] | None]:
+    """Validate a :func:`~.attention.pod` call: its problem, parameters and the host values of the prefill part's
+    qo_indptr (one read of it and both tables' lengths; None while a CUDA graph is captured)."""
+    check_q(q_prefill, "q_prefill", 3)
+    check_q(q_decode, "q_decode", 3)
+    if q_decode.dtype != q_prefill.dtype or q_decode.shape[1:] != q_prefill.shape[1:]:
+        raise fail("q_decode", f"{tuple(q_decode.shape)} {q_decode.dtype}",
+                   f"(B_decode, {q_prefill.shape[1]}, {q_prefill.shape[2]}) {q_prefill.dtype} as q_prefill's heads")
+    check_same_device("q_decode", q_decode, "q_prefill", q_prefill)
+    dims = check_cache(cache, q_prefill)
+    for name, table in (("prefill_table", prefill_table), ("decode_table", decode_table)):
+        if not isinstance(table, PageTable):
+            raise fail(name, type(table).__name__, "a PageTable")
+    batch = prefill_table.batch_size
+    check_indptr(qo_indptr, "qo_indptr", batch, q_prefill, "q_prefill")
+    for name, table, q in (("prefill_table", prefill_table, q_prefill), ("decode_table", decode_table, q_decode)):
+        if table.block_table.device != q.device:
+            raise fail(f"{name}.device", table.block_table.device, f"the device of q ({q.device})")
+    if decode_table.batch_size != q_decode.shape[0]:
+        raise fail("decode_table.batch_size", decode_table.batch_size, f"{q_decode.shape[0]} = the batch of q_decode")
+    kv_dtype, head_dim, head_dim_v, page_size, layout, kv_heads = dims
+    max_kv = max(prefill_table.checked_max_seq_len(page_size, cache.num_pages),
+                 decode_table.checked_max_seq_len(page_size, cache.num_pages))
+    causal = bool(causal)
+    host: list[int] | None = None
+    if is_capturing():
+        max_q = q_prefill.shape[0]
+    else:
+        values = torch.cat((qo_indptr, prefill_table.seq_lens)).tolist()
+        max_q, _, _ = prefill_lengths(values, q_prefill.shape[0], causal, False, 0)
+        host = values[:batch + 1]
+    p = params(head_dim, sm_scale, logits_soft_cap, window_left, causal, bool(return_lse), max_q, max_kv)
+    dev, cc = device_key(q_prefill)
+    problem = pod_problem(dev, cc, q_prefill.dtype, kv_dtype, head_dim, head_dim_v, page_size, layout,
+                          q_prefill.shape[1], kv_heads, batch, q_decode.shape[0], p, graph_features(dev))
+    return problem, p, host
 
 
 def mla_call(q_nope: Any, q_pe: Any, ckv_pages: Any, kpe_pages: Any, table: Any, sm_scale: Any = None,

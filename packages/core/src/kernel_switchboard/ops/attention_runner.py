@@ -15,6 +15,9 @@ attention.mla_decode       table (of the decode rows); no static            ``(q
                                                                             out, lse)``
 attention.mla_prefill      table; ``qo_indptr``, ``host_qo_indptr``         ``(q_nope, q_pe, ckv_pages, kpe_pages,
                                                                             out, lse)``
+attention.pod              the prefill table; ``qo_indptr``,                ``(q_prefill, q_decode, cache, out_prefill,
+                           ``host_qo_indptr``, ``decode_table``             out_decode, lse_prefill, lse_decode)`` ->
+                                                                            the four, lse None where not wanted
 =========================  ===============================================  =========================================
 
 - ``out``, ``lse``: each a buffer to write into, or None: the runner returns a new tensor of its own in its place
@@ -62,7 +65,15 @@ class MLARunner(Protocol):
             lse: _Tensor | None, /) -> Outputs: ...
 
 
-AttentionRunner = PagedRunner | RaggedRunner | MLARunner
+class PODRunner(Protocol):
+    """The runner of a planned ``attention.pod``."""
+
+    def run(self, q_prefill: _Tensor, q_decode: _Tensor, cache: PagedKVCache, out_prefill: _Tensor | None,
+            out_decode: _Tensor | None, lse_prefill: _Tensor | None, lse_decode: _Tensor | None, /
+            ) -> tuple[_Tensor, _Tensor, _Tensor | None, _Tensor | None]: ...
+
+
+AttentionRunner = PagedRunner | RaggedRunner | MLARunner | PODRunner
 
 
 class Planner(Protocol):
@@ -95,13 +106,15 @@ def into(result: Outputs, out: _Tensor | None, lse: _Tensor | None) -> Outputs:
 
 class RunOnly:
     """The runner of a kernel without ``plan``: ``call(*inputs)`` is the kernel's ``run`` with the call's other
-    arguments bound; its new tensors are returned as they are, or copied into the given buffers."""
+    arguments bound; its new tensors are returned as they are, or copied into the given buffers (the last
+    ``buffers`` arguments of ``run``, one per output, in the order of the kernel's outputs)."""
 
-    __slots__ = ("call",)
+    __slots__ = ("buffers", "call")
 
-    def __init__(self, call: Callable[..., Outputs]) -> None:
-        self.call = call
+    def __init__(self, call: Callable[..., Any], buffers: int = 2) -> None:
+        self.call, self.buffers = call, buffers
 
-    def run(self, *args: Any) -> Outputs:
-        *inputs, out, lse = args
-        return into(self.call(*inputs), out, lse)
+    def run(self, *args: Any) -> Any:
+        inputs, given = args[:-self.buffers], args[-self.buffers:]
+        result = self.call(*inputs)
+        return tuple(r if buf is None or r is None else buf.copy_(r) for r, buf in zip(result, given))

@@ -310,6 +310,16 @@ def _prefill_rows(q: torch.Tensor, qo_indptr: torch.Tensor, rows: torch.Tensor, 
     return out[rows, cols].to(q.dtype), (lse[rows, cols] if p.return_lse else None)
 
 
+def pod(q_prefill: torch.Tensor, qo_indptr: torch.Tensor, q_decode: torch.Tensor, cache: PagedKVCache,
+        prefill_table: PageTable, decode_table: PageTable, p: Any
+        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """``attention.pod``: :func:`prefill` of the prefill part and :func:`decode` of the decode part, over one cache ->
+    (out_prefill, out_decode, lse_prefill, lse_decode)."""
+    out_p, lse_p = prefill(q_prefill, qo_indptr, cache, prefill_table, p)
+    out_d, lse_d = decode(q_decode, cache, decode_table, p)
+    return out_p, out_d, lse_p, lse_d
+
+
 def prefill_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
                    p: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     """q (Tq, Hq, D), k (Tk, Hkv, D), v (Tk, Hkv, Dv) packed by the indptrs -> out (Tq, Hq, Dv), lse (Tq, Hq)."""
@@ -487,6 +497,8 @@ KERNELS = [
     Kernel("attention.mla_decode", "mla_decode", "reference", PER_REQUEST, mla_decode, priority=PRIORITY),
     Kernel("attention.mla_prefill", "mla_prefill", "reference", PER_REQUEST, mla_prefill, priority=PRIORITY,
            doc="padded batched torch over the gathered latents, float32 (float64 for float32 q)"),
+    Kernel("attention.pod", "pod", "reference", PER_REQUEST, pod, priority=PRIORITY,
+           doc="the reference prefill of the prefill part, then its decode of the decode part"),
     Kernel("attention.merge_states", "merge_states", "reference", INVARIANT_CAPTURABLE,
            rowwise(merge_states, rows=(0, 1, 2, 3)), priority=PRIORITY),
     Kernel("attention.dense", "dense", "reference", INVARIANT_CAPTURABLE, _dense_rows, priority=PRIORITY,

@@ -29,7 +29,7 @@ Pick = Callable[[tuple[Any, ...], Any], list[_Tensor]]
 
 #: the ops :func:`invariance_cases` builds cases for
 OPS = ("attention.decode", "attention.prefill", "attention.prefill_ragged", "attention.mla_decode",
-       "attention.mla_prefill", "attention.dense", "attention.merge_states", "norm.rms_norm",
+       "attention.mla_prefill", "attention.pod", "attention.dense", "attention.merge_states", "norm.rms_norm",
        "norm.fused_add_rms_norm", "norm.layer_norm", "gemm.mm", "gemm.mm_fp8", "moe.route", "moe.fused_moe",
        "sampling.renorm", "rope.apply", "activation.silu_and_mul", "kv_cache.append")
 
@@ -155,6 +155,11 @@ def _pick_rows(lo: int, hi: int) -> Pick:
     return lambda args, result: _rows(result, lo, hi)
 
 
+def _pick_decode(row: int) -> Pick:
+    """The :data:`Pick` of an ``attention.pod`` decode row: (out_decode, lse_decode) row ``row``."""
+    return lambda args, result: [result[1][row:row + 1], result[3][row:row + 1]]
+
+
 def _rows(result: Any, lo: int, hi: int) -> list[_Tensor]:
     """Rows lo:hi of a result (a tensor or a tuple of tensors)."""
     parts = result if isinstance(result, tuple) else (result,)
@@ -229,6 +234,39 @@ def _paged_case(op: str, s: _Sizes, dtype: torch.dtype, device: torch.device | s
             cache, table = _paged(data, kvs, s.page_size, layout)
             args = (q, cache, table) if decode else (q, _indptr(q_lens, device), cache, table)
         case.batches.append(Batch(label, args, {**kwargs, "return_lse": True}, pick))
+    return case
+
+
+def _pod_case(s: _Sizes, dtype: torch.dtype, device: torch.device | str) -> InvarianceCase:
+    """attention.pod: a decode request beside prefill parts and decode parts of other sizes (and a prefill request,
+    checked as well, beside other decode parts)."""
+    mine = _Data(9, device)
+    q_me = mine.randn(1, s.q_heads, s.head_dim, dtype=dtype)
+    kv_me = (mine.randn(s.kv_len, s.kv_heads, s.head_dim, dtype=dtype), mine.randn(s.kv_len, s.kv_heads, s.head_dim,
+                                                                                  dtype=dtype))
+    case = InvarianceCase("attention.pod", f"pod-{str(dtype)[6:]}-L{s.kv_len}")
+    for n, (label, reqs, pos) in enumerate(_compositions(s, True)):
+        data = _Data(400 + n, device)
+        prefills = [kq for kq in s.around[min(n, 1)] if kq[1] > 1][: n + 1] or [(s.q_len, s.q_len)]
+        kvs = [(data.randn(kv, s.kv_heads, s.head_dim, dtype=dtype), data.randn(kv, s.kv_heads, s.head_dim, dtype=dtype))
+               for kv, _ in prefills]
+        q = torch.cat([data.randn(q_len, s.q_heads, s.head_dim, dtype=dtype) for _, q_len in prefills])
+        q_decode = []
+        for b, (kv_len, _) in enumerate(reqs):
+            if b == pos:
+                q_decode.append(q_me)
+                kvs.append(kv_me)
+            else:
+                q_decode.append(data.randn(1, s.q_heads, s.head_dim, dtype=dtype))
+                kvs.append((data.randn(kv_len, s.kv_heads, s.head_dim, dtype=dtype),
+                            data.randn(kv_len, s.kv_heads, s.head_dim, dtype=dtype)))
+        cache, table = _paged(data, kvs, s.page_size, "NHD")
+        bp = len(prefills)
+        tables = (PageTable(table.block_table[:bp], table.seq_lens[:bp]),
+                  PageTable(table.block_table[bp:], table.seq_lens[bp:]))
+        args = (q, _indptr([q_len for _, q_len in prefills], device), torch.cat(q_decode), cache, *tables)
+        case.batches.append(Batch(f"{len(prefills)} prefills, decode {label}", args, {"return_lse": True},
+                                  _pick_decode(pos)))
     return case
 
 
@@ -308,6 +346,8 @@ def invariance_cases(op: str, device: torch.device | str, size: str = "small",
         return cases
     if op in ("attention.mla_decode", "attention.mla_prefill"):
         return [_mla_case(op, s, dtype, device)]
+    if op == "attention.pod":
+        return [_pod_case(s, dtype, device)]
     if op == "attention.dense":
         lq, d, h = (20, 64, 4) if size == "small" else (1024, 128, 32)
 

@@ -21,7 +21,7 @@ from ..case import Case, tolerance
 from .attention_dense import DenseSpec, dense_case, dense_specs
 
 OPS = ("attention.decode", "attention.prefill", "attention.prefill_ragged", "attention.mla_decode",
-       "attention.mla_prefill", "attention.merge_states", "attention.dense")
+       "attention.mla_prefill", "attention.pod", "attention.merge_states", "attention.dense")
 
 DTYPES: dict[str, torch.dtype] = {
     "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
@@ -204,6 +204,24 @@ def prefill_case(spec: AttnSpec, device: torch.device | str, seed: int | torch.G
     q = torch.randn(sum(spec.q_lens), spec.q_heads, spec.head_dim, generator=g, device=g.device).to(device, spec.dtype)
     return Case("attention.prefill", spec.tag("prefill"), (q, indptr(spec.q_lens, device), cache, table),
                 _kwargs(spec, True, g, device), spec.dtype, spec.tol())
+
+
+def pod_case(spec: AttnSpec, decode_lens: tuple[int, ...], device: torch.device | str,
+             seed: int | torch.Generator = 0) -> Case:
+    """``attention.pod``: the prefill requests of ``spec`` (kv_lens, q_lens) and one-token decode requests of
+    ``decode_lens`` in one cache (their pages shuffled together)."""
+    assert spec.q_lens is not None
+    g = generator(seed)
+    cache, table = paged_kv(g, replace(spec, kv_lens=spec.kv_lens + decode_lens), device)
+    b = len(spec.kv_lens)
+    prefill_table = PageTable(table.block_table[:b], table.seq_lens[:b])
+    decode_table = PageTable(table.block_table[b:], table.seq_lens[b:])
+    q = torch.randn(sum(spec.q_lens), spec.q_heads, spec.head_dim, generator=g, device=g.device).to(device, spec.dtype)
+    q_decode = torch.randn(len(decode_lens), spec.q_heads, spec.head_dim, generator=g, device=g.device).to(device,
+                                                                                                           spec.dtype)
+    args = (q, indptr(spec.q_lens, device), q_decode, cache, prefill_table, decode_table)
+    return Case("attention.pod", f"{spec.tag('pod')}-d{len(decode_lens)}", args, _kwargs(spec, True), spec.dtype,
+                spec.tol())
 
 
 def ragged_case(spec: AttnSpec, device: torch.device | str, seed: int | torch.Generator = 0) -> Case:
@@ -413,6 +431,11 @@ def cases(op: str, device: torch.device, size: str) -> list[Case]:
         return [decode_case(s, device, seed=i) for i, s in enumerate(specs)]
     if op == "attention.prefill":
         return [prefill_case(s, device, seed=i) for i, s in enumerate(_prefill_specs(size, rng))]
+    if op == "attention.pod":
+        specs = _plain_prefill_specs(size, rng)[:6 if size == "small" else 4]
+        decodes = [(1, 40, 0, 17), (23,), (5, 9)] if size == "small" else [tuple(rng.randint(1, 4096) for _ in range(64)),
+                                                                         (4096,) * 16 + (1, 0)]
+        return [pod_case(s, decodes[i % len(decodes)], device, seed=i) for i, s in enumerate(specs)]
     if op == "attention.prefill_ragged":
         specs = [replace(s, layout="NHD", page_size=16) for s in _prefill_specs(size, rng) if s.kv_dtype is None]
         return [ragged_case(s, device, seed=i) for i, s in enumerate(specs)]
@@ -462,8 +485,9 @@ def example(op: str, device: torch.device | str = "cpu", **shape: Any) -> Case:
     num_kv_heads), head_dim, head_dim_v, page_size, dtype ("bf16"...), kv_dtype ("fp8"/"e4m3" for
     a quantised cache), layout, causal, soft_cap, window, lse, seed, variant (a name in
     ``variants_lib.VARIANTS``, with random parameters). MLA uses head_dim (latent, 512)
-    and head_dim_pe (64) (MLA prefill also q_len and causal); merge_states uses tokens; dense uses q_len, kv_len
-    and bias (none | bool | float). Data is generated on ``device``.
+    and head_dim_pe (64) (MLA prefill also q_len and causal); POD also decode_batch (decode requests beside the
+    batch's prefill requests); merge_states uses tokens; dense uses q_len, kv_len and bias (none | bool | float).
+    Data is generated on ``device``.
     """
     batch = int(shape.get("batch", 4))
     kv_len = int(shape.get("kv_len", 1024))
@@ -509,4 +533,6 @@ def example(op: str, device: torch.device | str = "cpu", **shape: Any) -> Case:
         return prefill_case(spec, device, g)
     if op == "attention.prefill_ragged":
         return ragged_case(replace(spec, kv_dtype=None), device, g)
+    if op == "attention.pod":  # ``batch`` prefill requests and ``decode_batch`` decode requests, all of kv_len
+        return pod_case(spec, (kv_len,) * int(shape.get("decode_batch", batch)), device, g)
     raise ValueError(f"no example builder for op {op!r}; known: {', '.join(OPS)}")

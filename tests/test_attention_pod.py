@@ -1,0 +1,110 @@
+"""``attention.pod`` (prefill and decode requests in one launch) and ``plan_pod``: the definition (prefill of the
+prefill part and decode of the decode part over one cache), validation, plans and explain."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+import torch
+
+import kernel_switchboard as ksb
+from kernel_switchboard.testing import conformance_test
+from kernel_switchboard.testing.cases.attention import AttnSpec, pod_case
+
+F16, F32 = torch.float16, torch.float32
+test_reference_conformance = conformance_test("reference", device="cpu", size="small", ops=("attention.pod",))
+
+SPEC = AttnSpec(F32, "HND", 4, 4, 2, kv_lens=(20, 7), q_lens=(6, 7), lse=True)
+
+
+def _case(spec: AttnSpec = SPEC, decode: tuple[int, ...] = (9, 0, 33), seed: int = 0) -> Any:
+    return pod_case(spec, decode, "cpu", seed)
+
+
+@pytest.mark.parametrize("kw", [dict(causal=True), dict(causal=False), dict(logits_soft_cap=5.0, window_left=4)],
+                         ids=str)
+def test_pod_is_prefill_of_the_prefill_part_and_decode_of_the_decode_part(kw: dict[str, Any]) -> None:
+    q, qo, q_decode, cache, prefill_table, decode_table = _case().args
+    out_p, out_d, lse_p, lse_d = ksb.attention.pod(q, qo, q_decode, cache, prefill_table, decode_table, return_lse=True,
+                                                   **kw)
+    want_p = ksb.attention.prefill(q, qo, cache, prefill_table, return_lse=True, **kw)
+    decode_kw = {k: v for k, v in kw.items() if k != "causal"}
+    want_d = ksb.attention.decode(q_decode, cache, decode_table, return_lse=True, **decode_kw)
+    for got, want in ((out_p, want_p[0]), (lse_p, want_p[1]), (out_d, want_d[0]), (lse_d, want_d[1])):
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+    plain = ksb.attention.pod(q, qo, q_decode, cache, prefill_table, decode_table, **kw)
+    assert len(plain) == 2 and torch.equal(plain[0], out_p) and torch.equal(plain[1], out_d)
+
+
+def test_pod_explain_names_both_parts() -> None:
+    case = _case(replace(SPEC, dtype=F16, kv_dtype=torch.float8_e4m3fn))
+    problem = ksb.explain("attention.pod", *case.args, **case.kwargs).problem
+    assert (problem.batch, problem.decode_batch, problem.max_q_len, problem.max_kv_len) == (2, 4, 8, 64)
+    assert {"paged", "causal", "fp8_kv", "return_lse"} <= problem.features
+
+
+def test_pod_bad_inputs_name_the_argument() -> None:
+    q, qo, q_decode, cache, prefill_table, decode_table = _case().args
+    bad: list[tuple[str, tuple[Any, ...]]] = [
+        ("q_decode", (q, qo, q_decode[:, :2], cache, prefill_table, decode_table)),
+        ("q_decode", (q, qo, q_decode.half(), cache, prefill_table, decode_table)),
+        (r"decode_table\.batch_size", (q, qo, q_decode[:2], cache, prefill_table, decode_table)),
+        ("decode_table", (q, qo, q_decode, cache, prefill_table, "table")),
+        (r"qo_indptr\.shape", (q, qo[:2], q_decode, cache, prefill_table, decode_table)),
+        ("qo_indptr", (q[:5], qo, q_decode, cache, prefill_table, decode_table)),
+        ("cache", (q, qo, q_decode, "cache", prefill_table, decode_table)),
+        (r"q\.shape", (q[..., :32], qo, q_decode[..., :32], cache, prefill_table, decode_table)),
+    ]
+    for match, args in bad:
+        with pytest.raises(ksb.InvalidArgumentError, match=match):
+            ksb.attention.pod(*args)
+
+
+def _plan(case: Any, **kw: Any) -> Any:
+    q, qo, _, cache, prefill_table, decode_table = case.args
+    return ksb.attention.plan_pod(prefill_table, qo, decode_table, num_q_heads=q.shape[1],
+                                  num_kv_heads=cache.num_kv_heads, head_dim=q.shape[2], dtype=q.dtype,
+                                  kv_dtype=cache.dtype, layout=cache.layout, page_size=cache.page_size,
+                                  **{**case.kwargs, **kw})
+
+
+def test_plan_pod_runs_every_layer_like_pod_and_sees_table_updates() -> None:
+    case = _case()
+    q, qo, q_decode, cache, prefill_table, decode_table = case.args
+    plan = _plan(case)
+    assert plan.kernel.id == "reference:pod" and "PODPlan" in repr(plan)
+    for layer in range(2):
+        layer_cache = ksb.PagedKVCache(cache.k_pages * (layer + 1), cache.v_pages, cache.layout)
+        got = plan.run(q, q_decode, layer_cache)
+        want = ksb.attention.pod(q, qo, q_decode, layer_cache, prefill_table, decode_table, **case.kwargs)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, atol=0, rtol=0)
+    decode_table.seq_lens[0] -= 3  # a shorter decode request, written in place: the plan reads the table each run
+    want = ksb.attention.pod(q, qo, q_decode, cache, prefill_table, decode_table, **case.kwargs)
+    got = plan.run(q, q_decode, cache)
+    torch.testing.assert_close(got[1], want[1], atol=0, rtol=0)
+    bufs = dict(out_prefill=torch.empty_like(q), out_decode=torch.empty_like(q_decode),
+                lse_prefill=torch.empty(q.shape[:2]), lse_decode=torch.empty(q_decode.shape[:2]))
+    got = plan.run(q, q_decode, cache, **bufs)
+    assert all(a is b for a, b in zip(got, bufs.values()))
+    with pytest.raises(ksb.InvalidArgumentError, match="q_decode"):
+        plan.run(q, q_decode[:2], cache)
+    with pytest.raises(ksb.InvalidArgumentError, match="out_decode"):
+        plan.run(q, q_decode, cache, out_decode=q_decode[:1])
+    with pytest.raises(ksb.InvalidArgumentError, match="cache"):
+        plan.run(q, q_decode, cache.to_layout("NHD"))
+
+
+def test_plan_pod_validates_its_arguments() -> None:
+    _, qo, _, _, prefill_table, decode_table = _case().args
+    with pytest.raises(ksb.InvalidArgumentError, match="decode_table"):
+        ksb.attention.plan_pod(prefill_table, qo, "table", num_q_heads=4, num_kv_heads=2, head_dim=64, dtype=F32,  # type: ignore[arg-type]
+                               page_size=4)
+    with pytest.raises(ksb.InvalidArgumentError, match=r"qo_indptr\.shape"):
+        ksb.attention.plan_pod(prefill_table, qo[:2], decode_table, num_q_heads=4, num_kv_heads=2, head_dim=64,
+                               dtype=F32, page_size=4)
+    with pytest.raises(ksb.InvalidArgumentError, match="num_q_heads"):
+        ksb.attention.plan_pod(prefill_table, qo, decode_table, num_q_heads=3, num_kv_heads=2, head_dim=64, dtype=F32,
+                               page_size=4)
