@@ -388,8 +388,8 @@ def test_torch_compile_fullgraph_traces_ragged_mla_and_merge() -> None:
 def _paged_op_args(kv_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor, tuple[object, ...]]:
     spec = AttnSpec(F32, "HND", 4, 4, 2, kv_lens=(7, 12), q_lens=(3, 12), kv_dtype=kv_dtype)
     q, qo, cache, table = prefill_case(spec, "cpu").args
-    return q, qo, (cache.k_pages, cache.v_pages, cache.layout, cache.k_scale, cache.v_scale, table.block_table,
-                   table.seq_lens, table.max_seq_len)
+    return q, qo, (cache.k_pages, cache.v_pages, cache.layout, cache.k_scale, cache.v_scale, None, None,
+                   table.block_table, table.seq_lens, table.max_seq_len)
 
 
 def test_opcheck_attention_ops() -> None:

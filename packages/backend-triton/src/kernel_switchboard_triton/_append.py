@@ -23,19 +23,24 @@ def _store_rows(
     mask_h,  # (BLOCK_HK,) valid heads
     stride_sh,  # source stride over heads
     stride_dh,  # destination stride over heads
-    inv_scale,  # 1 / scale (fp8 pages), else 1.0
+    inv_scale,  # 1 / scale (fp8 pages), else 1.0; with INV_STRIDE >= 0 a pointer to the reciprocals
     DIM: tl.constexpr,  # head dim
     BLOCK_D: tl.constexpr,  # next power of two of DIM
     FP8_LIMIT: tl.constexpr,  # saturation bound (fp8 pages), 0.0 = plain cast
     FP8_MIN_EXP: tl.constexpr,  # smallest normal exponent of the fp8 format
     FP8_MANT: tl.constexpr,  # mantissa bits of the fp8 format
     ROUND_FIRST: tl.constexpr,  # round to the fp8 grid before the cast (the interpreter's cast drops carries)
+    INV_STRIDE: tl.constexpr,  # per-head reciprocal scales' stride over heads (0: one), -1: inv_scale is the float
 ):
     offs_d = tl.arange(0, BLOCK_D)
     mask = mask_h[:, None] & (offs_d < DIM)[None, :]
     x = tl.load(src_ptr + offs_h[:, None] * stride_sh + offs_d[None, :], mask=mask, other=0.0)
     if FP8_LIMIT > 0.0:
-        y = tl.clamp(x.to(tl.float32) * inv_scale, -FP8_LIMIT, FP8_LIMIT)
+        if INV_STRIDE >= 0:
+            inv = tl.load(inv_scale + offs_h * INV_STRIDE, mask=mask_h, other=1.0)[:, None]
+        else:
+            inv = inv_scale
+        y = tl.clamp(x.to(tl.float32) * inv, -FP8_LIMIT, FP8_LIMIT)
         if ROUND_FIRST:
             a = tl.maximum(tl.abs(y), tl.exp2(FP8_MIN_EXP * 1.0))
             e = tl.floor(tl.log2(a))
@@ -81,6 +86,8 @@ def _append_kernel(
     FP8_MIN_EXP: tl.constexpr,  # smallest normal exponent of the fp8 format
     FP8_MANT: tl.constexpr,  # mantissa bits of the fp8 format
     ROUND_FIRST: tl.constexpr,  # round to the fp8 grid before the cast (interpreter)
+    K_INV_STRIDE: tl.constexpr,  # inv_k_scale: per-head reciprocals' stride (0: one), -1: a float
+    V_INV_STRIDE: tl.constexpr,  # inv_v_scale: likewise
 ):
     t = tl.program_id(0).to(tl.int64)
     offs_h = tl.program_id(1) * BLOCK_HK + tl.arange(0, BLOCK_HK)
@@ -90,9 +97,9 @@ def _append_kernel(
     page = tl.load(block_table_ptr + b * stride_bt + pos // PAGE_SIZE).to(tl.int64)
     slot = pos % PAGE_SIZE
     _store_rows(k_ptr + t * stride_kt, kp_ptr + page * stride_kpp + slot * stride_kps, offs_h, mask_h, stride_kh,
-                stride_kph, inv_k_scale, HEAD_DIM, BLOCK_D, FP8_LIMIT, FP8_MIN_EXP, FP8_MANT, ROUND_FIRST)
+                stride_kph, inv_k_scale, HEAD_DIM, BLOCK_D, FP8_LIMIT, FP8_MIN_EXP, FP8_MANT, ROUND_FIRST, K_INV_STRIDE)
     _store_rows(v_ptr + t * stride_vt, vp_ptr + page * stride_vpp + slot * stride_vps, offs_h, mask_h, stride_vh,
-                stride_vph, inv_v_scale, HEAD_DIM_V, BLOCK_DV, FP8_LIMIT, FP8_MIN_EXP, FP8_MANT, ROUND_FIRST)
+                stride_vph, inv_v_scale, HEAD_DIM_V, BLOCK_DV, FP8_LIMIT, FP8_MIN_EXP, FP8_MANT, ROUND_FIRST, V_INV_STRIDE)
 
 
 def append(k: torch.Tensor, v: torch.Tensor, cache: Any, table: Any, batch_indices: torch.Tensor,
@@ -109,15 +116,27 @@ def append(k: torch.Tensor, v: torch.Tensor, cache: Any, table: Any, batch_indic
     block_d, block_dv = triton.next_power_of_2(d), triton.next_power_of_2(dv)
     block_hk = max(1, min(triton.next_power_of_2(kv_heads), 4096 // max(block_d, block_dv)))
     limit, min_exp, mant = FP8.get(kp.dtype, (0.0, 0, 0))
+    (inv_k, k_stride), (inv_v, v_stride) = (_inverse(cache.k_scale, limit), _inverse(cache.v_scale, limit))
     bt = table.block_table
     _append_kernel[(tokens, triton.cdiv(kv_heads, block_hk))](
         k, v, kp, vp, bt, batch_indices, positions, kv_heads,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         kp.stride(0), kps, kph, vp.stride(0), vps, vph, bt.stride(0),
-        1.0 / cache.k_scale if limit else 1.0, 1.0 / cache.v_scale if limit else 1.0,
+        inv_k, inv_v,
         HEAD_DIM=d, HEAD_DIM_V=dv, BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_HK=block_hk, PAGE_SIZE=cache.page_size,
-        FP8_LIMIT=limit, FP8_MIN_EXP=min_exp, FP8_MANT=mant, ROUND_FIRST=bool(limit) and interpreting(), num_warps=4,
+        FP8_LIMIT=limit, FP8_MIN_EXP=min_exp, FP8_MANT=mant, ROUND_FIRST=bool(limit) and interpreting(),
+        K_INV_STRIDE=k_stride, V_INV_STRIDE=v_stride, num_warps=4,
     )
+
+
+def _inverse(scale: Any, limit: float) -> tuple[Any, int]:
+    """(1 / scale, the reciprocals' stride over heads or -1 for a float) of an fp8 cache's scale: a float, or a tensor
+    () / (Hkv,) of per-head scales (its reciprocals in float32, computed on the device); (1.0, -1) without fp8."""
+    if not limit:
+        return 1.0, -1
+    if isinstance(scale, torch.Tensor):
+        return 1.0 / scale, 1 if scale.dim() else 0
+    return 1.0 / scale, -1
 
 
 @triton.jit
@@ -149,9 +168,9 @@ def _append_mla_kernel(
     slot = pos % PAGE_SIZE
     one = tl.arange(0, 1)
     _store_rows(ckv_ptr + t * stride_ct, cp_ptr + page * stride_cpp + slot * stride_cps, one, one < 1, 0, 0, 1.0,
-                DIM_C, BLOCK_C, 0.0, 0, 0, False)
+                DIM_C, BLOCK_C, 0.0, 0, 0, False, -1)
     _store_rows(kpe_ptr + t * stride_pt, pp_ptr + page * stride_ppp + slot * stride_pps, one, one < 1, 0, 0, 1.0,
-                DIM_R, BLOCK_R, 0.0, 0, 0, False)
+                DIM_R, BLOCK_R, 0.0, 0, 0, False, -1)
 
 
 def append_mla(ckv: torch.Tensor, kpe: torch.Tensor, ckv_pages: torch.Tensor, kpe_pages: torch.Tensor, table: Any,

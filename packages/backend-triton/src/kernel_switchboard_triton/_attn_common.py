@@ -70,6 +70,14 @@ def soft_cap_args(sm_scale: float, soft_cap: float | None, k_scale: float) -> tu
     return sm_scale * k_scale / soft_cap, soft_cap * LOG2E
 
 
+def scale_args(scale: Any, like: torch.Tensor) -> tuple[float, torch.Tensor, int]:
+    """A cache scale as kernel arguments: (the float factor, the scale tensor or ``like`` as an unused pointer, the
+    tensor's stride over KV heads: 0 for shape (), 1 for (Hkv,), -1 for a float). None (not fp8) is 1.0."""
+    if isinstance(scale, torch.Tensor):
+        return 1.0, scale, 1 if scale.dim() else 0
+    return (1.0 if scale is None else float(scale)), like, -1
+
+
 def is_inf_cost(problem: Any) -> bool:
     """The CPU (interpreter) never wins on cost: it ranks by priority below the reference."""
     return getattr(problem, "device", "cuda") != "cuda"

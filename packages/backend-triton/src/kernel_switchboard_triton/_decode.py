@@ -22,7 +22,16 @@ import triton.language as tl
 from kernel_switchboard.errors import fail
 from kernel_switchboard.ops.attention_runner import buffers
 
-from ._attn_common import _tanh, cc_major, choose_splits, interpreting, resident_ctas, sm_count, soft_cap_args
+from ._attn_common import (
+    _tanh,
+    cc_major,
+    choose_splits,
+    interpreting,
+    resident_ctas,
+    scale_args,
+    sm_count,
+    soft_cap_args,
+)
 from ._prefill import variant_finish, variant_launch, variant_scores
 
 
@@ -52,6 +61,8 @@ def _decode_split_kernel(
     qk_scale,  # log2-unit scale of q.k (sm_scale * k_scale * log2 e), or sm_scale * k_scale / cap with SOFT_CAP
     cap_log2,  # soft cap * log2 e (SOFT_CAP only)
     v_scale,  # output multiplier (fp8 V scale, else 1.0)
+    k_scale_ptr,  # fp8 K scale tensor, () or (Hkv,) float32 (K_SCALE_STRIDE >= 0)
+    v_scale_ptr,  # fp8 V scale tensor (V_SCALE_STRIDE >= 0)
     window_left,  # keep KV positions >= seq_len - 1 - window_left; negative = no window
     vargs,  # variant call-time args tuple (a trailing 0 keeps it non-empty)
     GROUP: tl.constexpr,  # query heads per KV head
@@ -73,10 +84,16 @@ def _decode_split_kernel(
     HAS_MASK_MOD: tl.constexpr,  # apply MASK_MOD
     HAS_OUTPUT_MOD: tl.constexpr,  # apply OUTPUT_MOD
     SOFTMAX: tl.constexpr,  # softmax weights (else the variant's scores are the weights; NUM_SPLITS == 1)
+    K_SCALE_STRIDE: tl.constexpr,  # K scale tensor stride over KV heads (0: one scale), -1: in qk_scale
+    V_SCALE_STRIDE: tl.constexpr,  # V scale tensor stride over KV heads, -1: in v_scale
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
+    if K_SCALE_STRIDE >= 0:
+        qk_scale = qk_scale * tl.load(k_scale_ptr + kvh * K_SCALE_STRIDE)
+    if V_SCALE_STRIDE >= 0:
+        v_scale = v_scale * tl.load(v_scale_ptr + kvh * V_SCALE_STRIDE)
 
     seq_len = tl.load(seq_lens_ptr + b)
     lo = tl.where(window_left >= 0, tl.maximum(seq_len - 1 - window_left, 0), 0)
@@ -359,8 +376,9 @@ def launch_decode(q: torch.Tensor, cache: Any, table: Any, out: torch.Tensor, ls
     nhd = cache.layout == "NHD"
     ks, kh = (k.stride(1), k.stride(2)) if nhd else (k.stride(2), k.stride(1))
     vs, vh = (v.stride(1), v.stride(2)) if nhd else (v.stride(2), v.stride(1))
-    fp8 = cache.k_scale is not None
-    qk_scale, cap_log2 = soft_cap_args(sm_scale, soft_cap, cache.k_scale if fp8 else 1.0)
+    k_scale, k_scale_t, k_stride = scale_args(cache.k_scale, q)
+    v_scale, v_scale_t, v_stride = scale_args(cache.v_scale, q)
+    qk_scale, cap_log2 = soft_cap_args(sm_scale, soft_cap, k_scale)
     batch, kv_heads, splits = q.shape[0], cache.num_kv_heads, cfg.num_splits
     head_dim, head_dim_v = q.shape[2], v.shape[-1]
     bt = table.block_table
@@ -378,12 +396,12 @@ def launch_decode(q: torch.Tensor, cache: Any, table: Any, out: torch.Tensor, ls
         q, k, v, bt, table.seq_lens, o, lp,
         q.stride(0), q.stride(1), k.stride(0), ks, kh, v.stride(0), vs, vh, bt.stride(0),
         osb, osh, oss, lsb, lsh,
-        qk_scale, cap_log2, cache.v_scale if fp8 else 1.0, window_left, vargs,
+        qk_scale, cap_log2, v_scale, k_scale_t, v_scale_t, window_left, vargs,
         GROUP=group, BLOCK_H=cfg.block_h, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v,
         BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_DV=triton.next_power_of_2(head_dim_v),
         PAGE_SIZE=cache.page_size, BLOCK_N=cfg.block_n, NUM_SPLITS=splits, SPLIT_TOKENS=cfg.split_tokens,
         SOFT_CAP=soft_cap is not None,
-        DOT_FP32=cfg.dot_fp32 and q.dtype == torch.bfloat16,
+        DOT_FP32=cfg.dot_fp32 and q.dtype == torch.bfloat16, K_SCALE_STRIDE=k_stride, V_SCALE_STRIDE=v_stride,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **hooks,
     )
     if cfg.split_tokens:  # batch invariant: always the partials, merged in split order

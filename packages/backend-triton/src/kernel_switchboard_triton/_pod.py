@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._attn_common import interpreting, soft_cap_args, soft_cap_mode, split_dim
+from ._attn_common import interpreting, scale_args, soft_cap_args, soft_cap_mode, split_dim
 from ._prefill import PrefillConfig, _prefill_program, prefill_config, rows_bucket, tma_descriptors, variant_launch
 
 SCHEDULES = {"decode_first": 0, "interleave": 1}
@@ -66,6 +66,8 @@ def _pod_kernel(
     qk_scale,  # log2-unit score scale, or sm_scale / cap with SOFT_CAP
     cap_log2,  # soft cap * log2 e (SOFT_CAP only)
     v_scale,  # output multiplier (fp8 V scale, else 1.0)
+    k_scale_ptr,  # fp8 K scale tensor, () or (Hkv,) float32 (K_SCALE_STRIDE >= 0)
+    v_scale_ptr,  # fp8 V scale tensor (V_SCALE_STRIDE >= 0)
     window_left,  # window size (WINDOW only)
     batch,  # prefill requests Bp
     dbatch,  # decode requests Bd
@@ -94,6 +96,8 @@ def _pod_kernel(
     D_LOG_B: tl.constexpr,  # binary-search steps over the decode requests
     DOT_FP32: tl.constexpr,  # float32 dot operands (interpreter)
     SCHEDULE: tl.constexpr,  # 0: decode units first, 1: decode and prefill units alternate (module docstring)
+    K_SCALE_STRIDE: tl.constexpr,  # K scale tensor stride over KV heads (0: one scale), -1: folded into qk_scale
+    V_SCALE_STRIDE: tl.constexpr,  # V scale tensor stride over KV heads, -1: folded into v_scale
 ):
     pid = tl.program_id(0)
     if SCHEDULE == 1:
@@ -108,18 +112,20 @@ def _pod_kernel(
         _prefill_program(unit // NUM_KV_HEADS, unit % NUM_KV_HEADS, qd_ptr, k_ptr, v_ptr, k_ptr, v_ptr, k_ptr, v_ptr,
                          dqo_indptr_ptr, dqo_indptr_ptr, dbt_ptr, dseq_lens_ptr, od_ptr, dlse_ptr, stride_dqt, stride_dqh,
                          stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_dbt, stride_dot,
-                         stride_doh, stride_dlt, stride_dlh, qk_scale, cap_log2, v_scale, window_left, dbatch, vargs,
+                         stride_doh, stride_dlt, stride_dlh, qk_scale, cap_log2, v_scale, k_scale_ptr, v_scale_ptr,
+                         window_left, dbatch, vargs,
                          GROUP, NUM_KV_HEADS, D_BLOCK_M, D_BLOCK_N, D_BLOCK_N, HEAD_MAIN, HEAD_TAIL, HEAD_DIM_V,
                          BLOCK_DV, PAGE_SIZE, True, False, HND, CAUSAL, WINDOW, SOFT_CAP, RETURN_LSE, D_LOG_B, DOT_FP32,
-                         None, None, None, False, False, False, True)
+                         None, None, None, False, False, False, True, K_SCALE_STRIDE, V_SCALE_STRIDE)
     else:
         _prefill_program(unit // NUM_KV_HEADS, unit % NUM_KV_HEADS, q_ptr, k_ptr, v_ptr, k_desc, v_desc, kd_desc,
                          vd_desc, qo_indptr_ptr, qo_indptr_ptr, bt_ptr, seq_lens_ptr, o_ptr, lse_ptr, stride_qt,
                          stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_bt, stride_ot,
-                         stride_oh, stride_lt, stride_lh, qk_scale, cap_log2, v_scale, window_left, batch, vargs, GROUP,
+                         stride_oh, stride_lt, stride_lh, qk_scale, cap_log2, v_scale, k_scale_ptr, v_scale_ptr,
+                         window_left, batch, vargs, GROUP,
                          NUM_KV_HEADS, BLOCK_M, BLOCK_N, DIAG_N, HEAD_MAIN, HEAD_TAIL, HEAD_DIM_V, BLOCK_DV, PAGE_SIZE,
                          True, TMA, HND, CAUSAL, WINDOW, SOFT_CAP, RETURN_LSE, LOG_B, DOT_FP32, None, None, None, False,
-                         False, False, True)
+                         False, False, True, K_SCALE_STRIDE, V_SCALE_STRIDE)
 
 
 class PODConfig(NamedTuple):
@@ -166,8 +172,9 @@ def launch_pod(q: torch.Tensor, qo_indptr: torch.Tensor, q_decode: torch.Tensor,
     if prefill_units + decode_units == 0:
         return
     main, tail = split_dim(d)
-    fp8 = cache.k_scale is not None
-    qk_scale, cap_log2 = soft_cap_args(p.sm_scale, p.logits_soft_cap, cache.k_scale if fp8 else 1.0)
+    k_scale, k_scale_t, k_stride = scale_args(cache.k_scale, q)
+    v_scale, v_scale_t, v_stride = scale_args(cache.v_scale, q)
+    qk_scale, cap_log2 = soft_cap_args(p.sm_scale, p.logits_soft_cap, k_scale)
     descriptors = None if tail else tma_descriptors(k, v, cache.layout, page_size, pre)
     lse_t, dlse_t = (lse, lse_decode) if lse is not None and lse_decode is not None else (out, out_decode)
     bt, dbt = table.block_table, decode_table.block_table
@@ -179,7 +186,7 @@ def launch_pod(q: torch.Tensor, qo_indptr: torch.Tensor, q_decode: torch.Tensor,
         q.stride(0), q.stride(1), q_decode.stride(0), q_decode.stride(1), k.stride(0), ks, kh, v.stride(0), vs, vh,
         bt.stride(0), dbt.stride(0), out.stride(0), out.stride(1), out_decode.stride(0), out_decode.stride(1),
         lse_t.stride(0), lse_t.stride(1), dlse_t.stride(0), dlse_t.stride(1),
-        qk_scale, cap_log2, cache.v_scale if fp8 else 1.0, p.window_left, batch, dbatch, prefill_units, decode_units,
+        qk_scale, cap_log2, v_scale, k_scale_t, v_scale_t, p.window_left, batch, dbatch, prefill_units, decode_units,
         vargs,
         GROUP=group, NUM_KV_HEADS=kv_heads, BLOCK_M=pre.block_m, BLOCK_N=pre.block_n, DIAG_N=pre.diag_n or pre.block_n,
         D_BLOCK_M=cfg.decode_block_m, D_BLOCK_N=cfg.decode_block_n, HEAD_MAIN=main, HEAD_TAIL=tail, HEAD_DIM_V=dv,
@@ -188,6 +195,7 @@ def launch_pod(q: torch.Tensor, qo_indptr: torch.Tensor, q_decode: torch.Tensor,
         SOFT_CAP=soft_cap_mode(p.logits_soft_cap, q.dtype), RETURN_LSE=lse is not None,
         LOG_B=max(1, batch.bit_length()), D_LOG_B=max(1, dbatch.bit_length()),
         DOT_FP32=pre.dot_fp32 and q.dtype == torch.bfloat16, SCHEDULE=SCHEDULES[cfg.schedule],
+        K_SCALE_STRIDE=k_stride, V_SCALE_STRIDE=v_stride,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 

@@ -32,7 +32,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernel_switchboard.ops.attention_runner import buffers
 
-from ._attn_common import _tanh, cc_major, interpreting, soft_cap_args, soft_cap_mode, split_dim
+from ._attn_common import _tanh, cc_major, interpreting, scale_args, soft_cap_args, soft_cap_mode, split_dim
 from ._common import has_tma, row_major_for_tma
 
 
@@ -236,6 +236,8 @@ def _prefill_kernel(
     qk_scale,  # log2-unit score scale, or sm_scale / cap with SOFT_CAP
     cap_log2,  # soft cap * log2 e (SOFT_CAP only)
     v_scale,  # output multiplier (fp8 V scale, else 1.0)
+    k_scale_ptr,  # fp8 K scale tensor, () or (Hkv,) float32 (K_SCALE_STRIDE >= 0)
+    v_scale_ptr,  # fp8 V scale tensor (V_SCALE_STRIDE >= 0)
     window_left,  # window size (WINDOW only)
     batch,  # requests B
     vargs,  # variant call-time args tuple (a trailing 0 keeps it non-empty)
@@ -265,16 +267,19 @@ def _prefill_kernel(
     HAS_MASK_MOD: tl.constexpr,  # apply MASK_MOD
     HAS_OUTPUT_MOD: tl.constexpr,  # apply OUTPUT_MOD
     SOFTMAX: tl.constexpr,  # softmax weights (else the variant's scores are the weights)
+    K_SCALE_STRIDE: tl.constexpr,  # K scale tensor stride over KV heads (0: one scale), -1: folded into qk_scale
+    V_SCALE_STRIDE: tl.constexpr,  # V scale tensor stride over KV heads, -1: folded into v_scale
 ):
     # the KV head varies fastest: every head's heavy (late causal) tiles run before the light ones
     _prefill_program(tl.program_id(0) // NUM_KV_HEADS, tl.program_id(0) % NUM_KV_HEADS,
                      q_ptr, k_ptr, v_ptr, k_desc, v_desc, kd_desc, vd_desc, qo_indptr_ptr, kv_indptr_ptr,
                      block_table_ptr, seq_lens_ptr, o_ptr, lse_ptr, stride_qt, stride_qh, stride_kp, stride_ks,
                      stride_kh, stride_vp, stride_vs, stride_vh, stride_bt, stride_ot, stride_oh, stride_lt,
-                     stride_lh, qk_scale, cap_log2, v_scale, window_left, batch, vargs, GROUP, NUM_KV_HEADS, BLOCK_M,
+                     stride_lh, qk_scale, cap_log2, v_scale, k_scale_ptr, v_scale_ptr, window_left, batch, vargs, GROUP,
+                     NUM_KV_HEADS, BLOCK_M,
                      BLOCK_N, DIAG_N, HEAD_MAIN, HEAD_TAIL, HEAD_DIM_V, BLOCK_DV, PAGE_SIZE, PAGED, TMA, HND, CAUSAL,
                      WINDOW, SOFT_CAP, RETURN_LSE, LOG_B, DOT_FP32, SCORE_MOD, MASK_MOD, OUTPUT_MOD, HAS_SCORE_MOD,
-                     HAS_MASK_MOD, HAS_OUTPUT_MOD, SOFTMAX)
+                     HAS_MASK_MOD, HAS_OUTPUT_MOD, SOFTMAX, K_SCALE_STRIDE, V_SCALE_STRIDE)
 
 
 @triton.jit
@@ -310,6 +315,8 @@ def _prefill_program(
     qk_scale,  # log2-unit score scale, or sm_scale / cap with SOFT_CAP
     cap_log2,  # soft cap * log2 e (SOFT_CAP only)
     v_scale,  # output multiplier (fp8 V scale, else 1.0)
+    k_scale_ptr,  # fp8 K scale tensor, () or (Hkv,) float32 (K_SCALE_STRIDE >= 0)
+    v_scale_ptr,  # fp8 V scale tensor (V_SCALE_STRIDE >= 0)
     window_left,  # window size (WINDOW only)
     batch,  # requests B
     vargs,  # variant call-time args tuple (a trailing 0 keeps it non-empty)
@@ -339,9 +346,15 @@ def _prefill_program(
     HAS_MASK_MOD: tl.constexpr,  # apply MASK_MOD
     HAS_OUTPUT_MOD: tl.constexpr,  # apply OUTPUT_MOD
     SOFTMAX: tl.constexpr,  # softmax weights (else the variant's scores are the weights)
+    K_SCALE_STRIDE: tl.constexpr,  # K scale tensor stride over KV heads (0: one scale), -1: folded into qk_scale
+    V_SCALE_STRIDE: tl.constexpr,  # V scale tensor stride over KV heads, -1: folded into v_scale
 ):
     """One program of the prefill kernel: the tile ``slot_id`` of its request, for KV head ``kvh`` (also the
     prefill and decode parts of the POD kernel, ``_pod.py``, each with its own tile shape)."""
+    if K_SCALE_STRIDE >= 0:
+        qk_scale = qk_scale * tl.load(k_scale_ptr + kvh * K_SCALE_STRIDE)
+    if V_SCALE_STRIDE >= 0:
+        v_scale = v_scale * tl.load(v_scale_ptr + kvh * V_SCALE_STRIDE)
 
     # request of this slot: the last b with start(b) <= slot_id
     lo = 0
@@ -525,9 +538,10 @@ def tma_descriptors(k: torch.Tensor, v: torch.Tensor, layout: str | None, page_s
 def launch_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr: torch.Tensor,
                    kv_indptr: torch.Tensor | None, block_table: torch.Tensor | None, seq_lens: torch.Tensor | None,
                    layout: str | None, page_size: int, out: torch.Tensor, lse: torch.Tensor | None, p: Any,
-                   cfg: PrefillConfig | None = None, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+                   cfg: PrefillConfig | None = None, k_scale: Any = 1.0, v_scale: Any = 1.0) -> None:
     """Launch the prefill kernel. Paged when ``block_table`` is given (k/v are pages in ``layout``),
-    else ragged (k (Tk, Hkv, D), v (Tk, Hkv, Dv) packed by ``kv_indptr``)."""
+    else ragged (k (Tk, Hkv, D), v (Tk, Hkv, Dv) packed by ``kv_indptr``). ``k_scale`` / ``v_scale``: fp8 scales,
+    floats or tensors () / (Hkv,)."""
     tq, hq, d = q.shape
     paged = block_table is not None
     if block_table is not None:
@@ -549,7 +563,9 @@ def launch_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr:
     if cfg is None:
         cfg = prefill_config(q.device, d, dv, rows_bucket(p, group))
     main, tail = split_dim(d)
-    qk_scale, cap_log2 = soft_cap_args(p.sm_scale, p.logits_soft_cap, k_scale)
+    k_factor, k_scale_t, k_stride = scale_args(k_scale, q)
+    v_factor, v_scale_t, v_stride = scale_args(v_scale, q)
+    qk_scale, cap_log2 = soft_cap_args(p.sm_scale, p.logits_soft_cap, k_factor)
     slots = tq * group // cfg.block_m + batch
     if tq == 0:
         return
@@ -561,13 +577,13 @@ def launch_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr:
         q, k, v, *(descriptors or (k, v, k, v)), qo_indptr, kvi, bt, lens, out, lse_t,
         q.stride(0), q.stride(1), kp, ks, kh, vp, vs, vh, bt_stride,
         out.stride(0), out.stride(1), lse_t.stride(0), lse_t.stride(1),
-        qk_scale, cap_log2, v_scale, p.window_left, batch, vargs,
+        qk_scale, cap_log2, v_factor, k_scale_t, v_scale_t, p.window_left, batch, vargs,
         GROUP=group, NUM_KV_HEADS=kv_heads, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, DIAG_N=cfg.diag_n or cfg.block_n,
         HEAD_MAIN=main, HEAD_TAIL=tail, HEAD_DIM_V=dv, BLOCK_DV=triton.next_power_of_2(dv), PAGE_SIZE=page_size, PAGED=paged,
         TMA=descriptors is not None, HND=paged and layout == "HND", CAUSAL=bool(p.causal),
         WINDOW=p.window_left >= 0, SOFT_CAP=soft_cap_mode(p.logits_soft_cap, q.dtype), RETURN_LSE=lse is not None,
         LOG_B=max(1, batch.bit_length()), DOT_FP32=cfg.dot_fp32 and q.dtype == torch.bfloat16,
-        num_warps=cfg.num_warps, **hooks,
+        K_SCALE_STRIDE=k_stride, V_SCALE_STRIDE=v_stride, num_warps=cfg.num_warps, **hooks,
     )
     try:
         launch(num_stages=cfg.num_stages)
@@ -584,10 +600,8 @@ def prefill(q: torch.Tensor, qo_indptr: torch.Tensor, cache: Any, table: Any, p:
     """The ``attention.prefill`` kernel: q (Tq, Hq, D) -> out (Tq, Hq, Dv), lse (Tq, Hq) float32 or None."""
     out = q.new_empty(q.shape[0], q.shape[1], cache.head_dim_v)
     lse = q.new_empty(q.shape[0], q.shape[1], dtype=torch.float32) if p.return_lse else None
-    fp8 = cache.k_scale is not None
     launch_prefill(q, cache.k_pages, cache.v_pages, qo_indptr, None, table.block_table, table.seq_lens, cache.layout,
-                   cache.page_size, out, lse, p, k_scale=cache.k_scale if fp8 else 1.0,
-                   v_scale=cache.v_scale if fp8 else 1.0)
+                   cache.page_size, out, lse, p, k_scale=cache.k_scale, v_scale=cache.v_scale)
     return out, lse
 
 
@@ -613,8 +627,7 @@ class PrefillPlan:
     def run(self, q: torch.Tensor, cache: Any, out: torch.Tensor | None, lse: torch.Tensor | None
             ) -> tuple[torch.Tensor, torch.Tensor | None]:
         out, lse = buffers(out, lse, q, q.shape[:2], cache.head_dim_v, self.p.return_lse)
-        fp8 = cache.k_scale is not None
         launch_prefill(q, cache.k_pages, cache.v_pages, self.qo_indptr, None, self.table.block_table,
                        self.table.seq_lens, cache.layout, cache.page_size, out, lse, self.p, self.cfg,
-                       k_scale=cache.k_scale if fp8 else 1.0, v_scale=cache.v_scale if fp8 else 1.0)
+                       k_scale=cache.k_scale, v_scale=cache.v_scale)
         return out, lse

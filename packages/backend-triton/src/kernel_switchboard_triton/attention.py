@@ -7,7 +7,8 @@ one launch) and ``_merge.py`` (merge_states).
 Capabilities state exactly what the kernels do:
 
 - q/out dtypes fp16 and bf16 (dots on tensor cores, float32 accumulation and softmax);
-- KV dtypes: q's dtype, or fp8 (e4m3, e5m2) with scales (dequantised in registers);
+- KV dtypes: q's dtype, or fp8 (e4m3, e5m2) with scales, floats or device tensors per KV head (dequantised in
+  registers);
 - head dims 64, 80, 96, 128, 192, 256 (prefill splits the qk dot into power-of-two parts, 192 = 128 + 64,
   96 = 64 + 32, 80 = 64 + 16, and takes no custom variant at 80; decode and the v dims pad to a power of two in
   registers); any page size; NHD and HND;
@@ -57,7 +58,7 @@ _COMMON = frozenset({"sliding_window", "soft_cap", "return_lse", "qk_v_dims_diff
 DECODE = Capability(
     devices=DEVICES, min_cc=(8, 0), dtypes=_HALF, kv_dtypes=_HALF | _FP8, head_dims=_DIMS,
     head_dims_v=_DIMS, page_sizes=None, layouts=frozenset({"NHD", "HND"}),
-    features=_COMMON | {"paged", "fp8_kv"}, limits={"group_size": 64}, check=fp8_needs_sm89,
+    features=_COMMON | {"paged", "fp8_kv", "kv_scale_tensor"}, limits={"group_size": 64}, check=fp8_needs_sm89,
 )
 def _no_variant_at_d80(problem: Any) -> list[str]:
     """Prefill splits head dim 80 into 64 + 16; with a custom variant's hooks, ptxas (Triton 3.6's, on the H200)
@@ -74,12 +75,13 @@ def _prefill_checks(problem: Any) -> list[str]:
 PREFILL = Capability(
     devices=DEVICES, min_cc=(8, 0), dtypes=_HALF, kv_dtypes=_HALF | _FP8, head_dims=_DIMS,
     head_dims_v=_DIMS, page_sizes=None, layouts=frozenset({"NHD", "HND"}),
-    features=_COMMON | {"paged", "causal", "fp8_kv", "mixed_batch"}, limits={"group_size": 64}, check=_prefill_checks,
+    features=_COMMON | {"paged", "causal", "fp8_kv", "kv_scale_tensor", "mixed_batch"}, limits={"group_size": 64},
+    check=_prefill_checks,
 )
 POD = Capability(
     devices=DEVICES, min_cc=(8, 0), dtypes=_HALF, kv_dtypes=_HALF | _FP8, head_dims=_DIMS,
     head_dims_v=_DIMS, page_sizes=None, layouts=frozenset({"NHD", "HND"}),
-    features=(_COMMON - {"custom_variant"}) | {"paged", "causal", "fp8_kv"}, limits={"group_size": 64},
+    features=(_COMMON - {"custom_variant"}) | {"paged", "causal", "fp8_kv", "kv_scale_tensor"}, limits={"group_size": 64},
     check=fp8_needs_sm89,
 )
 RAGGED = Capability(

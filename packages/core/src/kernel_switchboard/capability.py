@@ -35,6 +35,7 @@ FEATURES = frozenset(
         "soft_cap",  # logits soft-cap (attention)
         "return_lse",  # log-sum-exp output (attention)
         "fp8_kv",  # fp8 KV cache with scales (attention)
+        "kv_scale_tensor",  # the fp8 cache's scales are device tensors, () or per KV head (attention)
         "custom_variant",  # user attention variant (attention)
         "attn_bias",  # an additive bias or a boolean mask (attention.dense)
         "paged",  # paged KV cache (attention)

@@ -3,8 +3,10 @@ vLLM's block-table form.
 
 - :class:`PagedKVCache`: K and V page tensors. Layout ``"NHD"``: ``(num_pages, page_size,
   kv_heads, head_dim)``; ``"HND"``: ``(num_pages, kv_heads, page_size, head_dim)``. V may have a
-  different head dim (``head_dim_v``). fp8 (e4m3/e5m2) pages carry float ``k_scale`` / ``v_scale``
-  (dequantised value = stored value × scale).
+  different head dim (``head_dim_v``). fp8 (e4m3/e5m2) pages carry ``k_scale`` / ``v_scale``
+  (dequantised value = stored value × scale): a float, or a float32 tensor of shape () or (kv_heads,) on the pages'
+  device (a scale per KV head, updated in place by a calibration without a host read; problems then carry the
+  feature ``kv_scale_tensor``).
 - :class:`PageTable`: ``block_table`` ``(batch, max_pages)`` int32 (vLLM's form: row ``b`` lists the
   pages of request ``b`` in order; entries past the request's last page are ignored) and
   ``seq_lens`` ``(batch,)`` int32 (tokens in the cache for each request).
@@ -27,15 +29,15 @@ KV_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32}) | FP8_DTYP
 class PagedKVCache:
     """K/V page tensors of one attention layer. See the module docstring for shapes."""
 
-    __slots__ = ("_dims", "k_pages", "k_scale", "layout", "v_pages", "v_scale")
+    __slots__ = ("_dims", "k_pages", "k_scale", "layout", "scale_tensors", "v_pages", "v_scale")
 
     def __init__(
         self,
         k_pages: torch.Tensor,
         v_pages: torch.Tensor,
         layout: str = "NHD",
-        k_scale: float | None = None,
-        v_scale: float | None = None,
+        k_scale: float | torch.Tensor | None = None,
+        v_scale: float | torch.Tensor | None = None,
     ) -> None:
         check(layout in LAYOUTS, "layout", layout, f"one of {LAYOUTS}")
         for name, t in (("k_pages", k_pages), ("v_pages", v_pages)):
@@ -49,15 +51,21 @@ class PagedKVCache:
         fp8 = k_pages.dtype in FP8_DTYPES
         if not fp8:
             check(k_scale is None and v_scale is None, "k_scale/v_scale", (k_scale, v_scale), "None unless pages are fp8")
-        for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
-            check(s is None or (isinstance(s, (int, float)) and s > 0), name, s, "a positive float or None")
-        self.k_pages, self.v_pages, self.layout = k_pages, v_pages, layout
-        self.k_scale = float(k_scale) if k_scale is not None else (1.0 if fp8 else None)
-        self.v_scale = float(v_scale) if v_scale is not None else (1.0 if fp8 else None)
         if layout == "NHD":
             num_pages, page_size, kv_heads, head_dim = k_pages.shape
         else:
             num_pages, kv_heads, page_size, head_dim = k_pages.shape
+        for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if isinstance(s, torch.Tensor):
+                _check_scale_tensor(name, s, kv_heads, k_pages.device)
+            else:
+                check(s is None or (isinstance(s, (int, float)) and s > 0), name, s,
+                      f"a positive float, a float32 tensor of shape () or ({kv_heads},), or None")
+        self.k_pages, self.v_pages, self.layout = k_pages, v_pages, layout
+        self.k_scale: float | torch.Tensor | None = _scale(k_scale, fp8)
+        self.v_scale: float | torch.Tensor | None = _scale(v_scale, fp8)
+        #: True when a scale is a tensor (problems then carry the feature ``kv_scale_tensor``)
+        self.scale_tensors = isinstance(k_scale, torch.Tensor) or isinstance(v_scale, torch.Tensor)
         self._dims = (num_pages, page_size, kv_heads, head_dim, v_pages.shape[-1])
 
     num_pages = property(lambda self: self._dims[0])
@@ -263,6 +271,22 @@ class TokenRows:
         torch.sub(self.source.seq_lens[:, None], self._back, out=lens)
         lens.clamp_(min=0)
         return self.table
+
+
+def _check_scale_tensor(name: str, s: torch.Tensor, kv_heads: int, device: torch.device) -> None:
+    """A scale tensor: float32, shape () or (kv_heads,), contiguous, on the pages' device."""
+    check(s.dtype == torch.float32, f"{name}.dtype", s.dtype, "torch.float32")
+    check(s.dim() == 0 or tuple(s.shape) == (kv_heads,), f"{name}.shape", tuple(s.shape),
+          f"() or ({kv_heads},) = (num_kv_heads,)")
+    check(s.device == device, f"{name}.device", s.device, f"the pages' device ({device})")
+    check(s.is_contiguous(), name, "non-contiguous", "a contiguous tensor")
+
+
+def _scale(s: float | torch.Tensor | None, fp8: bool) -> float | torch.Tensor | None:
+    """A cache's scale: the tensor as given, a float, 1.0 for fp8 pages without one, None otherwise."""
+    if isinstance(s, torch.Tensor):
+        return s
+    return float(s) if s is not None else (1.0 if fp8 else None)
 
 
 def _version(t: torch.Tensor) -> int:

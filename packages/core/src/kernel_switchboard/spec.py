@@ -48,7 +48,7 @@ KINDS: dict[str, tuple[tuple[str, str], ...]] = {
     "int|rows": (("", "SymInt"), ("_rows", "Tensor?")),
     "float|rows": (("", "float"), ("_rows", "Tensor?")),
     "cache": (("k_pages", "Tensor"), ("v_pages", "Tensor"), ("layout", "str"), ("k_scale", "float?"),
-              ("v_scale", "float?")),
+              ("v_scale", "float?"), ("k_scale_tensor", "Tensor?"), ("v_scale_tensor", "Tensor?")),
     "table": (("block_table", "Tensor"), ("seq_lens", "Tensor"), ("max_seq_len", "SymInt?")),
 }
 
@@ -57,7 +57,8 @@ KINDS: dict[str, tuple[tuple[str, str], ...]] = {
 class Arg:
     """One public argument of an op and the custom-op parameters it becomes (see :data:`KINDS`).
 
-    - ``cache``: a :class:`~kernel_switchboard.PagedKVCache` as its pages, layout and scales;
+    - ``cache``: a :class:`~kernel_switchboard.PagedKVCache` as its pages, layout and scales (each a float, or a
+      tensor in the ``*_scale_tensor`` parameter);
     - ``table``: a :class:`~kernel_switchboard.PageTable` as its two tensors and host bound;
     - ``int|rows`` / ``float|rows``: a number or a per-row tensor as two parameters, the number (``neutral``
       standing for None or a tensor) and the tensor (or None); ``neutral`` comes back as None;
@@ -88,7 +89,10 @@ class Arg:
         """The custom-op parameters of ``value`` (traced by torch.compile: plain attribute reads only)."""
         kind = self.kind
         if kind == "cache":
-            return value.k_pages, value.v_pages, value.layout, value.k_scale, value.v_scale
+            ks, vs = value.k_scale, value.v_scale
+            k_t, v_t = isinstance(ks, torch.Tensor), isinstance(vs, torch.Tensor)
+            return (value.k_pages, value.v_pages, value.layout, None if k_t else ks, None if v_t else vs,
+                    ks if k_t else None, vs if v_t else None)
         if kind == "table":
             return value.block_table, value.seq_lens, value.max_seq_len
         if kind == "backend":
@@ -299,9 +303,13 @@ def table_of(block_table: torch.Tensor, seq_lens: torch.Tensor, max_seq_len: int
 
 
 def cache_of(k_pages: torch.Tensor, v_pages: torch.Tensor, layout: str, k_scale: float | None,
-             v_scale: float | None) -> PagedKVCache:
-    """The :class:`PagedKVCache` of these pages inside a custom op, reused like :func:`table_of`."""
+             v_scale: float | None, k_scale_tensor: torch.Tensor | None = None,
+             v_scale_tensor: torch.Tensor | None = None) -> PagedKVCache:
+    """The :class:`PagedKVCache` of these pages inside a custom op, reused like :func:`table_of` (a scale tensor, when
+    given, stands for its float)."""
     fp8 = k_pages.dtype in FP8_DTYPES
-    scales = (k_scale, v_scale) if fp8 else (None, None)
-    key = ("cache", id(k_pages), id(v_pages), layout, *scales)
+    ks = k_scale_tensor if k_scale_tensor is not None else k_scale
+    vs = v_scale_tensor if v_scale_tensor is not None else v_scale
+    scales = (ks, vs) if fp8 else (None, None)
+    key = ("cache", id(k_pages), id(v_pages), layout, *(id(s) if isinstance(s, torch.Tensor) else s for s in scales))
     return _reuse(key, (k_pages, v_pages), lambda: PagedKVCache(k_pages, v_pages, layout, *scales))  # type: ignore[no-any-return]

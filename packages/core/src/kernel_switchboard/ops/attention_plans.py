@@ -83,7 +83,7 @@ class AttentionPlan:
         self._pages_used = table.pages_used(problem.page_size)
         self._expect = (q_shape, problem.dtype, table.block_table.device,
                         (problem.kv_dtype, problem.head_dim, problem.head_dim_v, problem.page_size, problem.layout,
-                         problem.num_kv_heads))
+                         problem.num_kv_heads), "kv_scale_tensor" in problem.features)
 
     @property
     def kernel(self) -> Any:
@@ -92,12 +92,13 @@ class AttentionPlan:
     def run(self, q: _Tensor, cache: PagedKVCache, *, out: _Tensor | None = None,
             lse: _Tensor | None = None) -> _Tensor | tuple[_Tensor, _Tensor]:
         """out (shape of the plan) in q's dtype [, lse float32]; ``out``/``lse`` may be given to write into."""
-        q_shape, dtype, device, dims = self._expect
+        q_shape, dtype, device, dims, scale_tensors = self._expect
         _check_planned("q", q, q_shape, dtype, device)
         if not isinstance(cache, PagedKVCache) or cache_dims(cache) != dims:
             raise fail("cache", cache, f"(dtype, head_dim, head_dim_v, page_size, layout, kv_heads) = {dims} as planned")
         if cache.k_pages.device != device:
             raise fail("cache.device", cache.k_pages.device, f"{device} as planned")
+        _check_scales(cache, scale_tensors)
         _check_pages("cache.num_pages", cache.num_pages, self._pages_used)
         _check_buffer("out", out, self._out_shape, dtype, device)
         if not self.params.return_lse:
@@ -163,35 +164,47 @@ def _planned_max_kv(table: PageTable, page_size: int, max_kv_len: int | None) ->
     return max_kv_len
 
 
-def _context(device: torch.device, capturable: bool) -> tuple[str, Any, frozenset[str]]:
+def _context(device: torch.device, capturable: bool, kv_scale_tensor: bool = False
+             ) -> tuple[str, Any, frozenset[str]]:
     """(device type, compute capability, context features) of a plan on ``device``: ``cuda_graph`` for a
-    capturable plan on a GPU."""
+    capturable plan on a GPU, ``kv_scale_tensor`` for a cache whose scales are tensors."""
     dev, cc = device_info(device)
     extra = graph_features(dev)
     if capturable and dev == "cuda":
         extra = extra | {"cuda_graph"}
+    if kv_scale_tensor:
+        extra = extra | {"kv_scale_tensor"}
     return dev, cc, extra
+
+
+def _check_scales(cache: PagedKVCache, planned: bool) -> None:
+    """A cache whose scales are tensors exactly when the plan was made for such a cache."""
+    if cache.scale_tensors != planned:
+        raise fail("cache.k_scale/v_scale", "tensors" if cache.scale_tensors else "floats",
+                   f"{'tensors' if planned else 'floats'}, as planned (kv_scale_tensor={planned})")
 
 
 def plan_decode(table: PageTable, *, num_q_heads: int, num_kv_heads: int, head_dim: int, head_dim_v: int | None = None,
                 dtype: torch.dtype, kv_dtype: torch.dtype | None = None, layout: str = "NHD", page_size: int,
                 sm_scale: float | None = None, logits_soft_cap: float | None = None, window_left: int | None = None,
                 return_lse: bool = False, max_kv_len: int | None = None, capturable: bool = True,
-                variant: Any = None, variant_args: Any = None, backend: BackendArg = None) -> DecodePlan:
+                variant: Any = None, variant_args: Any = None, kv_scale_tensor: bool = False,
+                backend: BackendArg = None) -> DecodePlan:
     """Plan :func:`decode` for this table: validation, kernel selection and the kernel's own plan,
     once. ``plan.run(q, cache)`` then does no host synchronisation (CUDA-graph capturable; on a
     GPU the selection requires the ``cuda_graph`` feature unless ``capturable=False``).
 
     ``max_kv_len`` bounds the sequence lengths the plan will see (default: the table's now).
     ``variant`` / ``variant_args`` as in :func:`decode`; tensors in ``variant_args`` are read at every
-    run, so they may be updated in place between runs.
+    run, so they may be updated in place between runs. ``kv_scale_tensor``: the caches will carry their fp8 scales
+    as tensors (read at every run, so a calibration may update them in place).
     """
     dims, max_kv = _check_plan_args(table, num_q_heads, num_kv_heads, head_dim, head_dim_v, dtype, kv_dtype, layout,
                                     page_size, max_kv_len)
     device = table.block_table.device
     p = params(head_dim, sm_scale, logits_soft_cap, window_left, True, bool(return_lse), 1, max_kv, variant,
                variant_args, device)
-    dev, cc, extra = _context(device, capturable)
+    dev, cc, extra = _context(device, capturable, kv_scale_tensor)
     kv_dtype_, _, head_dim_v_, _, _, _ = dims
     b = table.batch_size
     problem = decode_problem(dev, cc, dtype, kv_dtype_, head_dim, head_dim_v_, page_size, layout, num_q_heads,
@@ -210,9 +223,10 @@ def plan_prefill(table: PageTable, qo_indptr: _Tensor, *, num_q_heads: int, num_
                  layout: str = "NHD", page_size: int, causal: bool = True, sm_scale: float | None = None,
                  logits_soft_cap: float | None = None, window_left: int | None = None, return_lse: bool = False,
                  max_kv_len: int | None = None, capturable: bool = True, variant: Any = None, variant_args: Any = None,
-                 backend: BackendArg = None) -> PrefillPlan:
+                 kv_scale_tensor: bool = False, backend: BackendArg = None) -> PrefillPlan:
     """Plan :func:`prefill` for this table and ``qo_indptr`` (B+1,) int32 (read back once, here).
-    ``plan.run(q, cache)`` with q (qo_indptr[-1], Hq, D) does no host synchronisation."""
+    ``plan.run(q, cache)`` with q (qo_indptr[-1], Hq, D) does no host synchronisation. ``kv_scale_tensor`` as in
+    :func:`plan_decode`."""
     dims, max_kv = _check_plan_args(table, num_q_heads, num_kv_heads, head_dim, head_dim_v, dtype, kv_dtype, layout,
                                     page_size, max_kv_len)
     check_tensor(qo_indptr, "qo_indptr", dims=1, dtypes=INT32)
@@ -228,7 +242,7 @@ def plan_prefill(table: PageTable, qo_indptr: _Tensor, *, num_q_heads: int, num_
     device = table.block_table.device
     p = params(head_dim, sm_scale, logits_soft_cap, window_left, bool(causal), bool(return_lse), max_q, max_kv,
                variant, variant_args, device)
-    dev, cc, extra = _context(device, capturable)
+    dev, cc, extra = _context(device, capturable, kv_scale_tensor)
     kv_dtype_, _, head_dim_v_, _, _, _ = dims
     problem = prefill_problem(dev, cc, dtype, kv_dtype_, head_dim, head_dim_v_, page_size, layout, num_q_heads,
                               num_kv_heads, b, p, mixed, extra)
@@ -540,6 +554,7 @@ class PODPlan:
             raise fail("cache", cache, f"(dtype, head_dim, head_dim_v, page_size, layout, kv_heads) = {dims} as planned")
         if cache.k_pages.device != device:
             raise fail("cache.device", cache.k_pages.device, f"{device} as planned")
+        _check_scales(cache, "kv_scale_tensor" in self.problem.features)
         _check_pages("cache.num_pages", cache.num_pages, self._pages_used)
         dv = dims[2]
         _check_buffer("out_prefill", out_prefill, (*qp_shape[:2], dv), dtype, device)
@@ -560,12 +575,13 @@ def plan_pod(prefill_table: PageTable, qo_indptr: _Tensor, decode_table: PageTab
              kv_dtype: torch.dtype | None = None, layout: str = "NHD", page_size: int, causal: bool = True,
              sm_scale: float | None = None, logits_soft_cap: float | None = None, window_left: int | None = None,
              return_lse: bool = False, max_kv_len: int | None = None, capturable: bool = True,
-             backend: BackendArg = None) -> PODPlan:
+             kv_scale_tensor: bool = False, backend: BackendArg = None) -> PODPlan:
     """Plan :func:`pod` (prefill requests of ``prefill_table`` packed by ``qo_indptr`` (Bp+1,) int32, read back once
     here, and the one-token decode requests of ``decode_table``): validation, kernel selection and the kernel's own
     plan (its work split), once per step; ``plan.run(q_prefill, q_decode, cache)`` per layer does no host
     synchronisation. ``max_kv_len`` bounds both parts' sequence lengths (default: the tables' now); on a GPU the
-    selection requires the ``cuda_graph`` feature unless ``capturable=False``."""
+    selection requires the ``cuda_graph`` feature unless ``capturable=False``; ``kv_scale_tensor`` as in
+    :func:`plan_decode`."""
     dims, max_kv = _check_plan_args(prefill_table, num_q_heads, num_kv_heads, head_dim, head_dim_v, dtype, kv_dtype,
                                     layout, page_size, max_kv_len)
     if not isinstance(decode_table, PageTable):
@@ -585,7 +601,7 @@ def plan_pod(prefill_table: PageTable, qo_indptr: _Tensor, decode_table: PageTab
     max_q, _, _ = prefill_lengths(values, total, bool(causal), False, 0)
     device = prefill_table.block_table.device
     p = params(head_dim, sm_scale, logits_soft_cap, window_left, bool(causal), bool(return_lse), max_q, max_kv)
-    dev, cc, extra = _context(device, capturable)
+    dev, cc, extra = _context(device, capturable, kv_scale_tensor)
     kv_dtype_, _, head_dim_v_, _, _, _ = dims
     problem = pod_problem(dev, cc, dtype, kv_dtype_, head_dim, head_dim_v_, page_size, layout, num_q_heads,
                           num_kv_heads, b, decode_table.batch_size, p, extra)

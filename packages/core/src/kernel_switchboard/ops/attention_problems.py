@@ -31,6 +31,12 @@ INT32 = frozenset({torch.int32})
 _Tensor = torch.Tensor
 _NO_FEATURES: frozenset[str] = frozenset()
 _CAPTURE = frozenset({"cuda_graph"})
+_SCALE_TENSORS = frozenset({"kv_scale_tensor"})
+
+
+def cache_features(cache: PagedKVCache, extra: frozenset[str]) -> frozenset[str]:
+    """``extra`` and the cache's own context features (``kv_scale_tensor`` for scales given as tensors)."""
+    return extra | _SCALE_TENSORS if cache.scale_tensors else extra
 
 
 @dataclass(frozen=True, slots=True)
@@ -422,6 +428,8 @@ def decode_call(q: Any, cache: Any, table: Any, sm_scale: Any = None, logits_sof
     device = q.device
     dev, cc = device_info(device)
     graph = _CAPTURE if dev == "cuda" and torch.cuda.is_current_stream_capturing() else _NO_FEATURES
+    if cache.scale_tensors:
+        graph = graph | _SCALE_TENSORS
     try:
         p = _params(d, sm_scale, logits_soft_cap, window_left, True, return_lse, 1, max_kv, INVARIANT_SCOPE.get())
     except TypeError:
@@ -458,7 +466,7 @@ def prefill_call(q: Any, qo_indptr: Any, cache: Any, table: Any, causal: bool = 
                variant_args, q.device)
     dev, cc = device_key(q)
     problem = prefill_problem(dev, cc, q.dtype, kv_dtype, head_dim, head_dim_v, page_size, layout, q.shape[1],
-                              kv_heads, batch, p, mixed, graph_features(dev))
+                              kv_heads, batch, p, mixed, cache_features(cache, graph_features(dev)))
     return problem, p, host
 
 
@@ -562,7 +570,8 @@ def pod_call(q_prefill: Any, qo_indptr: Any, q_decode: Any, cache: Any, prefill_
     p = params(head_dim, sm_scale, logits_soft_cap, window_left, causal, bool(return_lse), max_q, max_kv)
     dev, cc = device_key(q_prefill)
     problem = pod_problem(dev, cc, q_prefill.dtype, kv_dtype, head_dim, head_dim_v, page_size, layout,
-                          q_prefill.shape[1], kv_heads, batch, q_decode.shape[0], p, graph_features(dev))
+                          q_prefill.shape[1], kv_heads, batch, q_decode.shape[0], p,
+                          cache_features(cache, graph_features(dev)))
     return problem, p, host
 
 

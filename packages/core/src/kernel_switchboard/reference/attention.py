@@ -154,8 +154,13 @@ def gather_pages(cache: PagedKVCache, pages: torch.Tensor, slots: torch.Tensor, 
     k_nhd, v_nhd = cache.nhd()
     k, v = k_nhd[pages, slots[None, :]].to(dtype), v_nhd[pages, slots[None, :]].to(dtype)
     if cache.k_scale is not None and cache.v_scale is not None:  # fp8 pages
-        k, v = k * cache.k_scale, v * cache.v_scale
+        k, v = k * head_scale(cache.k_scale, dtype), v * head_scale(cache.v_scale, dtype)
     return k, v
+
+
+def head_scale(scale: float | torch.Tensor, dtype: torch.dtype) -> float | torch.Tensor:
+    """A cache scale as a factor of (..., Hkv, D) values: a float, or a tensor () / (Hkv,) as (1, 1) / (Hkv, 1)."""
+    return scale.to(dtype).reshape(-1, 1) if isinstance(scale, torch.Tensor) else scale
 
 
 def _paged_attend(q_pad: torch.Tensor, q_pos: torch.Tensor, cache: PagedKVCache, table: PageTable, p: Any,

@@ -20,15 +20,19 @@ def _targets(table: PageTable, batch_indices: torch.Tensor, positions: torch.Ten
     return pages, pos % page_size
 
 
-def quantize(x: torch.Tensor, dtype: torch.dtype, scale: float | None) -> torch.Tensor:
-    """``x`` as stored in pages of ``dtype``: fp8 stores x * (1 / scale) saturated to the fp8 range.
+def quantize(x: torch.Tensor, dtype: torch.dtype, scale: float | torch.Tensor | None) -> torch.Tensor:
+    """``x`` (T, H, D) as stored in pages of ``dtype``: fp8 stores x * (1 / scale) saturated to the fp8 range; a
+    scale tensor of shape () or (H,) scales each head by its own.
 
     The reciprocal is taken once in float32, as CUDA's division by a scalar does, so that CPU and GPU
     store the same bytes."""
     if scale is None:
         return x.to(dtype)
     limit = torch.finfo(dtype).max
-    inv = torch.tensor(1.0 / scale, dtype=torch.float32).item()
+    if isinstance(scale, torch.Tensor):
+        inv: float | torch.Tensor = (1.0 / scale.float()).reshape(-1, 1)
+    else:
+        inv = torch.tensor(1.0 / scale, dtype=torch.float32).item()
     return (x.float() * inv).clamp(-limit, limit).to(dtype)
 
 
@@ -37,7 +41,7 @@ def append(k: torch.Tensor, v: torch.Tensor, cache: PagedKVCache, table: PageTab
     """Write k (T, Hkv, D), v (T, Hkv, Dv) at (batch_indices[t], positions[t]) of the paged cache."""
     pages, slots = _targets(table, batch_indices, positions, cache.page_size)
     k_nhd, v_nhd = cache.nhd()  # views: writes land in the cache's own layout
-    k_nhd[pages, slots] = quantize(k, cache.dtype, cache.k_scale)
+    k_nhd[pages, slots] = quantize(k, cache.dtype, cache.k_scale)  # (T, Hkv, D): a per-head scale broadcasts
     v_nhd[pages, slots] = quantize(v, cache.dtype, cache.v_scale)
 
 

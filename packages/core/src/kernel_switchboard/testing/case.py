@@ -132,8 +132,8 @@ def map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
         return {k: map_tensors(v, fn) for k, v in obj.items()}
     if isinstance(obj, PagedKVCache):
         fp8 = obj.is_fp8
-        return PagedKVCache(fn(obj.k_pages), fn(obj.v_pages), obj.layout,
-                            obj.k_scale if fp8 else None, obj.v_scale if fp8 else None)
+        scales = [fn(s) if isinstance(s, torch.Tensor) else s for s in (obj.k_scale, obj.v_scale)]
+        return PagedKVCache(fn(obj.k_pages), fn(obj.v_pages), obj.layout, *(scales if fp8 else (None, None)))
     if isinstance(obj, PageTable):
         return PageTable(fn(obj.block_table), fn(obj.seq_lens), obj.max_seq_len)
     return obj

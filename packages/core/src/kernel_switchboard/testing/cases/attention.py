@@ -52,6 +52,7 @@ class AttnSpec:
     window: int | None = None
     lse: bool = False
     kv_dtype: torch.dtype | None = None  # fp8 dtype for a quantised cache
+    scale_tensor: bool = False  # the fp8 cache's scales as tensors: K per KV head, V one for all
     variant: str | None = None  # a shipped custom variant (kernel_switchboard.variants_lib.VARIANTS)
 
     @property
@@ -71,7 +72,7 @@ class AttnSpec:
         if self.lse:
             bits.append("lse")
         if self.kv_dtype is not None:
-            bits.append(_SHORT[self.kv_dtype])
+            bits.append(_SHORT[self.kv_dtype] + ("-scaleT" if self.scale_tensor else ""))
         if self.variant is not None:
             bits.append(f"var-{self.variant}")
         return "-".join(bits)
@@ -104,12 +105,15 @@ def generator(seed: int | torch.Generator) -> torch.Generator:
 
 
 def random_pages(g: torch.Generator, num_pages: int, page_size: int, heads: int, dim: int, dtype: torch.dtype,
-                 scale: float | None = None, unused: torch.Tensor | None = None) -> torch.Tensor:
-    """NHD pages (num_pages, page_size, heads, dim) of N(0, 1) values; fp8 stores value / scale.
+                 scale: float | torch.Tensor | None = None, unused: torch.Tensor | None = None) -> torch.Tensor:
+    """NHD pages (num_pages, page_size, heads, dim) of N(0, 1) values; fp8 stores value / scale (a tensor scale: ()
+    or one per head).
     ``unused`` (num_pages, page_size) bool: slots filled with NaN (no kernel may read them)."""
     x = torch.randn(num_pages, page_size, heads, dim, generator=g, device=g.device)
     if unused is not None:
         x.masked_fill_(unused.to(x.device)[:, :, None, None], float("nan"))
+    if isinstance(scale, torch.Tensor):  # () or one per head
+        return (x / scale.to(x.device).reshape(-1, 1)).clamp(-448, 448).to(dtype)
     if scale is not None:
         return (x / scale).clamp(-448, 448).to(dtype)
     return x.to(dtype)
@@ -136,12 +140,18 @@ def paged_kv(g: torch.Generator, spec: AttnSpec, device: torch.device | str) -> 
     block_table, seq_lens, num_pages = page_table(g, spec.kv_lens, spec.page_size)
     kv_dtype = spec.kv_dtype or spec.dtype
     fp8 = spec.kv_dtype is not None
-    k_scale, v_scale = (0.5, 2.0) if fp8 else (None, None)  # powers of two: exact (de)quantisation
+    k_scale: float | torch.Tensor | None = 0.5 if fp8 else None  # powers of two: exact (de)quantisation
+    v_scale: float | torch.Tensor | None = 2.0 if fp8 else None
+    if fp8 and spec.scale_tensor:
+        k_scale = torch.tensor([0.5 * 2.0 ** -(h % 3) for h in range(spec.kv_heads)])
+        v_scale = torch.tensor(2.0)
     unused = unwritten_slots(block_table, seq_lens, num_pages, spec.page_size)
     k = random_pages(g, num_pages, spec.page_size, spec.kv_heads, spec.head_dim, kv_dtype, k_scale, unused)
     v = random_pages(g, num_pages, spec.page_size, spec.kv_heads, spec.dv, kv_dtype, v_scale, unused)
     if spec.layout == "HND":
         k, v = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+    if isinstance(k_scale, torch.Tensor) and isinstance(v_scale, torch.Tensor):
+        k_scale, v_scale = k_scale.to(device), v_scale.to(device)
     cache = PagedKVCache(k.to(device), v.to(device), spec.layout, k_scale, v_scale)
     return cache, PageTable(block_table.to(device), seq_lens.to(device))
 
@@ -336,6 +346,7 @@ def _small_specs() -> list[AttnSpec]:
         AttnSpec(bf16, "HND", 16, 4, 2, head_dim=96, kv_lens=(27, 1), lse=True),  # Phi-3's head dim
         AttnSpec(f16, "NHD", 1, 2, 1, head_dim=80, kv_lens=(9, 30), soft_cap=5.0),  # Phi-2's
         AttnSpec(bf16, "NHD", 16, 4, 2, kv_lens=(25, 6), kv_dtype=torch.float8_e5m2, lse=True),
+        AttnSpec(f16, "HND", 16, 4, 2, kv_lens=(21, 9, 1), kv_dtype=e4m3, scale_tensor=True, lse=True),
     ]
 
 
@@ -374,6 +385,7 @@ def _large_specs(rng: random.Random) -> list[AttnSpec]:
         AttnSpec(torch.float32, "NHD", 16, 32, 8, 128),
         AttnSpec(bf16, "HND", 16, 32, 32, 96, lse=True),
         AttnSpec(f16, "NHD", 16, 32, 8, 128, kv_dtype=torch.float8_e5m2),
+        AttnSpec(bf16, "NHD", 16, 32, 8, 128, kv_dtype=e4m3, scale_tensor=True, lse=True),
     ]
     out = []
     for spec in base:
