@@ -397,14 +397,15 @@ def test_opcheck_attention_ops() -> None:
     torch.library.opcheck(torch.ops.ksb.attention_decode.default, (q[:2].contiguous(), *paged, None, 5.0, 3, True, None))
     torch.library.opcheck(torch.ops.ksb.attention_decode.default, (q[:2].contiguous(), *paged, 0.3, None, None, False,
                                                                    None))
-    torch.library.opcheck(torch.ops.ksb.attention_prefill.default, (q, qo, *paged, True, None, None, 2, True, None))
+    torch.library.opcheck(torch.ops.ksb.attention_prefill.default, (q, qo, *paged, True, None, None, None, 2, True,
+                                                                    None))
     # fp8 pages: torch's schema checker cannot multiply fp8 tensors, so only the fake / AOT checks
     q, qo, paged = _paged_op_args(E4M3)
     fp8_utils = ("test_faketensor", "test_aot_dispatch_dynamic")
     torch.library.opcheck(torch.ops.ksb.attention_decode.default, (q[:2].contiguous(), *paged, None, None, None, True,
                                                                    None), test_utils=fp8_utils)
-    torch.library.opcheck(torch.ops.ksb.attention_prefill.default, (q, qo, *paged, True, None, None, None, False, None),
-                          test_utils=fp8_utils)
+    torch.library.opcheck(torch.ops.ksb.attention_prefill.default, (q, qo, *paged, True, None, None, None, None, False,
+                                                                    None), test_utils=fp8_utils)
     k, v = torch.randn(19, 2, 64), torch.randn(19, 2, 64)
     torch.library.opcheck(torch.ops.ksb.attention_prefill_ragged.default,
                           (q, k, v, qo, torch.tensor([0, 7, 19], dtype=torch.int32), True, None, None, None, False,

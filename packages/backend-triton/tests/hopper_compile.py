@@ -113,13 +113,14 @@ def _as_hopper(*modules: Any) -> None:
 
 
 def main_beyond() -> None:
-    """``python hopper_compile.py beyond``: the MLA prefill kernel, and the POD kernel in both schedules and its
-    co-resident configuration (whose shared memory must leave room for a second program on an SM)."""
+    """``python hopper_compile.py beyond``: the MLA prefill kernel, the POD kernel in both schedules and its
+    co-resident configuration (whose shared memory must leave room for a second program on an SM), and the prefill
+    kernel on fp8 queries and pages (fp8 MMAs for both dots), with TMA page tiles and with pointer loads."""
     import kernel_switchboard_triton._attn_common as common
     import kernel_switchboard_triton._mla_prefill as mla_prefill
     import kernel_switchboard_triton._pod as pod
     import kernel_switchboard_triton._prefill as prefill
-    from kernel_switchboard.testing.cases.attention import AttnSpec, mla_prefill_case, pod_case
+    from kernel_switchboard.testing.cases.attention import AttnSpec, mla_prefill_case, pod_case, prefill_case
 
     _as_hopper(common, prefill, pod, mla_prefill)
     results = []
@@ -148,6 +149,15 @@ def main_beyond() -> None:
                                qo_indptr=qo, decode_table=decode_table, config=cfg)
         run(f"pod-{schedule}{'-co_resident' if co_resident else ''}",
             lambda runner=runner: runner.run(q, q_decode, cache, None, None, None, None))
+    for page_size in (128, 16):  # TMA page tiles, pointer loads
+        prefill.has_tma = (lambda device: True) if page_size == 128 else (lambda device: False)  # type: ignore[attr-defined]
+        spec = AttnSpec(torch.bfloat16, "NHD", page_size, 32, 8, 128, kv_lens=(512, 40), q_lens=(512, 1), lse=True,
+                        kv_dtype=torch.float8_e4m3fn, q_fp8=True)
+        q, qo, cache, table = prefill_case(spec, "cpu").args
+        p = _params(prefill_case(spec, "cpu"), True)
+        p.q_scale = 0.25
+        run(f"prefill-fp8-p{page_size}", lambda q=q, qo=qo, cache=cache, table=table, p=p: prefill.prefill(
+            q, qo, cache, table, p))
     print(json.dumps(results))
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl  # noqa: F401 - the interpreter runs a jit function only where it sees triton.language
 
 import kernel_switchboard as ksb
 from kernel_switchboard.availability import triton_interpreting
@@ -62,3 +64,67 @@ def test_append_quantises_each_head_by_its_scale_tensor() -> None:
         ksb.kv_cache.append(k, v, cache, table, positions, backend=backend)
         stored.append((cache.k_pages[:, 1].view(torch.uint8).cpu(), cache.v_pages[:, 1].view(torch.uint8).cpu()))
     assert torch.equal(stored[0][0], stored[1][0]) and torch.equal(stored[0][1], stored[1][1])
+
+
+# -- fp8 queries (FlashAttention-3's fp8 attention) ----------------------------------------------------------------
+@triton.jit
+def _unrounded(p):
+    """Stands for ``_round_e4m3`` in the kernel: P left as it is."""
+    return p
+
+FP8_Q = AttnSpec(BF16, "NHD", 16, 4, 2, kv_lens=(21, 40, 1), q_lens=(7, 40, 1), lse=True, kv_dtype=E4M3, q_fp8=True)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the interpreter's emulation of the fp8 dots")
+def test_fp8_query_dequantisation_matches_reference_when_p_is_not_rounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The interpreter computes the dots on the fp8 values in float32 (exact products), so with P left unrounded the
+    kernel's folding of q_scale, k_scale and v_scale into its score and output scales is checked against the
+    reference tightly; with P rounded to e4m3 (what the GPU's fp8 PV dot sees) the error is fp8's."""
+    from kernel_switchboard_triton import _prefill
+
+    case = prefill_case(FP8_Q, DEVICE, seed=3)
+    want = ksb.attention.prefill(*case.args, **case.kwargs, backend="reference")
+    rounded = ksb.attention.prefill(*case.args, **case.kwargs, backend="triton:prefill_fp8")
+    monkeypatch.setattr(_prefill, "_round_e4m3", _unrounded)
+    exact = ksb.attention.prefill(*case.args, **case.kwargs, backend="triton:prefill_fp8")
+    assert exact[0].dtype == BF16
+    for g, w in zip(exact, want):
+        assert_close(g, w, atol=1e-2, rtol=1e-2, what="P unrounded")
+    assert not torch.equal(rounded[0], exact[0])  # the emulated fp8 P is on
+    for g, w in zip(rounded, want):
+        assert_close(g, w, atol=0.1, rtol=0.1, what="P rounded to e4m3")
+
+
+def test_fp8_queries_need_hopper_and_the_fp8_kernel() -> None:
+    from kernel_switchboard_triton.attention import PREFILL, PREFILL_FP8
+
+    case = prefill_case(FP8_Q, DEVICE)
+    problem = ksb.explain("attention.prefill", *case.args, **case.kwargs, backend="triton:prefill_fp8").problem
+    assert "compute capability 8.9 below minimum 9.0" in " ".join(PREFILL_FP8.reasons(problem._replace(cc=(8, 9))))
+    assert "dtype=float8_e4m3fn not supported" in " ".join(PREFILL.reasons(problem))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [128, 16], ids=["tma", "pointer"])
+def test_fp8_prefill_accuracy_against_bf16(page_size: int) -> None:
+    """1x4096 causal, Llama-3-8B heads: the fp8 kernel (queries, keys, values and P in e4m3) against the float32
+    reference on the same fp8 inputs (fp8's math tolerance), and both it and the bf16 kernel against the float32
+    attention of the unquantised inputs (the error of the whole fp8 recipe, printed for docs/benchmarks.md)."""
+    spec = AttnSpec(BF16, "NHD", page_size, 32, 8, 128, kv_lens=(4096,), q_lens=(4096,), lse=True)
+    q, qo, cache, table = prefill_case(spec, "cuda", seed=7).args
+    k_scale = cache.k_pages.float().abs().amax().item() / 448
+    v_scale = cache.v_pages.float().abs().amax().item() / 448
+    q_scale = q.float().abs().amax().item() / 448
+    cache8 = ksb.PagedKVCache((cache.k_pages.float() / k_scale).to(E4M3), (cache.v_pages.float() / v_scale).to(E4M3),
+                              "NHD", k_scale, v_scale)
+    q8 = (q.float() / q_scale).to(E4M3)
+    got = ksb.attention.prefill(q8, qo, cache8, table, q_scale=q_scale, return_lse=True, backend="triton:prefill_fp8")
+    same_inputs = ksb.attention.prefill(q8, qo, cache8, table, q_scale=q_scale, return_lse=True, backend="reference")
+    assert_close(got[0], same_inputs[0], atol=0.1, rtol=0.1, what="fp8 kernel vs reference on fp8 inputs")
+    exact = ksb.attention.prefill(q.float(), qo, ksb.PagedKVCache(cache.k_pages.float(), cache.v_pages.float(), "NHD"),
+                                  table, backend="reference")
+    bf16 = ksb.attention.prefill(q, qo, cache, table, backend="triton")
+    err_fp8 = (got[0].float() - exact).abs().max().item()
+    err_bf16 = (bf16.float() - exact).abs().max().item()
+    print(f"fp8 prefill page {page_size}: max abs error {err_fp8:.4f} (bf16 kernel {err_bf16:.4f}) against float32")
+    assert err_fp8 < 0.15 and err_bf16 < 0.02

@@ -30,10 +30,12 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from kernel_switchboard.ops.attention_problems import out_dtype
 from kernel_switchboard.ops.attention_runner import buffers
 
 from ._attn_common import _tanh, cc_major, interpreting, scale_args, soft_cap_args, soft_cap_mode, split_dim
 from ._common import has_tma, row_major_for_tma
+from ._moe_kernels import _round_e4m3
 
 
 def variant_launch(bound: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -129,6 +131,7 @@ def _tile(
     HEAD_DIM_V: tl.constexpr,  # v head dim
     BLOCK_DV: tl.constexpr,  # next power of two of HEAD_DIM_V
     DOT_FP32: tl.constexpr,  # float32 dot operands (interpreter)
+    P_ROUND: tl.constexpr,  # round P to float8_e4m3fn's grid before the PV dot (the interpreter's fp8 queries)
 ):
     tok = n0 + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_MAIN)
@@ -195,6 +198,8 @@ def _tile(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
+        if P_ROUND:  # as the GPU's p.to(float8e4nv) rounds it (fp8 queries: the PV dot on fp8 operands too)
+            p = _round_e4m3(p)
         acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
     else:
         m_new = m_i
@@ -260,6 +265,7 @@ def _prefill_kernel(
     RETURN_LSE: tl.constexpr,  # write lse
     LOG_B: tl.constexpr,  # binary-search steps, >= log2(B) + 1
     DOT_FP32: tl.constexpr,  # float32 dot operands (interpreter)
+    P_ROUND: tl.constexpr,  # round P to float8_e4m3fn's grid before the PV dot (the interpreter's fp8 queries)
     SCORE_MOD: tl.constexpr,  # variant score hook (kernel_switchboard.variants) or None
     MASK_MOD: tl.constexpr,  # variant mask hook or None
     OUTPUT_MOD: tl.constexpr,  # variant output hook or None
@@ -278,7 +284,8 @@ def _prefill_kernel(
                      stride_lh, qk_scale, cap_log2, v_scale, k_scale_ptr, v_scale_ptr, window_left, batch, vargs, GROUP,
                      NUM_KV_HEADS, BLOCK_M,
                      BLOCK_N, DIAG_N, HEAD_MAIN, HEAD_TAIL, HEAD_DIM_V, BLOCK_DV, PAGE_SIZE, PAGED, TMA, HND, CAUSAL,
-                     WINDOW, SOFT_CAP, RETURN_LSE, LOG_B, DOT_FP32, SCORE_MOD, MASK_MOD, OUTPUT_MOD, HAS_SCORE_MOD,
+                     WINDOW, SOFT_CAP, RETURN_LSE, LOG_B, DOT_FP32, P_ROUND, SCORE_MOD, MASK_MOD, OUTPUT_MOD,
+                     HAS_SCORE_MOD,
                      HAS_MASK_MOD, HAS_OUTPUT_MOD, SOFTMAX, K_SCALE_STRIDE, V_SCALE_STRIDE)
 
 
@@ -339,6 +346,7 @@ def _prefill_program(
     RETURN_LSE: tl.constexpr,  # write lse
     LOG_B: tl.constexpr,  # binary-search steps, >= log2(B) + 1
     DOT_FP32: tl.constexpr,  # float32 dot operands (interpreter)
+    P_ROUND: tl.constexpr,  # round P to float8_e4m3fn's grid before the PV dot (the interpreter's fp8 queries)
     SCORE_MOD: tl.constexpr,  # variant score hook (kernel_switchboard.variants) or None
     MASK_MOD: tl.constexpr,  # variant mask hook or None
     OUTPUT_MOD: tl.constexpr,  # variant output hook or None
@@ -427,14 +435,14 @@ def _prefill_program(
                                   cap_log2, head2, b, vargs, SCORE_MOD, MASK_MOD, HAS_SCORE_MOD, HAS_MASK_MOD, SOFTMAX,
                                   True, CAUSAL, WINDOW, SOFT_CAP, PAGED, TMA, HND, NUM_KV_HEADS, PAGE_SIZE, BLOCK_N,
                                   HEAD_MAIN, HEAD_TAIL,
-                                  HEAD_DIM_V, BLOCK_DV, DOT_FP32)
+                                  HEAD_DIM_V, BLOCK_DV, DOT_FP32, P_ROUND)
         for n0 in range(full_lo, full_hi, BLOCK_N):
             acc, m_i, l_i = _tile(acc, m_i, l_i, q, q_tail, k_base, v_base, k_desc, v_desc, kvh, bt_row, kv_start, n0,
                                   kv_len, row_pos, window_left, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
                                   cap_log2, head2, b, vargs, SCORE_MOD, MASK_MOD, HAS_SCORE_MOD, HAS_MASK_MOD, SOFTMAX,
                                   False, CAUSAL, WINDOW, SOFT_CAP, PAGED, TMA, HND, NUM_KV_HEADS, PAGE_SIZE, BLOCK_N,
                                   HEAD_MAIN, HEAD_TAIL,
-                                  HEAD_DIM_V, BLOCK_DV, DOT_FP32)
+                                  HEAD_DIM_V, BLOCK_DV, DOT_FP32, P_ROUND)
         # narrower tiles here (DIAG_N) skip most of the keys past the diagonal that a BLOCK_N tile would mask
         for n0 in range(full_hi, end, DIAG_N):
             acc, m_i, l_i = _tile(acc, m_i, l_i, q, q_tail, k_base, v_base, kd_desc, vd_desc, kvh, bt_row, kv_start,
@@ -442,7 +450,7 @@ def _prefill_program(
                                   cap_log2, head2, b, vargs, SCORE_MOD, MASK_MOD, HAS_SCORE_MOD, HAS_MASK_MOD, SOFTMAX,
                                   True, CAUSAL, WINDOW, SOFT_CAP, PAGED, TMA, HND, NUM_KV_HEADS, PAGE_SIZE, DIAG_N,
                                   HEAD_MAIN, HEAD_TAIL,
-                                  HEAD_DIM_V, BLOCK_DV, DOT_FP32)
+                                  HEAD_DIM_V, BLOCK_DV, DOT_FP32, P_ROUND)
 
         out, lse = variant_finish(acc, m_i, l_i, head2, b, vargs, v_scale, OUTPUT_MOD, HAS_OUTPUT_MOD, SOFTMAX)
         offs_dv = tl.arange(0, BLOCK_DV)
@@ -565,7 +573,9 @@ def launch_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr:
     main, tail = split_dim(d)
     k_factor, k_scale_t, k_stride = scale_args(k_scale, q)
     v_factor, v_scale_t, v_stride = scale_args(v_scale, q)
-    qk_scale, cap_log2 = soft_cap_args(p.sm_scale, p.logits_soft_cap, k_factor)
+    q_scale = getattr(p, "q_scale", None)  # fp8 queries: q = stored * q_scale, folded into the score scale
+    qk_scale, cap_log2 = soft_cap_args(p.sm_scale, p.logits_soft_cap, k_factor * (q_scale or 1.0))
+    fp8_q = q.dtype == torch.float8_e4m3fn
     slots = tq * group // cfg.block_m + batch
     if tq == 0:
         return
@@ -582,8 +592,9 @@ def launch_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr:
         HEAD_MAIN=main, HEAD_TAIL=tail, HEAD_DIM_V=dv, BLOCK_DV=triton.next_power_of_2(dv), PAGE_SIZE=page_size, PAGED=paged,
         TMA=descriptors is not None, HND=paged and layout == "HND", CAUSAL=bool(p.causal),
         WINDOW=p.window_left >= 0, SOFT_CAP=soft_cap_mode(p.logits_soft_cap, q.dtype), RETURN_LSE=lse is not None,
-        LOG_B=max(1, batch.bit_length()), DOT_FP32=cfg.dot_fp32 and q.dtype == torch.bfloat16,
-        K_SCALE_STRIDE=k_stride, V_SCALE_STRIDE=v_stride, num_warps=cfg.num_warps, **hooks,
+        LOG_B=max(1, batch.bit_length()), DOT_FP32=cfg.dot_fp32 and (q.dtype == torch.bfloat16 or fp8_q),
+        P_ROUND=cfg.dot_fp32 and fp8_q, K_SCALE_STRIDE=k_stride, V_SCALE_STRIDE=v_stride, num_warps=cfg.num_warps,
+        **hooks,
     )
     try:
         launch(num_stages=cfg.num_stages)
@@ -598,7 +609,7 @@ def launch_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr:
 def prefill(q: torch.Tensor, qo_indptr: torch.Tensor, cache: Any, table: Any, p: Any
             ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The ``attention.prefill`` kernel: q (Tq, Hq, D) -> out (Tq, Hq, Dv), lse (Tq, Hq) float32 or None."""
-    out = q.new_empty(q.shape[0], q.shape[1], cache.head_dim_v)
+    out = q.new_empty(q.shape[0], q.shape[1], cache.head_dim_v, dtype=out_dtype(q.dtype))
     lse = q.new_empty(q.shape[0], q.shape[1], dtype=torch.float32) if p.return_lse else None
     launch_prefill(q, cache.k_pages, cache.v_pages, qo_indptr, None, table.block_table, table.seq_lens, cache.layout,
                    cache.page_size, out, lse, p, k_scale=cache.k_scale, v_scale=cache.v_scale)
@@ -626,6 +637,8 @@ class PrefillPlan:
 
     def run(self, q: torch.Tensor, cache: Any, out: torch.Tensor | None, lse: torch.Tensor | None
             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if out is None:  # fp8 queries give a bfloat16 out
+            out = q.new_empty(*q.shape[:2], cache.head_dim_v, dtype=out_dtype(q.dtype))
         out, lse = buffers(out, lse, q, q.shape[:2], cache.head_dim_v, self.p.return_lse)
         launch_prefill(q, cache.k_pages, cache.v_pages, self.qo_indptr, None, self.table.block_table,
                        self.table.seq_lens, cache.layout, cache.page_size, out, lse, self.p, self.cfg,

@@ -84,6 +84,15 @@ POD = Capability(
     features=(_COMMON - {"custom_variant"}) | {"paged", "causal", "fp8_kv", "kv_scale_tensor"}, limits={"group_size": 64},
     check=fp8_needs_sm89,
 )
+#: fp8 attention (FlashAttention-3's): queries and the cache in float8_e4m3fn, both dots on fp8 tensor cores (P rounded
+#: to e4m3 for the PV dot), out in bfloat16; Hopper's fp8 wgmma, head dims that fill its 32-deep K steps
+PREFILL_FP8 = Capability(
+    devices=DEVICES, min_cc=(9, 0), dtypes=frozenset({torch.float8_e4m3fn}), kv_dtypes=frozenset({torch.float8_e4m3fn}),
+    head_dims=frozenset({64, 128, 256}), head_dims_v=frozenset({64, 128, 256}), page_sizes=None,
+    layouts=frozenset({"NHD", "HND"}),
+    features=(_COMMON - {"custom_variant"}) | {"paged", "causal", "fp8_kv", "fp8_q", "kv_scale_tensor", "mixed_batch"},
+    limits={"group_size": 64},
+)
 RAGGED = Capability(
     devices=DEVICES, min_cc=(8, 0), dtypes=_HALF, kv_dtypes=_HALF, head_dims=_DIMS, head_dims_v=_DIMS,
     features=_COMMON | {"ragged", "causal", "mixed_batch"}, limits={"group_size": 64}, check=_no_variant_at_d80,
@@ -130,6 +139,11 @@ def _mla_cost(pr: Any) -> float:
     kv = pr.batch * pr.max_kv_len * (pr.head_dim + pr.head_dim_pe) * nbytes(pr.kv_dtype)
     flops = 2.0 * pr.batch * pr.num_q_heads * pr.max_kv_len * (pr.head_dim + pr.head_dim_pe + pr.head_dim_v)
     return cost_seconds(kv, flops, pr)  # 128 heads: compute-bound (~240 flop/byte)
+
+
+def _prefill_fp8_cost(pr: Any) -> float:
+    """:func:`_prefill_cost` at twice the tensor-core rate (fp8 MMAs)."""
+    return LAUNCH_S + (_prefill_cost(pr) - LAUNCH_S) / 2 if not is_inf_cost(pr) else math.inf
 
 
 def _pod_cost(pr: Any) -> float:
@@ -184,6 +198,10 @@ def kernels() -> list[Kernel]:
         Kernel("attention.prefill", "prefill_paged", BACKEND, PREFILL, prefill, version=__version__, plan=PrefillPlan,
                cost=_prefill_cost, priority=PRIORITY,
                doc="FlashAttention-2 style over paged KV; GQA-packed (token, head) rows; mixed batches in one launch"),
+        Kernel("attention.prefill", "prefill_fp8", BACKEND, PREFILL_FP8, prefill, version=__version__, plan=PrefillPlan,
+               cost=_prefill_fp8_cost, priority=PRIORITY, math_dtype=lambda pr: torch.float8_e4m3fn,
+               doc="the paged prefill kernel on float8_e4m3fn queries and pages: QK and PV on fp8 tensor cores "
+                   "(sm_90), out bfloat16"),
         Kernel("attention.prefill_ragged", "prefill_ragged", BACKEND, RAGGED, prefill_ragged, version=__version__,
                cost=_prefill_cost, priority=PRIORITY, doc="FlashAttention-2 style over ragged KV"),
         Kernel("attention.mla_decode", "mla_decode_splitkv", BACKEND, MLA, mla_decode, version=__version__,

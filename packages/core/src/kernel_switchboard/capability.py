@@ -36,6 +36,7 @@ FEATURES = frozenset(
         "return_lse",  # log-sum-exp output (attention)
         "fp8_kv",  # fp8 KV cache with scales (attention)
         "kv_scale_tensor",  # the fp8 cache's scales are device tensors, () or per KV head (attention)
+        "fp8_q",  # queries in float8_e4m3fn with a q_scale, QK on fp8 tensor cores (attention.prefill)
         "custom_variant",  # user attention variant (attention)
         "attn_bias",  # an additive bias or a boolean mask (attention.dense)
         "paged",  # paged KV cache (attention)

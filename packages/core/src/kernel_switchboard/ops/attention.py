@@ -61,6 +61,7 @@ from .attention_problems import (
     merge_call,
     mla_call,
     mla_prefill_call,
+    out_dtype,
     pod_call,
     prefill_call,
     ragged_call,
@@ -117,7 +118,7 @@ def decode(q: _Tensor, cache: PagedKVCache, table: PageTable, *, sm_scale: float
 # -- prefill (paged) ---------------------------------------------------------------------------------
 def prefill(q: _Tensor, qo_indptr: _Tensor, cache: PagedKVCache, table: PageTable, *, causal: bool = True,
             sm_scale: float | None = None, logits_soft_cap: float | None = None, window_left: int | None = None,
-            return_lse: bool = False, variant: Any = None, variant_args: Any = None,
+            return_lse: bool = False, variant: Any = None, variant_args: Any = None, q_scale: float | None = None,
             backend: BackendArg = None) -> _Tensor | tuple[_Tensor, _Tensor]:
     """Paged prefill, append (qo_len < kv_len) and mixed prefill/decode batches.
 
@@ -125,17 +126,20 @@ def prefill(q: _Tensor, qo_indptr: _Tensor, cache: PagedKVCache, table: PageTabl
     int32; the cache already holds every request's new tokens (``table.seq_lens`` counts them).
     Returns out (Tq, Hq, Dv) in q's dtype, and lse (Tq, Hq) float32 when ``return_lse``.
     ``variant`` / ``variant_args``: a custom attention variant, as in :func:`decode`.
+
+    fp8 attention (FlashAttention-3's): q in float8_e4m3fn with ``q_scale`` (q = stored * q_scale) over a
+    float8_e4m3fn cache; q·k then runs on fp8 tensor cores (feature ``fp8_q``) and out is bfloat16.
     """
     if torch.compiler.is_compiling():
         if variant is None and variant_args is None:
-            out, lse = PREFILL.compiled(q, qo_indptr, cache, table, causal, sm_scale, logits_soft_cap, window_left,
-                                        return_lse, backend)
+            out, lse = PREFILL.compiled(q, qo_indptr, cache, table, causal, q_scale, sm_scale, logits_soft_cap,
+                                        window_left, return_lse, backend)
             return (out, lse) if return_lse else out
         return _eager_only(prefill)(q, qo_indptr, cache, table, causal=causal, sm_scale=sm_scale,  # type: ignore[no-any-return]
                                     logits_soft_cap=logits_soft_cap, window_left=window_left, return_lse=return_lse,
-                                    variant=variant, variant_args=variant_args, backend=backend)
+                                    variant=variant, variant_args=variant_args, q_scale=q_scale, backend=backend)
     problem, p, host = prefill_call(q, qo_indptr, cache, table, causal, sm_scale, logits_soft_cap, window_left,
-                                    return_lse, variant, variant_args)
+                                    return_lse, variant, variant_args, q_scale)
     kernel = select("attention.prefill", problem, backend).kernel
     if kernel.plan is None:
         out, lse = kernel.run(q, qo_indptr, cache, table, p)
@@ -347,12 +351,18 @@ DECODE = define(OpSpec(
     returns="(Tensor, Tensor)", outputs=_out_lse,
     fake=lambda q, k_pages, v_pages, *rest: _fake_out_lse(q, q.shape[:2], v_pages.shape[-1], rest[-2]),
 ))
+def _fake_prefill(q: _Tensor, qo_indptr: _Tensor, k_pages: _Tensor, v_pages: _Tensor, *rest: Any
+                  ) -> tuple[_Tensor, _Tensor]:
+    out, lse = _fake_out_lse(q, q.shape[:2], v_pages.shape[-1], rest[-2])
+    return out.to(out_dtype(q.dtype)), lse
+
+
 PREFILL = define(OpSpec(
     "attention.prefill", prefill, PrefillProblem, prefill_call, reference="prefill", cases="attention",
     op="attention_prefill",
-    args=(Arg("q"), Arg("qo_indptr"), Arg("cache", "cache"), Arg("table", "table"), Arg("causal", "bool"), *_SCALARS),
-    returns="(Tensor, Tensor)", outputs=_out_lse,
-    fake=lambda q, qo_indptr, k_pages, v_pages, *rest: _fake_out_lse(q, q.shape[:2], v_pages.shape[-1], rest[-2]),
+    args=(Arg("q"), Arg("qo_indptr"), Arg("cache", "cache"), Arg("table", "table"), Arg("causal", "bool"),
+          Arg("q_scale", "float?"), *_SCALARS),
+    returns="(Tensor, Tensor)", outputs=_out_lse, fake=_fake_prefill,
 ))
 RAGGED = define(OpSpec(
     "attention.prefill_ragged", prefill_ragged, RaggedPrefillProblem, ragged_call, reference="prefill_ragged",

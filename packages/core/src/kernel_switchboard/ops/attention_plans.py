@@ -9,6 +9,7 @@ cache holds every page the table used at plan time), with host values only, then
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -18,6 +19,7 @@ from ..errors import fail
 from ..paged import FP8_DTYPES, KV_DTYPES, LAYOUTS, PagedKVCache, PageTable, TokenRows
 from ._common import FLOAT_DTYPES, BackendArg, check_same_device, check_tensor, device_info, graph_features
 from .attention_problems import (
+    E4M3,
     INT32,
     AttnParams,
     MLADecodeProblem,
@@ -26,8 +28,10 @@ from .attention_problems import (
     RaggedPrefillProblem,
     cache_dims,
     decode_problem,
+    fp8_query,
     mla_prefill_problem,
     mla_problem,
+    out_dtype,
     params,
     pod_problem,
     prefill_lengths,
@@ -83,7 +87,7 @@ class AttentionPlan:
         self._pages_used = table.pages_used(problem.page_size)
         self._expect = (q_shape, problem.dtype, table.block_table.device,
                         (problem.kv_dtype, problem.head_dim, problem.head_dim_v, problem.page_size, problem.layout,
-                         problem.num_kv_heads), "kv_scale_tensor" in problem.features)
+                         problem.num_kv_heads), "kv_scale_tensor" in problem.features, out_dtype(problem.dtype))
 
     @property
     def kernel(self) -> Any:
@@ -92,7 +96,7 @@ class AttentionPlan:
     def run(self, q: _Tensor, cache: PagedKVCache, *, out: _Tensor | None = None,
             lse: _Tensor | None = None) -> _Tensor | tuple[_Tensor, _Tensor]:
         """out (shape of the plan) in q's dtype [, lse float32]; ``out``/``lse`` may be given to write into."""
-        q_shape, dtype, device, dims, scale_tensors = self._expect
+        q_shape, dtype, device, dims, scale_tensors, out_type = self._expect
         _check_planned("q", q, q_shape, dtype, device)
         if not isinstance(cache, PagedKVCache) or cache_dims(cache) != dims:
             raise fail("cache", cache, f"(dtype, head_dim, head_dim_v, page_size, layout, kv_heads) = {dims} as planned")
@@ -100,7 +104,7 @@ class AttentionPlan:
             raise fail("cache.device", cache.k_pages.device, f"{device} as planned")
         _check_scales(cache, scale_tensors)
         _check_pages("cache.num_pages", cache.num_pages, self._pages_used)
-        _check_buffer("out", out, self._out_shape, dtype, device)
+        _check_buffer("out", out, self._out_shape, out_type, device)
         if not self.params.return_lse:
             return self._runner.run(q, cache, out, None)[0]  # type: ignore[no-any-return]
         _check_buffer("lse", lse, self._out_shape[:2], torch.float32, device)
@@ -118,8 +122,10 @@ class PrefillPlan(AttentionPlan):
     """A planned :func:`prefill`; ``run(q, cache)`` with q (Tq, Hq, D) packed by the planned qo_indptr."""
 
 
-def _check_heads(num_q_heads: int, num_kv_heads: int, head_dim: int, head_dim_v: int | None, dtype: Any) -> int:
-    """Validate a plan's head counts, head dims and query dtype; returns head_dim_v (None = head_dim)."""
+def _check_heads(num_q_heads: int, num_kv_heads: int, head_dim: int, head_dim_v: int | None, dtype: Any,
+                 fp8_q: bool = False) -> int:
+    """Validate a plan's head counts, head dims and query dtype (``fp8_q``: float8_e4m3fn allowed too); returns
+    head_dim_v (None = head_dim)."""
     for name, value in (("num_q_heads", num_q_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
         if not (isinstance(value, int) and value >= 1):
             raise fail(name, value, "a positive int")
@@ -128,21 +134,22 @@ def _check_heads(num_q_heads: int, num_kv_heads: int, head_dim: int, head_dim_v:
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
     if not (isinstance(head_dim_v, int) and head_dim_v >= 1):
         raise fail("head_dim_v", head_dim_v, "a positive int or None (= head_dim)")
-    if dtype not in FLOAT_DTYPES:
-        raise fail("dtype", dtype, "torch.float16, torch.bfloat16 or torch.float32")
+    if dtype not in FLOAT_DTYPES and not (fp8_q and dtype == E4M3):
+        raise fail("dtype", dtype, "torch.float16, torch.bfloat16 or torch.float32"
+                   + (" (or torch.float8_e4m3fn with q_scale)" if fp8_q else ""))
     return head_dim_v
 
 
 def _check_plan_args(table: Any, num_q_heads: int, num_kv_heads: int, head_dim: int, head_dim_v: int | None,
-                     dtype: Any, kv_dtype: Any, layout: str, page_size: int, max_kv_len: int | None
-                     ) -> tuple[tuple[Any, ...], int]:
+                     dtype: Any, kv_dtype: Any, layout: str, page_size: int, max_kv_len: int | None,
+                     fp8_q: bool = False) -> tuple[tuple[Any, ...], int]:
     """Validate plan arguments; returns (cache dims (kv_dtype, head_dim, head_dim_v, page_size, layout, kv_heads),
     max_kv_len)."""
     if not isinstance(table, PageTable):
         raise fail("table", type(table).__name__, "a PageTable")
     if not (isinstance(page_size, int) and page_size >= 1):
         raise fail("page_size", page_size, "a positive int")
-    head_dim_v = _check_heads(num_q_heads, num_kv_heads, head_dim, head_dim_v, dtype)
+    head_dim_v = _check_heads(num_q_heads, num_kv_heads, head_dim, head_dim_v, dtype, fp8_q)
     kv_dtype = dtype if kv_dtype is None else kv_dtype
     if kv_dtype not in KV_DTYPES or (kv_dtype != dtype and kv_dtype not in FP8_DTYPES):
         raise fail("kv_dtype", kv_dtype, f"dtype ({dtype}), an fp8 dtype, or None")
@@ -223,12 +230,15 @@ def plan_prefill(table: PageTable, qo_indptr: _Tensor, *, num_q_heads: int, num_
                  layout: str = "NHD", page_size: int, causal: bool = True, sm_scale: float | None = None,
                  logits_soft_cap: float | None = None, window_left: int | None = None, return_lse: bool = False,
                  max_kv_len: int | None = None, capturable: bool = True, variant: Any = None, variant_args: Any = None,
-                 kv_scale_tensor: bool = False, backend: BackendArg = None) -> PrefillPlan:
+                 kv_scale_tensor: bool = False, q_scale: float | None = None,
+                 backend: BackendArg = None) -> PrefillPlan:
     """Plan :func:`prefill` for this table and ``qo_indptr`` (B+1,) int32 (read back once, here).
     ``plan.run(q, cache)`` with q (qo_indptr[-1], Hq, D) does no host synchronisation. ``kv_scale_tensor`` as in
-    :func:`plan_decode`."""
+    :func:`plan_decode`; ``dtype=torch.float8_e4m3fn`` with ``q_scale``: fp8 queries (out in bfloat16), as in
+    :func:`prefill`."""
     dims, max_kv = _check_plan_args(table, num_q_heads, num_kv_heads, head_dim, head_dim_v, dtype, kv_dtype, layout,
-                                    page_size, max_kv_len)
+                                    page_size, max_kv_len, fp8_q=True)
+    scale_q = fp8_query(dtype, dims[0], q_scale, variant)
     check_tensor(qo_indptr, "qo_indptr", dims=1, dtypes=INT32)
     if qo_indptr.shape[0] != table.batch_size + 1:
         raise fail("qo_indptr.shape", tuple(qo_indptr.shape), f"({table.batch_size + 1},) = batch + 1")
@@ -242,6 +252,8 @@ def plan_prefill(table: PageTable, qo_indptr: _Tensor, *, num_q_heads: int, num_
     device = table.block_table.device
     p = params(head_dim, sm_scale, logits_soft_cap, window_left, bool(causal), bool(return_lse), max_q, max_kv,
                variant, variant_args, device)
+    if scale_q is not None:
+        p = dataclasses.replace(p, q_scale=scale_q)
     dev, cc, extra = _context(device, capturable, kv_scale_tensor)
     kv_dtype_, _, head_dim_v_, _, _, _ = dims
     problem = prefill_problem(dev, cc, dtype, kv_dtype_, head_dim, head_dim_v_, page_size, layout, num_q_heads,

@@ -53,6 +53,8 @@ class AttnParams:
     variant: BoundVariant | None = None  # custom attention variant and its call-time args (variants.py)
     #: made inside ``ksb.batch_invariant()``: kernels fix their split and tile choices (see invariance.py)
     batch_invariant: bool = False
+    #: queries in float8_e4m3fn: their scale (q = stored * q_scale); None for float queries
+    q_scale: float | None = None
 
 
 class DecodeProblem(NamedTuple):
@@ -233,7 +235,8 @@ def _features(base: tuple[str, ...], p: AttnParams, fp8: bool, dims_differ: bool
               extra: frozenset[str]) -> frozenset[str]:
     flags = (("sliding_window", p.window_left >= 0), ("soft_cap", p.logits_soft_cap is not None),
              ("return_lse", p.return_lse), ("fp8_kv", fp8), ("qk_v_dims_differ", dims_differ),
-             ("mixed_batch", mixed), ("custom_variant", p.variant is not None), (INVARIANT, p.batch_invariant))
+             ("mixed_batch", mixed), ("custom_variant", p.variant is not None), (INVARIANT, p.batch_invariant),
+             ("fp8_q", p.q_scale is not None))
     return frozenset(base).union((name for name, on in flags if on), extra)
 
 
@@ -309,11 +312,38 @@ def pod_problem(dev: str, cc: Any, dtype: torch.dtype, kv_dtype: torch.dtype, he
 
 
 # -- checks ----------------------------------------------------------------------------------------------
-def check_q(q: Any, name: str, dims: int) -> None:
+def check_q(q: Any, name: str, dims: int, dtypes: frozenset[torch.dtype] = FLOAT_DTYPES) -> None:
     """A float tensor of ``dims`` dims with unit stride in the last dim (one test on the hot path)."""
-    if not (isinstance(q, torch.Tensor) and q.dim() == dims and q.dtype in FLOAT_DTYPES and q.stride(-1) == 1):
-        check_tensor(q, name, dims=dims, dtypes=FLOAT_DTYPES)
+    if not (isinstance(q, torch.Tensor) and q.dim() == dims and q.dtype in dtypes and q.stride(-1) == 1):
+        check_tensor(q, name, dims=dims, dtypes=dtypes)
         raise fail(f"{name}.stride", q.stride(), "unit stride in the last (head_dim) dim")
+
+
+E4M3 = torch.float8_e4m3fn
+#: queries of attention.prefill: a float dtype, or float8_e4m3fn with a q_scale over an e4m3 cache
+PREFILL_Q_DTYPES = FLOAT_DTYPES | {E4M3}
+
+
+def out_dtype(q_dtype: torch.dtype) -> torch.dtype:
+    """The dtype of attention outputs for queries of ``q_dtype``: q's, bfloat16 for float8_e4m3fn queries."""
+    return torch.bfloat16 if q_dtype == E4M3 else q_dtype
+
+
+def fp8_query(q_dtype: torch.dtype, kv_dtype: torch.dtype, q_scale: Any, variant: Any) -> float | None:
+    """The validated ``q_scale`` of a prefill whose queries are float8_e4m3fn (QK on fp8 tensor cores, as
+    FlashAttention-3 runs it); None for float queries, which take none."""
+    if q_dtype != E4M3:
+        if q_scale is not None:
+            raise fail("q_scale", q_scale, f"None: q is {q_dtype}, not float8_e4m3fn")
+        return None
+    if isinstance(q_scale, bool) or not (isinstance(q_scale, (int, float)) and 0 < q_scale < math.inf):
+        raise fail("q_scale", q_scale, "a positive finite float, the scale of q's float8_e4m3fn values "
+                                       "(q = stored * q_scale)")
+    if kv_dtype != E4M3:
+        raise fail("cache.dtype", kv_dtype, "float8_e4m3fn: queries in float8_e4m3fn attend an e4m3 cache")
+    if variant is not None:
+        raise fail("variant", variant, "None: queries in float8_e4m3fn take no custom variant")
+    return float(q_scale)
 
 
 def cache_dims(cache: PagedKVCache) -> tuple[Any, ...]:
@@ -442,11 +472,12 @@ def decode_call(q: Any, cache: Any, table: Any, sm_scale: Any = None, logits_sof
 
 def prefill_call(q: Any, qo_indptr: Any, cache: Any, table: Any, causal: bool = True, sm_scale: Any = None,
                  logits_soft_cap: Any = None, window_left: Any = None, return_lse: bool = False, variant: Any = None,
-                 variant_args: Any = None) -> tuple[PrefillProblem, AttnParams, list[int] | None]:
+                 variant_args: Any = None, q_scale: Any = None) -> tuple[PrefillProblem, AttnParams, list[int] | None]:
     """Validate a :func:`~.attention.prefill` call: its problem, parameters and the host values of qo_indptr (one
     read of qo_indptr and seq_lens; None while a CUDA graph is captured, which allows none)."""
-    check_q(q, "q", 3)
+    check_q(q, "q", 3, PREFILL_Q_DTYPES)
     dims = check_cache(cache, q)
+    scale_q = fp8_query(q.dtype, dims[0], q_scale, variant)
     if not isinstance(table, PageTable):
         raise fail("table", type(table).__name__, "a PageTable")
     batch = table.batch_size
@@ -464,6 +495,8 @@ def prefill_call(q: Any, qo_indptr: Any, cache: Any, table: Any, causal: bool = 
         host = values[:batch + 1]
     p = params(head_dim, sm_scale, logits_soft_cap, window_left, causal, bool(return_lse), max_q, max_kv, variant,
                variant_args, q.device)
+    if scale_q is not None:
+        p = dataclasses.replace(p, q_scale=scale_q)
     dev, cc = device_key(q)
     problem = prefill_problem(dev, cc, q.dtype, kv_dtype, head_dim, head_dim_v, page_size, layout, q.shape[1],
                               kv_heads, batch, p, mixed, cache_features(cache, graph_features(dev)))

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from ..ops.attention_runner import into
-from ..paged import PagedKVCache, PageTable
+from ..paged import FP8_DTYPES, PagedKVCache, PageTable
 from ..registry import Kernel
 from ._cap import INVARIANT_CAPTURABLE, PER_REQUEST, PRIORITY
 from ._rows import rowwise
@@ -299,7 +299,11 @@ def decode(q: torch.Tensor, cache: PagedKVCache, table: PageTable, p: Any) -> tu
 
 def prefill(q: torch.Tensor, qo_indptr: torch.Tensor, cache: PagedKVCache, table: PageTable, p: Any
             ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """q (Tq, Hq, D) packed by qo_indptr (B+1,) -> out (Tq, Hq, Dv), lse (Tq, Hq) float32 or None."""
+    """q (Tq, Hq, D) packed by qo_indptr (B+1,) -> out (Tq, Hq, Dv), lse (Tq, Hq) float32 or None. float8_e4m3fn
+    queries are ``stored * p.q_scale`` and give a bfloat16 out."""
+    if q.dtype in FP8_DTYPES:
+        out, lse = prefill(q.float() * p.q_scale, qo_indptr, cache, table, p)
+        return out.to(torch.bfloat16), lse
     if getattr(p, "batch_invariant", False):
         return _prefill_each(q, qo_indptr, cache, table, p)
     rows, cols = token_rows(qo_indptr, q.shape[0])
@@ -472,8 +476,8 @@ class PrefillPlanRunner:
 
     def run(self, q: torch.Tensor, cache: PagedKVCache, out: torch.Tensor | None, lse: torch.Tensor | None
             ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if getattr(self.p, "batch_invariant", False):
-            return into(_prefill_each(q, self.qo_indptr, cache, self.table, self.p), out, lse)
+        if getattr(self.p, "batch_invariant", False) or q.dtype in FP8_DTYPES:
+            return into(prefill(q, self.qo_indptr, cache, self.table, self.p), out, lse)
         if self.rows is None:
             self.rows = token_rows(self.qo_indptr, q.shape[0])
         rows, cols = self.rows

@@ -53,6 +53,7 @@ class AttnSpec:
     lse: bool = False
     kv_dtype: torch.dtype | None = None  # fp8 dtype for a quantised cache
     scale_tensor: bool = False  # the fp8 cache's scales as tensors: K per KV head, V one for all
+    q_fp8: bool = False  # prefill queries in float8_e4m3fn (with q_scale; ``dtype`` is then the out dtype, bfloat16)
     variant: str | None = None  # a shipped custom variant (kernel_switchboard.variants_lib.VARIANTS)
 
     @property
@@ -73,6 +74,8 @@ class AttnSpec:
             bits.append("lse")
         if self.kv_dtype is not None:
             bits.append(_SHORT[self.kv_dtype] + ("-scaleT" if self.scale_tensor else ""))
+        if self.q_fp8:
+            bits.append("q-e4m3")
         if self.variant is not None:
             bits.append(f"var-{self.variant}")
         return "-".join(bits)
@@ -207,13 +210,21 @@ def decode_case(spec: AttnSpec, device: torch.device | str, seed: int | torch.Ge
                 spec.tol())
 
 
+#: the scale of fp8 queries in the cases (a power of two: exact)
+Q_SCALE = 0.25
+
+
 def prefill_case(spec: AttnSpec, device: torch.device | str, seed: int | torch.Generator = 0) -> Case:
     assert spec.q_lens is not None
     g = generator(seed)
     cache, table = paged_kv(g, spec, device)
     q = torch.randn(sum(spec.q_lens), spec.q_heads, spec.head_dim, generator=g, device=g.device).to(device, spec.dtype)
-    return Case("attention.prefill", spec.tag("prefill"), (q, indptr(spec.q_lens, device), cache, table),
-                _kwargs(spec, True, g, device), spec.dtype, spec.tol())
+    kwargs = _kwargs(spec, True, g, device)
+    if spec.q_fp8:  # stored = q / q_scale, in e4m3
+        q = (q.float() / Q_SCALE).to(torch.float8_e4m3fn)
+        kwargs["q_scale"] = Q_SCALE
+    return Case("attention.prefill", spec.tag("prefill"), (q, indptr(spec.q_lens, device), cache, table), kwargs,
+                spec.dtype, spec.tol())
 
 
 def pod_case(spec: AttnSpec, decode_lens: tuple[int, ...], device: torch.device | str,
@@ -426,6 +437,8 @@ def _plain_prefill_specs(size: str, rng: random.Random) -> list[AttnSpec]:
         out.append(AttnSpec(torch.float16, "NHD", 16, 2, 1, head_dim=192, head_dim_v=128, kv_lens=(9, 14),
                             q_lens=(9, 4), lse=True))
         out.append(AttnSpec(torch.float32, "HND", 16, 4, 2, kv_lens=(11, 7, 1), q_lens=(11, 3, 1), causal=False))
+        out.append(AttnSpec(torch.bfloat16, "NHD", 16, 4, 2, kv_lens=(21, 40, 1), q_lens=(7, 40, 1), lse=True,
+                            kv_dtype=torch.float8_e4m3fn, q_fp8=True))
         return out
     out = []
     for i, s in enumerate(_large_specs(rng)):
@@ -433,6 +446,8 @@ def _plain_prefill_specs(size: str, rng: random.Random) -> list[AttnSpec]:
         out.append(_with_queries(replace(s, kv_lens=lens), rng, 512, mixed=i % 2 == 0, causal=i != 3))
     out.append(AttnSpec(torch.bfloat16, "NHD", 64, 16, 16, head_dim=192, head_dim_v=128,
                         kv_lens=(1024, 700, 1, 333), q_lens=(1024, 100, 1, 333), lse=True))
+    out.append(AttnSpec(torch.bfloat16, "NHD", 128, 32, 8, 128, kv_lens=(2048, 700, 1), q_lens=(2048, 100, 1),
+                        lse=True, kv_dtype=torch.float8_e4m3fn, q_fp8=True))
     return out
 
 

@@ -1,5 +1,6 @@
-"""fp8 KV caches whose scales are device tensors (one for the cache or one per KV head): validation, the reference's
-dequantisation, the ``kv_scale_tensor`` feature that keeps float-only kernels out, plans, appends and torch.compile."""
+"""fp8 attention: KV caches whose scales are device tensors (one for the cache or one per KV head) — validation, the
+reference's dequantisation, the ``kv_scale_tensor`` feature that keeps float-only kernels out, plans, appends and
+torch.compile — and prefill on float8_e4m3fn queries (``q_scale``, feature ``fp8_q``, bfloat16 out)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import kernel_switchboard as ksb
 from kernel_switchboard import Backend, Capability, Kernel, hookimpl
 from kernel_switchboard.testing.cases.attention import AttnSpec, decode_case, prefill_case
 
-E4M3, F32 = torch.float8_e4m3fn, torch.float32
+E4M3, F32, BF16 = torch.float8_e4m3fn, torch.float32, torch.bfloat16
 SPEC = AttnSpec(F32, "NHD", 4, 4, 2, kv_lens=(13, 30), q_lens=(5, 30), kv_dtype=E4M3, lse=True)
 
 
@@ -123,4 +124,67 @@ def test_torch_compile_passes_scale_tensors_through_the_custom_op() -> None:
 
     got = torch.compile(step, fullgraph=True, backend="eager")(q)
     for a, b in zip(got, step(q)):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+# -- fp8 queries ------------------------------------------------------------------------------------------------
+FP8_Q = AttnSpec(BF16, "NHD", 4, 4, 2, kv_lens=(13, 30), q_lens=(5, 30), kv_dtype=E4M3, lse=True, q_fp8=True)
+
+
+def test_fp8_queries_are_dequantised_by_q_scale_and_give_bfloat16() -> None:
+    case = prefill_case(FP8_Q, "cpu")
+    q8, qo, cache, table = case.args
+    assert q8.dtype == E4M3 and case.kwargs["q_scale"] == 0.25
+    out, lse = ksb.attention.prefill(*case.args, **case.kwargs)
+    assert out.dtype == BF16
+    want_out, want_lse = ksb.attention.prefill(q8.float() * 0.25, qo, cache, table, return_lse=True)
+    torch.testing.assert_close(out, want_out.to(BF16), atol=0, rtol=0)
+    torch.testing.assert_close(lse, want_lse, atol=1e-6, rtol=1e-6)
+    problem = ksb.explain("attention.prefill", *case.args, **case.kwargs).problem
+    assert problem.dtype == E4M3 and "fp8_q" in problem.features
+
+
+def test_fp8_queries_are_validated() -> None:
+    q8, qo, cache, table = prefill_case(FP8_Q, "cpu").args
+    with pytest.raises(ksb.InvalidArgumentError, match="q_scale"):
+        ksb.attention.prefill(q8, qo, cache, table)
+    with pytest.raises(ksb.InvalidArgumentError, match="q_scale"):
+        ksb.attention.prefill(q8, qo, cache, table, q_scale=-1.0)
+    with pytest.raises(ksb.InvalidArgumentError, match="q_scale"):
+        ksb.attention.prefill(q8.float(), qo, cache, table, q_scale=0.5)
+    bf16_cache = ksb.PagedKVCache(cache.k_pages.to(BF16), cache.v_pages.to(BF16), "NHD")
+    with pytest.raises(ksb.InvalidArgumentError, match="cache"):
+        ksb.attention.prefill(q8, qo, bf16_cache, table, q_scale=0.5)
+    with pytest.raises(ksb.InvalidArgumentError, match="dtype"):
+        ksb.attention.decode(q8[:2], cache, ksb.PageTable(table.block_table, table.seq_lens))
+
+
+def test_plan_prefill_on_fp8_queries_writes_bfloat16() -> None:
+    case = prefill_case(FP8_Q, "cpu")
+    q8, qo, cache, table = case.args
+    plan = ksb.attention.plan_prefill(table, qo, num_q_heads=4, num_kv_heads=2, head_dim=64, dtype=E4M3, kv_dtype=E4M3,
+                                      page_size=4, q_scale=0.25, return_lse=True)
+    assert "fp8_q" in plan.problem.features
+    out = torch.empty(q8.shape, dtype=BF16)
+    got = plan.run(q8, cache, out=out)
+    assert got[0] is out
+    for a, b in zip(got, ksb.attention.prefill(*case.args, **case.kwargs)):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    with pytest.raises(ksb.InvalidArgumentError, match="out"):
+        plan.run(q8, cache, out=torch.empty(q8.shape, dtype=F32))
+    with pytest.raises(ksb.InvalidArgumentError, match="q_scale"):
+        ksb.attention.plan_prefill(table, qo, num_q_heads=4, num_kv_heads=2, head_dim=64, dtype=E4M3, kv_dtype=E4M3,
+                                   page_size=4)
+
+
+def test_torch_compile_traces_prefill_on_fp8_queries() -> None:
+    case = prefill_case(FP8_Q, "cpu")
+    q8, qo, cache, table = case.args
+
+    def step(q: torch.Tensor) -> Any:
+        return ksb.attention.prefill(q, qo, cache, table, q_scale=0.25, return_lse=True)
+
+    got = torch.compile(step, fullgraph=True, backend="eager")(q8)
+    assert got[0].dtype == BF16
+    for a, b in zip(got, step(q8)):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
