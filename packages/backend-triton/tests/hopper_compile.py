@@ -114,13 +114,20 @@ def _as_hopper(*modules: Any) -> None:
 
 def main_beyond() -> None:
     """``python hopper_compile.py beyond``: the MLA prefill kernel, the POD kernel in both schedules and its
-    co-resident configuration (whose shared memory must leave room for a second program on an SM), and the prefill
-    kernel on fp8 queries and pages (fp8 MMAs for both dots), with TMA page tiles and with pointer loads."""
+    co-resident configuration (whose shared memory must leave room for a second program on an SM), the batch-invariant
+    decode (fixed splits, the ordered merge) and the prefill kernel on fp8 queries and pages (fp8 MMAs for both dots),
+    with TMA page tiles and with pointer loads."""
     import kernel_switchboard_triton._attn_common as common
     import kernel_switchboard_triton._mla_prefill as mla_prefill
     import kernel_switchboard_triton._pod as pod
     import kernel_switchboard_triton._prefill as prefill
-    from kernel_switchboard.testing.cases.attention import AttnSpec, mla_prefill_case, pod_case, prefill_case
+    from kernel_switchboard.testing.cases.attention import (
+        AttnSpec,
+        decode_case,
+        mla_prefill_case,
+        pod_case,
+        prefill_case,
+    )
 
     _as_hopper(common, prefill, pod, mla_prefill)
     results = []
@@ -149,6 +156,14 @@ def main_beyond() -> None:
                                qo_indptr=qo, decode_table=decode_table, config=cfg)
         run(f"pod-{schedule}{'-co_resident' if co_resident else ''}",
             lambda runner=runner: runner.run(q, q_decode, cache, None, None, None, None))
+    import kernel_switchboard_triton._decode as decode
+
+    _as_hopper(decode)
+    case = decode_case(AttnSpec(torch.bfloat16, "NHD", 16, 32, 8, 128, kv_lens=(5000, 40), lse=True), "cpu", 0)
+    q, cache, table = case.args
+    p = _params(case, False)
+    p.batch_invariant = True
+    run("decode-batch-invariant", lambda: decode.decode(q, cache, table, p))
     for page_size in (128, 16):  # TMA page tiles, pointer loads
         prefill.has_tma = (lambda device: True) if page_size == 128 else (lambda device: False)  # type: ignore[attr-defined]
         spec = AttnSpec(torch.bfloat16, "NHD", page_size, 32, 8, 128, kv_lens=(512, 40), q_lens=(512, 1), lse=True,

@@ -1,7 +1,7 @@
 """The Triton POD kernel (prefill and decode requests in one launch) against the reference: both schedules under the
 interpreter (CPU), the benchmark's shape and a CUDA graph on a GPU (``gpu``), and a compile for Hopper of the new
-kernels through their launchers (MLA prefill, POD, fp8 prefill; shared memory within an SM's, the co-resident POD tile
-within half of it)."""
+kernels through their launchers (MLA prefill, POD, the batch-invariant decode, fp8 prefill; shared memory within an
+SM's, the co-resident POD tile within half of it)."""
 
 from __future__ import annotations
 
@@ -76,13 +76,15 @@ def test_plan_pod_selects_triton_and_serves_two_layers() -> None:
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="compiles on a CPU machine through a fake Hopper driver")
-def test_mla_prefill_pod_and_fp8_prefill_kernels_compile_for_hopper() -> None:
+def test_new_attention_kernels_compile_for_hopper() -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     script = Path(__file__).with_name("hopper_compile.py")
     done = subprocess.run([sys.executable, str(script), "beyond"], capture_output=True, text=True, env=env, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     results = {r["problem"]: r for r in json.loads(done.stdout.strip().splitlines()[-1])}
-    assert len(results) == 6
+    assert len(results) == 7
+    assert {k["name"] for k in results["decode-batch-invariant"]["kernels"]} == {"_decode_split_kernel",
+                                                                                "_merge_splits_ordered_kernel"}
     for result in results.values():
         assert "error" not in result, result
         assert all(k["arch"] == 90 and k["shared"] <= 227 * 1024 for k in result["kernels"]), result

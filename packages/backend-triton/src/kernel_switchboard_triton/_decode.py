@@ -235,11 +235,11 @@ def _merge_splits_ordered_kernel(
     offs_dv = tl.arange(0, BLOCK_DV)
     mask_dv = offs_dv < HEAD_DIM_V
     lse_row = plse_ptr + b * stride_plb + h * stride_plh
-    m = float("-inf")
+    m = tl.full([], float("-inf"), dtype=tl.float32)
     for s in range(NUM_SPLITS):
         m = tl.maximum(m, tl.load(lse_row + s))
     m_safe = tl.where(m == float("-inf"), 0.0, m)
-    denom = 0.0
+    denom = tl.zeros([], dtype=tl.float32)
     acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
     for s in range(NUM_SPLITS):
         lse_s = tl.load(lse_row + s)
