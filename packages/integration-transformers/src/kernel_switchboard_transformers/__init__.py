@@ -9,9 +9,10 @@ Importing this package registers ``attn_implementation="ksb"``:
   ``AttentionMaskInterface`` (:func:`.masks.ksb_mask`);
 - ``"paged|ksb"``, the paged implementation that continuous batching (``generate_batch``) switches a ``"ksb"``
   model to, on the transformers releases whose continuous batching takes custom implementations (5.16-5.18):
-  :mod:`.paged`;
-- :func:`.layers.kernelize` swaps RMSNorm and gated-MLP activations for the switchboard's ops (see its docstring
-  for why this is not transformers' hub-kernel mechanism).
+  :mod:`.paged`.
+
+RMSNorm and gated-activation layers are not swapped: see the README (transformers routes them through the
+``kernels`` package and Hub repositories).
 """
 
 from __future__ import annotations
