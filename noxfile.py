@@ -26,6 +26,7 @@ nox.options.sessions = [
     "tests-fa",
     "tests-cutlass",
     "tests-trtllm",
+    "tests-transformers",
 ]
 
 TORCH = os.environ.get("KSB_TORCH_SPEC", "torch==2.13.0")
@@ -84,6 +85,20 @@ def tests_triton(session: nox.Session) -> None:
 def tests_triton_37(session: nox.Session) -> None:
     """As tests-triton, on Triton 3.7.1: the release torch 2.13's CUDA build pins, so what most GPU users run."""
     _triton_tests(session, "3.7.1")
+
+
+#: the lowest and highest transformers releases that integration-transformers claims (its pyproject's window)
+TRANSFORMERS = ("5.16.1", "5.23.0")
+
+
+@nox.session(name="tests-transformers")
+@nox.parametrize("transformers", TRANSFORMERS)
+def tests_transformers(session: nox.Session, transformers: str) -> None:
+    """attn_implementation="ksb" on six model families against "eager", and continuous batching on "paged|ksb"."""
+    session.install(TORCH)
+    session.install("pytest>=8", "numpy", "psutil", f"transformers=={transformers}")
+    session.install("-e", CORE, "-e", "packages/backend-triton", "-e", "packages/integration-transformers")
+    session.run(*PYTEST, "packages/integration-transformers/tests", *session.posargs)
 
 
 #: extra installs per vendor-backend session. CUTLASS: only the C++ headers inside the nvidia-cutlass wheel

@@ -137,6 +137,7 @@ def run_layout(query: _Tensor, key: _Tensor, value: _Tensor, layout: Layout, *, 
     if layout.kv_prefix and layout.all_q and q_len == 1:
         cache, table = _in_place_cache(key, value, layout)
         out = ksb.attention.decode(query[:, :, 0], cache, table, **args)
+        assert isinstance(out, torch.Tensor)
         return out.view(batch, 1, q_heads, dim_v)
     rows = _rows(query, layout.q_index)
     if layout.kv_prefix:

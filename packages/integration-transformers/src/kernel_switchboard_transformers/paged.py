@@ -128,7 +128,7 @@ def paged_attention_forward(module: torch.nn.Module, query: _Tensor, key: _Tenso
     max_q = int(kwargs["max_seqlen_q"])
     max_k = int(_per_type(kwargs["max_seqlen_k"], layer_type, "max_seqlen_k"))
     q = _rows(query)
-    dims = {"num_q_heads": q.shape[1], "num_kv_heads": key.shape[1], "head_dim": q.shape[2],
+    dims: dict[str, Any] = {"num_q_heads": q.shape[1], "num_kv_heads": key.shape[1], "head_dim": q.shape[2],
             "head_dim_v": value.shape[-1], "dtype": q.dtype, "sm_scale": scaling, "logits_soft_cap": softcap}
     if layer_type == _SLIDING:
         k_all, v_all = cache.update(key_states=key, value_states=value, layer_idx=layer,
@@ -154,6 +154,7 @@ def _full_attention(cache: Any, group: int, in_group: int, q: _Tensor, key: _Ten
         block_table, seq_lens = _block_table(slots, indptr, max_k, page_size)
         table = ksb.PageTable(block_table, seq_lens, max_seq_len=max_k)
         rows, positions = batch_indices_positions(cu_q, seq_lens, q.shape[0])
+        plan: Any
         if max_q == 1:
             plan = ksb.attention.plan_decode(table, layout="NHD", page_size=page_size, capturable=False, **dims)
         else:
