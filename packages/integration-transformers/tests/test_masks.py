@@ -125,3 +125,15 @@ def test_layout_of_padding():
     window = causal & ~torch.ones(6, 6).tril(-3).bool()  # 3 tokens: itself and 2 before
     assert layout_of(window.expand(1, 1, 6, 6), 1, True, 2) is not None
     assert layout_of(window.expand(1, 1, 6, 6), 1, True, None) is None
+
+
+def test_right_padded_logits_match_eager(ops):
+    """Right padding: the padding queries still see the real tokens before them (sdpa's mask says so), which the
+    length-based kernels cannot express; attention.dense applies the mask as it is."""
+    model = build("qwen2")
+    ids = prompts(2, 2 * WINDOW)
+    mask = torch.ones_like(ids)
+    mask[1, -5:] = 0
+    keep = mask.bool()
+    _close(_run(model, "ksb", ids, mask)[keep], _run(model, "eager", ids, mask)[keep])
+    assert ops["dense"] == 2 and ops["prefill"] == ops["prefill_ragged"] == 0

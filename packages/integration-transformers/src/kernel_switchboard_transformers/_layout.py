@@ -5,9 +5,9 @@ key/value rows, query row ``r`` sits at key position ``n_k - n_q + r`` (bottom-r
 positions and a window of ``window_left`` keeps positions ``>= position - window_left``. A 4-d boolean mask from
 transformers (True = attend) is served by them exactly when it is that pattern over the rows and columns it keeps:
 :func:`layout_of` finds the kept rows and columns, builds the mask the kernels would apply, and compares it with the
-given one element by element. Left padding, right padding, a static cache's unwritten slots and a sliding window
-all pass; anything else (a bidirectional image block, a packed-sequence mask) does not, and the caller serves it
-another way or refuses it.
+given one element by element. Left padding, a static cache's unwritten slots and a sliding window pass; anything
+else (right padding, whose padding queries still see the tokens before them; a bidirectional image block; a
+packed-sequence mask) does not, and the caller serves it another way or refuses it.
 
 A mask object is shared by every layer of one forward pass, so the analysis (one host read) is kept for the last
 few masks seen and done once per forward, not once per layer.

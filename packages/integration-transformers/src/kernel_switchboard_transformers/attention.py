@@ -8,11 +8,11 @@ softcap=..., sliding_window=..., **kwargs)`` from every attention layer, with qu
 How a call is served:
 
 - The mask says who attends whom. When it is the bottom-right causal (or full) pattern over per-request runs of
-  rows and columns (:mod:`._layout`: left or right padding, a static cache's unwritten slots, a sliding window), the
+  rows and columns (:mod:`._layout`: left padding, a static cache's unwritten slots, a sliding window), the
   call runs on the switchboard's length-based kernels: with no left padding the keys are read in place as a paged
   cache (one page per request, ``attention.decode`` for one query token, ``attention.prefill`` otherwise); with left
   padding the kept rows are gathered into ``attention.prefill_ragged``.
-- Any other mask (bidirectional image blocks, packed sequences, a custom 4-d mask) runs on ``attention.dense`` with
+- Any other mask (right padding, bidirectional image blocks, a custom 4-d mask) runs on ``attention.dense`` with
   the mask itself, which is exact for every mask; with a soft-cap, which ``attention.dense`` does not apply, such a
   mask is refused.
 - GQA reads the key/value heads directly (no repeat); ``scaling`` is the kernels' ``sm_scale``, ``softcap`` their
