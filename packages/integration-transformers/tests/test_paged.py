@@ -1,6 +1,6 @@
 """Continuous batching (``generate_batch``) of a "ksb" model.
 
-transformers 5.16-5.18 switch the model to "paged|ksb": its greedy tokens must equal those of transformers' own
+transformers 5.16-5.17 switch the model to "paged|ksb": its greedy tokens must equal those of transformers' own
 "paged|eager" and of plain ``generate`` with "eager", one prompt at a time, with chunked prefill (a prompt longer
 than the batch's token budget), mixed prefill/decode steps and, for Gemma 2, a sliding-window layer group. Later
 releases refuse custom implementations for continuous batching themselves; the test checks that they still do,
@@ -18,7 +18,7 @@ from packaging.version import Version
 from transformers import AttentionInterface, GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-TAKES_CUSTOM = Version(transformers.__version__) < Version("5.19")
+TAKES_CUSTOM = Version(transformers.__version__) < Version("5.18")
 NEW_TOKENS = 12
 
 

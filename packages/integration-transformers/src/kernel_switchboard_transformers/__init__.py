@@ -8,7 +8,7 @@ Importing this package registers ``attn_implementation="ksb"``:
 - ``"ksb"`` in transformers' ``AttentionInterface`` (:func:`.attention.attention_forward`) and its mask builder in
   ``AttentionMaskInterface`` (:func:`.masks.ksb_mask`);
 - ``"paged|ksb"``, the paged implementation that continuous batching (``generate_batch``) switches a ``"ksb"``
-  model to, on the transformers releases whose continuous batching takes custom implementations (5.16-5.18):
+  model to, on the transformers releases whose continuous batching takes it and whose paged cache it reads (5.16-5.17):
   :mod:`.paged`.
 
 RMSNorm and gated-activation layers are not swapped: see the README (transformers routes them through the

@@ -60,7 +60,7 @@ def _refuse_unsupported(module: Any, dropout: float, kwargs: dict[str, Any]) -> 
         raise fail("sinks", "attention sinks", f"a model without them: attn_implementation={NAME!r} has no sink term")
     if kwargs.get("cache") is not None:
         raise fail("cache", type(kwargs["cache"]).__name__,
-                   f"None: continuous batching reaches the switchboard as 'paged|{NAME}' (transformers 5.16-5.18 only)")
+                   f"None: continuous batching reaches the switchboard as 'paged|{NAME}' (transformers 5.16-5.17 only)")
 
 
 def _bool_mask(mask: _Tensor) -> _Tensor | None:

@@ -1,11 +1,12 @@
 """``"paged|ksb"``: continuous batching (``model.generate_batch`` / ``ContinuousBatchingManager``) on switchboard plans.
 
 transformers 5.16-5.18 switch a model loaded with ``attn_implementation="ksb"`` to ``"paged|ksb"`` when continuous
-batching starts, and call this function per layer with the packed batch: query ``(1, Hq, T, D)`` and the step's new
-key/value ``(1, Hkv, T, D)``, the paged cache object (``cache``), ``cu_seq_lens_q`` / ``cu_seq_lens_k`` (per layer
-type for hybrid models), ``max_seqlen_q`` / ``max_seqlen_k`` and the physical slots every token is read from and
-written to (``read_index`` / ``write_index``, one per layer group). Later releases (5.19 on) accept only their own
-implementations for continuous batching and raise before reaching this function.
+batching starts; 5.16 and 5.17 then call this function per layer with the packed batch: query ``(1, Hq, T, D)``
+and the step's new key/value ``(1, Hkv, T, D)``, the paged cache object (``cache``), ``cu_seq_lens_q`` /
+``cu_seq_lens_k`` (per layer type for hybrid models), ``max_seqlen_q`` / ``max_seqlen_k`` and the physical slots
+every token is read from and written to (``read_index`` / ``write_index``, one per layer group). 5.18 reorganised
+that cache (refused here by name); from 5.19 on, continuous batching accepts only transformers' own implementations
+and raises before reaching this function.
 
 Full-attention layers run on plans. The layer's cache tensor ``((pages + 2) * page_size, Hkv, D)`` is an NHD
 :class:`~kernel_switchboard.PagedKVCache`; the block table of each request is read off the slots transformers reads
@@ -28,6 +29,7 @@ from collections import OrderedDict
 from typing import Any
 
 import torch
+import transformers
 
 import kernel_switchboard as ksb
 from kernel_switchboard.errors import fail
@@ -38,6 +40,9 @@ from .attention import NAME, window_left_of
 _Tensor = torch.Tensor
 PAGED_NAME = f"paged|{NAME}"
 _FULL, _SLIDING = "full_attention", "sliding_attention"
+#: what this module reads of transformers' PagedAttentionCache (5.16-5.17; 5.18 reorganised it)
+_CACHE_ATTRIBUTES = ("layer_index_to_group_indices", "sliding_windows", "key_cache", "value_cache", "block_size",
+                     "num_key_value_heads", "head_dim", "update")
 
 
 class _StepPlans:
@@ -109,9 +114,13 @@ def paged_attention_forward(module: torch.nn.Module, query: _Tensor, key: _Tenso
                             ) -> tuple[_Tensor, None]:
     """The ``"paged|ksb"`` entry of transformers' ``AttentionInterface`` (see the module docstring)."""
     cache = kwargs.get("cache")
-    if cache is None or not hasattr(cache, "layer_index_to_group_indices"):
-        raise fail("cache", type(cache).__name__, f"transformers' PagedAttentionCache: {PAGED_NAME!r} serves "
-                   "continuous batching (generate_batch); load the model with attn_implementation='ksb' instead")
+    if cache is None:
+        raise fail("cache", None, f"transformers' PagedAttentionCache: {PAGED_NAME!r} serves continuous batching "
+                   "(generate_batch); load the model with attn_implementation='ksb' instead")
+    if not all(hasattr(cache, name) for name in _CACHE_ATTRIBUTES):
+        raise fail("cache", f"{type(cache).__name__} of transformers {transformers.__version__}",
+                   f"the paged cache of transformers 5.16-5.17, the one {PAGED_NAME!r} reads (per-layer page tensors "
+                   "in layer groups); on this release use generate() instead of generate_batch()")
     if dropout:
         raise fail("dropout", dropout, "0.0 (continuous batching is inference)")
     if kwargs.get("block_table") is not None:
