@@ -55,7 +55,7 @@ def merge_states(v: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.
 def _natural(s: torch.Tensor, name: str) -> torch.Tensor:
     if not isinstance(s, torch.Tensor):
         raise fail(name, type(s).__name__, "a float32 tensor of base-2 log-sum-exps")
-    return s.to(torch.float32) * LN2
+    return (s.to(torch.float32) * LN2).contiguous()
 
 
 class MultiLevelCascadeAttentionWrapper:
