@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -115,46 +116,72 @@ class KVForms:
     """:class:`PagedKVCache` objects for FlashInfer's paged KV forms: a ``(k, v)`` pair of 4-d tensors, or one 5-d
     tensor holding K at ``[:, 0]`` and V at ``[:, 1]``, in ``layout``.
 
-    The full validation runs once per tensor geometry (shapes, strides, dtypes, devices, scales); later calls with
-    the same geometry only rebind the tensors. Nothing keeps a reference to the caller's tensors between calls.
+    The full validation runs once per tensor geometry (shapes, strides, dtypes, devices, scales). Tensor objects seen
+    before are recognised by identity through weak references (an engine passes the same per-layer tensors at every
+    step), so their later calls only rebind them; nothing keeps the caller's tensors alive. A tensor whose shape or
+    strides are changed in place (``resize_``, ``set_``) must be passed as a new object.
     """
 
-    __slots__ = ("_page_dim", "_seen", "layout")
+    __slots__ = ("__weakref__", "_known", "_page_dim", "_seen", "layout")
 
     def __init__(self, layout: str) -> None:
         self.layout = layout
         self._page_dim = -3 if layout == "NHD" else -2
         self._seen: dict[tuple[Any, ...], tuple[int, ...]] = {}
+        #: id of a tensor seen before -> (weak ref to it, weak ref to its V (pairs), scales, dims, fp8)
+        self._known: dict[int, tuple[Any, Any, tuple[float, float], tuple[int, ...], bool]] = {}
 
     def cache(self, paged_kv_cache: Any, k_scale: float = 1.0, v_scale: float = 1.0) -> PagedKVCache:
         """The cache of these pages; fp8 pages dequantise as ``stored * scale`` (scales are ignored otherwise).
         As in FlashInfer, pages without their page dim (a 3-d pair, a 4-d combined tensor) have page size 1."""
+        pair = type(paged_kv_cache) is tuple or type(paged_kv_cache) is list
+        first = paged_kv_cache[0] if pair and len(paged_kv_cache) == 2 else paged_kv_cache
+        entry = self._known.get(id(first))
+        if entry is not None and entry[0]() is first and (not pair or entry[1]() is paged_kv_cache[1]) \
+                and entry[2] == (k_scale, v_scale):
+            k, v = self._split(paged_kv_cache, pair)
+            return _rebound(k, v, self.layout, entry[2] if entry[4] else (None, None), entry[3])
+        return self._validated(paged_kv_cache, pair, first, k_scale, v_scale)
+
+    def _split(self, paged_kv_cache: Any, pair: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        if pair:
+            k, v = paged_kv_cache
+            if k.dim() == 3:
+                return k.unsqueeze(self._page_dim), v.unsqueeze(self._page_dim)
+            return k, v
+        kv = paged_kv_cache if paged_kv_cache.dim() != 4 else paged_kv_cache.unsqueeze(self._page_dim)
+        return kv.unbind(1)  # type: ignore[no-any-return]
+
+    def _validated(self, paged_kv_cache: Any, pair: bool, first: Any, k_scale: float, v_scale: float) -> PagedKVCache:
+        """The full checks (once per geometry), then remember the objects by identity."""
         if isinstance(paged_kv_cache, torch.Tensor):
             kv = paged_kv_cache if paged_kv_cache.dim() != 4 else paged_kv_cache.unsqueeze(self._page_dim)
             if kv.dim() != 5 or kv.shape[1] != 2:
                 raise fail("paged_kv_cache", _shown(paged_kv_cache),
                            f"a (k, v) pair of 4-d tensors or one 5-d tensor (pages, 2, ...) in {self.layout} layout")
-            k, v = kv.unbind(1)
-        elif isinstance(paged_kv_cache, (tuple, list)) and len(paged_kv_cache) == 2:
-            k, v = paged_kv_cache
-            if not (isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
-                raise fail("paged_kv_cache", f"({type(k).__name__}, {type(v).__name__})", "a (k, v) pair of tensors")
-            if k.dim() == 3:
-                k, v = k.unsqueeze(self._page_dim), v.unsqueeze(self._page_dim)
-        else:
+        elif not (pair and len(paged_kv_cache) == 2):
             raise fail("paged_kv_cache", type(paged_kv_cache).__name__,
                        "a (k, v) pair of 4-d tensors or one 5-d tensor (pages, 2, ...)")
+        elif not all(isinstance(t, torch.Tensor) for t in paged_kv_cache):
+            raise fail("paged_kv_cache", tuple(type(t).__name__ for t in paged_kv_cache), "a (k, v) pair of tensors")
+        k, v = self._split(paged_kv_cache, pair)
         key = (k.shape, v.shape, k.stride(), v.stride(), k.dtype, v.dtype, k.get_device(), v.get_device(),
                k_scale, v_scale)
-        dims = self._seen.get(key)
+        dims: tuple[int, ...] | None = self._seen.get(key)
         fp8 = k.dtype in FP8_DTYPES
+        scales = (k_scale, v_scale) if fp8 else (None, None)
         if dims is None:
-            cache = PagedKVCache(k, v, self.layout, k_scale if fp8 else None, v_scale if fp8 else None)
+            dims = PagedKVCache(k, v, self.layout, *scales)._dims
             if len(self._seen) >= 1024:
                 self._seen.clear()
-            self._seen[key] = cache._dims
-            return cache
-        return _rebound(k, v, self.layout, (k_scale, v_scale) if fp8 else (None, None), dims)
+            self._seen[key] = dims
+        if len(self._known) >= 4096:
+            self._known.clear()
+        known, ident = self._known, id(first)
+        forget = lambda _: known.pop(ident, None)  # the object is gone: so is its entry
+        self._known[ident] = (weakref.ref(first, forget), weakref.ref(paged_kv_cache[1]) if pair else None,
+                              (k_scale, v_scale), dims, fp8)
+        return _rebound(k, v, self.layout, scales, dims)
 
 
 def _rebound(k: torch.Tensor, v: torch.Tensor, layout: str, scales: tuple[float | None, float | None],
@@ -164,7 +191,7 @@ def _rebound(k: torch.Tensor, v: torch.Tensor, layout: str, scales: tuple[float 
     cache = object.__new__(PagedKVCache)
     cache.k_pages, cache.v_pages, cache.layout = k, v, layout
     cache.k_scale, cache.v_scale = scales
-    cache._dims = dims
+    cache._dims = dims  # type: ignore[assignment]
     return cache
 
 

@@ -114,6 +114,8 @@ class PagedWrapper:
         self._step: Step | None = None
         self._graph: GraphTable | None = None
         self._plans: dict[tuple[Any, ...], Any] = {}
+        #: the plans of the current step and parameters, by (scale factor, return_lse): the run path's lookup
+        self._current: dict[tuple[float | None, bool], Any] = {}
         # FlashInfer's per-plan state, read by engines (vLLM checks _sm_scale, _window_left, _logits_soft_cap)
         self._pos_encoding_mode = "NONE"
         self._window_left = -1
@@ -147,12 +149,16 @@ class PagedWrapper:
         self._pos_encoding_mode, self._window_left = pos_encoding_mode, window_left
         self._logits_soft_cap = 0.0 if logits_soft_cap is None else logits_soft_cap
         self._sm_scale, self._rope_scale, self._rope_theta, self._causal = sm_scale, rope_scale, rope_theta, causal
-        self._params = (sm_scale, cap, window, bool(causal))
+        params = (sm_scale, cap, window, bool(causal))
+        if params != self._params:
+            self._params = params
+            self._current = {}
 
     def _start_step(self, step: Step) -> None:
         """Adopt a new step; switchboard plans of the previous one go, except in CUDA-graph mode, where captured graphs
         still run them (they read the same buffers, so they stay valid)."""
         self._step = step
+        self._current = {}
         if not self._use_cuda_graph:
             self._plans.clear()
         self._plan_for(None, False)  # the plan the step's runs use: made now, outside any capture
@@ -174,6 +180,7 @@ class PagedWrapper:
             if len(self._plans) >= self._MAX_PLANS and not self._use_cuda_graph:
                 self._plans.clear()
             self._plans[key] = plan
+        self._current[(factor, return_lse)] = plan
         return plan
 
     # -- run -------------------------------------------------------------------------------------------------------
@@ -185,17 +192,20 @@ class PagedWrapper:
         step = self._step
         if step is None:
             raise fail("plan", "not called", "plan() before run()")
-        factor = _factor(q_scale, "q_scale")
-        post = None
-        if step.fp8:
-            ks, vs = _factor(k_scale, "k_scale"), _factor(v_scale, "v_scale")
-            cache = self._kv.cache(paged_kv_cache, ks or 1.0, vs or 1.0)
-        else:
+        if q_scale is None and k_scale is None and v_scale is None:  # the common call: no scales
+            factor = post = None
             cache = self._kv.cache(paged_kv_cache)
-            ks, post = _factor(k_scale, "k_scale"), _factor(v_scale, "v_scale")
-            if ks is not None:
-                factor = ks * (factor or 1.0)
-        plan = self._plans.get((step.signature, self._params, factor, return_lse))
+        else:
+            factor, post = _factor(q_scale, "q_scale"), None
+            if step.fp8:
+                ks, vs = _factor(k_scale, "k_scale"), _factor(v_scale, "v_scale")
+                cache = self._kv.cache(paged_kv_cache, ks or 1.0, vs or 1.0)
+            else:
+                cache = self._kv.cache(paged_kv_cache)
+                ks, post = _factor(k_scale, "k_scale"), _factor(v_scale, "v_scale")
+                if ks is not None:
+                    factor = ks * (factor or 1.0)
+        plan = self._current.get((factor, return_lse))
         if plan is None:
             plan = self._plan_for(factor, return_lse)
         if self._graph is not None:

@@ -159,7 +159,8 @@ class BatchDecodeWithPagedKVCacheWrapper(PagedWrapper):
 
     def _native(self, step: Step, sm_scale: float, cap: float | None, window: int | None, causal: bool,
                 return_lse: bool) -> Any:
-        common = {"num_q_heads": step.num_qo_heads, "num_kv_heads": step.num_kv_heads, "head_dim": step.head_dim,
+        assert step.table is not None
+        common: dict[str, Any] = {"num_q_heads": step.num_qo_heads, "num_kv_heads": step.num_kv_heads, "head_dim": step.head_dim,
                   "dtype": step.q_dtype, "kv_dtype": step.kv_dtype, "layout": self._kv_layout,
                   "page_size": step.page_size, "sm_scale": sm_scale, "logits_soft_cap": cap, "window_left": window,
                   "return_lse": return_lse, "max_kv_len": step.max_kv_len, "capturable": self._use_cuda_graph}
@@ -282,7 +283,7 @@ def single_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_layou
     res = attention.prefill_ragged(q, k, v, qo, kv, causal=causal, sm_scale=sm,
                                    logits_soft_cap=soft_cap_of(logits_soft_cap), window_left=window_of(window_left),
                                    return_lse=return_lse)
-    out, lse = res if return_lse else (res, None)
+    out, lse = res if isinstance(res, tuple) else (res, None)
     post = scale_value(v_scale, "v_scale")
     if post != 1.0:
         out = out * post

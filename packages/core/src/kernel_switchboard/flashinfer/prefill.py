@@ -318,7 +318,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(PagedWrapper):
         if ks is not None:
             factor = ks * (factor or 1.0)
         post = _factor(v_scale, "v_scale")
-        plan = self._plans.get((step.signature, self._params, factor, return_lse))
+        plan = self._current.get((factor, return_lse))
         if plan is None:
             plan = self._plan_for(factor, return_lse)
         res = plan.run(q, k, v)
