@@ -177,3 +177,47 @@ def test_install_as_flashinfer() -> None:
     result = _python(code)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "0.6.18"
+
+
+def test_kv_pages_are_not_kept_alive() -> None:
+    """The wrapper remembers page tensors by weak reference: once the caller drops them, nothing of them remains."""
+    import gc
+    import weakref
+
+    wrapper, paged = _decode_wrapper()
+    wrapper.plan(paged.indptr, paged.indices, paged.last_page_len, 4, 2, 64, 16, q_data_type=torch.float32)
+    k, v = paged.k_pages.clone(), paged.v_pages.clone()
+    combined = paged.combined()
+    q = torch.randn(2, 4, 64)
+    first = wrapper.run(q, (k, v))
+    assert torch.equal(wrapper.run(q, (k, v)), first)  # the second call takes the remembered path
+    assert torch.equal(wrapper.run(q, combined), first)
+    refs = [weakref.ref(t) for t in (k, v, combined)]
+    del k, v, combined, paged
+    gc.collect()
+    assert all(r() is None for r in refs)
+    assert not wrapper._kv._known
+
+
+def test_remembered_pages_equal_a_validated_cache() -> None:
+    """The fast path builds the same PagedKVCache a full construction does."""
+    from kernel_switchboard.flashinfer._common import KVForms
+    from kernel_switchboard.paged import PagedKVCache
+
+    paged = make_paged([5, 9], 16, 2, 64, layout="HND", dtype=torch.float8_e4m3fn)
+    forms = KVForms("HND")
+    forms.cache((paged.k_pages, paged.v_pages), 0.5, 2.0)
+    fast = forms.cache((paged.k_pages, paged.v_pages), 0.5, 2.0)
+    full = PagedKVCache(paged.k_pages, paged.v_pages, "HND", 0.5, 2.0)
+    for field in PagedKVCache.__slots__:
+        assert getattr(fast, field) is getattr(full, field) or getattr(fast, field) == getattr(full, field), field
+
+
+def test_bench_preset_host_overhead_runs_on_cpu() -> None:
+    from kernel_switchboard import bench
+
+    assert "flashinfer-compat" in bench.PRESETS
+    point = next(p for p in bench.PRESETS["flashinfer-compat"]() if p.op == "flashinfer.host_overhead")
+    rows = bench.run_point("flashinfer-compat", point, torch.device("cpu"), 10.0)
+    assert len(rows) == 3 and all(r.error is None and r.unit == "us/call" for r in rows)
+    assert {"native_run_us", "overhead_pair_us", "overhead_lse_us"} <= set(rows[0].extra)

@@ -386,10 +386,8 @@ def single_prefill_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     return (out, lse) if return_lse else out  # type: ignore[return-value]
 
 
-def single_prefill_with_kv_cache_return_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                                            *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`single_prefill_with_kv_cache` with ``return_lse=True``."""
-    return single_prefill_with_kv_cache(q, k, v, *args, **{**kwargs, "return_lse": True})  # type: ignore[return-value]
+#: :func:`single_prefill_with_kv_cache` with ``return_lse=True`` (a partial, as FlashInfer's)
+single_prefill_with_kv_cache_return_lse = functools.partial(single_prefill_with_kv_cache, return_lse=True)
 
 
 def _masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, causal: bool, kv_layout: str,
