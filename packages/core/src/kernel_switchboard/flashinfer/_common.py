@@ -116,10 +116,11 @@ class KVForms:
     """:class:`PagedKVCache` objects for FlashInfer's paged KV forms: a ``(k, v)`` pair of 4-d tensors, or one 5-d
     tensor holding K at ``[:, 0]`` and V at ``[:, 1]``, in ``layout``.
 
-    The full validation runs once per tensor geometry (shapes, strides, dtypes, devices, scales). Tensor objects seen
-    before are recognised by identity through weak references (an engine passes the same per-layer tensors at every
-    step), so their later calls only rebind them; nothing keeps the caller's tensors alive. A tensor whose shape or
-    strides are changed in place (``resize_``, ``set_``) must be passed as a new object.
+    The full validation runs once per tensor geometry (shapes, strides, dtypes, devices, scales); later calls only
+    rebind the tensors. A one-tensor cache is recognised by its own geometry (an engine passes a fresh view of it at
+    every call); a (k, v) pair by the identity of its tensors, through weak references (an engine passes the same
+    per-layer tensors at every step). Nothing keeps the caller's tensors alive. A pair tensor whose shape or strides
+    are changed in place (``resize_``, ``set_``) must be passed as a new object.
     """
 
     __slots__ = ("__weakref__", "_known", "_page_dim", "_seen", "layout")
@@ -128,20 +129,33 @@ class KVForms:
         self.layout = layout
         self._page_dim = -3 if layout == "NHD" else -2
         self._seen: dict[tuple[Any, ...], tuple[int, ...]] = {}
-        #: id of a tensor seen before -> (weak ref to it, weak ref to its V (pairs), scales, dims, fp8)
+        #: id of a pair's K seen before -> (weak ref to it, weak ref to its V, scales, dims, fp8)
         self._known: dict[int, tuple[Any, Any, tuple[float, float], tuple[int, ...], bool]] = {}
 
     def cache(self, paged_kv_cache: Any, k_scale: float = 1.0, v_scale: float = 1.0) -> PagedKVCache:
         """The cache of these pages; fp8 pages dequantise as ``stored * scale`` (scales are ignored otherwise).
         As in FlashInfer, pages without their page dim (a 3-d pair, a 4-d combined tensor) have page size 1."""
-        pair = type(paged_kv_cache) is tuple or type(paged_kv_cache) is list
-        first = paged_kv_cache[0] if pair and len(paged_kv_cache) == 2 else paged_kv_cache
-        entry = self._known.get(id(first))
-        if entry is not None and entry[0]() is first and (not pair or entry[1]() is paged_kv_cache[1]) \
-                and entry[2] == (k_scale, v_scale):
-            k, v = self._split(paged_kv_cache, pair)
-            return _rebound(k, v, self.layout, entry[2] if entry[4] else (None, None), entry[3])
-        return self._validated(paged_kv_cache, pair, first, k_scale, v_scale)
+        if type(paged_kv_cache) is tuple or type(paged_kv_cache) is list:
+            if len(paged_kv_cache) == 2:
+                k = paged_kv_cache[0]
+                entry = self._known.get(id(k))
+                if entry is not None and entry[0]() is k and entry[1]() is paged_kv_cache[1] \
+                        and entry[2] == (k_scale, v_scale):
+                    k, v = self._split(paged_kv_cache, True)
+                    return _rebound(k, v, self.layout, entry[2] if entry[4] else (None, None), entry[3])
+            return self._validated(paged_kv_cache, True, k_scale, v_scale)
+        if isinstance(paged_kv_cache, torch.Tensor):  # one tensor: its own geometry fixes K's and V's
+            key = (paged_kv_cache.shape, paged_kv_cache.stride(), paged_kv_cache.dtype, paged_kv_cache.get_device(),
+                   k_scale, v_scale)
+            dims = self._seen.get(key)
+            if dims is not None:
+                k, v = self._split(paged_kv_cache, False)
+                fp8 = paged_kv_cache.dtype in FP8_DTYPES
+                return _rebound(k, v, self.layout, (k_scale, v_scale) if fp8 else (None, None), dims)
+            cache = self._validated(paged_kv_cache, False, k_scale, v_scale)
+            self._seen[key] = cache._dims
+            return cache
+        return self._validated(paged_kv_cache, False, k_scale, v_scale)
 
     def _split(self, paged_kv_cache: Any, pair: bool) -> tuple[torch.Tensor, torch.Tensor]:
         if pair:
@@ -152,8 +166,8 @@ class KVForms:
         kv = paged_kv_cache if paged_kv_cache.dim() != 4 else paged_kv_cache.unsqueeze(self._page_dim)
         return kv.unbind(1)  # type: ignore[no-any-return]
 
-    def _validated(self, paged_kv_cache: Any, pair: bool, first: Any, k_scale: float, v_scale: float) -> PagedKVCache:
-        """The full checks (once per geometry), then remember the objects by identity."""
+    def _validated(self, paged_kv_cache: Any, pair: bool, k_scale: float, v_scale: float) -> PagedKVCache:
+        """The full checks (once per geometry); a (k, v) pair is then remembered by identity."""
         if isinstance(paged_kv_cache, torch.Tensor):
             kv = paged_kv_cache if paged_kv_cache.dim() != 4 else paged_kv_cache.unsqueeze(self._page_dim)
             if kv.dim() != 5 or kv.shape[1] != 2:
@@ -175,12 +189,13 @@ class KVForms:
             if len(self._seen) >= 1024:
                 self._seen.clear()
             self._seen[key] = dims
-        if len(self._known) >= 4096:
-            self._known.clear()
-        known, ident = self._known, id(first)
-        forget = lambda _: known.pop(ident, None)  # the object is gone: so is its entry
-        self._known[ident] = (weakref.ref(first, forget), weakref.ref(paged_kv_cache[1]) if pair else None,
-                              (k_scale, v_scale), dims, fp8)
+        if pair:
+            if len(self._known) >= 4096:
+                self._known.clear()
+            first = paged_kv_cache[0]
+            known, ident = self._known, id(first)
+            forget = lambda _: known.pop(ident, None)  # the tensor is gone: so is its entry
+            known[ident] = (weakref.ref(first, forget), weakref.ref(paged_kv_cache[1]), (k_scale, v_scale), dims, fp8)
         return _rebound(k, v, self.layout, scales, dims)
 
 

@@ -228,8 +228,8 @@ class PagedWrapper:
 
 
 def _check_out(t: Any, name: str, shape: tuple[int, ...], dtype: torch.dtype, q: torch.Tensor) -> None:
-    if not (isinstance(t, torch.Tensor) and t.shape == shape and t.dtype == dtype and t.device == q.device
-            and t.stride(-1) == 1):
+    if not (isinstance(t, torch.Tensor) and t.shape == shape and t.dtype == dtype and t.stride(-1) == 1
+            and t.get_device() == q.get_device()):
         got = f"{tuple(t.shape)} {t.dtype} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
         raise fail(name, got, f"{shape} {dtype} on {q.device} with unit last stride")
 
