@@ -9,6 +9,7 @@ library (Triton, cuDNN's frontend, FlashAttention / the CuTe DSL, CUTLASS, Flash
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel_switchboard import Backend, Capability, Kernel, KernelUnavailableError, hookimpl
+from kernel_switchboard import Backend, Capability, Kernel, KernelUnavailableError, artefacts, hookimpl
 from kernel_switchboard.availability import import_vendor, missing_module, module_installed
 from kernel_switchboard.lazy import Launcher, resolve
 from kernel_switchboard.registry import registry
@@ -156,3 +157,74 @@ def test_launcher_that_cannot_load_names_the_target_and_the_install() -> None:
         Launcher("json:nothing")()
     with pytest.raises(ValueError, match=r"expected 'package\.module:attribute'"):
         Launcher("json.dumps")
+
+
+# -- the compiled-artefact directory and its key ---------------------------------------------------------------
+ENV = {"format": 1, "gpu": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0", "driver": "580.95.05",
+       "cuda": "13.0", "python": "3.12", "machine": "x86_64", "torch": "2.11.0+cu130",
+       "packages": {"kernel-switchboard": "0.1.0", "triton": "3.6.0", "flash-attn-4": "4.0.0b36"}}
+
+
+@pytest.mark.parametrize("change", [{"gpu": "NVIDIA H200"}, {"compute_capability": "10.0"}, {"driver": "590.1"},
+                                    {"cuda": "12.8"}, {"python": "3.11"}, {"torch": "2.12.0+cu130"},
+                                    {"packages": {**ENV["packages"], "triton": "3.7.1"}},  # type: ignore[dict-item]
+                                    {"packages": {**ENV["packages"], "kernel-switchboard": "0.2.0"}}])  # type: ignore[dict-item]
+def test_a_cache_made_for_another_environment_is_ignored(tmp_path: Path, change: dict[str, object]) -> None:
+    built_for = artefacts.directory(ENV, tmp_path)
+    assert built_for is not None and artefacts.matches(built_for, ENV)
+    (built_for / "triton").mkdir()
+    other = {**ENV, **change}
+    assert artefacts.key(other) != artefacts.key(ENV)
+    here = artefacts.directory(other, tmp_path)
+    assert here is not None and here != built_for and not (here / "triton").exists()
+    assert not artefacts.matches(built_for, other)
+
+
+def test_a_directory_whose_environment_file_disagrees_is_never_used(tmp_path: Path) -> None:
+    """A directory copied under the right name from elsewhere (or edited) is ignored, not trusted by its name."""
+    path = artefacts.directory(ENV, tmp_path)
+    assert path is not None
+    (path / artefacts.ENVIRONMENT_FILE).write_text(json.dumps({**ENV, "driver": "535.1"}))
+    assert artefacts.directory(ENV, tmp_path) is None
+    (path / artefacts.ENVIRONMENT_FILE).write_text("not json")
+    assert artefacts.directory(ENV, tmp_path) is None and artefacts.directory(ENV, tmp_path, create=False) is None
+
+
+def test_key_is_stable_and_names_the_gpu() -> None:
+    assert artefacts.key(ENV) == artefacts.key(json.loads(json.dumps(ENV)))
+    assert artefacts.key(ENV).startswith("nvidia-h100-80gb-hbm3-")
+
+
+def test_no_gpu_or_caching_off_means_no_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KSB_CACHE_DIR", "off")
+    assert artefacts.root() is None and artefacts.directory(ENV) is None
+    monkeypatch.setenv("KSB_CACHE_DIR", str(tmp_path))
+    assert artefacts.root() == tmp_path
+    monkeypatch.setattr(artefacts, "environment", lambda device_index=None: None)  # a CPU: nothing compiles
+    assert artefacts.directory() is None and artefacts.prepare_triton() is None
+
+
+def test_prepare_points_triton_and_fa4_at_the_directory_unless_the_user_chose(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KSB_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(artefacts, "environment", lambda device_index=None: ENV)
+    for name in ("TRITON_CACHE_DIR", "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"):
+        monkeypatch.delenv(name, raising=False)
+    expected = tmp_path / "compiled" / artefacts.key(ENV)
+    assert artefacts.prepare_triton() == expected / "triton"
+    assert Path(os.environ["TRITON_CACHE_DIR"]) == expected / "triton" and (expected / "triton").is_dir()
+    assert artefacts.prepare_flash_attn_cute() == expected / "flash_attn_cute"
+    assert os.environ["FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"] == "1"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "mine"))
+    assert artefacts.prepare_triton() == tmp_path / "mine"  # the user's choice wins
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "mine")
+
+
+def test_records_round_trip_in_this_environment_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KSB_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(artefacts, "environment", lambda device_index=None: ENV)
+    assert artefacts.recorded("flashinfer-xqa/bf16") is None
+    artefacts.record("flashinfer-xqa/bf16", {"path": "/x.so"})
+    assert artefacts.recorded("flashinfer-xqa/bf16") == {"path": "/x.so"}
+    monkeypatch.setattr(artefacts, "environment", lambda device_index=None: {**ENV, "gpu": "NVIDIA H200"})
+    assert artefacts.recorded("flashinfer-xqa/bf16") is None

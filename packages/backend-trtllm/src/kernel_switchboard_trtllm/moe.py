@@ -75,7 +75,14 @@ def flashinfer_moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.
     result = cutlass_fused_moe(a.input, a.token_selected_experts, a.token_final_scales, a.fc1_expert_weights,
                                a.fc2_expert_weights, a.output_dtype, a.quant_scales, output=out,
                                use_deepseek_fp8_block_scale=a.use_deepseek_fp8_block_scale)
+    if x.device.type == "cuda" and x.device.index not in _noted:
+        _noted.add(x.device.index)
+        jit.note_moe_built(torch.cuda.get_device_capability(x.device))
     return _first(result)
+
+
+#: devices whose fused-MoE module this process has recorded built (after its first call there)
+_noted: set[int | None] = set()
 
 
 def tensorrt_llm_moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor,

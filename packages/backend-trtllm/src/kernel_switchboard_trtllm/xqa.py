@@ -119,7 +119,9 @@ def _xqa_call(args: translate.XqaDecodeArgs, out: torch.Tensor, ws: torch.Tensor
 def decode(q: torch.Tensor, cache: Any, table: Any, p: Any) -> tuple[torch.Tensor, None]:
     """attention.decode: q (B, Hq, D) -> out (B, Hq, D) in q's dtype; no LSE."""
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    _xqa_call(translate.xqa_decode_args(q, cache, table, p), out, workspace(q.device))
+    args = translate.xqa_decode_args(q, cache, table, p)
+    _xqa_call(args, out, workspace(q.device))
+    jit.note_xqa_run(q, cache, args.window_left)
     return out, None
 
 
@@ -183,11 +185,12 @@ def kernels(version: str | None) -> list[Kernel]:
     v = version or ""
     return [
         Kernel("attention.decode", provider_tag("trtllm-xqa", version), "trtllm", DECODE_CAP, decode, version=v,
-               plan=plan, cost=_decode_cost, needs_build=jit.compiled(jit.xqa_spec), build=jit.xqa_build,
+               plan=plan, cost=_decode_cost, needs_build=jit.compiled(jit.xqa_spec, jit.xqa_record),
+               build=jit.xqa_build,
                math_dtype=_math_dtype, reads_stale_slots=True,
                doc="TensorRT-LLM XQA paged decode (flashinfer-python JIT; first build ~10 s per configuration); "
                    "on an fp8 cache it quantises Q and P to fp8 too (relative error ~2e-2, measured on the H200)"),
         Kernel("attention.mla_decode", provider_tag("trtllm-xqa-mla", version), "trtllm", MLA_CAP, mla_decode,
-               version=v, needs_build=jit.compiled(jit.xqa_mla_spec), build=jit.xqa_mla_build,
+               version=v, needs_build=jit.compiled(jit.xqa_mla_spec, jit.xqa_mla_record), build=jit.xqa_mla_build,
                doc="TensorRT-LLM XQA MLA decode, sm_120/sm_121 only (flashinfer); never run here: no such GPU"),
     ]
