@@ -25,6 +25,8 @@ from typing import Any, TypeVar
 import torch
 import triton
 
+from kernel_switchboard.errors import KernelUnavailableError
+
 from . import _comm_kernels as K
 from .norm import MAX_BLOCK, block_config, fused_add_rms_norm
 
@@ -48,6 +50,9 @@ def _exchange(group: Any, device: torch.device, dtype: torch.dtype, numel: int) 
     reach it together."""
     from torch.distributed import _symmetric_memory as symm_mem
 
+    if not hasattr(symm_mem, "empty"):
+        raise KernelUnavailableError(f"torch {torch.__version__}'s symmetric memory has no empty(): a newer torch is "
+                                     "needed (pip install -U torch)")
     name = (group if group is not None else torch.distributed.group.WORLD).group_name  # type: ignore[union-attr]
     key = (name, str(device), dtype)
     ex = _EXCHANGES.get(key)

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from kernel_switchboard import Capability, Kernel
+from kernel_switchboard.availability import module_installed, version_in_window
 from kernel_switchboard.device import pairs_without_peer_access
 
 from .._common import BACKEND, DEVICES, PRIORITY
@@ -83,13 +84,17 @@ def _all_reduce_then_norm_cost(p: Any) -> float:
     return ring + memory_bound(p, 8 * nbytes, launches=3)  # copies of x and residual; the fused pass reads 2, writes 2
 
 
+#: the first torch whose symmetric memory has ``empty()`` and ``rendezvous()`` as the one-shot kernels use them
+SYMMETRIC_MEMORY_TORCH = "2.6"
+
+
 def _missing_symmetric_memory() -> str | None:
-    try:
-        from torch.distributed import _symmetric_memory as symm_mem
-    except ImportError as e:
-        return f"torch {torch.__version__} has no torch.distributed symmetric memory ({e})"
-    if not hasattr(symm_mem, "empty"):
-        return f"torch {torch.__version__}'s symmetric memory has no empty(): a newer torch is needed"
+    """Why torch's symmetric memory cannot serve here, from the torch version and its files (importing it takes
+    ~0.1 s, paid when a one-shot kernel first runs)."""
+    if not module_installed("torch.distributed._symmetric_memory"):
+        return f"torch {torch.__version__} has no torch.distributed symmetric memory"
+    if not version_in_window(torch.__version__, SYMMETRIC_MEMORY_TORCH):
+        return f"torch {torch.__version__}'s symmetric memory predates empty(): torch >= {SYMMETRIC_MEMORY_TORCH} is needed"
     return None
 
 
