@@ -62,7 +62,7 @@ def test_import_timer_times_a_vendor_package_and_keeps_its_loader(tmp_path: Path
 def test_unknown_mode_or_op_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert bench_first_call.main(["--cache", "lukewarm", "--out", str(tmp_path)]) == 2
     assert bench_first_call.main(["--op", "norm.nope", "--out", str(tmp_path)]) == 2
-    assert "modes: cold, warm, built" in capsys.readouterr().err
+    assert "modes: cold, warm, built, here" in capsys.readouterr().err
 
 
 def test_the_preset_covers_every_op_family() -> None:

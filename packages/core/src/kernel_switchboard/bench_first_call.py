@@ -19,7 +19,8 @@ Compile caches: ``cold`` gives each point empty ones (the switchboard's ``KSB_CA
 FA4's caches then live, and FlashInfer's, inductor's and CUDA's); ``warm`` runs the point again on the caches its
 cold run filled; ``built`` gives it empty caches filled by ``switchboard build`` for that point first. Each row
 counts the files its process added to the caches (0 when everything was loaded). The first result is compared with
-the reference kernel on the same inputs (``correct``). ``--flashinfer`` adds FlashInfer's own first calls on the
+the reference kernel on the same inputs (``correct``); ``here`` uses the caches this process's environment names
+(``KSB_CACHE_DIR``...; a container image's baked cache) as they are. ``--flashinfer`` adds FlashInfer's own first calls on the
 same shapes, in fresh processes with an empty FlashInfer cache.
 
 On a machine without a GPU the points run the reference kernels on small shapes, which the table says.
@@ -48,7 +49,7 @@ VENDORS = ("triton", "cudnn", "flash_attn", "flash_attn_interface", "cutlass", "
 CACHE_VARIABLES = ("TRITON_CACHE_DIR", "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED",
                    "KSB_CUTLASS_CACHE", "KSB_CACHE_DIR", "KSB_TUNE_CACHE", "FLASHINFER_WORKSPACE_BASE",
                    "TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PATH")
-MODES = ("cold", "warm", "built")
+MODES = ("cold", "warm", "built", "here")
 
 
 @dataclass(frozen=True)
@@ -220,7 +221,8 @@ def child(spec_json: str, wall0: float, t0: float, t1: float, t2: float) -> None
     timer = _ImportTimer()
     sys.meta_path.insert(0, timer)
     row: dict[str, Any] = {"python_start_s": round(wall0 - spec["spawned"], 3), "import_torch_s": round(t1 - t0, 3),
-                           "import_s": round(t2 - t0, 3), "vendors_at_import": _vendors_loaded()}
+                           "import_s": round(t2 - t0, 3), "vendors_at_import": _vendors_loaded(),
+                           "torch_dynamo_at_import": "torch._dynamo" in sys.modules}
     try:
         (_flashinfer_first_call if spec.get("flashinfer") else _switchboard_first_call)(spec, row, timer)
     except Exception as exc:  # noqa: BLE001 - the row reports it; the parent goes on with the next point
@@ -272,6 +274,7 @@ def _switchboard_first_call(spec: dict[str, Any], row: dict[str, Any], timer: _I
     row["compile_s"] = round(max(0.0, times[0] - times[1]), 3)
     row["first_result_s"] = round(row["import_s"] + row["select_s"] + times[0], 3)
     row["vendors_after_call"] = _vendors_loaded()
+    row["torch_dynamo_loaded"] = "torch._dynamo" in sys.modules
     kernel = sel.kernel
     if kernel.backend == "reference":
         row["correct"] = "is the reference"
@@ -332,8 +335,10 @@ def _count_files(path: Path) -> int:
     return sum(len(files) for _, _, files in os.walk(path)) if path.exists() else 0
 
 
-def _environment(base: Path) -> dict[str, str]:
-    """This process's environment with every compile cache moved under ``base``."""
+def _environment(base: Path | None) -> dict[str, str]:
+    """This process's environment with every compile cache moved under ``base`` (None: as it is)."""
+    if base is None:
+        return dict(os.environ)
     env = {k: v for k, v in os.environ.items() if k not in CACHE_VARIABLES}
     env.update(KSB_CACHE_DIR=str(base / "ksb"), KSB_TUNE_CACHE=str(base / "tune.json"),
                FLASHINFER_WORKSPACE_BASE=str(base / "flashinfer"), TORCHINDUCTOR_CACHE_DIR=str(base / "inductor"),
@@ -341,8 +346,11 @@ def _environment(base: Path) -> dict[str, str]:
     return env
 
 
-def _run_child(spec: dict[str, Any], base: Path, timeout_s: float) -> dict[str, Any]:
-    before = _count_files(base)
+def _run_child(spec: dict[str, Any], base: Path | None, timeout_s: float) -> dict[str, Any]:
+    from .artefacts import root
+
+    counted = base if base is not None else root()
+    before = _count_files(counted) if counted is not None else 0
     spec = {**spec, "spawned": time.time()}
     start = time.perf_counter()
     try:
@@ -354,7 +362,8 @@ def _run_child(spec: dict[str, Any], base: Path, timeout_s: float) -> dict[str, 
     row: dict[str, Any] = json.loads(lines[-1][len("FIRST-CALL "):]) if lines else {
         "error": f"exit {done.returncode}: {(done.stderr or done.stdout)[-800:]}"}
     row["wall_s"] = round(time.perf_counter() - start, 3)
-    row["cache_files_added"] = _count_files(base) - before
+    if counted is not None:
+        row["cache_files_added"] = _count_files(counted) - before
     return row
 
 
@@ -381,6 +390,9 @@ def run(points: list[FirstCall], modes: tuple[str, ...], device: str, flashinfer
                 yield {**row, "error": "skipped: the run's time budget is spent"}
                 continue
             spec = {"op": point.op, "params": point.params(device), "device": device}
+            if mode == "here":
+                yield {**row, **_run_child(spec, None, timeout_s)}
+                continue
             if mode == "warm" and cold_base is not None:
                 base = cold_base
             else:
@@ -433,7 +445,8 @@ def main(argv: list[str]) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=[PRESET], default=PRESET)
     p.add_argument("--op", action="append", help="only these ops (repeatable; default: one per op family)")
-    p.add_argument("--cache", default="cold,warm", help=f"comma-separated modes from {', '.join(MODES)}")
+    p.add_argument("--cache", default="cold,warm", help=f"comma-separated modes from {', '.join(MODES)}, or none "
+                   "(with --flashinfer: FlashInfer's rows only)")
     p.add_argument("--flashinfer", action="store_true", help="also FlashInfer's first calls (cold), where installed")
     p.add_argument("--flashinfer-op", action="append", help=f"FlashInfer ops to run (default: {', '.join(FLASHINFER_OPS)})")
     p.add_argument("--timeout-s", type=float, default=300.0, help="limit per child process")
@@ -444,7 +457,7 @@ def main(argv: list[str]) -> int:
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    modes = tuple(m.strip() for m in args.cache.split(",") if m.strip())
+    modes = tuple(m.strip() for m in args.cache.split(",") if m.strip() and m.strip() != "none")
     unknown = [m for m in modes if m not in MODES]
     ops = {pt.op for pt in POINTS}
     if unknown or (args.op and set(args.op) - ops):
