@@ -141,7 +141,7 @@ class _ImportTimer:
         finally:
             sys.meta_path.insert(0, self)
         if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            spec.loader = _TimedLoader(spec.loader, name, self.seconds)
+            spec.loader = _TimedLoader(spec.loader, name, self.seconds)  # type: ignore[assignment]
         return spec
 
 
@@ -389,7 +389,7 @@ def run(points: list[FirstCall], modes: tuple[str, ...], device: str, flashinfer
             if time.perf_counter() > deadline:
                 yield {**row, "error": "skipped: the run's time budget is spent"}
                 continue
-            spec = {"op": point.op, "params": point.params(device), "device": device}
+            spec: dict[str, Any] = {"op": point.op, "params": point.params(device), "device": device}
             if mode == "here":
                 yield {**row, **_run_child(spec, None, timeout_s)}
                 continue
