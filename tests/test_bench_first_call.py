@@ -71,3 +71,26 @@ def test_the_preset_covers_every_op_family() -> None:
     families = {op.partition(".")[0] for op in registry.ops()}
     assert families <= {p.op.partition(".")[0] for p in bench_first_call.POINTS}
     assert {p.op for p in bench.PRESETS["first-call"]()} == {p.op for p in bench_first_call.POINTS}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["norm.rms_norm", "attention.decode"])
+def test_gpu_warm_caches_load_without_compiling(op: str) -> None:
+    """On a GPU: the cold run compiles into its caches, the warm run adds nothing to them, both results match the
+    reference, and no vendor library other than the chosen kernel's is imported."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    point = next(p for p in bench_first_call.POINTS if p.op == op)
+    cold, warm = bench_first_call.run([point], ("cold", "warm"), "cuda", (), 300.0, float("inf"))
+    for row in (cold, warm):
+        assert "error" not in row, row
+        assert row["correct"] in (True, "is the reference"), row
+        assert row["vendors_at_import"] == [] and row["vendors_after_select"] == [], row
+    chosen_backend = str(cold["chosen"]).partition(":")[0]
+    expected = {"triton": {"triton"}, "cudnn": {"cudnn"}, "fa": {"flash_attn"}, "trtllm": {"flashinfer"}}
+    assert set(cold["vendors_after_call"]) <= expected.get(chosen_backend, set()), cold  # type: ignore[arg-type]
+    if chosen_backend == "triton":
+        assert int(cold["cache_files_added"]) > 0  # type: ignore[call-overload]
+        assert warm["cache_files_added"] == 0, warm

@@ -138,7 +138,10 @@ def _point(variable: str, sub: str) -> Path | None:
     if path is None:
         return None
     target = path / sub
-    target.mkdir(parents=True, exist_ok=True)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError:  # a read-only cache: the library keeps its own default
+        return None
     os.environ[variable] = str(target)
     return target
 
