@@ -24,6 +24,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 for pkg in flashinfer-python nvidia-cudnn-frontend flash-attn-4 nvidia-cutlass-dsl nvidia-cutlass; do
   python3 -c "from importlib.metadata import version as v; print('$pkg', v('$pkg'))" 2>/dev/null | tee -a "$OUT/gpu.txt"
 done
+timeout 120 switchboard doctor --json > "$OUT/doctor.json" 2> "$OUT/doctor.err"  # kernel ids and availability
 python3 -c "import flash_attn.cute.cache_utils" 2>/dev/null && echo "flash-attn-4 has its persistent CuTe DSL cache" \
   | tee -a "$OUT/gpu.txt"
 
