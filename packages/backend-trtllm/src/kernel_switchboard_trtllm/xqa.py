@@ -17,10 +17,11 @@ from typing import Any
 import torch
 
 from kernel_switchboard import Capability, Kernel, empty_rows
+from kernel_switchboard.availability import import_vendor
 from kernel_switchboard.device import is_capturing
 
 from . import jit, translate
-from .providers import provider_tag
+from .providers import INSTALL, provider_tag
 
 XQA_DTYPES = frozenset({torch.float16, torch.bfloat16})
 XQA_KV_DTYPES = XQA_DTYPES | {torch.float8_e4m3fn}
@@ -105,8 +106,7 @@ ZERO_EMPTY_ROWS = os.environ.get("KSB_TRTLLM_XQA_EMPTY_ROWS", "zero") != "trust"
 
 
 def _xqa_call(args: translate.XqaDecodeArgs, out: torch.Tensor, ws: torch.Tensor) -> None:
-    from flashinfer.decode import trtllm_batch_decode_with_kv_cache
-
+    trtllm_batch_decode_with_kv_cache = import_vendor("flashinfer.decode", INSTALL).trtllm_batch_decode_with_kv_cache
     trtllm_batch_decode_with_kv_cache(query=args.query, kv_cache=args.kv_cache, workspace_buffer=ws,
                                       block_tables=args.block_tables, seq_lens=args.seq_lens,
                                       max_seq_len=args.max_seq_len, bmm1_scale=args.bmm1_scale,
@@ -165,8 +165,7 @@ def mla_check(problem: Any) -> list[str]:
 def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_pages: torch.Tensor, kpe_pages: torch.Tensor, table: Any,
                p: Any) -> tuple[torch.Tensor, None]:
     """attention.mla_decode through flashinfer's XQA MLA (bf16); out (B, H, 512)."""
-    from flashinfer.mla import xqa_batch_decode_with_kv_cache_mla
-
+    xqa_batch_decode_with_kv_cache_mla = import_vendor("flashinfer.mla", INSTALL).xqa_batch_decode_with_kv_cache_mla
     a = translate.xqa_mla_args(q_nope, q_pe, ckv_pages, kpe_pages, table, p)
     out = torch.empty(q_nope.shape, dtype=q_nope.dtype, device=q_nope.device)
     xqa_batch_decode_with_kv_cache_mla(a.query, a.kv_cache, workspace(out.device), a.qk_nope_head_dim,

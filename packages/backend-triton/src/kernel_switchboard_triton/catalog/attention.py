@@ -33,7 +33,7 @@ HBM_BYTES_PER_S = 4.0e12
 TENSOR_FLOPS = 4.5e14
 #: fixed cost of one launch, seconds
 LAUNCH_S = 6e-6
-#: paged decode, GPU time (CUDA-graph replays of plan.run), fitted on the H200 over the issue 7 grid (B 1-256,
+#: paged decode, GPU time (CUDA-graph replays of plan.run), fitted on the H200 over the decode grid (B 1-256,
 #: L 1024-8192, pages 16 and 128, NHD and HND, Llama-3-8B heads; notes/gpu-runs.md run 6): fixed + bytes / rate,
 #: 13 us + 4.3 TB/s, within 14% of every point. Every backend's decode cost is fitted on the same grid.
 DECODE_FIXED_S = 13e-6
@@ -77,7 +77,7 @@ DECODE = Capability(
 )
 def _no_variant_at_d80(problem: Any) -> list[str]:
     """Prefill splits head dim 80 into 64 + 16; with a custom variant's hooks, ptxas (Triton 3.6's, on the H200)
-    crashed compiling two of five such kernels (notes/gpu-runs.md, session 22). Without a variant all d80 runs passed."""
+    crashed compiling two of five such kernels (notes/gpu-runs.md). Without a variant all d80 runs passed."""
     if getattr(problem, "head_dim", None) == 80 and "custom_variant" in getattr(problem, "features", ()):
         return ["head_dim=80 with a custom variant: ptxas crashed compiling such prefill kernels (use 64, 96 or 128)"]
     return []

@@ -21,7 +21,7 @@ from . import launcher
 from .norm import DTYPES, MAX_BLOCK
 
 #: largest message (rows x hidden x itemsize, rows bucketed) sent one-shot: 256 tokens of hidden 8192 in bf16.
-#: Not yet measured on 2+ GPUs (issue 11): the crossover with NCCL's ring is an estimate.
+#: Not yet measured on 2+ GPUs: the crossover with NCCL's ring is an estimate.
 ONE_SHOT_MAX_BYTES = 4 << 20
 #: bytes/s one H100/H200 pulls from its NVLink peers (an estimate for ranking)
 NVLINK_BANDWIDTH = 450e9
