@@ -85,7 +85,7 @@ for name in ("first-call", "first-call-flashinfer", "first-call-built"):
                  f"imports {r.get('vendor_imports')}", f"correct {r.get('correct')}"]
         print(f"{r['op']:<30} {r['mode']:<16} {str(r.get('chosen'))[:40]:<40} first result {r.get('first_result_s')} s "
               f"(import {r.get('import_s')}, select {r.get('select_s')}, call {r.get('first_call_s')}, "
-              f"compile {r.get('compile_s')}); new cache files {r.get('cache_files_added')}; " + "; ".join(extra))
+              f"compile {r.get('compile_s')}, gc {r.get('gc_s')}); new cache files {r.get('cache_files_added')}; " + "; ".join(extra))
 EOF
 tar czf /tmp/results.tgz -C "$OUT" . 2>/dev/null && find "$OUT" -mindepth 1 -delete && mv /tmp/results.tgz "$OUT/results.tgz"
 log "done in $(( $(date +%s) - start )) s"

@@ -11,6 +11,8 @@ named), and reports separately:
 - ``first_result_s`` = import + selection + first call: what the switchboard adds before the first result. Input
   creation (``inputs_s``, which includes creating the CUDA context) and the interpreter's start (``python_start_s``)
   are reported apart: a user's process pays them for its own reasons. ``wall_s`` is the whole child process;
+- ``gc_s``: seconds the interpreter's garbage collector ran during selection and the first call (its first full
+  collection after torch's import takes a noticeable part of a second wherever it falls);
 - ``triton_kernels``: when Triton is imported, each Triton / Gluon kernel's compile (a cache hit: its load from the
   cache) with the seconds of each stage of a real compile (ttir ... cubin: the last is ptxas), and its first load
   onto the GPU.
@@ -211,6 +213,25 @@ def _watch_triton() -> None:
     tc.compile, CompiledKernel._init_handles, CUDABackend.add_stages = timed_compile, timed_init, timed_add_stages
 
 
+#: seconds of garbage collection since the inputs were made (:func:`_time_gc`)
+GC_SECONDS = [0.0]
+
+
+def _time_gc() -> None:
+    """Accumulate the seconds of every garbage collection in :data:`GC_SECONDS` (zeroed once the inputs exist)."""
+    import gc
+
+    started = [0.0]
+
+    def callback(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            GC_SECONDS[0] += time.perf_counter() - started[0]
+
+    gc.callbacks.append(callback)
+
+
 def _vendors_loaded() -> list[str]:
     return sorted(v for v in VENDORS if v in sys.modules)
 
@@ -220,6 +241,7 @@ def child(spec_json: str, wall0: float, t0: float, t1: float, t2: float) -> None
     spec = json.loads(spec_json)
     timer = _ImportTimer()
     sys.meta_path.insert(0, timer)
+    _time_gc()
     row: dict[str, Any] = {"python_start_s": round(wall0 - spec["spawned"], 3), "import_torch_s": round(t1 - t0, 3),
                            "import_s": round(t2 - t0, 3), "vendors_at_import": _vendors_loaded(),
                            "torch_dynamo_at_import": "torch._dynamo" in sys.modules}
@@ -228,6 +250,7 @@ def child(spec_json: str, wall0: float, t0: float, t1: float, t2: float) -> None
     except Exception as exc:  # noqa: BLE001 - the row reports it; the parent goes on with the next point
         row["error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
     row["vendor_imports"] = timer.seconds
+    row["gc_s"] = round(GC_SECONDS[0], 3)
     if TRITON_KERNELS:
         row["triton_kernels"] = TRITON_KERNELS
     print("FIRST-CALL " + json.dumps(row, default=str), flush=True)
@@ -250,6 +273,7 @@ def _case(spec: dict[str, Any], row: dict[str, Any]) -> Any:
     case = builder(spec["op"], torch.device(spec["device"]), **spec["params"])
     _sync(spec["device"])
     row["inputs_s"] = round(time.perf_counter() - start, 3)
+    GC_SECONDS[0] = 0.0
     return case
 
 
