@@ -27,6 +27,7 @@ nox.options.sessions = [
     "tests-cutlass",
     "tests-trtllm",
     "tests-transformers",
+    "tests-cold-start",
 ]
 
 TORCH = os.environ.get("KSB_TORCH_SPEC", "torch==2.13.0")
@@ -120,6 +121,14 @@ def _backend_session(name: str) -> None:
 
 for _name in ("cudnn", "fa", "cutlass", "trtllm"):
     _backend_session(_name)
+
+
+@nox.session(name="tests-cold-start")
+def tests_cold_start(session: nox.Session) -> None:
+    """Every backend installed (Triton with them, no other vendor library): a fresh process imports none of them and
+    no torch._dynamo; the first-call preset and the compiled-artefact cache keys."""
+    _install(session, CORE, *[f"packages/backend-{b}" for b in BACKENDS])
+    session.run(*PYTEST, "tests/test_cold_start.py", "tests/test_bench_first_call.py", *session.posargs)
 
 
 @nox.session

@@ -7,19 +7,11 @@ of each half with vector loads.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import triton
 import triton.language as tl
 
-from kernel_switchboard import Capability, Kernel
-
-from ._common import BACKEND, DEVICES, PRIORITY
-from ._perf import memory_bound
-
 SILU, GELU, GELU_TANH = 0, 1, 2
-DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
 #: grid dim 1 (column blocks) is limited to 65535 programs
 _MAX_COL_BLOCKS = 65535
 
@@ -77,20 +69,3 @@ def gelu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
     return _launch(x, GELU_TANH)
-
-
-def _cost(problem: Any) -> float:
-    # reads (rows, 2d), writes (rows, d); ActivationProblem.hidden is d
-    return memory_bound(problem, 3 * problem.rows * problem.hidden * problem.dtype.itemsize)
-
-
-_CAP = Capability(devices=DEVICES, dtypes=DTYPES, features=frozenset({"cuda_graph", "deterministic"}))
-
-
-def kernels() -> list[Kernel]:
-    return [
-        Kernel(f"activation.{name}", name, BACKEND, _CAP, fn, priority=PRIORITY, cost=_cost,
-               doc="fused gate activation and multiply; float32 math, one read and one write")
-        for name, fn in (("silu_and_mul", silu_and_mul), ("gelu_and_mul", gelu_and_mul),
-                         ("gelu_tanh_and_mul", gelu_tanh_and_mul))
-    ]

@@ -1,4 +1,4 @@
-"""``switchboard bench | tune | build``: measured ranking.
+"""``switchboard bench | tune``: measured ranking.
 
 For each point of a workload preset: every eligible kernel, the automatic choice and external
 baselines (torch SDPA, cuBLAS, FlashInfer when installed) are timed with CUDA events (median,
@@ -108,6 +108,8 @@ PRESETS: dict[str, Callable[[], list[Point]]] = {
                                                (1, 4096, 4096, "float", True, "1x4096 causal + bias"),
                                                (16, 77, 1024, "none", False, "cross-attention 77x1024"))],
     "flashinfer-compat": lambda: importlib.import_module(".bench_flashinfer", __package__).points(),
+    # one op per family, each in a fresh process (bench_first_call.py); here for `switchboard build --preset first-call`
+    "first-call": lambda: importlib.import_module("kernel_switchboard.bench_first_call").points(),
     "gemm": lambda: [Point("gemm.mm", {"m": 8192, "n": 8192, "k": 8192, "dtype": "bfloat16"}, "8192^3 bf16"),
                      Point("gemm.mm_fp8", {"m": 8192, "n": 8192, "k": 8192, "scale_mode": "block"}, "8192^3 fp8 block")],
 }
@@ -568,6 +570,9 @@ def _write_tables(out: Path, rows: list[Row], ceil: dict[str, float], environmen
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "first-call" in argv or "--preset=first-call" in argv:  # fresh processes per point: its own runner
+        return int(importlib.import_module("kernel_switchboard.bench_first_call").main(argv))
     p = argparse.ArgumentParser(prog="switchboard bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", action="append", help=f"one of {[*sorted(PRESETS), 'dispatch']} (repeatable)")
@@ -703,25 +708,3 @@ def _graph_times(point: Point, case: Any, kernel_ids: list[str], device: torch.d
             print(f"tune: {kernel_id} plan in a CUDA graph failed on {point.label}: {exc}"[:300], file=sys.stderr)
     times = {k: ms * 1e-3 for k, ms in fastest_of_rounds(replays, device, reps_ms, rounds).items()}
     return (problem, times) if times else None
-
-
-def build_main(argv: list[str] | None = None) -> int:
-    """Compile ahead of time every kernel with a ``build`` step for each preset point."""
-    args = _points_parser("switchboard build").parse_args(argv)
-    if unknown_op("switchboard build", args.op):
-        return 2
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    built = 0
-    for point, _, sel in _explained_points("build", args, device):
-        for cand in sel.candidates:
-            k = cand.kernel
-            if cand.eligible and k.build is not None and k.needs_build and k.needs_build(sel.problem):
-                t0 = time.perf_counter()
-                k.build(sel.problem)
-                built += 1
-                print(f"build: {k.id} for {point.label} in {time.perf_counter() - t0:.1f} s")
-    from .dispatch import clear_cache
-
-    clear_cache()
-    print(f"build: {built} kernels compiled")
-    return 0

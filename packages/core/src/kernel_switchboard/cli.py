@@ -142,7 +142,7 @@ PASSTHROUGH = {
     "demo": ("kernel_switchboard.engine.demo", "main", "run a tiny random-weight model end to end through the switchboard"),
     "bench": ("kernel_switchboard.bench", "main", "benchmark kernels on workload presets (--help for options)"),
     "tune": ("kernel_switchboard.bench", "tune_main", "measure eligible kernels and store winners in the autotune cache"),
-    "build": ("kernel_switchboard.bench", "build_main", "compile JIT kernels ahead of time for workload presets"),
+    "build": ("kernel_switchboard.build", "main", "compile JIT kernels ahead of time into the persistent caches"),
 }
 
 

@@ -13,10 +13,10 @@ import torch
 
 from kernel_switchboard import Capability, Kernel
 
-from . import __version__
-from ._append import append, append_mla
-from ._attn_common import cost_seconds, fp8_needs_sm89, nbytes
-from ._common import BACKEND, DEVICES, PRIORITY
+from .. import __version__
+from .._common import BACKEND, DEVICES, PRIORITY
+from . import launcher
+from .attention import cost_seconds, fp8_needs_sm89, nbytes
 
 _FLOAT = frozenset({torch.float16, torch.bfloat16, torch.float32})
 
@@ -44,8 +44,9 @@ def _append_mla_cost(pr: Any) -> float:
 def kernels() -> list[Kernel]:
     """The KV-cache kernels of the Triton backend."""
     return [
-        Kernel("kv_cache.append", "append", BACKEND, APPEND, append, version=__version__, cost=_append_cost,
+        Kernel("kv_cache.append", "append", BACKEND, APPEND, launcher("_append:append"), version=__version__, cost=_append_cost,
                priority=PRIORITY, doc="scatter of new K/V rows through the block table; fp8 quantisation"),
-        Kernel("kv_cache.append_mla", "append_mla", BACKEND, APPEND_MLA, append_mla, version=__version__,
+        Kernel("kv_cache.append_mla", "append_mla", BACKEND, APPEND_MLA, launcher("_append:append_mla"),
+               version=__version__,
                cost=_append_mla_cost, priority=PRIORITY, doc="scatter of new latent / rope rows"),
     ]

@@ -24,23 +24,45 @@ import torch
 
 from kernel_switchboard import Capability, Kernel, eager_host_floor
 
-from . import __version__
-from ._attn_common import (
-    DECODE_BYTES_PER_S,
-    DECODE_FIXED_S,
-    LAUNCH_S,
-    TENSOR_FLOPS,
-    cost_seconds,
-    fp8_needs_sm89,
-    is_inf_cost,
-    nbytes,
-)
-from ._common import BACKEND, DEVICES, PRIORITY
-from ._decode import decode, plan_decode
-from ._merge import merge_states
-from ._mla import mla_decode, plan_mla
-from ._prefill import PrefillPlan, prefill, prefill_ragged
-from .dense import dense
+from .. import __version__
+from .._common import BACKEND, DEVICES, PRIORITY
+from . import launcher
+
+#: H200-class rough rates for cost estimates (bytes/s, flop/s); only the ranking uses them
+HBM_BYTES_PER_S = 4.0e12
+TENSOR_FLOPS = 4.5e14
+#: fixed cost of one launch, seconds
+LAUNCH_S = 6e-6
+#: paged decode, GPU time (CUDA-graph replays of plan.run), fitted on the H200 over the decode grid (B 1-256,
+#: L 1024-8192, pages 16 and 128, NHD and HND, Llama-3-8B heads; notes/gpu-runs.md run 6): fixed + bytes / rate,
+#: 13 us + 4.3 TB/s, within 14% of every point. Every backend's decode cost is fitted on the same grid.
+DECODE_FIXED_S = 13e-6
+DECODE_BYTES_PER_S = 4.3e12
+
+
+def is_inf_cost(problem: Any) -> bool:
+    """The CPU (interpreter) never wins on cost: it ranks by priority below the reference."""
+    return getattr(problem, "device", "cuda") != "cuda"
+
+
+def nbytes(dtype: torch.dtype) -> int:
+    return dtype.itemsize
+
+
+def cost_seconds(bytes_moved: float, flops: float, problem: Any) -> float:
+    """Roofline estimate: the larger of memory and tensor-core time, plus a launch."""
+    if is_inf_cost(problem):
+        return math.inf
+    return LAUNCH_S + max(bytes_moved / HBM_BYTES_PER_S, flops / TENSOR_FLOPS)
+
+
+def fp8_needs_sm89(problem: Any) -> list[str]:
+    """``Capability.check``: Triton converts fp8 (e4m3 ``float8e4nv``) only from compute capability 8.9."""
+    cc = getattr(problem, "cc", None)
+    if "fp8_kv" in getattr(problem, "features", ()) and cc is not None and cc < (8, 9):
+        return [f"fp8 KV needs compute capability >= 8.9 for Triton's fp8 conversions (have {cc[0]}.{cc[1]})"]
+    return []
+
 
 _HALF = frozenset({torch.float16, torch.bfloat16})
 _FP8 = frozenset({torch.float8_e4m3fn, torch.float8_e5m2})
@@ -55,7 +77,7 @@ DECODE = Capability(
 )
 def _no_variant_at_d80(problem: Any) -> list[str]:
     """Prefill splits head dim 80 into 64 + 16; with a custom variant's hooks, ptxas (Triton 3.6's, on the H200)
-    crashed compiling two of five such kernels (notes/gpu-runs.md, session 22). Without a variant all d80 runs passed."""
+    crashed compiling two of five such kernels (notes/gpu-runs.md). Without a variant all d80 runs passed."""
     if getattr(problem, "head_dim", None) == 80 and "custom_variant" in getattr(problem, "features", ()):
         return ["head_dim=80 with a custom variant: ptxas crashed compiling such prefill kernels (use 64, 96 or 128)"]
     return []
@@ -138,21 +160,25 @@ def _merge_cost(pr: Any) -> float:
 def kernels() -> list[Kernel]:
     """The attention kernels of the Triton backend."""
     return [
-        Kernel("attention.decode", "decode_splitkv", BACKEND, DECODE, decode, version=__version__, plan=plan_decode,
+        Kernel("attention.decode", "decode_splitkv", BACKEND, DECODE, launcher("_decode:decode"), version=__version__,
+               plan=launcher("_decode:plan_decode"),
                cost=_decode_cost, priority=PRIORITY,
                doc="split-KV paged decode, GQA heads packed per KV head, second-pass merge"),
-        Kernel("attention.prefill", "prefill_paged", BACKEND, PREFILL, prefill, version=__version__, plan=PrefillPlan,
+        Kernel("attention.prefill", "prefill_paged", BACKEND, PREFILL, launcher("_prefill:prefill"), version=__version__,
+               plan=launcher("_prefill:PrefillPlan"),
                cost=_prefill_cost, priority=PRIORITY,
                doc="FlashAttention-2 style over paged KV; GQA-packed (token, head) rows; mixed batches in one launch"),
-        Kernel("attention.prefill_ragged", "prefill_ragged", BACKEND, RAGGED, prefill_ragged, version=__version__,
+        Kernel("attention.prefill_ragged", "prefill_ragged", BACKEND, RAGGED, launcher("_prefill:prefill_ragged"),
+               version=__version__,
                cost=_prefill_cost, priority=PRIORITY, doc="FlashAttention-2 style over ragged KV"),
-        Kernel("attention.mla_decode", "mla_decode_splitkv", BACKEND, MLA, mla_decode, version=__version__,
-               plan=plan_mla, cost=_mla_cost, priority=PRIORITY,
+        Kernel("attention.mla_decode", "mla_decode_splitkv", BACKEND, MLA, launcher("_mla:mla_decode"),
+               version=__version__, plan=launcher("_mla:plan_mla"), cost=_mla_cost, priority=PRIORITY,
                doc="absorbed MLA decode (512 + 64), split-KV, head tiles share each latent KV tile (sm_90: the "
                    "warp-specialised Gluon kernel)"),
-        Kernel("attention.merge_states", "merge_states", BACKEND, MERGE, merge_states, version=__version__,
+        Kernel("attention.merge_states", "merge_states", BACKEND, MERGE, launcher("_merge:merge_states"),
+               version=__version__,
                cost=_merge_cost, priority=PRIORITY, doc="elementwise LSE merge"),
-        Kernel("attention.dense", "dense", BACKEND, DENSE, dense, version=__version__, cost=_dense_cost,
+        Kernel("attention.dense", "dense", BACKEND, DENSE, launcher("dense:dense"), version=__version__, cost=_dense_cost,
                priority=PRIORITY, doc="the ragged prefill kernel on (B, H, L, D) tensors; bias / mask read by a "
                                       "variant hook through its strides (broadcast biases in place)"),
     ]
