@@ -26,10 +26,12 @@ nox.options.sessions = [
     "tests-fa",
     "tests-cutlass",
     "tests-trtllm",
+    "tests-engine",
 ]
 
 TORCH = os.environ.get("KSB_TORCH_SPEC", "torch==2.13.0")
 CORE = "packages/core"
+ENGINE = "packages/engine"
 BACKENDS = ("triton", "cudnn", "fa", "cutlass", "trtllm")
 PYTEST = ("pytest", "-q", "-ra", "--durations=10")
 
@@ -49,18 +51,17 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    """mypy over the core and every backend's source (vendor libraries absent: their names type as Any)."""
+    """mypy over the core, every backend's and the engine's source (vendor libraries absent: their names type as Any)."""
     _install(session, CORE)
     session.install("mypy>=1.10")
     backends = [f"packages/backend-{b}/src/kernel_switchboard_{b}" for b in ("triton", "cudnn", "fa", "cutlass", "trtllm")]
-    session.run("mypy", "packages/core/src/kernel_switchboard", *backends)
+    session.run("mypy", "packages/core/src/kernel_switchboard", *backends, f"{ENGINE}/src/kernel_switchboard_engine")
 
 
 @nox.session(name="tests-core")
 def tests_core(session: nox.Session) -> None:
-    """The core alone: ops, reference kernels, dispatch, registry, CLI, engine, conformance of the reference."""
+    """The core alone: ops, reference kernels, dispatch, registry, CLI, conformance of the reference."""
     _install(session, CORE)
-    session.install("transformers>=4.45")
     session.run(*PYTEST, "tests", *session.posargs)
 
 
@@ -68,15 +69,14 @@ def _triton_tests(session: nox.Session, triton: str | None) -> None:
     _install(session, CORE, "packages/backend-triton")
     if triton is not None:
         session.install(f"triton=={triton}")
-    session.install("transformers>=4.45")
-    session.run(*PYTEST, "packages/backend-triton/tests", "tests/test_engine_backends.py", "tests/test_empty_rows.py",
+    session.run(*PYTEST, "packages/backend-triton/tests", "tests/test_empty_rows.py",
                 *session.posargs,
                 env={"TRITON_INTERPRET": "1"})
 
 
 @nox.session(name="tests-triton")
 def tests_triton(session: nox.Session) -> None:
-    """Core + the Triton backend, kernels run by Triton's CPU interpreter; the engine on Triton vs the reference."""
+    """Core + the Triton backend, kernels run by Triton's CPU interpreter."""
     _triton_tests(session, None)
 
 
@@ -105,6 +105,14 @@ def _backend_session(name: str) -> None:
 
 for _name in ("cudnn", "fa", "cutlass", "trtllm"):
     _backend_session(_name)
+
+
+@nox.session(name="tests-engine")
+def tests_engine(session: nox.Session) -> None:
+    """The engine (its transformers window comes with it) against transformers' eager forward and generate, on the
+    reference kernels; test_engine_backends.py reruns the engine under TRITON_INTERPRET=1 in a subprocess."""
+    _install(session, CORE, "packages/backend-triton", ENGINE)
+    session.run(*PYTEST, f"{ENGINE}/tests", *session.posargs)
 
 
 @nox.session

@@ -7,14 +7,14 @@ import torch
 
 pytest.importorskip("transformers")
 
-from kernel_switchboard.engine.cache import BlockTables  # noqa: E402
-from kernel_switchboard.engine.deepseek import DeepseekModel  # noqa: E402
-from kernel_switchboard.engine.graphs import DecodeRunner  # noqa: E402
-from kernel_switchboard.engine.llama import LlamaModel  # noqa: E402
-from kernel_switchboard.engine.sampling import SamplingParams  # noqa: E402
-from kernel_switchboard.engine.scheduler import Engine  # noqa: E402
-from kernel_switchboard.engine.tiny import hf_greedy, tiny_model  # noqa: E402
-from kernel_switchboard.engine.weights import deepseek_from_hf, llama_from_hf  # noqa: E402
+from kernel_switchboard_engine.cache import BlockTables  # noqa: E402
+from kernel_switchboard_engine.deepseek import DeepseekModel  # noqa: E402
+from kernel_switchboard_engine.graphs import DecodeRunner  # noqa: E402
+from kernel_switchboard_engine.llama import LlamaModel  # noqa: E402
+from kernel_switchboard_engine.sampling import SamplingParams  # noqa: E402
+from kernel_switchboard_engine.scheduler import Engine  # noqa: E402
+from kernel_switchboard_engine.tiny import hf_greedy, tiny_model  # noqa: E402
+from kernel_switchboard_engine.weights import deepseek_from_hf, llama_from_hf  # noqa: E402
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -35,7 +35,7 @@ def _model(family: str, device: torch.device | str = "cpu", dtype: torch.dtype =
 
 def _prefilled(model: LlamaModel | DeepseekModel, prompts: list[list[int]], device: torch.device | str
                ) -> tuple[BlockTables, object]:
-    from kernel_switchboard.engine.cache import build_batch
+    from kernel_switchboard_engine.cache import build_batch
 
     tables = BlockTables(32, 4, device, reserved_pages=1)
     cache = model.new_cache(32, 4)

@@ -9,7 +9,7 @@ Per rank ``r`` of ``W``:
   adds the residual and applies the next RMSNorm (post-attention norm, next layer's input norm, or the
   final norm) in one op;
 - embedding, norms and ``lm_head`` replicated: every rank computes the same logits, so every rank can run
-  the same :class:`~kernel_switchboard.engine.scheduler.Engine` and greedy sampling in lockstep.
+  the same :class:`~kernel_switchboard_engine.scheduler.Engine` and greedy sampling in lockstep.
 
 The per-rank shard is an ordinary :class:`LlamaWeights` whose spec has ``Hq/W`` heads, ``Hkv/W`` KV heads
 and ``I/W`` intermediate columns, so :class:`TPLlamaModel` reuses :class:`LlamaModel`'s attention and
@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 import kernel_switchboard as ksb
+from kernel_switchboard.errors import fail
 
-from ..errors import fail
 from . import calls
 from .llama import LlamaKVCache, LlamaModel, dense_mlp
 from .weights import DenseMLP, LlamaLayer, LlamaSpec, LlamaWeights

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ..errors import fail
+from kernel_switchboard.errors import fail
 
 
 def _transformers() -> Any:
@@ -20,7 +20,7 @@ def _transformers() -> Any:
         import transformers
     except ImportError:
         raise ImportError("the engine's Hugging Face path needs transformers: "
-                          'pip install "kernel-switchboard[engine]" (or pip install "transformers>=4.45")') from None
+                          'pip install "transformers>=5.23,<6" (a dependency of kernel-switchboard-engine)') from None
     return transformers
 
 

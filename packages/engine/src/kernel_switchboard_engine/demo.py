@@ -17,8 +17,9 @@ from typing import Any
 
 import torch
 
-from ..dispatch import Selection
-from ..errors import SwitchboardError
+from kernel_switchboard.dispatch import Selection
+from kernel_switchboard.errors import SwitchboardError
+
 from .calls import OpTracer
 from .sampling import SamplingParams
 from .scheduler import Engine
@@ -75,7 +76,7 @@ def _build(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -
         model: Any = (LlamaModel(random_llama(LLAMA_PRESETS[args.size], args.seed, device, dtype)) if llama else
                       DeepseekModel(random_deepseek(DEEPSEEK_PRESETS[args.size], args.seed, device, dtype)))
         return None, model, ("random, drawn directly (transformers is not installed: "
-                             'pip install "kernel-switchboard[engine]" for the Hugging Face path)')
+                             'pip install "transformers>=5.23,<6" for the Hugging Face path)')
     hf = tiny_model(args.model, seed=args.seed, **hf_overrides(spec))
     source = f"transformers {transformers.__version__} {type(hf).__name__} (random init)"
     if llama:
@@ -168,7 +169,7 @@ def _main(args: argparse.Namespace) -> int:
         print("switchboard demo: --device cuda but no CUDA GPU is visible", file=sys.stderr)
         return 2
     on_gpu = device.type == "cuda"
-    from ..registry import registry
+    from kernel_switchboard.registry import registry
 
     known = registry.all_backends()
     unknown = [b for b in args.backend if b.split(":")[0] not in known]

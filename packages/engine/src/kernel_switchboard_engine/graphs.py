@@ -16,9 +16,10 @@ from typing import Any
 
 import torch
 
-from ..errors import fail
-from ..ops import attention
-from ..paged import PageTable
+from kernel_switchboard.errors import fail
+from kernel_switchboard.ops import attention
+from kernel_switchboard.paged import PageTable
+
 from . import calls
 from .cache import BlockTables
 
@@ -27,7 +28,7 @@ MODES = ("eager", "compile", "cuda_graph")
 
 def missing_capturable(model: Any) -> list[str]:
     """Ops of ``model``'s decode step with no available CUDA-graph-capturable kernel for CUDA (empty = capturable)."""
-    from ..registry import registry
+    from kernel_switchboard.registry import registry
 
     ops = ["gemm.mm", "norm.rms_norm", "norm.fused_add_rms_norm", "rope.apply", "activation.silu_and_mul"]
     if model.family == "llama":

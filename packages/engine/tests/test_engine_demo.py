@@ -1,4 +1,4 @@
-"""``switchboard demo`` (kernel_switchboard.engine.demo.main) end to end on the CPU."""
+"""``switchboard demo`` (kernel_switchboard_engine.demo.main) end to end on the CPU."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from kernel_switchboard.engine.demo import main  # noqa: E402
+from kernel_switchboard_engine.demo import main  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from ..paged import PagedKVCache, PageTable
+from kernel_switchboard.paged import PagedKVCache, PageTable
+
 from . import calls
 from .cache import StepBatch
 from .model import PagedModel

@@ -9,14 +9,14 @@ import torch
 
 pytest.importorskip("transformers")
 
-from kernel_switchboard.engine import tiny  # noqa: E402
-from kernel_switchboard.engine.deepseek import DeepseekModel  # noqa: E402
-from kernel_switchboard.engine.llama import LlamaModel  # noqa: E402
-from kernel_switchboard.engine.sampling import SamplingParams  # noqa: E402
-from kernel_switchboard.engine.scheduler import Engine  # noqa: E402
-from kernel_switchboard.engine.speculative import SpeculativeDecoder  # noqa: E402
-from kernel_switchboard.engine.tiny import tiny_model  # noqa: E402
-from kernel_switchboard.engine.weights import deepseek_from_hf, llama_from_hf, truncate_layers  # noqa: E402
+from kernel_switchboard_engine import tiny  # noqa: E402
+from kernel_switchboard_engine.deepseek import DeepseekModel  # noqa: E402
+from kernel_switchboard_engine.llama import LlamaModel  # noqa: E402
+from kernel_switchboard_engine.sampling import SamplingParams  # noqa: E402
+from kernel_switchboard_engine.scheduler import Engine  # noqa: E402
+from kernel_switchboard_engine.speculative import SpeculativeDecoder  # noqa: E402
+from kernel_switchboard_engine.tiny import tiny_model  # noqa: E402
+from kernel_switchboard_engine.weights import deepseek_from_hf, llama_from_hf, truncate_layers  # noqa: E402
 
 STEPS = 32
 

@@ -25,8 +25,9 @@ from typing import Any
 
 import torch
 
-from ..errors import fail
-from ..paged import PageTable
+from kernel_switchboard.errors import fail
+from kernel_switchboard.paged import PageTable
+
 from . import calls
 from .cache import StepBatch
 from .llama import dense_mlp

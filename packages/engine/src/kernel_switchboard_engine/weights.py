@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from ..errors import fail
-from ..ops.rope import Llama3Scaling
+from kernel_switchboard.errors import fail
+from kernel_switchboard.ops.rope import Llama3Scaling
 
 
 # -- specs -----------------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ absorbed decode, grouped top-k MoE with shared experts), weights taken from ``tr
 model objects (or drawn from a spec); a page allocator with per-request block tables, continuous
 batching that mixes prefill and decode requests in one step, sampling, speculative decoding, and
 a decode step that compiles (``torch.compile(fullgraph=True)``) or is captured in a CUDA graph.
-``switchboard demo`` runs it (:mod:`kernel_switchboard.engine.demo`).
+``switchboard demo`` runs it (:mod:`kernel_switchboard_engine.demo`).
 
     model = LlamaModel(llama_from_hf(hf_model))
     outputs = Engine(model, num_pages=256, page_size=16).generate(prompts, SamplingParams(max_new_tokens=32))

@@ -8,7 +8,8 @@ import math
 
 import torch
 
-from ..ops.rope import Llama3Scaling
+from kernel_switchboard.ops.rope import Llama3Scaling
+
 from .weights import (
     DeepseekSpec,
     DeepseekWeights,
