@@ -98,7 +98,8 @@ def _case(op: str, cfg: _Config, dtype: torch.dtype, device: torch.device, g: to
 
 def cases(op: str, device: torch.device, size: str) -> list[Case]:
     g = torch.Generator(device=device).manual_seed(0)
-    configs, max_position = (_SMALL, 512) if size == "small" else (_LARGE, 131072)
+    configs: tuple[_Config, ...] = _SMALL if size == "small" else _LARGE
+    max_position = 512 if size == "small" else 131072
     if op == "rope.apply_cos_sin_cache" and size == "small":
         configs = configs + _TABLE_SMALL
     out: list[Case] = []
