@@ -135,9 +135,10 @@ def test_few_new_tokens_after_a_history_take_the_absorbed_path(hf: torch.nn.Modu
 
 
 def test_presets_are_the_specs_of_their_transformers_configs() -> None:
+    from kernel_switchboard_engine.families import deepseek_spec
+    from kernel_switchboard_engine.families import dense_spec as llama_spec
     from kernel_switchboard_engine.synthetic import DEEPSEEK_PRESETS, LLAMA_PRESETS
     from kernel_switchboard_engine.tiny import hf_overrides
-    from kernel_switchboard_engine.weights import deepseek_spec, llama_spec
 
     for family, presets, to_spec in (("llama", LLAMA_PRESETS, llama_spec), ("deepseek", DEEPSEEK_PRESETS, deepseek_spec)):
         for spec in presets.values():
