@@ -19,6 +19,11 @@ VARIANTS = {
     "all_moe+2_shared+unnormalised": dict(first_k_dense_replace=0, n_shared_experts=2, norm_topk_prob=False,
                                           routed_scaling_factor=1.5, n_routed_experts=16, n_group=8, topk_group=3,
                                           num_experts_per_tok=3),
+    # YaRN whose attention factor scales cos/sin (0.1 ln 40 + 1 over 0.05 ln 40 + 1), and plain rope
+    "yarn_cos_sin_factor": dict(rope_parameters={
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "original_max_position_embeddings": 4096,
+        "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.5}),
+    "plain_rope": dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, max_position_embeddings=512),
 }
 
 

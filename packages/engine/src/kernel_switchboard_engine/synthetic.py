@@ -42,13 +42,14 @@ DEEPSEEK_PRESETS = {
                          moe_intermediate_size=32, first_k_dense_replace=1, n_routed_experts=8, n_shared_experts=1,
                          num_experts_per_tok=2, n_group=4, topk_group=2, norm_topk_prob=True,
                          routed_scaling_factor=2.5, rms_eps=1e-6, rope_theta=10000.0, rope_interleave=True,
-                         rope_scaling=DEEPSEEK_YARN, attn_mscale=DEEPSEEK_MSCALE),
+                         rope_scaling=DEEPSEEK_YARN, attn_mscale=DEEPSEEK_MSCALE, max_position=163840),
     "small": DeepseekSpec(vocab_size=4096, hidden_size=512, num_layers=4, num_heads=4, q_lora_rank=128,
                           kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
                           intermediate_size=1408, moe_intermediate_size=256, first_k_dense_replace=1,
                           n_routed_experts=16, n_shared_experts=1, num_experts_per_tok=4, n_group=4, topk_group=2,
                           norm_topk_prob=True, routed_scaling_factor=2.5, rms_eps=1e-6, rope_theta=10000.0,
-                          rope_interleave=True, rope_scaling=DEEPSEEK_YARN, attn_mscale=DEEPSEEK_MSCALE),
+                          rope_interleave=True, rope_scaling=DEEPSEEK_YARN, attn_mscale=DEEPSEEK_MSCALE,
+                          max_position=163840),
 }
 
 

@@ -55,7 +55,7 @@ _TINY: dict[str, dict[str, Any]] = {
     "deepseek": dict(num_key_value_heads=4, moe_intermediate_size=32, n_shared_experts=1, n_routed_experts=8,
                      routed_scaling_factor=2.5, kv_lora_rank=32, q_lora_rank=32, qk_rope_head_dim=8, v_head_dim=16,
                      qk_nope_head_dim=16, n_group=4, topk_group=2, num_experts_per_tok=2, first_k_dense_replace=1,
-                     norm_topk_prob=True, rms_norm_eps=1e-6, rope_interleave=True,
+                     norm_topk_prob=True, rms_norm_eps=1e-6, rope_interleave=True, max_position_embeddings=163840,
                      rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0,
                                       "original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1,
                                       "mscale": 1.0, "mscale_all_dim": 1.0}),
@@ -171,7 +171,7 @@ def hf_overrides(spec: Any) -> dict[str, Any]:
                 n_shared_experts=spec.n_shared_experts, num_experts_per_tok=spec.num_experts_per_tok,
                 n_group=spec.n_group or 1, topk_group=spec.topk_group or 1, norm_topk_prob=spec.norm_topk_prob,
                 routed_scaling_factor=spec.routed_scaling_factor, rms_norm_eps=spec.rms_eps,
-                rope_interleave=spec.rope_interleave, max_position_embeddings=4096,
+                rope_interleave=spec.rope_interleave, max_position_embeddings=spec.max_position,
                 rope_parameters=_deepseek_rope(spec))
 
 
