@@ -82,10 +82,14 @@ def test_engine_on_gpu_equals_transformers_generate() -> None:
     assert outs == [hf_greedy(hf, p, 32) for p in prompts]
 
 
-@pytest.mark.parametrize("family", ["llama", "deepseek"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral", "mixtral", "gemma2", "gemma3", "deepseek"])
 def test_demo_on_gpu(family: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The demo's default GPU run (bf16, CUDA-graph decode where capturable) of every family, checked against
+    transformers (see demo._check for the bf16 tolerance)."""
+    pytest.importorskip("transformers")
     from kernel_switchboard_engine.demo import main
 
-    assert main(["--model", family, "--requests", "4", "--max-new-tokens", "8", "--speculative", "2"]) == 0
+    code = main(["--model", family, "--requests", "4", "--max-new-tokens", "8", "--speculative", "2", "--check"])
     out = capsys.readouterr().out
+    assert code == 0, out
     assert "generated tokens/s" in out and "cuda" in out

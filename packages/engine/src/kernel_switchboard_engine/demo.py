@@ -12,6 +12,7 @@ warm-up run); optionally speculative decoding (``--speculative``) and a check ag
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 import time
 from typing import Any
@@ -303,25 +304,41 @@ def _speculative(model: Any, prompts: list[list[int]], args: argparse.Namespace)
 
 def _check(hf: Any, model: Any, prompts: list[list[int]], device: torch.device, dtype: torch.dtype,
            args: argparse.Namespace) -> int:
-    """Prefill logits and greedy tokens of the first prompt against transformers (float32 on the CPU)."""
+    """The first prompt against transformers (float32 on the CPU): prefill logits, the logits of 16 decode steps fed
+    transformers' greedy tokens, and the engine's own 16 greedy tokens. Exit status 3 past the tolerance: 1e-3 in
+    float32 (and every token identical); in a 16-bit dtype the largest of 0.25, 2% of the largest logit and twice
+    the error transformers itself makes in that dtype (random models whose MoE routing or soft-capped logits
+    amplify rounding stay checkable)."""
     from .cache import BlockTables, build_batch
     from .tiny import hf_greedy
 
     prompt = prompts[0]
+    ref = hf_greedy(hf, prompt, 16)
     with torch.no_grad():
-        want = hf.float()(torch.tensor([prompt])).logits[0]
+        want = hf.float()(torch.tensor([prompt + ref])).logits[0]
         tables = BlockTables(64, args.page_size, device)
         cache = model.new_cache(64, args.page_size)
         tables.extend(0, len(prompt))
-        got = model.forward(build_batch(tables, [0], [prompt], ["all"]), cache).float().cpu()
-    ref = hf_greedy(hf, prompt, 16)
+        got = [model.forward(build_batch(tables, [0], [prompt], ["all"]), cache).float().cpu()]
+        for token in ref:
+            tables.extend(0, 1)
+            got.append(model.forward(build_batch(tables, [0], [[token]], ["last"]), cache).float().cpu())
+    prefill = float((got[0] - want[: len(prompt)]).abs().max())
+    decode = float((torch.cat(got[1:]) - want[len(prompt):]).abs().max())
     ours = Engine(model, num_pages=64, page_size=args.page_size, backends=args.backend).generate(
         [prompt], SamplingParams(max_new_tokens=16))[0]
-    diff = float((got - want).abs().max())
     same = sum(a == b for a, b in zip(ours, ref))
-    print(f"\ncheck   prefill logits vs transformers: max |diff| {diff:.2e}; greedy tokens: {same}/16 identical")
-    tol = 1e-3 if dtype == torch.float32 else 0.25
-    return 0 if diff < tol and (same == 16 or dtype != torch.float32) else 3
+    largest = float(want.abs().max())
+    print(f"\ncheck   logits vs transformers (largest |logit| {largest:.1f}): prefill max |diff| {prefill:.2e}, "
+          f"16 decode steps max |diff| {decode:.2e}; greedy tokens: {same}/16 identical")
+    exact = dtype == torch.float32
+    tol = 1e-3
+    if not exact:
+        with torch.no_grad():
+            own = float((copy.deepcopy(hf).to(dtype)(torch.tensor([prompt + ref])).logits[0].float() - want).abs().max())
+        tol = max(0.25, 0.02 * largest, 2 * own)
+        print(f"        transformers' own {str(dtype)[6:]} error: {own:.2e}; tolerance {tol:.2e}")
+    return 0 if max(prefill, decode) < tol and (same == 16 or not exact) else 3
 
 
 if __name__ == "__main__":

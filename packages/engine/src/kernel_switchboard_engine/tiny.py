@@ -67,9 +67,9 @@ _SMALL_BY_FAMILY: dict[str, dict[str, Any]] = {
     "qwen2": dict(sliding_window=32, max_window_layers=2),
     "mistral": dict(sliding_window=32),
     "mixtral": dict(intermediate_size=512, num_local_experts=8),
-    "gemma2": dict(sliding_window=32, query_pre_attn_scalar=64, attn_logit_softcapping=50.0,
+    "gemma2": dict(sliding_window=32, query_pre_attn_scalar=96, attn_logit_softcapping=50.0,
                    final_logit_softcapping=30.0),
-    "gemma3": dict(sliding_window=32, query_pre_attn_scalar=64,
+    "gemma3": dict(sliding_window=32, query_pre_attn_scalar=96,
                    layer_types=["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"]),
 }
 
