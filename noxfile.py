@@ -28,10 +28,12 @@ nox.options.sessions = [
     "tests-trtllm",
     "tests-transformers",
     "tests-cold-start",
+    "tests-engine",
 ]
 
 TORCH = os.environ.get("KSB_TORCH_SPEC", "torch==2.13.0")
 CORE = "packages/core"
+ENGINE = "packages/engine"
 BACKENDS = ("triton", "cudnn", "fa", "cutlass", "trtllm")
 PYTEST = ("pytest", "-q", "-ra", "--durations=10")
 
@@ -51,18 +53,17 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    """mypy over the core and every backend's source (vendor libraries absent: their names type as Any)."""
+    """mypy over the core, every backend's and the engine's source (vendor libraries absent: their names type as Any)."""
     _install(session, CORE)
     session.install("mypy>=1.10")
     backends = [f"packages/backend-{b}/src/kernel_switchboard_{b}" for b in ("triton", "cudnn", "fa", "cutlass", "trtllm")]
-    session.run("mypy", "packages/core/src/kernel_switchboard", *backends)
+    session.run("mypy", "packages/core/src/kernel_switchboard", *backends, f"{ENGINE}/src/kernel_switchboard_engine")
 
 
 @nox.session(name="tests-core")
 def tests_core(session: nox.Session) -> None:
-    """The core alone: ops, reference kernels, dispatch, registry, CLI, engine, conformance of the reference."""
+    """The core alone: ops, reference kernels, dispatch, registry, CLI, conformance of the reference."""
     _install(session, CORE)
-    session.install("transformers>=4.45")
     session.run(*PYTEST, "tests", *session.posargs)
 
 
@@ -70,15 +71,14 @@ def _triton_tests(session: nox.Session, triton: str | None) -> None:
     _install(session, CORE, "packages/backend-triton")
     if triton is not None:
         session.install(f"triton=={triton}")
-    session.install("transformers>=4.45")
-    session.run(*PYTEST, "packages/backend-triton/tests", "tests/test_engine_backends.py", "tests/test_empty_rows.py",
+    session.run(*PYTEST, "packages/backend-triton/tests", "tests/test_empty_rows.py",
                 *session.posargs,
                 env={"TRITON_INTERPRET": "1"})
 
 
 @nox.session(name="tests-triton")
 def tests_triton(session: nox.Session) -> None:
-    """Core + the Triton backend, kernels run by Triton's CPU interpreter; the engine on Triton vs the reference."""
+    """Core + the Triton backend, kernels run by Triton's CPU interpreter."""
     _triton_tests(session, None)
 
 
@@ -129,6 +129,14 @@ def tests_cold_start(session: nox.Session) -> None:
     no torch._dynamo; the first-call preset and the compiled-artefact cache keys."""
     _install(session, CORE, *[f"packages/backend-{b}" for b in BACKENDS])
     session.run(*PYTEST, "tests/test_cold_start.py", "tests/test_bench_first_call.py", *session.posargs)
+
+
+@nox.session(name="tests-engine")
+def tests_engine(session: nox.Session) -> None:
+    """The engine (its transformers window comes with it) against transformers' eager forward and generate, on the
+    reference kernels; test_engine_backends.py reruns the engine under TRITON_INTERPRET=1 in a subprocess."""
+    _install(session, CORE, "packages/backend-triton", ENGINE)
+    session.run(*PYTEST, f"{ENGINE}/tests", *session.posargs)
 
 
 @nox.session

@@ -16,7 +16,6 @@ import torch.multiprocessing as mp
 
 import kernel_switchboard as ksb
 from kernel_switchboard.availability import triton_interpreting
-from kernel_switchboard.engine.tp import set_safe_env
 from kernel_switchboard.ops.comm import CommProblem
 from kernel_switchboard.testing import assert_close, tolerance
 
@@ -272,7 +271,8 @@ def _rank_worker(rank: int, world: int, init_file: str) -> None:
 def _spawn(world: int, tmp_path: Path) -> None:
     if torch.cuda.device_count() < world:
         pytest.skip(f"needs {world} GPUs, {torch.cuda.device_count()} here")
-    set_safe_env()  # NVLink multicast stays off on shared hosts (inherited by the spawned ranks)
+    # NVLink multicast stays off on shared hosts (inherited by the spawned ranks)
+    os.environ.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"})
     mp.spawn(_rank_worker, args=(world, str(tmp_path / "rendezvous")), nprocs=world, join=True)
 
 

@@ -137,9 +137,13 @@ def _explain(args: argparse.Namespace) -> int:
     return 0
 
 
+#: the package that serves ``switchboard demo`` (installed separately: the core holds no engine)
+ENGINE_PACKAGE = "kernel_switchboard_engine"
+ENGINE_INSTALL = "pip install kernel-switchboard-engine (from a checkout: pip install -e packages/engine)"
+
 #: sub-commands whose options their own parsers handle: name -> (module, function, help)
 PASSTHROUGH = {
-    "demo": ("kernel_switchboard.engine.demo", "main", "run a tiny random-weight model end to end through the switchboard"),
+    "demo": ("kernel_switchboard_engine.demo", "main", "run a tiny random-weight model end to end through the switchboard"),
     "bench": ("kernel_switchboard.bench", "main", "benchmark kernels on workload presets (--help for options)"),
     "tune": ("kernel_switchboard.bench", "tune_main", "measure eligible kernels and store winners in the autotune cache"),
     "build": ("kernel_switchboard.build", "main", "compile JIT kernels ahead of time into the persistent caches"),
@@ -150,7 +154,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in PASSTHROUGH:
         module, fn, _ = PASSTHROUGH[argv[0]]
-        return int(getattr(importlib.import_module(module), fn)(argv[1:]))
+        try:
+            entry = getattr(importlib.import_module(module), fn)
+        except ModuleNotFoundError as exc:
+            if exc.name != ENGINE_PACKAGE:
+                raise
+            print(f"switchboard {argv[0]}: needs the engine package: {ENGINE_INSTALL}", file=sys.stderr)
+            return 2
+        return int(entry(argv[1:]))
     parser = argparse.ArgumentParser(prog="switchboard", description="Kernel Switchboard: which kernel runs, and why.")
     sub = parser.add_subparsers(dest="command", required=True)
 

@@ -4,7 +4,7 @@ Kernel ``run`` signatures (operands are passed as given: any strides; the proble
 ``align_bytes`` say which):
 
 - ``gemm.mm``: ``run(a, b) -> c``; a (M, K), b (K, N) fp16/bf16/fp32; c (M, N) contiguous, a's dtype,
-  float32 accumulation.
+  float32 accumulation. A ``bias`` given to :func:`mm` never reaches the kernel: the op adds it to c.
 - ``gemm.mm_fp8``: ``run(a, b, scale_a, scale_b, scale_mode, out_dtype) -> c``; a (M, K), b (K, N)
   float8_e4m3fn; float32 scales by ``scale_mode``: "tensor": both 0-d; "row_col": scale_a (M, 1),
   scale_b (1, N); "block": scale_a (M, ceil(K/128)) (1x128 groups along K), scale_b
@@ -104,15 +104,33 @@ def _check_operands(a: torch.Tensor, b: torch.Tensor, dtypes: frozenset[torch.dt
 
 
 # -- mm ------------------------------------------------------------------------------------------------
-def mm(a: torch.Tensor, b: torch.Tensor, *, backend: BackendArg = None) -> torch.Tensor:
+def mm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, backend: BackendArg = None) -> torch.Tensor:
     """torch.mm: a (M, K) @ b (K, N) -> (M, N); fp16/bf16/fp32, same dtype and device, any strides.
 
     Accumulates in float32 (no TF32 for fp32 inputs in the reference); returns a's dtype.
+
+    ``bias`` (N,) in a's dtype (a linear layer's bias, e.g. Qwen2's q/k/v): the op adds it to the kernel's
+    product, ``c + bias`` in a's dtype, in place on the fresh product (one elementwise pass; under
+    ``torch.compile`` an add that the compiler fuses with its neighbours). Kernels never see it, so every
+    ``gemm.mm`` kernel serves biased calls; in fp16/bf16 the product is rounded before the add.
     """
+    if bias is not None:
+        _check_operands(a, b, FLOAT_DTYPES)
+        _check_bias(bias, a, b)
     if compiling():
         out: torch.Tensor = _mm_op(a, b, backend_to_str(backend))
-        return out
-    return _mm_eager(a, b, backend)
+        return out if bias is None else out + bias
+    out = _mm_eager(a, b, backend)
+    return out if bias is None else out.add_(bias)
+
+
+def _check_bias(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    check_tensor(bias, "bias", dims=1)
+    if bias.shape[0] != b.shape[1]:
+        raise fail("bias.shape", tuple(bias.shape), f"({b.shape[1]},): one value per output column (b's N)")
+    if bias.dtype != a.dtype:
+        raise fail("bias.dtype", bias.dtype, f"a's dtype ({a.dtype})")
+    check_same_device("bias", bias, "a", a)
 
 
 def _mm_eager(a: torch.Tensor, b: torch.Tensor, backend: BackendArg) -> torch.Tensor:

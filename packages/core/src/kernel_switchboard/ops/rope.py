@@ -8,6 +8,10 @@ positions (T,) int32 or int64 on q's device):
 - ``rope.apply_cos_sin_cache``: ``run(q, k, positions, cos_sin_cache, interleaved, inplace) -> (q_out, k_out)``;
   cos_sin_cache (max_position, rotary_dim) float32, each row ``[cos(rotary_dim/2) | sin(rotary_dim/2)]`` (vLLM's form).
 
+Scalings: ``rope.apply`` takes :class:`Llama3Scaling`; the table builder :func:`cos_sin_cache` also takes
+:class:`LinearScaling` and :class:`YarnScaling`, whose attention factor multiplies the table's cos and sin (so q and
+k come out scaled by it, as transformers' rotary embeddings do).
+
 The angle of pair i at position p is ``p * inv_freq[i]`` in float32. ``interleaved=False`` is NeoX's layout
 (pair i = (x[i], x[i + rotary_dim/2])), ``interleaved=True`` GPT-J's (pair i = (x[2i], x[2i+1])). Each pair turns
 as ``(x1 cos - x2 sin, x2 cos + x1 sin)``, computed in float32 and stored in q's dtype. Dims ``rotary_dim:D`` pass
@@ -65,6 +69,69 @@ class Llama3Scaling:
             raise fail("scaling.original_max_position", self.original_max_position, "a positive int")
 
 
+@dataclass(frozen=True)
+class LinearScaling:
+    """Position interpolation (HF ``rope_type="linear"``): every inverse frequency divided by ``factor``."""
+
+    factor: float
+
+    def __post_init__(self) -> None:
+        if not self.factor > 0:
+            raise fail("scaling.factor", self.factor, "a positive float")
+
+
+@dataclass(frozen=True)
+class YarnScaling:
+    """YaRN (HF ``rope_type="yarn"``; DeepSeek-V3, Qwen2.5 long context).
+
+    Frequencies whose wavelength fits ``original_max_position`` more than ``beta_fast`` times keep their value
+    (extrapolation), those fitting fewer than ``beta_slow`` times are divided by ``factor`` (interpolation), with a
+    linear ramp over the dims between (bounds floored / ceiled when ``truncate``). The table's cos and sin are
+    multiplied by :attr:`cos_sin_factor`: ``attention_factor`` when given, else
+    ``mscale(factor, mscale) / mscale(factor, mscale_all_dim)`` when both are set, else ``mscale(factor)``, with
+    ``mscale(s, m) = 0.1 m ln(s) + 1`` (1 for s <= 1).
+    """
+
+    factor: float
+    original_max_position: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    attention_factor: float | None = None
+    truncate: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.factor > 0:
+            raise fail("scaling.factor", self.factor, "a positive float")
+        if not (isinstance(self.original_max_position, int) and self.original_max_position > 0):
+            raise fail("scaling.original_max_position", self.original_max_position, "a positive int")
+        if not self.beta_fast > 0:
+            raise fail("scaling.beta_fast", self.beta_fast, "a positive float")
+        if not self.beta_slow > 0:
+            raise fail("scaling.beta_slow", self.beta_slow, "a positive float")
+        if self.attention_factor is not None and not self.attention_factor > 0:
+            raise fail("scaling.attention_factor", self.attention_factor, "None or a positive float")
+
+    @staticmethod
+    def mscale_of(scale: float, mscale: float = 1.0) -> float:
+        """YaRN's magnitude correction ``0.1 mscale ln(scale) + 1`` (1 when scale <= 1)."""
+        return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+    @property
+    def cos_sin_factor(self) -> float:
+        """What the table's cos and sin are multiplied by."""
+        if self.attention_factor is not None:
+            return float(self.attention_factor)
+        if self.mscale and self.mscale_all_dim:
+            return self.mscale_of(self.factor, self.mscale) / self.mscale_of(self.factor, self.mscale_all_dim)
+        return self.mscale_of(self.factor)
+
+
+#: every scaling the table builder takes
+Scaling = Llama3Scaling | LinearScaling | YarnScaling
+
+
 class RopeProblem(NamedTuple):
     """Signature of a rope call (both ops)."""
 
@@ -82,11 +149,15 @@ class RopeProblem(NamedTuple):
 
 
 # -- inv_freq and cos/sin tables ---------------------------------------------------------------------
-def _inv_freq_host(theta: float, rotary_dim: int, scaling: Llama3Scaling | None) -> torch.Tensor:
+def _inv_freq_host(theta: float, rotary_dim: int, scaling: Scaling | None) -> torch.Tensor:
     """(rotary_dim/2,) float32 on the CPU, computed as HF transformers does (float32 throughout)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim))
     if scaling is None:
         return inv_freq
+    if isinstance(scaling, LinearScaling):
+        return inv_freq / scaling.factor
+    if isinstance(scaling, YarnScaling):
+        return _yarn_inv_freq(inv_freq, theta, rotary_dim, scaling)
     low_wavelen = scaling.original_max_position / scaling.low_freq_factor
     high_wavelen = scaling.original_max_position / scaling.high_freq_factor
     wavelen = 2 * math.pi / inv_freq
@@ -96,6 +167,23 @@ def _inv_freq_host(theta: float, rotary_dim: int, scaling: Llama3Scaling | None)
     smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
     medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
     return torch.where(medium, smoothed, scaled)
+
+
+def _yarn_inv_freq(inv_freq: torch.Tensor, theta: float, rotary_dim: int, scaling: YarnScaling) -> torch.Tensor:
+    """YaRN's blend of the plain (extrapolated) and ``factor``-divided (interpolated) frequencies."""
+
+    def dim_of(rotations: float) -> float:  # the dim whose wavelength fits original_max_position `rotations` times
+        return rotary_dim * math.log(scaling.original_max_position / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dim_of(scaling.beta_fast), dim_of(scaling.beta_slow)
+    if scaling.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rotary_dim - 1)
+    if low == high:
+        high += 0.001  # a one-step ramp instead of a division by zero
+    ramp = ((torch.arange(rotary_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    extrapolated = 1 - ramp
+    return (inv_freq / scaling.factor) * (1 - extrapolated) + inv_freq * extrapolated
 
 
 _BUILT: set[tuple[object, ...]] = set()
@@ -122,17 +210,27 @@ def _cached_inv_freq(theta: float, rotary_dim: int, scaling: Llama3Scaling | Non
     return inv_freq(theta, rotary_dim, scaling, device)
 
 
-def cos_sin_cache(max_position: int, rotary_dim: int, theta: float = 1e4, scaling: Llama3Scaling | None = None,
+def cos_sin_cache(max_position: int, rotary_dim: int, theta: float = 1e4, scaling: Scaling | None = None,
                   device: torch.device | str = "cpu") -> torch.Tensor:
     """vLLM's table for :func:`apply_cos_sin_cache`: (max_position, rotary_dim) float32 on ``device``,
-    row p = ``[cos(p * inv_freq) | sin(p * inv_freq)]`` with the angles taken in float32."""
+    row p = ``[cos(p * inv_freq) | sin(p * inv_freq)]`` with the angles taken in float32.
+
+    ``scaling``: :class:`Llama3Scaling`, :class:`LinearScaling` or :class:`YarnScaling` (whose
+    :attr:`~YarnScaling.cos_sin_factor` multiplies every entry), or None."""
     if not (isinstance(max_position, int) and max_position > 0):
         raise fail("max_position", max_position, "a positive int")
     if not (isinstance(rotary_dim, int) and rotary_dim > 0 and rotary_dim % 2 == 0):
         raise fail("rotary_dim", rotary_dim, "a positive even int")
-    _check_theta_scaling(theta, scaling)
+    if not (isinstance(theta, (int, float)) and theta > 0):
+        raise fail("theta", theta, "a positive float")
+    if scaling is not None and not isinstance(scaling, (Llama3Scaling, LinearScaling, YarnScaling)):
+        raise fail("scaling", type(scaling).__name__, "None, Llama3Scaling, LinearScaling or YarnScaling "
+                   "(kernel_switchboard.ops.rope)")
     freqs = torch.arange(max_position, dtype=torch.float32)[:, None] * _inv_freq_host(float(theta), rotary_dim, scaling)
-    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(device)
+    table = torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+    if isinstance(scaling, YarnScaling):
+        table = table * scaling.cos_sin_factor
+    return table.to(device)
 
 
 # -- validation ----------------------------------------------------------------------------------------

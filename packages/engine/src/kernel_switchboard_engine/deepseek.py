@@ -25,8 +25,10 @@ from typing import Any
 
 import torch
 
-from ..errors import fail
-from ..paged import PageTable
+from kernel_switchboard.errors import fail
+from kernel_switchboard.ops.rope import cos_sin_cache
+from kernel_switchboard.paged import PageTable
+
 from . import calls
 from .cache import StepBatch
 from .llama import dense_mlp
@@ -130,6 +132,16 @@ class DeepseekModel(PagedModel):
     def __init__(self, weights: DeepseekWeights) -> None:
         super().__init__(weights)
         self.w: DeepseekWeights = weights
+        s = self.spec
+        #: YaRN's cos/sin table (its attention factor folded in), built once; None for plain rope
+        self.rope_table = (cos_sin_cache(s.max_position, s.qk_rope_head_dim, s.rope_theta, s.rope_scaling, self.device)
+                           if s.rope.needs_table else None)
+
+    def _rope(self, q_pe: torch.Tensor, kpe: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        s = self.spec
+        if self.rope_table is not None:
+            return calls.rope_table(q_pe, kpe, positions, self.rope_table, s.rope_interleave)
+        return calls.rope(q_pe, kpe, positions, s.rope_theta, None, s.rope_interleave)
 
     def new_cache(self, num_pages: int, page_size: int) -> MLACache:
         s = self.spec
@@ -211,8 +223,7 @@ class DeepseekModel(PagedModel):
         q = q.view(t, nh, nope + dr)
         latent = calls.mm(h, layer.w_kv_a)  # (T, R + Dr)
         ckv = calls.rms_norm(latent[:, :r], layer.kv_a_norm, _MLA_EPS)
-        q_pe, kpe = calls.rope(q[:, :, nope:], latent[:, r:].view(t, 1, dr), positions, s.rope_theta, None,
-                               s.rope_interleave)
+        q_pe, kpe = self._rope(q[:, :, nope:], latent[:, r:].view(t, 1, dr), positions)
         kpe = kpe.view(t, dr)
         calls.append_mla(ckv, kpe, ckv_pages, kpe_pages, table, positions, batch_indices, check)
         q_nope = q[:, :, :nope]

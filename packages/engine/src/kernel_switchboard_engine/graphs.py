@@ -4,9 +4,9 @@ Every mode feeds ``model.decode_step`` from static buffers of a padded batch siz
 ``max_batch``): token ids, positions, and a :class:`PageTable` whose ``block_table`` (B, width) and
 ``seq_lens`` are updated in place each step, with ``max_seq_len`` fixed to ``width * page_size`` so
 nothing depends on host values that change. Padding rows decode a dummy token into a reserved
-scratch page. In ``"cuda_graph"`` mode the attention goes through ``attention.plan_decode`` (Llama) or
-``attention.plan_mla_decode`` (DeepSeek), planned once per batch size (``plan.run`` is capturable), and
-the whole step is captured once per batch size, then replayed.
+scratch page. In ``"cuda_graph"`` mode the attention goes through ``attention.plan_decode`` (dense models: one
+plan per distinct window) or ``attention.plan_mla_decode`` (DeepSeek), planned once per batch size (``plan.run``
+is capturable), and the whole step is captured once per batch size, then replayed.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from ..errors import fail
-from ..ops import attention
-from ..paged import PageTable
+from kernel_switchboard.errors import fail
+from kernel_switchboard.paged import PageTable
+
 from . import calls
 from .cache import BlockTables
 
@@ -27,13 +27,21 @@ MODES = ("eager", "compile", "cuda_graph")
 
 def missing_capturable(model: Any) -> list[str]:
     """Ops of ``model``'s decode step with no available CUDA-graph-capturable kernel for CUDA (empty = capturable)."""
-    from ..registry import registry
+    from kernel_switchboard.registry import registry
 
-    ops = ["gemm.mm", "norm.rms_norm", "norm.fused_add_rms_norm", "rope.apply", "activation.silu_and_mul"]
+    s = model.spec
+    ops = ["gemm.mm", "norm.rms_norm", "norm.fused_add_rms_norm"]
+    ropes = [s.layer_rope(i) for i in range(s.num_layers)] if model.family == "llama" else [s.rope]
+    ops += sorted({"rope.apply_cos_sin_cache" if r.needs_table else "rope.apply" for r in ropes})
     if model.family == "llama":
         ops += ["kv_cache.append", "attention.decode"]
+        if s.num_experts:
+            ops += ["moe.route", "moe.experts"]
+        else:
+            ops += ["activation.gelu_tanh_and_mul"] if s.activation == "gelu_tanh" else ["activation.silu_and_mul"]
     else:
-        ops += ["kv_cache.append_mla", "attention.mla_decode", "gemm.grouped_mm", "moe.route", "moe.fused_moe"]
+        ops += ["activation.silu_and_mul", "kv_cache.append_mla", "attention.mla_decode", "gemm.grouped_mm",
+                "moe.route", "moe.experts"]
 
     def ok(kernel: Any) -> bool:
         cap = kernel.capability
@@ -52,7 +60,7 @@ class _Slot:
         self.block_table = torch.zeros(batch, width, dtype=torch.int32, device=device)
         self.seq_lens = torch.ones(batch, dtype=torch.int32, device=device)
         self.table = PageTable(self.block_table, self.seq_lens, max_seq_len=width * page_size)
-        self.plan: Any = None
+        self.plan: Any = None  # dense models: {window_left: plan}; DeepSeek: one plan
         self.graph: Any = None
         self.logits: torch.Tensor | None = None
 
@@ -104,7 +112,13 @@ class DecodeRunner:
     def plans(self) -> list[Any]:
         """The attention plans made so far (CUDA-graph mode: ``plan_decode`` or ``plan_mla_decode``), one per batch
         size."""
-        return [slot.plan for slot in self._slots.values() if slot.plan is not None]
+        plans: list[Any] = []
+        for slot in self._slots.values():
+            if isinstance(slot.plan, dict):
+                plans.extend(slot.plan.values())
+            elif slot.plan is not None:
+                plans.append(slot.plan)
+        return plans
 
     def warmup(self) -> None:
         """Compile / capture every padded batch size now (padding rows only: nothing real is written)."""
@@ -152,9 +166,9 @@ class DecodeRunner:
         model, s = self.model, self.model.spec
         max_kv = self.width * self.tables.page_size
         if model.family == "llama":
-            slot.plan = attention.plan_decode(slot.table, num_q_heads=s.num_heads, num_kv_heads=s.num_kv_heads,
-                                              head_dim=s.head_dim, dtype=model.dtype, layout="NHD",
-                                              page_size=self.tables.page_size, sm_scale=s.sm_scale, max_kv_len=max_kv)
+            slot.plan = {w: calls.plan_decode(self.cache.layers[0], slot.table, s.num_heads, model.dtype, s.sm_scale,
+                                              s.attn_soft_cap, w, max_kv_len=max_kv, capturable=True)
+                         for w in s.distinct_windows}
         else:
             slot.plan = calls.plan_mla_decode(slot.table, s.num_heads, s.kv_lora_rank, s.qk_rope_head_dim, model.dtype,
                                               self.tables.page_size, s.sm_scale, max_kv_len=max_kv, capturable=True)

@@ -7,10 +7,10 @@ import torch
 
 pytest.importorskip("transformers")
 
-from kernel_switchboard.engine.cache import BlockTables, build_batch  # noqa: E402
-from kernel_switchboard.engine.llama import LlamaModel  # noqa: E402
-from kernel_switchboard.engine.tiny import tiny_model  # noqa: E402
-from kernel_switchboard.engine.weights import llama_from_hf  # noqa: E402
+from kernel_switchboard_engine.cache import BlockTables, build_batch  # noqa: E402
+from kernel_switchboard_engine.llama import LlamaModel  # noqa: E402
+from kernel_switchboard_engine.tiny import tiny_model  # noqa: E402
+from kernel_switchboard_engine.weights import llama_from_hf  # noqa: E402
 
 TOL = dict(rtol=1e-4, atol=1e-4)
 

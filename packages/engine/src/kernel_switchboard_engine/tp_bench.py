@@ -1,13 +1,13 @@
 """Benchmark ``comm.all_reduce_fused_rms_norm`` against NCCL/gloo all-reduce followed by our ``fused_add_rms_norm``.
 
-    torchrun --nproc-per-node 2 -m kernel_switchboard.engine.tp_bench            # 2 GPUs: bf16, hidden 8192
-    python -m kernel_switchboard.engine.tp_bench --nproc 2 --smoke               # CPU gloo, tiny sizes
+    torchrun --nproc-per-node 2 -m kernel_switchboard_engine.tp_bench            # 2 GPUs: bf16, hidden 8192
+    python -m kernel_switchboard_engine.tp_bench --nproc 2 --smoke               # CPU gloo, tiny sizes
 
 Per message size (rows x hidden): ``fused`` is the op as dispatched (its kernel id is printed); ``pair`` is
 ``torch.distributed.all_reduce`` in the input dtype on a copy of x, then ``ksb.norm.fused_add_rms_norm``
 (residual add + RMSNorm, in place on copies). Both include the copy of their inputs they need. Times are
-the median over ``--iters`` of the slowest rank (CUDA events on GPU, perf_counter on CPU). Targets of
-issue 11 on 2 GPUs: fused >= 1.3x the pair at 8192 x 8192 bf16, >= 2x at <= 256 rows.
+the median over ``--iters`` of the slowest rank (CUDA events on GPU, perf_counter on CPU). The aims
+on 2 GPUs: fused >= 1.3x the pair at 8192 x 8192 bf16, >= 2x at <= 256 rows.
 NVLink multicast stays off (:data:`.tp.SAFE_ENV`, set by :func:`.tp.init_distributed`).
 """
 
@@ -105,7 +105,7 @@ def _run(args: argparse.Namespace, device: torch.device) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m kernel_switchboard.engine.tp_bench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m kernel_switchboard_engine.tp_bench", description=__doc__.split("\n")[0])
     p.add_argument("--nproc", type=int, default=None, help="spawn this many local processes (without torchrun)")
     p.add_argument("--backend", choices=["nccl", "gloo"], default=None, help="default: nccl with CUDA, else gloo")
     p.add_argument("--smoke", action="store_true", help="tiny sizes (CPU gloo): hidden 256, rows 1,4,16, float32")

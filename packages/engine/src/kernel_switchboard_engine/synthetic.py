@@ -8,7 +8,8 @@ import math
 
 import torch
 
-from ..ops.rope import Llama3Scaling
+from kernel_switchboard.ops.rope import Llama3Scaling, YarnScaling
+
 from .weights import (
     DeepseekSpec,
     DeepseekWeights,
@@ -30,18 +31,25 @@ LLAMA_PRESETS = {
                        rope_scaling=Llama3Scaling(8.0, 1.0, 4.0, 1024)),
 }
 
+#: DeepSeek-V3's checkpoints: YaRN x40 over 4096 positions, cos/sin unscaled (mscale = mscale_all_dim), the softmax
+#: scale times mscale(40, 1) ** 2
+DEEPSEEK_YARN = YarnScaling(40.0, 4096, 32.0, 1.0, mscale=1.0, mscale_all_dim=1.0)
+DEEPSEEK_MSCALE = YarnScaling.mscale_of(40.0, 1.0) ** 2
+
 DEEPSEEK_PRESETS = {
     "tiny": DeepseekSpec(vocab_size=128, hidden_size=64, num_layers=2, num_heads=4, q_lora_rank=32, kv_lora_rank=32,
                          qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, intermediate_size=128,
                          moe_intermediate_size=32, first_k_dense_replace=1, n_routed_experts=8, n_shared_experts=1,
                          num_experts_per_tok=2, n_group=4, topk_group=2, norm_topk_prob=True,
-                         routed_scaling_factor=2.5, rms_eps=1e-6, rope_theta=10000.0, rope_interleave=True),
+                         routed_scaling_factor=2.5, rms_eps=1e-6, rope_theta=10000.0, rope_interleave=True,
+                         rope_scaling=DEEPSEEK_YARN, attn_mscale=DEEPSEEK_MSCALE, max_position=163840),
     "small": DeepseekSpec(vocab_size=4096, hidden_size=512, num_layers=4, num_heads=4, q_lora_rank=128,
                           kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
                           intermediate_size=1408, moe_intermediate_size=256, first_k_dense_replace=1,
                           n_routed_experts=16, n_shared_experts=1, num_experts_per_tok=4, n_group=4, topk_group=2,
                           norm_topk_prob=True, routed_scaling_factor=2.5, rms_eps=1e-6, rope_theta=10000.0,
-                          rope_interleave=True),
+                          rope_interleave=True, rope_scaling=DEEPSEEK_YARN, attn_mscale=DEEPSEEK_MSCALE,
+                          max_position=163840),
 }
 
 

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import fail
+from kernel_switchboard.errors import fail
+
 from . import calls
 
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernel_switchboard.engine.cache import BlockTables, build_batch
-from kernel_switchboard.engine.deepseek import DeepseekModel
-from kernel_switchboard.engine.graphs import DecodeRunner, missing_capturable
-from kernel_switchboard.engine.llama import LlamaModel
-from kernel_switchboard.engine.sampling import SamplingParams
-from kernel_switchboard.engine.scheduler import Engine
-from kernel_switchboard.engine.synthetic import DEEPSEEK_PRESETS, LLAMA_PRESETS, random_deepseek, random_llama
+from kernel_switchboard_engine.cache import BlockTables, build_batch
+from kernel_switchboard_engine.deepseek import DeepseekModel
+from kernel_switchboard_engine.graphs import DecodeRunner, missing_capturable
+from kernel_switchboard_engine.llama import LlamaModel
+from kernel_switchboard_engine.sampling import SamplingParams
+from kernel_switchboard_engine.scheduler import Engine
+from kernel_switchboard_engine.synthetic import DEEPSEEK_PRESETS, LLAMA_PRESETS, random_deepseek, random_llama
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 CUDA = "cuda"
@@ -71,8 +71,8 @@ def test_engine_cuda_graph_greedy_equals_eager_engine() -> None:
 
 def test_engine_on_gpu_equals_transformers_generate() -> None:
     pytest.importorskip("transformers")
-    from kernel_switchboard.engine.tiny import hf_greedy, tiny_model
-    from kernel_switchboard.engine.weights import llama_from_hf
+    from kernel_switchboard_engine.tiny import hf_greedy, tiny_model
+    from kernel_switchboard_engine.weights import llama_from_hf
 
     hf = tiny_model("llama", seed=1)
     model = LlamaModel(llama_from_hf(hf, device=CUDA))
@@ -82,10 +82,14 @@ def test_engine_on_gpu_equals_transformers_generate() -> None:
     assert outs == [hf_greedy(hf, p, 32) for p in prompts]
 
 
-@pytest.mark.parametrize("family", ["llama", "deepseek"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral", "mixtral", "gemma2", "gemma3", "deepseek"])
 def test_demo_on_gpu(family: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from kernel_switchboard.engine.demo import main
+    """The demo's default GPU run (bf16, CUDA-graph decode where capturable) of every family, checked against
+    transformers (see demo._check for the bf16 tolerance)."""
+    pytest.importorskip("transformers")
+    from kernel_switchboard_engine.demo import main
 
-    assert main(["--model", family, "--requests", "4", "--max-new-tokens", "8", "--speculative", "2"]) == 0
+    code = main(["--model", family, "--requests", "4", "--max-new-tokens", "8", "--speculative", "2", "--check"])
     out = capsys.readouterr().out
+    assert code == 0, out
     assert "generated tokens/s" in out and "cuda" in out

@@ -7,14 +7,14 @@ import torch
 
 pytest.importorskip("transformers")
 
-from kernel_switchboard.engine.cache import BlockTables  # noqa: E402
-from kernel_switchboard.engine.deepseek import DeepseekModel  # noqa: E402
-from kernel_switchboard.engine.graphs import DecodeRunner  # noqa: E402
-from kernel_switchboard.engine.llama import LlamaModel  # noqa: E402
-from kernel_switchboard.engine.sampling import SamplingParams  # noqa: E402
-from kernel_switchboard.engine.scheduler import Engine  # noqa: E402
-from kernel_switchboard.engine.tiny import hf_greedy, tiny_model  # noqa: E402
-from kernel_switchboard.engine.weights import deepseek_from_hf, llama_from_hf  # noqa: E402
+from kernel_switchboard_engine.cache import BlockTables  # noqa: E402
+from kernel_switchboard_engine.deepseek import DeepseekModel  # noqa: E402
+from kernel_switchboard_engine.families import from_hf  # noqa: E402
+from kernel_switchboard_engine.graphs import DecodeRunner  # noqa: E402
+from kernel_switchboard_engine.llama import LlamaModel  # noqa: E402
+from kernel_switchboard_engine.sampling import SamplingParams  # noqa: E402
+from kernel_switchboard_engine.scheduler import Engine  # noqa: E402
+from kernel_switchboard_engine.tiny import hf_greedy, tiny_model  # noqa: E402
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -28,14 +28,12 @@ def _one_thread() -> object:
 def _model(family: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, **kw: object
            ) -> tuple[torch.nn.Module, LlamaModel | DeepseekModel]:
     hf = tiny_model(family, seed=1, **kw)
-    if family == "llama":
-        return hf, LlamaModel(llama_from_hf(hf, device=device, dtype=dtype))
-    return hf, DeepseekModel(deepseek_from_hf(hf, device=device, dtype=dtype))
+    return hf, from_hf(hf, device=device, dtype=dtype)
 
 
 def _prefilled(model: LlamaModel | DeepseekModel, prompts: list[list[int]], device: torch.device | str
                ) -> tuple[BlockTables, object]:
-    from kernel_switchboard.engine.cache import build_batch
+    from kernel_switchboard_engine.cache import build_batch
 
     tables = BlockTables(32, 4, device, reserved_pages=1)
     cache = model.new_cache(32, 4)
@@ -61,7 +59,7 @@ def _decode_twice(model: LlamaModel | DeepseekModel, mode: str, device: torch.de
     return outs
 
 
-@pytest.mark.parametrize("family", ["llama", "deepseek"])
+@pytest.mark.parametrize("family", ["llama", "deepseek", "gemma3"])
 def test_compiled_decode_step_matches_eager(family: str) -> None:
     torch._dynamo.reset()
     _, model = _model(family)

@@ -23,8 +23,9 @@ from typing import Any
 
 import torch
 
-from ..dispatch import use
-from ..errors import fail
+from kernel_switchboard.dispatch import use
+from kernel_switchboard.errors import fail
+
 from . import calls
 from .cache import BlockTables, build_batch
 from .sampling import probs

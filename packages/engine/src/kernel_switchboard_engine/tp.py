@@ -9,7 +9,7 @@ Per rank ``r`` of ``W``:
   adds the residual and applies the next RMSNorm (post-attention norm, next layer's input norm, or the
   final norm) in one op;
 - embedding, norms and ``lm_head`` replicated: every rank computes the same logits, so every rank can run
-  the same :class:`~kernel_switchboard.engine.scheduler.Engine` and greedy sampling in lockstep.
+  the same :class:`~kernel_switchboard_engine.scheduler.Engine` and greedy sampling in lockstep.
 
 The per-rank shard is an ordinary :class:`LlamaWeights` whose spec has ``Hq/W`` heads, ``Hkv/W`` KV heads
 and ``I/W`` intermediate columns, so :class:`TPLlamaModel` reuses :class:`LlamaModel`'s attention and
@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 import kernel_switchboard as ksb
+from kernel_switchboard.errors import fail
 
-from ..errors import fail
 from . import calls
 from .llama import LlamaKVCache, LlamaModel, dense_mlp
 from .weights import DenseMLP, LlamaLayer, LlamaSpec, LlamaWeights
@@ -78,6 +78,10 @@ def rank_and_world(group: Any = None) -> tuple[int, int]:
 
 
 # -- sharding --------------------------------------------------------------------------------------------
+#: the fields of a plain Llama spec (the rest switch on other families' features)
+_LLAMA_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
+                 "rms_eps", "rope_theta", "rope_scaling")
+
 def tp_spec(spec: LlamaSpec, world: int) -> LlamaSpec:
     """The per-rank spec: heads, KV heads and intermediate size divided by ``world`` (all must divide)."""
     if not (isinstance(world, int) and world >= 1):
@@ -104,11 +108,17 @@ def shard_llama(weights: LlamaWeights, rank: int, world: int) -> LlamaWeights:
     """
     if not (isinstance(rank, int) and 0 <= rank < world):
         raise fail("rank", rank, f"an int in [0, {world})")
+    plain = LlamaSpec(*[getattr(weights.spec, f) for f in _LLAMA_FIELDS], max_position=weights.spec.max_position)
+    if weights.spec != plain:
+        raise fail("weights.spec", weights.spec,
+                   "a plain Llama (no biases, q/k norms, Gemma norms, soft-caps, windows or MoE): the tensor-parallel "
+                   "split covers Llama only")
     s, local = weights.spec, tp_spec(weights.spec, world)
     d = s.head_dim
     q, kv, inter = local.num_heads * d, local.num_kv_heads * d, local.intermediate_size
     layers = []
     for layer in weights.layers:
+        assert isinstance(layer.mlp, DenseMLP)  # a plain Llama, checked above
         w_qkv = torch.cat([_cols(layer.w_qkv, 0, q, rank), _cols(layer.w_qkv, s.num_heads * d, kv, rank),
                            _cols(layer.w_qkv, (s.num_heads + s.num_kv_heads) * d, kv, rank)], dim=1)
         w_gate_up = torch.cat([_cols(layer.mlp.w_gate_up, 0, inter, rank),
@@ -160,8 +170,9 @@ class TPLlamaModel(LlamaModel):
         residual = self.w.embed[token_ids]
         h = calls.rms_norm(residual, layers[0].attn_norm, eps)
         for i, layer in enumerate(layers):
-            partial = self._attention(layer, h, positions, batch_indices, table, cache.layers[i], qo_indptr, plan)
+            partial = self._attention(i, layer, h, positions, batch_indices, table, cache.layers[i], qo_indptr, plan)
             h, residual = all_reduce_norm(partial, residual, layer.mlp_norm, eps, self.group)
+            assert isinstance(layer.mlp, DenseMLP)  # shard_llama refuses MoE models
             partial = dense_mlp(layer.mlp, h)
             nxt = layers[i + 1].attn_norm if i + 1 < len(layers) else self.w.final_norm
             h, residual = all_reduce_norm(partial, residual, nxt, eps, self.group)

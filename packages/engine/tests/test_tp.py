@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernel_switchboard.engine.llama import LlamaModel
-from kernel_switchboard.engine.synthetic import random_llama
-from kernel_switchboard.engine.tp import TPLlamaModel, greedy, shard_llama, tp_spec
-from kernel_switchboard.engine.tp_main import TP_PRESETS, TPJob, run_job, spawn
 from kernel_switchboard.errors import InvalidArgumentError
+from kernel_switchboard_engine.llama import LlamaModel
+from kernel_switchboard_engine.synthetic import random_llama
+from kernel_switchboard_engine.tp import TPLlamaModel, greedy, shard_llama, tp_spec
+from kernel_switchboard_engine.tp_main import TP_PRESETS, TPJob, run_job, spawn
 
 STEPS = 16
 TOL = dict(rtol=1e-4, atol=1e-4)
@@ -27,7 +27,7 @@ def _prompts(vocab: int, lengths: tuple[int, ...] = (5, 9, 3), seed: int = 4) ->
 def hf() -> torch.nn.Module:
     """A tiny transformers Llama with 8 heads and 4 KV heads (splits over 2 and 4 ranks)."""
     pytest.importorskip("transformers")
-    from kernel_switchboard.engine.tiny import tiny_model
+    from kernel_switchboard_engine.tiny import tiny_model
 
     return tiny_model("llama", seed=3, num_attention_heads=8, num_key_value_heads=4, head_dim=8)
 
@@ -38,8 +38,8 @@ def _ranks(out: Path, world: int) -> list[dict]:
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_tp_greedy_matches_one_process_and_transformers(hf: torch.nn.Module, tmp_path: Path, world: int) -> None:
-    from kernel_switchboard.engine.tiny import hf_greedy
-    from kernel_switchboard.engine.weights import llama_from_hf
+    from kernel_switchboard_engine.tiny import hf_greedy
+    from kernel_switchboard_engine.weights import llama_from_hf
 
     full = llama_from_hf(hf)
     torch.save(full, tmp_path / "w.pt")
@@ -144,7 +144,7 @@ def test_bench_smoke_gloo(tmp_path: Path) -> None:
     """tp_bench on 2 gloo processes at tiny sizes: both paths run and agree (float32: same sum, same norm)."""
     import json
 
-    from kernel_switchboard.engine import tp_bench
+    from kernel_switchboard_engine import tp_bench
 
     out = tmp_path / "bench.json"
     tp_bench.main(["--nproc", "2", "--smoke", "--rows", "1,16", "--iters", "2", "--out", str(out)])

@@ -7,10 +7,10 @@ import torch
 
 pytest.importorskip("transformers")
 
-from kernel_switchboard.engine.cache import BlockTables, build_batch  # noqa: E402
-from kernel_switchboard.engine.deepseek import DeepseekModel  # noqa: E402
-from kernel_switchboard.engine.tiny import tiny_model  # noqa: E402
-from kernel_switchboard.engine.weights import deepseek_from_hf  # noqa: E402
+from kernel_switchboard_engine.cache import BlockTables, build_batch  # noqa: E402
+from kernel_switchboard_engine.deepseek import DeepseekModel  # noqa: E402
+from kernel_switchboard_engine.tiny import tiny_model  # noqa: E402
+from kernel_switchboard_engine.weights import deepseek_from_hf  # noqa: E402
 
 TOL = dict(rtol=1e-4, atol=1e-4)
 VARIANTS = {
@@ -19,6 +19,11 @@ VARIANTS = {
     "all_moe+2_shared+unnormalised": dict(first_k_dense_replace=0, n_shared_experts=2, norm_topk_prob=False,
                                           routed_scaling_factor=1.5, n_routed_experts=16, n_group=8, topk_group=3,
                                           num_experts_per_tok=3),
+    # YaRN whose attention factor scales cos/sin (0.1 ln 40 + 1 over 0.05 ln 40 + 1), and plain rope
+    "yarn_cos_sin_factor": dict(rope_parameters={
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "original_max_position_embeddings": 4096,
+        "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.5}),
+    "plain_rope": dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, max_position_embeddings=512),
 }
 
 
@@ -112,7 +117,7 @@ def test_mixed_step_and_shared_prefix(hf: torch.nn.Module) -> None:
 def test_few_new_tokens_after_a_history_take_the_absorbed_path(hf: torch.nn.Module) -> None:
     """Speculative verification rows (three new tokens after a history) run absorbed, as (B, T, H, R) MLA decode,
     beside a one-token decode row and a fresh prefill in the same step; every logit as transformers'."""
-    from kernel_switchboard.engine.deepseek import _plan_rows
+    from kernel_switchboard_engine.deepseek import _plan_rows
 
     model = DeepseekModel(deepseek_from_hf(hf))
     hist_a, hist_b, fresh = _prompts((7, 5, 6), seed=8)
@@ -135,9 +140,10 @@ def test_few_new_tokens_after_a_history_take_the_absorbed_path(hf: torch.nn.Modu
 
 
 def test_presets_are_the_specs_of_their_transformers_configs() -> None:
-    from kernel_switchboard.engine.synthetic import DEEPSEEK_PRESETS, LLAMA_PRESETS
-    from kernel_switchboard.engine.tiny import hf_overrides
-    from kernel_switchboard.engine.weights import deepseek_spec, llama_spec
+    from kernel_switchboard_engine.families import deepseek_spec
+    from kernel_switchboard_engine.families import dense_spec as llama_spec
+    from kernel_switchboard_engine.synthetic import DEEPSEEK_PRESETS, LLAMA_PRESETS
+    from kernel_switchboard_engine.tiny import hf_overrides
 
     for family, presets, to_spec in (("llama", LLAMA_PRESETS, llama_spec), ("deepseek", DEEPSEEK_PRESETS, deepseek_spec)):
         for spec in presets.values():
@@ -147,7 +153,7 @@ def test_presets_are_the_specs_of_their_transformers_configs() -> None:
 @torch.no_grad()
 def test_synthetic_weights_absorbed_decode_equals_expanded_prefill() -> None:
     """Random weights without transformers: the absorbed decode path and the non-absorbed prefill path agree."""
-    from kernel_switchboard.engine.synthetic import DEEPSEEK_PRESETS, random_deepseek
+    from kernel_switchboard_engine.synthetic import DEEPSEEK_PRESETS, random_deepseek
 
     model = DeepseekModel(random_deepseek(DEEPSEEK_PRESETS["tiny"], seed=3))
     (seq,) = _prompts((12,), seed=7)

@@ -99,9 +99,11 @@ def _call(op: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 
 # -- the ops -------------------------------------------------------------------------------------------
-def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a (M, K) @ b (K, N) -> (M, N)."""
-    return _call("gemm.mm", ksb.gemm.mm, a, b)
+def mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """a (M, K) @ b (K, N) (+ bias (N,)) -> (M, N)."""
+    if bias is None:
+        return _call("gemm.mm", ksb.gemm.mm, a, b)
+    return _call("gemm.mm", ksb.gemm.mm, a, b, bias=bias)
 
 
 def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -112,13 +114,15 @@ def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return c.view(g, m, b.shape[-1])
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return _call("norm.rms_norm", ksb.norm.rms_norm, x, weight, eps)
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool = False) -> torch.Tensor:
+    """``gemma``: the weight applies as (1 + w)."""
+    return _call("norm.rms_norm", ksb.norm.rms_norm, x, weight, eps, gemma=gemma)
 
 
-def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                       gemma: bool = False) -> None:
     """In place: residual <- x + residual; x <- rms_norm(residual)."""
-    _call("norm.fused_add_rms_norm", ksb.norm.fused_add_rms_norm, x, residual, weight, eps)
+    _call("norm.fused_add_rms_norm", ksb.norm.fused_add_rms_norm, x, residual, weight, eps, gemma=gemma)
 
 
 def rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, theta: float, scaling: Any,
@@ -126,8 +130,19 @@ def rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, theta: float
     return _call("rope.apply", ksb.rope.apply, q, k, positions, theta=theta, scaling=scaling, interleaved=interleaved)
 
 
+def rope_table(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
+               interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rope from a cos/sin table (scalings ``rope.apply`` does not take: linear, YaRN)."""
+    return _call("rope.apply_cos_sin_cache", ksb.rope.apply_cos_sin_cache, q, k, positions, cos_sin,
+                 interleaved=interleaved)
+
+
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return _call("activation.silu_and_mul", ksb.activation.silu_and_mul, x)
+
+
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    return _call("activation.gelu_tanh_and_mul", ksb.activation.gelu_tanh_and_mul, x)
 
 
 def append_kv(k: torch.Tensor, v: torch.Tensor, cache: ksb.PagedKVCache, table: ksb.PageTable,
@@ -142,21 +157,25 @@ def append_mla(ckv: torch.Tensor, kpe: torch.Tensor, ckv_pages: torch.Tensor, kp
 
 
 def plan_decode(cache: ksb.PagedKVCache, table: ksb.PageTable, num_q_heads: int, dtype: torch.dtype,
-                sm_scale: float) -> Any:
-    """One ``attention.plan_decode`` per decode step, run by every layer with its own cache."""
+                sm_scale: float, soft_cap: float | None = None, window_left: int = -1, max_kv_len: int | None = None,
+                capturable: bool = False) -> Any:
+    """One ``attention.plan_decode`` per decode step and window, run by every layer of that window with its cache."""
     return ksb.attention.plan_decode(table, num_q_heads=num_q_heads, num_kv_heads=cache.num_kv_heads,
                                      head_dim=cache.head_dim, head_dim_v=cache.head_dim_v, dtype=dtype,
                                      kv_dtype=cache.dtype, layout=cache.layout, page_size=cache.page_size,
-                                     sm_scale=sm_scale, capturable=False)
+                                     sm_scale=sm_scale, logits_soft_cap=soft_cap, window_left=window_left,
+                                     max_kv_len=max_kv_len, capturable=capturable)
 
 
 def plan_prefill(qo_indptr: torch.Tensor, cache: ksb.PagedKVCache, table: ksb.PageTable, num_q_heads: int,
-                 dtype: torch.dtype, sm_scale: float) -> Any:
-    """One causal ``attention.plan_prefill`` per step, run by every layer (the indptrs are read once)."""
+                 dtype: torch.dtype, sm_scale: float, soft_cap: float | None = None, window_left: int = -1) -> Any:
+    """One causal ``attention.plan_prefill`` per step and window, run by every layer of that window (the indptrs
+    are read once per plan)."""
     return ksb.attention.plan_prefill(table, qo_indptr, num_q_heads=num_q_heads, num_kv_heads=cache.num_kv_heads,
                                       head_dim=cache.head_dim, head_dim_v=cache.head_dim_v, dtype=dtype,
                                       kv_dtype=cache.dtype, layout=cache.layout, page_size=cache.page_size,
-                                      causal=True, sm_scale=sm_scale, capturable=False)
+                                      causal=True, sm_scale=sm_scale, logits_soft_cap=soft_cap,
+                                      window_left=window_left, capturable=False)
 
 
 def plan_mla_decode(table: ksb.PageTable, num_heads: int, head_dim_ckv: int, head_dim_kpe: int, dtype: torch.dtype,
@@ -184,8 +203,10 @@ def run_plan(plan: Any, *args: Any) -> Any:
     return tracer.run_plan(plan, args)
 
 
-def decode(q: torch.Tensor, cache: ksb.PagedKVCache, table: ksb.PageTable, sm_scale: float) -> torch.Tensor:
-    return _call("attention.decode", ksb.attention.decode, q, cache, table, sm_scale=sm_scale)
+def decode(q: torch.Tensor, cache: ksb.PagedKVCache, table: ksb.PageTable, sm_scale: float,
+           soft_cap: float | None = None, window_left: int = -1) -> torch.Tensor:
+    return _call("attention.decode", ksb.attention.decode, q, cache, table, sm_scale=sm_scale, logits_soft_cap=soft_cap,
+                 window_left=window_left)
 
 
 def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_pages: torch.Tensor, kpe_pages: torch.Tensor,

@@ -9,7 +9,7 @@ Each :meth:`Engine.step`:
 3. a request that cannot get a page for its decode token preempts the most recently admitted
    request (its pages are freed, it goes back to the front of the queue and is recomputed later);
 4. one forward pass runs the whole mix (``attention.prefill`` with one ``qo_indptr``); a step of
-   decode tokens only goes through :class:`~kernel_switchboard.engine.graphs.DecodeRunner`
+   decode tokens only goes through :class:`~kernel_switchboard_engine.graphs.DecodeRunner`
    (eager, ``torch.compile`` or CUDA graph);
 5. requests whose tokens are all in the cache sample their next token; finished ones free their pages.
 """
@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-from ..errors import fail
+from kernel_switchboard.errors import fail
+
 from .cache import BlockTables, OutOfPagesError, build_batch
 from .graphs import DecodeRunner
 from .sampling import SamplingParams, sample
@@ -123,7 +124,7 @@ class Engine:
 
     def warmup(self) -> None:
         """Compile or capture the decode step for every batch size up front (``decode_mode`` compile / cuda_graph)."""
-        from ..dispatch import use
+        from kernel_switchboard.dispatch import use
 
         if self.decoder is not None:
             with torch.no_grad(), use(*self.backends):
@@ -149,7 +150,7 @@ class Engine:
         start = time.perf_counter()
         work = self._schedule(report)
         if work:
-            from ..dispatch import use
+            from kernel_switchboard.dispatch import use
 
             with torch.no_grad(), use(*self.backends):
                 logits = self._forward(work)

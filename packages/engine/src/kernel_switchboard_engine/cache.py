@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import fail
-from ..paged import PageTable
+from kernel_switchboard.errors import fail
+from kernel_switchboard.paged import PageTable
 
 
 class OutOfPagesError(RuntimeError):

@@ -1,13 +1,14 @@
 """A compact paged-KV inference engine built only from switchboard ops.
 
-Llama family (GQA, RoPE with Llama-3.1 scaling, RMSNorm, SwiGLU) and DeepSeek-V3 family (MLA with
-absorbed decode, grouped top-k MoE with shared experts), weights taken from ``transformers``
-model objects (or drawn from a spec); a page allocator with per-request block tables, continuous
+Dense decoders of the Llama lineage (Llama 3.x, Qwen2/2.5, Qwen3, Mistral, Mixtral, Gemma 2, Gemma 3) and
+DeepSeek-V3 (MLA with absorbed decode, grouped top-k MoE with shared experts, YaRN), weights taken from
+``transformers`` model objects by :func:`from_hf`, which refuses any model type or config value it does not
+implement (:mod:`.families`), or drawn from a spec; a page allocator with per-request block tables, continuous
 batching that mixes prefill and decode requests in one step, sampling, speculative decoding, and
 a decode step that compiles (``torch.compile(fullgraph=True)``) or is captured in a CUDA graph.
-``switchboard demo`` runs it (:mod:`kernel_switchboard.engine.demo`).
+``switchboard demo`` runs it (:mod:`kernel_switchboard_engine.demo`).
 
-    model = LlamaModel(llama_from_hf(hf_model))
+    model = from_hf(hf_model)
     outputs = Engine(model, num_pages=256, page_size=16).generate(prompts, SamplingParams(max_new_tokens=32))
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 from .cache import BlockTables, OutOfPagesError, PageAllocator, StepBatch, build_batch
 from .calls import OpTracer
 from .deepseek import DeepseekModel, MLACache
+from .families import SUPPORTED, from_hf
 from .graphs import DecodeRunner
 from .llama import LlamaKVCache, LlamaModel
 from .sampling import SamplingParams
@@ -32,6 +34,7 @@ from .weights import (
 )
 
 __all__ = [
+    "SUPPORTED",
     "BlockTables",
     "DecodeRunner",
     "DeepseekModel",
@@ -54,6 +57,7 @@ __all__ = [
     "StepReport",
     "build_batch",
     "deepseek_from_hf",
+    "from_hf",
     "llama_from_hf",
     "truncate_layers",
 ]

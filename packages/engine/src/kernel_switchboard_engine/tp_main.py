@@ -1,7 +1,7 @@
 """Run the tensor-parallel Llama (:mod:`.tp`) on N processes and check its greedy tokens against one process.
 
-    torchrun --nproc-per-node 2 -m kernel_switchboard.engine.tp_main          # NCCL on 2 GPUs (gloo on CPU)
-    python -m kernel_switchboard.engine.tp_main --nproc 4                     # spawns 4 local processes itself
+    torchrun --nproc-per-node 2 -m kernel_switchboard_engine.tp_main          # NCCL on 2 GPUs (gloo on CPU)
+    python -m kernel_switchboard_engine.tp_main --nproc 4                     # spawns 4 local processes itself
 
 Every rank draws the same random weights from a spec (``--preset``, or ``--weights`` a ``torch.save``d
 :class:`LlamaWeights`), keeps its shard, and runs prefill + ``--steps`` greedy steps; rank 0 also runs the
@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from ..ops.rope import Llama3Scaling
+from kernel_switchboard.ops.rope import Llama3Scaling
+
 from .llama import LlamaModel
 from .tp import SAFE_ENV, TPLlamaModel, greedy, init_distributed, rank_and_world
 from .weights import LlamaSpec, LlamaWeights
@@ -136,7 +137,7 @@ def _report(job: TPJob, device: torch.device) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m kernel_switchboard.engine.tp_main", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m kernel_switchboard_engine.tp_main", description=__doc__.split("\n")[0])
     p.add_argument("--nproc", type=int, default=None, help="spawn this many local processes (without torchrun)")
     p.add_argument("--backend", choices=["nccl", "gloo"], default=None, help="default: nccl with CUDA, else gloo")
     p.add_argument("--preset", choices=sorted(TP_PRESETS), default="tiny")

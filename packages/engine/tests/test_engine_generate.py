@@ -9,14 +9,13 @@ import torch
 
 pytest.importorskip("transformers")
 
-from kernel_switchboard.engine import tiny  # noqa: E402
-from kernel_switchboard.engine.deepseek import DeepseekModel  # noqa: E402
-from kernel_switchboard.engine.llama import LlamaModel  # noqa: E402
-from kernel_switchboard.engine.sampling import SamplingParams  # noqa: E402
-from kernel_switchboard.engine.scheduler import Engine  # noqa: E402
-from kernel_switchboard.engine.speculative import SpeculativeDecoder  # noqa: E402
-from kernel_switchboard.engine.tiny import tiny_model  # noqa: E402
-from kernel_switchboard.engine.weights import deepseek_from_hf, llama_from_hf, truncate_layers  # noqa: E402
+from kernel_switchboard_engine import tiny  # noqa: E402
+from kernel_switchboard_engine.families import from_hf  # noqa: E402
+from kernel_switchboard_engine.sampling import SamplingParams  # noqa: E402
+from kernel_switchboard_engine.scheduler import Engine  # noqa: E402
+from kernel_switchboard_engine.speculative import SpeculativeDecoder  # noqa: E402
+from kernel_switchboard_engine.tiny import tiny_model  # noqa: E402
+from kernel_switchboard_engine.weights import truncate_layers  # noqa: E402
 
 STEPS = 32
 
@@ -31,8 +30,7 @@ def _one_thread() -> object:
 
 def _build(family: str, **overrides: object) -> tuple[torch.nn.Module, object]:
     hf = tiny_model(family, seed=1, **overrides)
-    model = LlamaModel(llama_from_hf(hf)) if family == "llama" else DeepseekModel(deepseek_from_hf(hf))
-    return hf, model
+    return hf, from_hf(hf)
 
 
 def hf_greedy(hf: torch.nn.Module, prompt: list[int], steps: int = STEPS) -> list[int]:
@@ -44,7 +42,7 @@ def _prompts(lengths: tuple[int, ...], seed: int = 0) -> list[list[int]]:
     return [torch.randint(0, 128, (n,), generator=g).tolist() for n in lengths]
 
 
-@pytest.mark.parametrize("family", ["llama", "deepseek"])
+@pytest.mark.parametrize("family", ["llama", "deepseek", "gemma2", "mixtral"])
 def test_continuous_batching_greedy_equals_generate(family: str) -> None:
     hf, model = _build(family)
     base = _prompts((5, 21, 3, 9, 12))

@@ -19,13 +19,13 @@ pytest.importorskip("transformers")
 
 from kernel_switchboard.availability import triton_interpreting  # noqa: E402
 from kernel_switchboard.dispatch import use  # noqa: E402
-from kernel_switchboard.engine.cache import BlockTables, build_batch  # noqa: E402
-from kernel_switchboard.engine.calls import OpTracer  # noqa: E402
-from kernel_switchboard.engine.deepseek import DeepseekModel  # noqa: E402
-from kernel_switchboard.engine.llama import LlamaModel  # noqa: E402
-from kernel_switchboard.engine.tiny import tiny_model  # noqa: E402
-from kernel_switchboard.engine.weights import deepseek_from_hf, llama_from_hf  # noqa: E402
 from kernel_switchboard.registry import registry  # noqa: E402
+from kernel_switchboard_engine.cache import BlockTables, build_batch  # noqa: E402
+from kernel_switchboard_engine.calls import OpTracer  # noqa: E402
+from kernel_switchboard_engine.deepseek import DeepseekModel  # noqa: E402
+from kernel_switchboard_engine.llama import LlamaModel  # noqa: E402
+from kernel_switchboard_engine.tiny import tiny_model  # noqa: E402
+from kernel_switchboard_engine.weights import deepseek_from_hf, llama_from_hf  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 DTYPE = torch.float16

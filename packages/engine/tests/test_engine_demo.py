@@ -1,4 +1,4 @@
-"""``switchboard demo`` (kernel_switchboard.engine.demo.main) end to end on the CPU."""
+"""``switchboard demo`` (kernel_switchboard_engine.demo.main) end to end on the CPU."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import torch
 
 pytest.importorskip("transformers")
 
-from kernel_switchboard.engine.demo import main  # noqa: E402
+from kernel_switchboard_engine.demo import main  # noqa: E402
+from kernel_switchboard_engine.tiny import FAMILIES  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -17,16 +18,20 @@ def _keep_threads() -> object:
     torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("family", ["llama", "deepseek"])
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_demo_serves_requests_and_explains_kernels(family: str, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["--model", family, "--device", "cpu", "--requests", "4", "--max-new-tokens", "6", "--page-size", "8",
                  "--speculative", "2", "--check"])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "generated tokens/s" in out and "mixed prefill+decode" in out
-    attention = ("attention.prefill", "attention.decode") if family == "llama" else (
-        "attention.prefill_ragged", "attention.mla_decode", "moe.route", "moe.experts")
-    for op in (*attention, "gemm.mm", "rope.apply", "norm.fused_add_rms_norm", "sampling.top_k_top_p"):
+    mla = family == "deepseek"
+    attention = ("attention.prefill_ragged", "attention.mla_decode", "moe.route", "moe.experts") if mla else (
+        "attention.prefill", "attention.decode")
+    rope = "rope.apply_cos_sin_cache" if family in ("deepseek", "gemma3") else "rope.apply"
+    mlp = {"mixtral": ("moe.route", "moe.experts"), "gemma2": ("activation.gelu_tanh_and_mul",),
+           "gemma3": ("activation.gelu_tanh_and_mul",)}.get(family, ("activation.silu_and_mul",))
+    for op in (*attention, *mlp, "gemm.mm", rope, "norm.fused_add_rms_norm", "sampling.top_k_top_p"):
         line = next((ln for ln in out.splitlines() if ln.strip().startswith(op + " ")), None)
         assert line is not None and "reference:" in line and "(" in line, f"{op} missing from:\n{out}"
     assert "speculative decoding" in out and "16/16 identical" in out
