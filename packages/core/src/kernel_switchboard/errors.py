@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -30,3 +31,10 @@ def check(cond: bool, name: str, value: Any, allowed: str) -> None:
     """Raise :class:`InvalidArgumentError` naming ``name`` unless ``cond`` holds."""
     if not cond:
         raise fail(name, value, allowed)
+
+
+def positive_float(name: str, value: Any) -> float:
+    """``value`` as a float; raise naming ``name`` unless it is a finite real number > 0 (bools refused)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+        raise fail(name, value, "a finite float > 0")
+    return float(value)
