@@ -22,6 +22,15 @@ class KernelUnavailableError(SwitchboardError, RuntimeError):
     """An explicitly requested backend or kernel cannot run this problem."""
 
 
+class UnknownBackendError(InvalidArgumentError, KernelUnavailableError):
+    """A preference (``backend=``, :func:`kernel_switchboard.use`, ``KSB_PREFER``) names no known backend or
+    kernel; the message lists the known backend names."""
+
+
+class KernelResultError(SwitchboardError, RuntimeError):
+    """A kernel returned a result of the wrong shape, dtype or device (a broken backend, never bad input)."""
+
+
 def fail(name: str, value: Any, allowed: str) -> InvalidArgumentError:
     """Build the standard error for argument ``name``: its value and what is allowed."""
     return InvalidArgumentError(f"{name}={value!r} is invalid: expected {allowed}")
