@@ -82,8 +82,10 @@ def unusable(path: Path | None = None) -> str | None:
 
 
 def unwritable(path: Path | None = None) -> str | None:
-    """Why winners cannot be stored in the cache file (a directory, a read-only place), else None. Creates the
-    file's folder and its lock file, as a store would."""
+    """Why winners cannot be stored in the cache file (a directory, a read-only place), else None (also when the
+    cache is off: nothing is to be written). Creates the file's folder and its lock file, as a store would."""
+    if path is None and os.environ.get("KSB_TUNE_CACHE") == "off":
+        return None
     path = cache_path() if path is None else path
     reason = unusable(path)
     if reason is not None:
