@@ -60,7 +60,7 @@ def typecheck(session: nox.Session) -> None:
 def tests_core(session: nox.Session) -> None:
     """The core alone: ops, reference kernels, dispatch, registry, CLI, engine, conformance of the reference."""
     _install(session, CORE)
-    session.install("transformers>=4.45")
+    session.install("transformers>=4.45", "hypothesis>=6.100")
     session.run(*PYTEST, "tests", *session.posargs)
 
 

@@ -185,6 +185,14 @@ def _pref_tuple(backend: Any, name: str) -> tuple[str, ...]:
     return prefs
 
 
+def check_backend(backend: Any, name: str = "backend") -> None:
+    """Raise naming ``name`` unless ``backend`` is None or a valid preference (known names, right types): for an op
+    with a second backend argument (``moe.fused_moe``'s ``route_backend``), whose errors would otherwise say
+    ``backend``."""
+    if backend is not None:
+        check_preferences(_pref_tuple(backend, name), name)
+
+
 def known_backends() -> list[str]:
     """Every backend name a preference may use: the registered ones and the built-in ones (installed or not)."""
     return sorted({b.name for b in registry.all_backends().values()} | set(BUILTIN_BACKENDS))

@@ -111,9 +111,9 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
 
 def _fused_add_eager(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool,
                      backend: BackendArg) -> None:
+    x2 = _validate(x, weight)
     if not x.is_contiguous():
         raise fail("x", "non-contiguous", "a contiguous tensor (it is written in place)")
-    x2 = _validate(x, weight)
     check_tensor(residual, "residual")
     if residual.shape != x.shape:
         raise fail("residual.shape", tuple(residual.shape), f"x's shape {tuple(x.shape)}")

@@ -408,12 +408,13 @@ def _chain_eager(draft_probs: torch.Tensor, draft_token_ids: torch.Tensor, targe
         raise fail("draft_probs.shape", tuple(draft_probs.shape), "(B, n, V) with n >= 1 draft tokens")
     check_tensor(target_probs, "target_probs", dims=3)
     if tuple(target_probs.shape) != (b, n + 1, v):
-        raise fail("target_probs.shape", tuple(target_probs.shape), f"(B, n+1, V) = {(b, n + 1, v)}")
+        raise fail("target_probs.shape", tuple(target_probs.shape),
+                   f"(B, n+1, V) = {(b, n + 1, v)} from draft_probs.shape (B, n, V) = {(b, n, v)}")
     if target_probs.dtype != draft_probs.dtype:
         raise fail("target_probs.dtype", target_probs.dtype, f"draft_probs' dtype ({draft_probs.dtype})")
     check_tensor(draft_token_ids, "draft_token_ids", dims=2, dtypes=INT_DTYPES)
     if tuple(draft_token_ids.shape) != (b, n):
-        raise fail("draft_token_ids.shape", tuple(draft_token_ids.shape), f"(B, n) = {(b, n)}")
+        raise fail("draft_token_ids.shape", tuple(draft_token_ids.shape), f"(B, n) = {(b, n)} from draft_probs.shape")
     check_same_device("target_probs", target_probs, "draft_probs", draft_probs)
     check_same_device("draft_token_ids", draft_token_ids, "draft_probs", draft_probs)
     _check_generator(generator, draft_probs)
