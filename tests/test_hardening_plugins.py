@@ -221,6 +221,31 @@ def test_a_plugin_module_that_exits_at_import_is_listed_and_the_process_goes_on(
     assert total == pytest.approx(16.0, rel=1e-3)
 
 
+def test_an_installed_plugin_named_like_a_built_in_one_is_reported_with_both_distributions(tmp_path: Any) -> None:
+    """A real entry point named ``reference`` from another distribution (a subprocess sees the fake install)."""
+    site = tmp_path / "site"
+    (site / "ksb_impostor").mkdir(parents=True)
+    (site / "ksb_impostor" / "__init__.py").write_text(
+        "from kernel_switchboard import Backend, hookimpl\n"
+        "@hookimpl\n"
+        "def ksb_backend():\n"
+        "    return Backend('reference', '6.6')\n")
+    dist = site / "ksb_impostor-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ksb-impostor\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[kernel_switchboard.backends]\nreference = ksb_impostor\n")
+    code = ("import json, kernel_switchboard as ksb\n"
+            "b = ksb.registry.all_backends()\n"
+            "print(json.dumps([b['reference'].version, b['reference (reference)'].unavailable]))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    version, reason = json.loads(done.stdout.strip().splitlines()[-1])
+    assert version == ksb.__version__  # the built-in reference kept its name
+    assert "the built-in backend from 'reference', kernel-switchboard" in reason
+    assert "ksb-impostor (ksb_impostor), is ignored" in reason
+
+
 def test_a_doctor_run_survives_every_broken_plugin(register: Any, capsys: pytest.CaptureFixture[str]) -> None:
     from kernel_switchboard.cli import main
 
@@ -251,7 +276,8 @@ def test_between_third_party_backends_of_one_name_the_winner_is_deterministic(re
         register(_plugin("dup", [Kernel("norm.rms_norm", "k", "dup", CPU, ref_rms_norm)], source=source))
     backends = ksb.registry.all_backends()
     assert backends["dup"].source == "alpha_plugin"
-    assert "'alpha_plugin' has it" in (backends["dup (zeta_plugin)"].unavailable or "")
+    reason = backends["dup (zeta_plugin)"].unavailable or ""
+    assert "from 'alpha_plugin', registered object alpha_plugin, has it" in reason and "zeta_plugin" in reason
     assert ksb.registry.kernels("norm.rms_norm").count(backends["dup"].kernels[0]) == 1
 
 

@@ -104,6 +104,9 @@ class Backend:
     #: set by the registry (never by a plugin): whether this backend ships with the switchboard. Dispatch checks
     #: the shape, dtype and device of what a third-party kernel returns (see :mod:`kernel_switchboard.contracts`)
     builtin: bool = field(default=False, init=False)
+    #: set by the registry: where the plugin came from (its entry point's distribution and module, or the object
+    #: given to :meth:`Registry.register`), for messages that must tell two plugins apart
+    origin: str = field(default="", init=False)
 
     @property
     def available(self) -> bool:
@@ -164,28 +167,31 @@ class Registry:
             self._loaded = False
             self.generation += 1
 
-    def _plugins(self) -> Iterable[tuple[str, Any, bool]]:
-        """(source, plugin, built-in) of every plugin: the reference, the entry points, then registered ones."""
+    def _plugins(self) -> Iterable[tuple[str, Any, bool, str]]:
+        """(source, plugin, built-in, origin) of every plugin: the reference, the entry points, then registered ones."""
         from .reference import plugin as reference_plugin
 
-        yield "reference", reference_plugin, True
+        yield "reference", reference_plugin, True, "kernel-switchboard (kernel_switchboard.reference.plugin)"
         for ep in metadata.entry_points(group=hookspecs.ENTRY_POINT_GROUP):
-            builtin = _distribution(ep) == BUILTIN_BACKENDS.get(ep.name)
+            dist = _distribution(ep)
+            builtin = dist == BUILTIN_BACKENDS.get(ep.name)
+            origin = f"{dist or 'an unknown distribution'} ({ep.value})"
             try:
-                yield ep.name, ep.load(), builtin
+                yield ep.name, ep.load(), builtin, origin
             except KeyboardInterrupt:
                 raise
             except BaseException as exc:  # noqa: BLE001 - SystemExit from a plugin's import too: contained
-                yield ep.name, _BrokenPlugin(ep.name, f"import of {ep.value} failed: {_error(exc)}"), builtin
+                yield ep.name, _BrokenPlugin(ep.name, f"import of {ep.value} failed: {_error(exc)}"), builtin, origin
         for plugin in self._extra:
-            yield getattr(plugin, "__name__", type(plugin).__name__), plugin, False
+            name = getattr(plugin, "__name__", type(plugin).__name__)
+            yield name, plugin, False, f"registered object {name}"
 
     def _load(self) -> None:
         allow, deny = _env_list("KSB_BACKENDS"), _env_list("KSB_DISABLE_BACKENDS")
         loaded = []
-        for source, plugin, builtin in self._plugins():
+        for source, plugin, builtin, origin in self._plugins():
             backend = _call_plugin(source, plugin)
-            backend.builtin = builtin
+            backend.builtin, backend.origin = builtin, origin
             loaded.append(backend)
         # who keeps a name: a built-in backend, else the first third-party one in source order (stable sort)
         holders: dict[str, Backend] = {}
@@ -344,10 +350,11 @@ def _valid_kernels(results: Any) -> list[Kernel]:
 def _clash(backend: Backend, holder: Backend) -> Backend:
     """``backend`` listed as unavailable: ``holder`` has its name."""
     kind = "the built-in backend" if holder.builtin else "the backend"
-    reason = (f"backend name {backend.name!r} clash: {kind} from {holder.source!r} has it; this one from "
-              f"{backend.source!r} is ignored (rename it)")
+    reason = (f"backend name {backend.name!r} clash: {kind} from {holder.source!r}, {holder.origin}, has it; this "
+              f"one from {backend.source!r}, {backend.origin}, is ignored (rename it)")
     out = Backend(name=backend.name, version=backend.version, unavailable=reason, source=backend.source,
                   kernels=[_unavailable(k, reason, None) for k in backend.kernels], providers=backend.providers)
+    out.origin = backend.origin
     return out
 
 
