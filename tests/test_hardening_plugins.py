@@ -296,6 +296,27 @@ def test_a_kernel_that_returns_the_wrong_result_is_caught(register: Any, run: An
     assert issubclass(KernelResultError, SwitchboardError)
 
 
+def test_a_third_party_kernel_that_exits_raises_instead(register: Any) -> None:
+    def run(*args: Any) -> Any:
+        raise SystemExit(0)
+
+    register(_plugin("quits", [Kernel("norm.rms_norm", "k", "quits", CPU, run)]))
+    x, w = _xw()
+    with pytest.raises(KernelResultError, match=r"kernel quits:k \(norm.rms_norm\) raised SystemExit\(0\)"):
+        ksb.norm.rms_norm(x, w, backend="quits")
+
+
+def test_a_needs_build_check_that_raises_rejects_only_its_kernel(register: Any) -> None:
+    def needs_build(problem: Any) -> bool:
+        raise RuntimeError("no compiler")
+
+    register(_plugin("nb", [Kernel("norm.rms_norm", "k", "nb", CPU, ref_rms_norm, needs_build=needs_build,
+                                   priority=10**6)]))
+    x, w = _xw()
+    sel = ksb.explain("norm.rms_norm", x, w)
+    assert sel.kernel.id == "reference:rms_norm" and "its needs_build check failed: RuntimeError" in str(sel)
+
+
 def test_a_multi_output_kernel_is_checked_output_by_output(register: Any) -> None:
     from kernel_switchboard.reference.rope import apply as ref_apply
 

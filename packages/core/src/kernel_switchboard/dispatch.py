@@ -36,7 +36,13 @@ from typing import Any
 
 from . import tuning
 from .contracts import check_result
-from .errors import InvalidArgumentError, KernelUnavailableError, NoEligibleKernelError, UnknownBackendError
+from .errors import (
+    InvalidArgumentError,
+    KernelResultError,
+    KernelUnavailableError,
+    NoEligibleKernelError,
+    UnknownBackendError,
+)
 from .registry import BUILTIN_BACKENDS, Kernel, install_command, registry
 
 _scoped: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("ksb_use", default=())
@@ -329,17 +335,19 @@ def _select_cold(op: str, problem: Any, prefs: tuple[str, ...], strict: bool) ->
 def _candidate(k: Kernel, problem: Any) -> Candidate:
     """``k``'s reasons and rank data for ``problem``; a kernel whose own code raises here is rejected with the error
     (any exception, SystemExit included: a plugin's failure stays with its kernel)."""
+    step = "capability check"
     try:
         reasons = k.reasons(problem)
         if not isinstance(reasons, list) or not all(isinstance(r, str) for r in reasons):
-            raise TypeError(f"its capability check returned {reasons!r}, expected a list of str")
+            raise TypeError(f"it returned {reasons!r}, expected a list of str")
         cand = Candidate(k, reasons)
         if not reasons:
+            step = "needs_build check"
             cand.needs_build = bool(k.needs_build and k.needs_build(problem))
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # noqa: BLE001 - contained: the kernel is rejected with the error
-        return Candidate(k, [f"its capability check failed: {type(exc).__name__}: {exc}"])
+        return Candidate(k, [f"its {step} failed: {type(exc).__name__}: {exc}"])
     if not reasons:
         cand.cost = _safe_cost(k, problem)
     return cand
@@ -374,7 +382,10 @@ def _checked(kernel: Kernel) -> Kernel:
     run, op, kid = kernel.run, kernel.op, kernel.id
 
     def checked_run(*args: Any) -> Any:
-        result = run(*args)
+        try:
+            result = run(*args)
+        except SystemExit as exc:  # a plugin never ends the caller's process
+            raise KernelResultError(f"kernel {kid} ({op}) raised SystemExit({exc.code!r}) instead of returning") from exc
         check_result(kid, op, args, result)
         return result
 

@@ -28,7 +28,8 @@ class UnknownBackendError(InvalidArgumentError, KernelUnavailableError):
 
 
 class KernelResultError(SwitchboardError, RuntimeError):
-    """A kernel returned a result of the wrong shape, dtype or device (a broken backend, never bad input)."""
+    """A kernel broke its contract: it returned a result of the wrong shape, dtype or device, or tried to end the
+    process (``SystemExit``). A broken backend, never bad input."""
 
 
 def fail(name: str, value: Any, allowed: str) -> InvalidArgumentError:
