@@ -64,6 +64,7 @@ def typecheck(session: nox.Session) -> None:
 def tests_core(session: nox.Session) -> None:
     """The core alone: ops, reference kernels, dispatch, registry, CLI, conformance of the reference."""
     _install(session, CORE)
+    session.install("hypothesis>=6.100")
     session.run(*PYTEST, "tests", *session.posargs)
 
 

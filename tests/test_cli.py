@@ -225,5 +225,5 @@ def test_an_unknown_op_is_a_usage_error_that_lists_the_known_ones(capsys) -> Non
 
 
 def test_explain_names_the_shape_option_it_cannot_use(capsys) -> None:
-    assert main(["explain", "attention.decode", "batch=x", "--device", "cpu"]) == 1
-    assert "switchboard explain attention.decode batch=x: invalid literal" in capsys.readouterr().err
+    assert main(["explain", "attention.decode", "batch=x", "--device", "cpu"]) == 2
+    assert "switchboard explain attention.decode batch=x: batch='x' is invalid: expected an int" in capsys.readouterr().err

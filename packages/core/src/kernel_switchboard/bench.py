@@ -402,10 +402,17 @@ def _measured(sel: Any, device: torch.device) -> list[Any]:
 
 
 def _adhoc_point(args: argparse.Namespace) -> Point:
-    """The point ``--op`` and its ``--param key=value`` options name."""
+    """The point ``--op`` and its ``--param key=value`` options name; a malformed option exits with status 2 and one
+    line on stderr, as argparse does for its own options."""
     from .cli import _parse_params
+    from .errors import SwitchboardError
 
-    return Point(args.op, _parse_params(args.param), " ".join(args.param) or args.op)
+    try:
+        params = _parse_params(args.param, args.op)
+    except SwitchboardError as exc:
+        print(f"switchboard: --param: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return Point(args.op, params, " ".join(args.param) or args.op)
 
 
 def _call_kind(name: str) -> str:
@@ -641,8 +648,13 @@ def tune_main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if unknown_op("switchboard tune", args.op):
         return 2
+    unwritable = tuning.unwritable()
+    if unwritable is not None:
+        print(f"switchboard tune: {unwritable}", file=sys.stderr)
+        return 2
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    for point, case, sel in _explained_points("tune", args, device):
+    failed: list[str] = []
+    for point, case, sel in _explained_points("tune", args, device, failed):
         calls: dict[str, Callable[[], Any]] = {
             cand.kernel.id: functools.partial(case.function, *case.args, backend=cand.kernel.id, **case.kwargs)
             for cand in _measured(sel, device)[: args.shortlist]}
@@ -653,7 +665,7 @@ def tune_main(argv: list[str] | None = None) -> int:
         if graphed is not None:
             _report(point, "plan in a CUDA graph", tuning.store(point.op, graphed[0], graphed[1]), graphed[1])
     print(f"tune: cache at {tuning.cache_path()}")
-    return 0
+    return 1 if failed else 0
 
 
 def _points_parser(prog: str) -> argparse.ArgumentParser:
@@ -667,9 +679,10 @@ def _points_parser(prog: str) -> argparse.ArgumentParser:
     return p
 
 
-def _explained_points(prog: str, args: argparse.Namespace, device: torch.device) -> Iterator[tuple[Point, Any, Any]]:
+def _explained_points(prog: str, args: argparse.Namespace, device: torch.device,
+                      failed: list[str] | None = None) -> Iterator[tuple[Point, Any, Any]]:
     """(point, example case, selection) for each point ``args`` names; a point that cannot be made or has no
-    eligible kernel is reported on stderr and skipped."""
+    eligible kernel is reported on stderr, added to ``failed`` and skipped."""
     from .dispatch import explain
 
     points = [pt for name in args.preset or ([] if args.op else ["attention"]) for pt in PRESETS[name]()]
@@ -681,6 +694,8 @@ def _explained_points(prog: str, args: argparse.Namespace, device: torch.device)
             sel = explain(point.op, *case.args, **case.kwargs)
         except Exception as exc:
             print(f"{prog}: {point.op} {point.label}: {exc}", file=sys.stderr)
+            if failed is not None:
+                failed.append(point.label)
             continue
         yield point, case, sel
 

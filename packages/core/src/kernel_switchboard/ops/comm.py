@@ -19,7 +19,7 @@ import torch
 
 from ..capability import bucket
 from ..dispatch import select_kernel
-from ..errors import fail
+from ..errors import fail, positive_float
 from ._common import (
     FLOAT_DTYPES,
     BackendArg,
@@ -119,8 +119,8 @@ def all_reduce_fused_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: t
     if compiling():
         if group is not None:
             raise fail("group", group, "None (the default process group) under torch.compile")
-        return _ar_norm_op(x, residual, weight, float(eps), backend_to_str(backend))
-    return _ar_norm_eager(x, residual, weight, float(eps), group, backend)
+        return _ar_norm_op(x, residual, weight, positive_float("eps", eps), backend_to_str(backend))
+    return _ar_norm_eager(x, residual, weight, positive_float("eps", eps), group, backend)
 
 
 def _validate(x: Any, residual: Any, weight: Any, eps: float, group: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,8 +137,6 @@ def _validate(x: Any, residual: Any, weight: Any, eps: float, group: Any) -> tup
     if weight.shape[0] != x.shape[-1]:
         raise fail("weight.shape", tuple(weight.shape), f"({x.shape[-1]},) = x's hidden size")
     check_same_device("weight", weight, "x", x)
-    if not eps > 0:
-        raise fail("eps", eps, "a positive float")
     _check_group(group)
     hidden = x.shape[-1]
     return x.reshape(-1, hidden).contiguous(), residual.reshape(-1, hidden).contiguous()

@@ -153,20 +153,21 @@ def scale_mode_of(scale_a: torch.Tensor, scale_b: torch.Tensor, m: int, n: int, 
     if scale_a.numel() == 1 and scale_b.numel() == 1 and scale_a.dim() <= 2 and scale_b.dim() <= 2:
         return "tensor"
     sa, sb = tuple(scale_a.shape), tuple(scale_b.shape)
+    of = f", for a (M, K) = {(m, k)} and b (K, N) = {(k, n)}"  # the shapes the scales must fit
     kb, nb = -(-k // BLOCK), -(-n // BLOCK)
     if sa == (m, 1) and sb == (1, n):
         return "row_col"
     if sa == (m, kb) and sb == (kb, nb):
         return "block"
     if sa == (m, 1) and kb != 1:
-        raise fail("scale_b.shape", sb, f"(1, {n}) for per-column scales, as scale_a {sa} is per-row")
+        raise fail("scale_b.shape", sb, f"(1, {n}) for per-column scales, as scale_a {sa} is per-row" + of)
     if sa == (m, 1):
-        raise fail("scale_b.shape", sb, f"(1, {n}) (row_col) or (1, {nb}) (block)")
+        raise fail("scale_b.shape", sb, f"(1, {n}) (row_col) or (1, {nb}) (block)" + of)
     if sa == (m, kb):
-        raise fail("scale_b.shape", sb, f"({kb}, {nb}): 128x128 block scales, as scale_a {sa} has 1x128 groups")
+        raise fail("scale_b.shape", sb, f"({kb}, {nb}): 128x128 block scales, as scale_a {sa} has 1x128 groups" + of)
     if scale_a.numel() == 1:
-        raise fail("scale_b.shape", sb, "a 1-element tensor (per-tensor), as scale_a is one")
-    raise fail("scale_a.shape", sa, f"() or (1,) (tensor), ({m}, 1) (row_col) or ({m}, {kb}) (block)")
+        raise fail("scale_b.shape", sb, "a 1-element tensor (per-tensor), as scale_a is one" + of)
+    raise fail("scale_a.shape", sa, f"() or (1,) (tensor), ({m}, 1) (row_col) or ({m}, {kb}) (block)" + of)
 
 
 def mm_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, *,

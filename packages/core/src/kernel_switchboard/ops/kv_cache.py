@@ -240,9 +240,9 @@ def _append_mla_eager(ckv: _Tensor, kpe: _Tensor, ckv_pages: _Tensor, kpe_pages:
     for name, t, pages in (("ckv", ckv, ckv_pages), ("kpe", kpe, kpe_pages)):
         check_tensor(t, name, dims=2)
         if t.dtype != pages.dtype:
-            raise fail(f"{name}.dtype", t.dtype, f"the pages' dtype ({pages.dtype})")
+            raise fail(f"{name}.dtype", t.dtype, f"the dtype of {name}_pages ({pages.dtype})")
         if t.shape[1] != pages.shape[2]:
-            raise fail(f"{name}.shape", tuple(t.shape), f"(T, {pages.shape[2]}) to match the pages")
+            raise fail(f"{name}.shape", tuple(t.shape), f"(T, {pages.shape[2]}) to match {name}_pages (P, S, D)")
         if t.stride(-1) != 1:
             raise fail(f"{name}.stride", t.stride(), "unit stride in the last dim")
         check_same_device(name, t, "ckv_pages", ckv_pages)

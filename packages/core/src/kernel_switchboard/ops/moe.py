@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ..capability import bucket
-from ..dispatch import select_kernel
+from ..dispatch import check_backend, select_kernel
 from ..errors import fail
 from ._common import (
     FLOAT_DTYPES,
@@ -292,6 +292,7 @@ def _fused_moe_eager(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Te
                      correction_bias: torch.Tensor | None, routed_scaling_factor: float,
                      w13_scale: torch.Tensor | None, w2_scale: torch.Tensor | None, backend: BackendArg,
                      route_backend: BackendArg) -> torch.Tensor:
+    check_backend(route_backend, "route_backend")
     check_tensor(x, "x", dtypes=FLOAT_DTYPES)
     check_tensor(router_logits, "router_logits")
     if x.dim() < 1 or router_logits.dim() != x.dim() or router_logits.shape[:-1] != x.shape[:-1]:

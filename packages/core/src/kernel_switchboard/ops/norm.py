@@ -12,13 +12,13 @@ Accumulation is float32 for every dtype; outputs have x's dtype.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
 from ..capability import bucket
 from ..dispatch import select_kernel
-from ..errors import fail
+from ..errors import fail, positive_float
 from ._common import (
     FLOAT_DTYPES,
     BackendArg,
@@ -45,7 +45,7 @@ class NormProblem(NamedTuple):
     features: frozenset[str]
 
 
-def _validate(x: torch.Tensor, weight: torch.Tensor, eps: float, name: str = "x") -> torch.Tensor:
+def _validate(x: torch.Tensor, weight: torch.Tensor, name: str = "x") -> torch.Tensor:
     check_tensor(x, name, dtypes=FLOAT_DTYPES)
     if x.dim() < 1:
         raise fail(f"{name}.shape", tuple(x.shape), "at least 1-d (..., hidden)")
@@ -56,9 +56,12 @@ def _validate(x: torch.Tensor, weight: torch.Tensor, eps: float, name: str = "x"
     if weight.shape[0] != hidden:
         raise fail("weight.shape", tuple(weight.shape), f"({hidden},) = {name}'s hidden size")
     check_same_device("weight", weight, name, x)
-    if not eps > 0:
-        raise fail("eps", eps, "a positive float")
     return x if x.dim() == 2 else x.reshape(-1, hidden)
+
+
+def _eps(eps: Any) -> float:
+    """``eps`` as a float, refused by name unless it is a finite number > 0 (checked before any conversion)."""
+    return positive_float("eps", eps)
 
 
 def _problem(x2: torch.Tensor, gemma: bool, extra: frozenset[str] = frozenset()) -> NormProblem:
@@ -75,12 +78,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, gemma:
     ``gemma=True`` scales by ``1 + weight`` (Gemma's convention).
     """
     if compiling():
-        return _rms_norm_op(x, weight, float(eps), gemma, backend_to_str(backend))
-    return _rms_norm_eager(x, weight, float(eps), gemma, backend)
+        return _rms_norm_op(x, weight, _eps(eps), gemma, backend_to_str(backend))
+    return _rms_norm_eager(x, weight, _eps(eps), gemma, backend)
 
 
 def _rms_norm_eager(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool, backend: BackendArg) -> torch.Tensor:
-    x2 = _validate(x, weight, eps)
+    x2 = _validate(x, weight)
     kernel = select_kernel("norm.rms_norm", _problem(x2, gemma), backend)
     y = kernel.run(x2, weight, eps, gemma)
     return y if x2 is x else y.view(x.shape)
@@ -101,16 +104,16 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     x, residual: (..., hidden), same shape, dtype and device, contiguous; weight: (hidden,).
     """
     if compiling():
-        _fused_add_op(x, residual, weight, float(eps), gemma, backend_to_str(backend))
+        _fused_add_op(x, residual, weight, _eps(eps), gemma, backend_to_str(backend))
         return
-    _fused_add_eager(x, residual, weight, float(eps), gemma, backend)
+    _fused_add_eager(x, residual, weight, _eps(eps), gemma, backend)
 
 
 def _fused_add_eager(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool,
                      backend: BackendArg) -> None:
+    x2 = _validate(x, weight)
     if not x.is_contiguous():
         raise fail("x", "non-contiguous", "a contiguous tensor (it is written in place)")
-    x2 = _validate(x, weight, eps)
     check_tensor(residual, "residual")
     if residual.shape != x.shape:
         raise fail("residual.shape", tuple(residual.shape), f"x's shape {tuple(x.shape)}")
@@ -137,13 +140,13 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
                backend: BackendArg = None) -> torch.Tensor:
     """LayerNorm over the last dim. x: (..., hidden); weight, bias: (hidden,) or bias None."""
     if compiling():
-        return _layer_norm_op(x, weight, bias, float(eps), backend_to_str(backend))
-    return _layer_norm_eager(x, weight, bias, float(eps), backend)
+        return _layer_norm_op(x, weight, bias, _eps(eps), backend_to_str(backend))
+    return _layer_norm_eager(x, weight, bias, _eps(eps), backend)
 
 
 def _layer_norm_eager(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float,
                       backend: BackendArg) -> torch.Tensor:
-    x2 = _validate(x, weight, eps)
+    x2 = _validate(x, weight)
     if bias is not None:
         check_tensor(bias, "bias", dims=1, dtypes=FLOAT_DTYPES)
         if bias.shape != weight.shape:

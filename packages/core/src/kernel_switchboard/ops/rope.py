@@ -261,7 +261,8 @@ def _check_qk(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor) -> None
 
 
 def _check_rotary_dim(rotary_dim: int, head_dim: int, name: str = "rotary_dim") -> None:
-    if not (0 < rotary_dim <= head_dim and rotary_dim % 2 == 0):
+    if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int) or not (
+            0 < rotary_dim <= head_dim and rotary_dim % 2 == 0):
         raise fail(name, rotary_dim, f"an even int in [2, head_dim={head_dim}]")
 
 

@@ -21,7 +21,9 @@ distribution is well defined):
 Zero-probability tokens are never sampled. Probabilities need not sum to exactly one (rows are
 weights with a positive sum). Neutral values mean "filter off" and are canonicalised to ``None``:
 top_k 0 (or >= V), top_p 1.0, min_p 0.0, temperature 1.0; a per-row ``top_k`` of 0 (or >= V) disables
-top-k for that row, so kernels receive per-row k in [0, 2^31) and scalar k in [1, V).
+top-k for that row, so kernels receive per-row k in [0, 2^31) (an int64 entry past that range saturates: it
+keeps every token, as any k >= V does) and scalar k in [1, V). Temperature -> 0 is the argmax (ties share the
+mass), however small a positive temperature is.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from ._common import (
 )
 
 INT_DTYPES = frozenset({torch.int32, torch.int64})
+_INT32_MAX = 2**31 - 1
 PARAM_FLOAT_DTYPES = FLOAT_DTYPES | {torch.float64}
 #: a scalar-or-per-row parameter
 Param = float | int | torch.Tensor | None
@@ -101,7 +104,11 @@ def _int_param(v: Any, name: str, x: torch.Tensor) -> int | torch.Tensor | None:
         return None
     if isinstance(v, torch.Tensor):
         _check_row_tensor(v, name, x, INT_DTYPES)
-        return v if v.dtype == torch.int32 else v.to(torch.int32)
+        if v.dtype == torch.int32:
+            return v
+        # saturate, never wrap: any k >= V keeps every token, so 2**31 - 1 means what a larger k means, and a
+        # negative entry stays negative (refused by the data check) instead of wrapping to a small positive k
+        return v.clamp(-1, _INT32_MAX).to(torch.int32)
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise fail(name, v, "an int >= 1 (0 or None = off) or a (B,) int32/int64 tensor")
     return v if 0 < v < x.shape[-1] else None  # k >= V keeps every token
@@ -401,12 +408,13 @@ def _chain_eager(draft_probs: torch.Tensor, draft_token_ids: torch.Tensor, targe
         raise fail("draft_probs.shape", tuple(draft_probs.shape), "(B, n, V) with n >= 1 draft tokens")
     check_tensor(target_probs, "target_probs", dims=3)
     if tuple(target_probs.shape) != (b, n + 1, v):
-        raise fail("target_probs.shape", tuple(target_probs.shape), f"(B, n+1, V) = {(b, n + 1, v)}")
+        raise fail("target_probs.shape", tuple(target_probs.shape),
+                   f"(B, n+1, V) = {(b, n + 1, v)} from draft_probs.shape (B, n, V) = {(b, n, v)}")
     if target_probs.dtype != draft_probs.dtype:
         raise fail("target_probs.dtype", target_probs.dtype, f"draft_probs' dtype ({draft_probs.dtype})")
     check_tensor(draft_token_ids, "draft_token_ids", dims=2, dtypes=INT_DTYPES)
     if tuple(draft_token_ids.shape) != (b, n):
-        raise fail("draft_token_ids.shape", tuple(draft_token_ids.shape), f"(B, n) = {(b, n)}")
+        raise fail("draft_token_ids.shape", tuple(draft_token_ids.shape), f"(B, n) = {(b, n)} from draft_probs.shape")
     check_same_device("target_probs", target_probs, "draft_probs", draft_probs)
     check_same_device("draft_token_ids", draft_token_ids, "draft_probs", draft_probs)
     _check_generator(generator, draft_probs)
