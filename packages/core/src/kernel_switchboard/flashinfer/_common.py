@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ..errors import fail
+from ..errors import InvalidArgumentError, fail
 from ..paged import FP8_DTYPES, PagedKVCache, PageTable
 
 #: FlashInfer's log-sum-exp is base 2 (``log2(sum(exp2(...)))``), the switchboard's natural: ``lse2 = lse * LOG2E``
@@ -236,7 +236,16 @@ def csr_table(indptr: Any, indices: Any, page_size: int, device: torch.device, *
         lens = _index_tensor(seq_lens, names[2], device)
         if lens.numel() != batch:
             raise fail(names[2], _shown(lens), f"({batch},): one length per request")
-        pages = PageTable.from_csr(indptr, indices, torch.zeros_like(lens), page_size).block_table
+        # the last page's fill follows from each length and page count; from_csr checks that they agree
+        counts = (indptr[1:] - indptr[:-1]).to(lens.dtype)
+        last = torch.where(counts > 0, lens - (counts - 1).clamp(min=0) * page_size, torch.zeros_like(lens))
+        try:
+            pages = PageTable.from_csr(indptr, indices, last, page_size).block_table
+        except InvalidArgumentError as exc:
+            if not str(exc).startswith("last_page_len"):
+                raise
+            raise fail(names[2], _shown(lens), "lengths that fill each request's pages: "
+                       "(pages - 1) * page_size < length <= pages * page_size (0 without pages)") from None
         return PageTable(pages, lens.to(torch.int32).contiguous())
     last = _index_tensor(last_page_len, names[2], device)
     return PageTable.from_csr(indptr, indices, last, page_size)
