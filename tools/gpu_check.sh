@@ -15,9 +15,15 @@ log() { echo "[gpu_check $(date +%T)] $*"; }
 
 if [[ " $stages " == *" install "* ]]; then
   log "install"
+  # transformers (the engine and its adapter test against it) travels as wheels in .whl/tf when carried
+  if ls .whl/tf/*.whl > /dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/gpu-site .whl/tf/*.whl > "$OUT/install-tf.log" 2>&1 \
+      || tail -5 "$OUT/install-tf.log"
+  fi
+  # every package of the repository, editable (the engine adapters for vLLM / SGLang only import without their engine)
   python3 -m pip install -q --no-index --no-deps --no-build-isolation \
-    -e packages/core -e packages/backend-triton -e packages/backend-cudnn -e packages/backend-fa \
-    -e packages/backend-cutlass -e packages/backend-trtllm > "$OUT/install.log" 2>&1 || { tail -20 "$OUT/install.log"; }
+    $(for p in packages/*/pyproject.toml; do printf -- "-e %s " "${p%/pyproject.toml}"; done) > "$OUT/install.log" 2>&1 \
+    || { tail -20 "$OUT/install.log"; }
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
   timeout 120 switchboard doctor > "$OUT/doctor.txt" 2>&1; cat "$OUT/doctor.txt" | head -60
 fi
@@ -56,7 +62,7 @@ if [[ " $stages " == *" tests "* ]]; then
   : > "$OUT/pytest-gpu.log"
   printf "%-40s %5s %7s %7s %7s %7s\n" folder exit passed failed skipped errors | tee -a "$OUT/pytest-gpu.log"
   count() { grep -oE "[0-9]+ $1" <<< "$2" | tail -1 | grep -oE "^[0-9]+" || echo 0; }
-  for d in ${KSB_TEST_DIRS:-tests packages/backend-triton/tests packages/backend-cudnn/tests packages/backend-fa/tests packages/backend-cutlass/tests packages/backend-trtllm/tests}; do
+  for d in ${KSB_TEST_DIRS:-tests packages/*/tests}; do
     [ -e "${d%%::*}" ] || continue  # a folder, a file or a test node id
     flog="$OUT/pytest-gpu-${d//[\/:]/_}.log"
     timeout -s INT -k 20 ${KSB_TEST_TIMEOUT:-300} python3 -m pytest -q -m gpu --maxfail=30 --no-header -rA \
