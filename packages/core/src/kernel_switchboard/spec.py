@@ -123,7 +123,8 @@ def _identity(result: Any) -> Any:
 class OpSpec:
     """Everything the switchboard knows about one op besides its kernels.
 
-    - ``name``: the op, ``family.name``; ``function``: its public function (the eager path);
+    - ``name``: the op, ``family.name``; ``function``: its public function (the eager path); ``kernels``: the op
+      whose kernels it selects, where that is another (``moe.experts`` runs ``moe.fused_moe``'s experts kernels);
     - ``problem``: its problem type; ``prepare(*args, **kwargs)``: validates a call's public arguments (without
       ``backend``) and returns a tuple whose first item is the problem (the rest is what the public function
       launches with);
@@ -149,6 +150,12 @@ class OpSpec:
     outputs: Callable[[Any], Any] = _identity
     const: Mapping[str, Any] = field(default_factory=dict)
     tags: tuple[Any, ...] = ()
+    kernels: str | None = None
+
+    @property
+    def kernel_op(self) -> str:
+        """The registry op whose kernels a call of this op is ranked among."""
+        return self.kernels or self.name
 
     @property
     def schema(self) -> str:
@@ -186,11 +193,16 @@ _registered: set[str] = set()
 _lock = threading.RLock()
 
 
-def define(spec: OpSpec) -> OpSpec:
-    """Record ``spec`` (at the import of its op family's module); its custom op is made on first lookup."""
+def define(spec: OpSpec, *, second_op: bool = False) -> OpSpec:
+    """Record ``spec`` (at the import of its op family's module); its custom op is made on first lookup.
+
+    ``second_op``: the spec only adds a second custom op to an op already defined (e.g. the in-place form of
+    ``rope.apply``, whose mutations make it another schema); the first spec stays the op's spec.
+    """
     if spec.op is not None and spec.fake is None:
         raise ValueError(f"{spec.name}: a spec with a custom op needs its fake")
-    _SPECS[spec.name] = spec
+    if not second_op:
+        _SPECS[spec.name] = spec
     if spec.op is not None:
         _BY_OP[spec.op] = spec
         if not _LAZY:

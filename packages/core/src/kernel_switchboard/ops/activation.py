@@ -9,24 +9,15 @@ gelu_tanh = a/2 * (1 + tanh(sqrt(2/pi) * (a + 0.044715 a^3))).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 
 from ..capability import bucket
-from ..dispatch import select_kernel
+from ..dispatch import select
 from ..errors import fail
-from ._common import (
-    FLOAT_DTYPES,
-    BackendArg,
-    backend_from_str,
-    backend_to_str,
-    check_tensor,
-    compiling,
-    custom_op,
-    device_key,
-    graph_features,
-)
+from ..spec import Arg, OpSpec, define
+from ._common import FLOAT_DTYPES, BackendArg, check_tensor, device_key, graph_features
 
 
 class ActivationProblem(NamedTuple):
@@ -50,49 +41,49 @@ def _validate(x: torch.Tensor) -> torch.Tensor:
     return x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
 
 
-def _eager(op: str, x: torch.Tensor, backend: BackendArg) -> torch.Tensor:
+def activation_call(x: torch.Tensor) -> tuple[ActivationProblem, torch.Tensor]:
+    """Validate a gated-activation call: its problem and x as (N, 2d)."""
     x2 = _validate(x)
     dev, cc = device_key(x2)
-    problem = ActivationProblem(dev, cc, x2.dtype, x2.shape[1] // 2, bucket(x2.shape[0]), graph_features(dev))
-    y = select_kernel(op, problem, backend).run(x2)
+    return ActivationProblem(dev, cc, x2.dtype, x2.shape[1] // 2, bucket(x2.shape[0]), graph_features(dev)), x2
+
+
+def _eager(op: str, x: torch.Tensor, backend: BackendArg) -> torch.Tensor:
+    problem, x2 = activation_call(x)
+    y = select(op, problem, backend).kernel.run(x2)
     return y if x.dim() == 2 else y.view(*x.shape[:-1], x.shape[-1] // 2)
+
+
+def silu_and_mul(x: torch.Tensor, *, backend: BackendArg = None) -> torch.Tensor:
+    """SwiGLU gate: x (..., 2d) -> silu(x[..., :d]) * x[..., d:], shape (..., d), x's dtype."""
+    if torch.compiler.is_compiling():
+        return SILU_AND_MUL.compiled(x, backend)  # type: ignore[no-any-return]
+    return _eager("activation.silu_and_mul", x, backend)
+
+
+def gelu_and_mul(x: torch.Tensor, *, backend: BackendArg = None) -> torch.Tensor:
+    """GeGLU gate with exact (erf) gelu: x (..., 2d) -> gelu(x[..., :d]) * x[..., d:], shape (..., d)."""
+    if torch.compiler.is_compiling():
+        return GELU_AND_MUL.compiled(x, backend)  # type: ignore[no-any-return]
+    return _eager("activation.gelu_and_mul", x, backend)
+
+
+def gelu_tanh_and_mul(x: torch.Tensor, *, backend: BackendArg = None) -> torch.Tensor:
+    """GeGLU gate with tanh-approximated gelu: x (..., 2d) -> gelu_tanh(x[..., :d]) * x[..., d:], shape (..., d)."""
+    if torch.compiler.is_compiling():
+        return GELU_TANH_AND_MUL.compiled(x, backend)  # type: ignore[no-any-return]
+    return _eager("activation.gelu_tanh_and_mul", x, backend)
 
 
 def _fake(x: torch.Tensor, backend: str | None) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
 
 
-def _register(name: str) -> Any:
-    op = f"activation.{name}"
-
-    def impl(x: torch.Tensor, backend: str | None) -> torch.Tensor:
-        return _eager(op, x, backend_from_str(backend))
-
-    impl.__name__ = f"_{name}_impl"
-    return custom_op(name, impl, _fake)
+def _spec(name: str, function: Callable[..., torch.Tensor]) -> OpSpec:
+    return define(OpSpec(f"activation.{name}", function, ActivationProblem, activation_call, reference=name,
+                         cases="activation", op=name, args=(Arg("x"), Arg("backend", "backend")), fake=_fake))
 
 
-def _call(op: str, custom: Callable[..., torch.Tensor], x: torch.Tensor, backend: BackendArg) -> torch.Tensor:
-    if compiling():
-        return custom(x, backend_to_str(backend))
-    return _eager(op, x, backend)
-
-
-_silu_op = _register("silu_and_mul")
-_gelu_op = _register("gelu_and_mul")
-_gelu_tanh_op = _register("gelu_tanh_and_mul")
-
-
-def silu_and_mul(x: torch.Tensor, *, backend: BackendArg = None) -> torch.Tensor:
-    """SwiGLU gate: x (..., 2d) -> silu(x[..., :d]) * x[..., d:], shape (..., d), x's dtype."""
-    return _call("activation.silu_and_mul", _silu_op, x, backend)
-
-
-def gelu_and_mul(x: torch.Tensor, *, backend: BackendArg = None) -> torch.Tensor:
-    """GeGLU gate with exact (erf) gelu: x (..., 2d) -> gelu(x[..., :d]) * x[..., d:], shape (..., d)."""
-    return _call("activation.gelu_and_mul", _gelu_op, x, backend)
-
-
-def gelu_tanh_and_mul(x: torch.Tensor, *, backend: BackendArg = None) -> torch.Tensor:
-    """GeGLU gate with tanh-approximated gelu: x (..., 2d) -> gelu_tanh(x[..., :d]) * x[..., d:], shape (..., d)."""
-    return _call("activation.gelu_tanh_and_mul", _gelu_tanh_op, x, backend)
+SILU_AND_MUL = _spec("silu_and_mul", silu_and_mul)
+GELU_AND_MUL = _spec("gelu_and_mul", gelu_and_mul)
+GELU_TANH_AND_MUL = _spec("gelu_tanh_and_mul", gelu_tanh_and_mul)
