@@ -1,13 +1,19 @@
-"""Gated activations: ``activation.silu_and_mul``, ``activation.gelu_and_mul``, ``activation.gelu_tanh_and_mul``.
+"""Gated activations: ``activation.silu_and_mul``, ``activation.gelu_and_mul``, ``activation.gelu_tanh_and_mul``
+and ``activation.swiglu_oai_and_mul``.
 
-Kernel ``run`` signature, the same for all three: ``run(x) -> y`` with x (N, 2d) fp16/bf16/fp32, unit stride
-in the last dim (any row stride), and y (N, d) contiguous in x's dtype: ``y = act(x[:, :d]) * x[:, d:]``,
-computed in float32. ``act``: silu(a) = a * sigmoid(a); gelu (erf) = a/2 * (1 + erf(a / sqrt 2));
-gelu_tanh = a/2 * (1 + tanh(sqrt(2/pi) * (a + 0.044715 a^3))).
+Kernel ``run`` signatures, x (N, 2d) fp16/bf16/fp32 with unit stride in the last dim (any row stride), y (N, d)
+contiguous in x's dtype, computed in float32:
+
+- the first three: ``run(x) -> y`` with ``y = act(x[:, :d]) * x[:, d:]``; ``act``: silu(a) = a * sigmoid(a);
+  gelu (erf) = a/2 * (1 + erf(a / sqrt 2)); gelu_tanh = a/2 * (1 + tanh(sqrt(2/pi) * (a + 0.044715 a^3)));
+- ``activation.swiglu_oai_and_mul`` (gpt-oss's clamped SwiGLU, vLLM's ``swigluoai_and_mul``): ``run(x, alpha,
+  limit) -> y`` over interleaved pairs, gate ``g = min(x[:, 0::2], limit)``, up ``u = clamp(x[:, 1::2], -limit,
+  limit)``, ``y = g * sigmoid(alpha * g) * (u + 1)``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -75,7 +81,29 @@ def gelu_tanh_and_mul(x: torch.Tensor, *, backend: BackendArg = None) -> torch.T
     return _eager("activation.gelu_tanh_and_mul", x, backend)
 
 
-def _fake(x: torch.Tensor, backend: str | None) -> torch.Tensor:
+def swiglu_oai_and_mul(x: torch.Tensor, *, alpha: float = 1.702, limit: float = 7.0,
+                       backend: BackendArg = None) -> torch.Tensor:
+    """gpt-oss's clamped SwiGLU: x (..., 2d) of interleaved (gate, up) pairs -> (..., d), x's dtype.
+
+    ``y = g * sigmoid(alpha * g) * (u + 1)`` with ``g = min(x[..., 0::2], limit)`` and
+    ``u = clamp(x[..., 1::2], -limit, limit)``; gpt-oss uses the defaults (alpha 1.702, limit 7).
+    """
+    if torch.compiler.is_compiling():
+        return SWIGLU_OAI_AND_MUL.compiled(x, float(alpha), float(limit), backend)  # type: ignore[no-any-return]
+    problem, x2 = swiglu_oai_call(x, alpha, limit)
+    y = select("activation.swiglu_oai_and_mul", problem, backend).kernel.run(x2, float(alpha), float(limit))
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], x.shape[-1] // 2)
+
+
+def swiglu_oai_call(x: torch.Tensor, alpha: float = 1.702, limit: float = 7.0) -> tuple[ActivationProblem, torch.Tensor]:
+    """Validate a :func:`swiglu_oai_and_mul` call: its problem and x as (N, 2d)."""
+    for name, value in (("alpha", alpha), ("limit", limit)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+            raise fail(name, value, "a positive finite float")
+    return activation_call(x)
+
+
+def _fake(x: torch.Tensor, *_: object) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
 
 
@@ -87,3 +115,8 @@ def _spec(name: str, function: Callable[..., torch.Tensor]) -> OpSpec:
 SILU_AND_MUL = _spec("silu_and_mul", silu_and_mul)
 GELU_AND_MUL = _spec("gelu_and_mul", gelu_and_mul)
 GELU_TANH_AND_MUL = _spec("gelu_tanh_and_mul", gelu_tanh_and_mul)
+SWIGLU_OAI_AND_MUL = define(OpSpec(
+    "activation.swiglu_oai_and_mul", swiglu_oai_and_mul, ActivationProblem, swiglu_oai_call,
+    reference="swiglu_oai_and_mul", cases="activation", op="swiglu_oai_and_mul",
+    args=(Arg("x"), Arg("alpha", "float"), Arg("limit", "float"), Arg("backend", "backend")), fake=_fake,
+))
