@@ -270,7 +270,9 @@ def test_prefill_conversions_match_the_reference(monkeypatch: pytest.MonkeyPatch
     out = torch.full((q.shape[0], q.shape[1], cache.head_dim_v), float("nan"), dtype=q.dtype)
     lse = torch.full(q.shape[:2], float("nan")) if p.return_lse else None
     problem = types.SimpleNamespace(num_q_heads=q.shape[1], head_dim=q.shape[2], head_dim_v=cache.head_dim_v)
-    attention.PrefillPlan(problem, table, p, qo_indptr=qo_indptr).run(q, cache, out, lse)  # side tensors at plan time
+    got = attention.PrefillPlan(problem, table, p, qo_indptr=qo_indptr,  # side tensors at plan time
+                                host_qo_indptr=qo_indptr.tolist()).run(q, cache, out, lse)
+    assert got[0] is out and got[1] is lse
     _close((out, lse), want, spec.dtype)
     out.fill_(float("nan"))
     attention.PrefillPlan(None, table, p, qo_indptr=qo_indptr).run(q, cache, out, lse)  # made at the first run
@@ -309,8 +311,12 @@ def test_ragged_plan_matches_the_reference(monkeypatch: pytest.MonkeyPatch, spec
     uniform = len(set(spec.q_lens)) == 1 and len(set(spec.kv_lens)) == 1 and (not spec.causal or spec.q_lens == spec.kv_lens)
     assert plan.uniform is uniform and (plan.empty is not None) is (0 in spec.kv_lens)
     want = ref.prefill_ragged(q, k, v, qo_indptr, kv_indptr, p)
-    _close(plan.run(q, k, v), want, spec.dtype)
-    _close(plan.run(q, k, v), want, spec.dtype)  # the second run reuses the graph and side tensors
+    _close(plan.run(q, k, v, None, None), want, spec.dtype)
+    out = torch.full((q.shape[0], q.shape[1], v.shape[2]), float("nan"), dtype=q.dtype)
+    lse = torch.full(q.shape[:2], float("nan")) if p.return_lse else None
+    got = plan.run(q, k, v, out, lse)  # the second run reuses the graph and side tensors, writing the given buffers
+    assert got[0] is out and got[1] is lse
+    _close(got, want, spec.dtype)
     if uniform:
         built = next(iter(plan._entries.values()))[0]
         assert not built.spec.padding and built.spec.q.ragged is None and "seq_q" not in convert.int_specs(built.spec)

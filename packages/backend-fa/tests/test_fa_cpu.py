@@ -390,8 +390,14 @@ def test_fa4_ragged_plan_runs_uniform_batches_dense(monkeypatch: pytest.MonkeyPa
     p = _params(case, spec.causal, max(spec.q_lens or (0,)), max(spec.kv_lens))
     host = (qo.tolist(), kv.tolist())
     plan = fa4.RaggedPrefillPlan(None, None, p, qo_indptr=qo, kv_indptr=kv, host_indptrs=host)
-    _close(plan.run(q, k, v), ref.prefill_ragged(q, k, v, qo, kv, p), spec.dtype)
+    want = ref.prefill_ragged(q, k, v, qo, kv, p)
+    _close(plan.run(q, k, v, None, None), want, spec.dtype)
     assert calls[-1]["fn"] == entry
+    out = torch.full((q.shape[0], q.shape[1], v.shape[2]), float("nan"), dtype=q.dtype)
+    lse = torch.full(q.shape[:2], float("nan")) if p.return_lse else None
+    got = plan.run(q, k, v, out, lse)  # FA4's own outputs copied into the given buffers
+    assert got[0] is out and got[1] is lse
+    _close(got, want, spec.dtype)
     if entry == "fa4_dense":  # short causal requests run unpacked GQA tiles (measured faster up to 4096 queries)
         assert calls[-1]["pack_gqa"] is (False if spec.causal else None)
 

@@ -137,8 +137,13 @@ class DecodePlan:
         if ZERO_EMPTY_ROWS:
             empty_rows.prepare(table.block_table.device, problem.dtype, (problem.num_q_heads, problem.head_dim_v), None)
 
-    def run(self, q: torch.Tensor, cache: Any, out: torch.Tensor, lse: torch.Tensor | None) -> None:
+    def run(self, q: torch.Tensor, cache: Any, out: torch.Tensor | None, lse: torch.Tensor | None
+            ) -> tuple[torch.Tensor, None]:
+        """Writes ``out`` (B, Hq, D) (a new tensor when None); XQA has no LSE (its capability says so)."""
+        if out is None:
+            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         _xqa_call(translate.xqa_decode_args(q, cache, self.table, self.p), out, self.workspace)
+        return out, None
 
 
 def plan(problem: Any, table: Any, p: Any, **static: Any) -> DecodePlan:

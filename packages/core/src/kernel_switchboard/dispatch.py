@@ -249,8 +249,6 @@ def select(op: str, problem: Any, backend: str | Sequence[str] | None = None) ->
         if len(_cache) >= _CACHE_MAX:
             _cache.clear()
         _cache[key] = sel
-    if _explaining.get():
-        raise _Explained(sel)
     return sel
 
 
@@ -442,32 +440,13 @@ def _safe_cost(kernel: Kernel, problem: Any) -> float | None:
         return None
 
 
-class _Explained(Exception):
-    def __init__(self, selection: Selection) -> None:
-        self.selection = selection
-
-
-#: set while ``explain`` runs a public function in this context (thread / task): select() then reports
-_explaining: contextvars.ContextVar[bool] = contextvars.ContextVar("ksb_explaining", default=False)
-
-
-def explain(op: str, *args: Any, **kwargs: Any) -> Selection:
+def explain(op: str, *args: Any, backend: str | Sequence[str] | None = None, **kwargs: Any) -> Selection:
     """The :class:`Selection` the public function of ``op`` makes for these arguments; runs nothing.
 
-    ``ksb.explain("attention.decode", q, cache, table)`` takes exactly the op's public arguments.
+    ``ksb.explain("attention.decode", q, cache, table)`` takes exactly the op's public arguments: the op's spec
+    validates them and builds the problem (as the call would), and the ranking is the call's own (cached).
     """
-    import importlib
+    from .spec import spec_of
 
-    family, _, name = op.partition(".")
-    try:
-        fn = getattr(importlib.import_module(f"kernel_switchboard.ops.{family}"), name)
-    except (ImportError, AttributeError):
-        raise NoEligibleKernelError(f"unknown op {op!r}; known ops: {', '.join(registry.ops())}") from None
-    token = _explaining.set(True)
-    try:
-        fn(*args, **kwargs)
-    except _Explained as done:
-        return done.selection
-    finally:
-        _explaining.reset(token)
-    raise RuntimeError(f"{op}: the public function returned without selecting a kernel")
+    spec = spec_of(op)
+    return select(spec.kernel_op, spec.prepare(*args, **kwargs)[0], backend)

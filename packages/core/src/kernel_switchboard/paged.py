@@ -108,7 +108,7 @@ class PageTable:
     again at the next eager call; a ``max_seq_len`` given by the caller is trusted as an upper bound.
     """
 
-    __slots__ = ("_checked", "_given", "_max_seq_len", "_versions", "block_table", "seq_lens")
+    __slots__ = ("_checked", "_given", "_max_seq_len", "_top_page", "_versions", "block_table", "seq_lens")
 
     def __init__(self, block_table: torch.Tensor, seq_lens: torch.Tensor, max_seq_len: int | None = None) -> None:
         check(isinstance(block_table, torch.Tensor) and block_table.dim() == 2, "block_table",
@@ -131,6 +131,7 @@ class PageTable:
         self._max_seq_len = max_seq_len
         self._versions = (_version(block_table), _version(seq_lens))
         self._checked: set[tuple[int, int]] = set()
+        self._top_page: dict[int, int] = {}
         if max_seq_len is None and not is_capturing():
             self._measure()
 
@@ -149,6 +150,7 @@ class PageTable:
         if versions != self._versions and not is_capturing():
             self._versions = versions
             self._checked.clear()
+            self._top_page.clear()
             if not self._given:
                 self._measure()
         return self._max_seq_len
@@ -173,6 +175,7 @@ class PageTable:
         if max_seq_len is not None and max_seq_len > self.max_pages * page_size:
             raise fail("seq_lens", f"max {max_seq_len}",
                        f"at most max_pages * page_size = {self.max_pages} * {page_size} = {self.max_pages * page_size}")
+        hi = -1
         if self.batch_size and self.max_pages:
             used = torch.arange(self.max_pages, device=self.block_table.device)[None, :] * page_size < self.seq_lens[:, None]
             if bool(used.any()):
@@ -181,7 +184,27 @@ class PageTable:
                 if lo < 0 or hi >= num_pages:
                     raise fail("block_table", f"page index {hi if hi >= num_pages else lo}",
                                f"page indices in [0, {num_pages}) for the pages a request uses")
+        self._top_page[page_size] = hi
         self._checked.add(key)
+
+    def pages_used(self, page_size: int) -> int | None:
+        """One more than the largest page index a request uses, as the last check at ``page_size`` found it
+        (:meth:`check_against`; 0 when no request uses a page), or None before any such check: what a cache must
+        hold at least. A plan checks its cache against it at every run without reading the device."""
+        top = self._top_page.get(page_size)
+        return None if top is None else top + 1
+
+    def checked_max_seq_len(self, page_size: int, num_pages: int) -> int:
+        """:meth:`check_against` then the host bound on sequence length (``max_pages * page_size`` where none is
+        known): the attention ops' one call per table; once checked, a version compare and a set lookup."""
+        try:
+            versions = (self.block_table._version, self.seq_lens._version)
+        except RuntimeError:  # an inference tensor has no version counter
+            versions = (_version(self.block_table), _version(self.seq_lens))
+        if versions != self._versions or (page_size, num_pages) not in self._checked:
+            self.check_against(page_size, num_pages)
+        bound = self._max_seq_len
+        return bound if bound is not None else self.block_table.shape[1] * page_size
 
     def pages_per_request(self, page_size: int) -> torch.Tensor:
         """(batch,) int32: how many pages each request uses."""

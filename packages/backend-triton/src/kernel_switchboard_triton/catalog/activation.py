@@ -1,5 +1,5 @@
 """Records of the Triton gated activations (launchers in :mod:`..activation`): ``silu_and_mul``, ``gelu_and_mul``
-(erf) and ``gelu_tanh_and_mul``; float32 math, one read and one write."""
+(erf), ``gelu_tanh_and_mul`` and ``swiglu_oai_and_mul``; float32 math, one read and one write."""
 
 from __future__ import annotations
 
@@ -26,5 +26,5 @@ def kernels() -> list[Kernel]:
     return [
         Kernel(f"activation.{name}", name, BACKEND, _CAP, launcher(f"activation:{name}"), priority=PRIORITY, cost=_cost,
                doc="fused gate activation and multiply; float32 math, one read and one write")
-        for name in ("silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul")
+        for name in ("silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul", "swiglu_oai_and_mul")
     ]

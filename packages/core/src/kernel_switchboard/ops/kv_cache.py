@@ -21,22 +21,11 @@ import torch
 
 from ..capability import bucket
 from ..device import is_capturing
-from ..dispatch import select_kernel
+from ..dispatch import select
 from ..errors import fail
-from ..paged import FP8_DTYPES, PagedKVCache, PageTable
-from ._common import (
-    FLOAT_DTYPES,
-    BackendArg,
-    backend_from_str,
-    backend_to_str,
-    check_same_device,
-    check_tensor,
-    compiling,
-    custom_op,
-    device_key,
-    graph_features,
-)
-from .attention import table_of
+from ..paged import PagedKVCache, PageTable
+from ..spec import Arg, OpSpec, define
+from ._common import FLOAT_DTYPES, BackendArg, check_same_device, check_tensor, device_key, graph_features
 
 _INT32 = frozenset({torch.int32})
 _Tensor = torch.Tensor
@@ -156,15 +145,16 @@ def append(k: _Tensor, v: _Tensor, cache: PagedKVCache, table: PageTable, positi
     request gets exactly one token (T == batch, token t -> request t). See
     :func:`batch_indices_positions` for packed prefill tokens.
     """
-    if compiling():
-        _append_op(k, v, cache.k_pages, cache.v_pages, cache.layout, cache.k_scale, cache.v_scale, table.block_table,
-                   table.seq_lens, table.max_seq_len, positions, batch_indices, check_indices, backend_to_str(backend))
+    if torch.compiler.is_compiling():
+        APPEND.compiled(k, v, cache, table, positions, batch_indices, check_indices, backend)
         return
     _append_eager(k, v, cache, table, positions, batch_indices, check_indices, backend)
 
 
-def _append_eager(k: _Tensor, v: _Tensor, cache: PagedKVCache, table: PageTable, positions: _Tensor,
-                  batch_indices: _Tensor | None, check_indices: bool, backend: BackendArg) -> None:
+def append_call(k: _Tensor, v: _Tensor, cache: PagedKVCache, table: PageTable, positions: _Tensor,
+                batch_indices: _Tensor | None = None, check_indices: bool = True) -> tuple[AppendProblem, _Tensor]:
+    """Validate an :func:`append` call (``check_indices``: the targets, one host read): its problem and the batch
+    indices (made for one token per request)."""
     if not isinstance(cache, PagedKVCache):
         raise fail("cache", type(cache).__name__, "a PagedKVCache")
     pages = cache.k_pages
@@ -191,25 +181,13 @@ def _append_eager(k: _Tensor, v: _Tensor, cache: PagedKVCache, table: PageTable,
         feats = feats | {"qk_v_dims_differ"}
     problem = AppendProblem(dev, cc, k.dtype, cache.dtype, cache.head_dim, cache.head_dim_v, cache.page_size,
                             cache.layout, cache.num_kv_heads, bucket(k.shape[0]), feats)
-    select_kernel("kv_cache.append", problem, backend).run(k, v, cache, table, batch_indices, positions)
+    return problem, batch_indices
 
 
-def _append_impl(k: _Tensor, v: _Tensor, k_pages: _Tensor, v_pages: _Tensor, layout: str, k_scale: float | None,
-                 v_scale: float | None, block_table: _Tensor, seq_lens: _Tensor, max_seq_len: int | None,
-                 positions: _Tensor, batch_indices: _Tensor | None, check_indices: bool, backend: str | None) -> None:
-    fp8 = k_pages.dtype in FP8_DTYPES
-    cache = PagedKVCache(k_pages, v_pages, layout, k_scale if fp8 else None, v_scale if fp8 else None)
-    table = table_of(block_table, seq_lens, max_seq_len)
-    _append_eager(k, v, cache, table, positions, batch_indices, check_indices, backend_from_str(backend))
-
-
-def _append_fake(k: _Tensor, v: _Tensor, k_pages: _Tensor, v_pages: _Tensor, layout: str, k_scale: float | None,
-                 v_scale: float | None, block_table: _Tensor, seq_lens: _Tensor, max_seq_len: int | None,
-                 positions: _Tensor, batch_indices: _Tensor | None, check_indices: bool, backend: str | None) -> None:
-    return None
-
-
-_append_op = custom_op("kv_cache_append", _append_impl, _append_fake, mutates_args=("k_pages", "v_pages"))
+def _append_eager(k: _Tensor, v: _Tensor, cache: PagedKVCache, table: PageTable, positions: _Tensor,
+                  batch_indices: _Tensor | None, check_indices: bool, backend: BackendArg) -> None:
+    problem, batch_indices = append_call(k, v, cache, table, positions, batch_indices, check_indices)
+    select("kv_cache.append", problem, backend).kernel.run(k, v, cache, table, batch_indices, positions)
 
 
 # -- append_mla ----------------------------------------------------------------------------------------
@@ -221,16 +199,17 @@ def append_mla(ckv: _Tensor, kpe: _Tensor, ckv_pages: _Tensor, kpe_pages: _Tenso
     ckv (T, Dc), kpe (T, Dr) in the pages' dtype; ckv_pages (P, S, Dc), kpe_pages (P, S, Dr);
     positions / batch_indices as in :func:`append`.
     """
-    if compiling():
-        _append_mla_op(ckv, kpe, ckv_pages, kpe_pages, table.block_table, table.seq_lens, table.max_seq_len, positions,
-                       batch_indices, check_indices, backend_to_str(backend))
+    if torch.compiler.is_compiling():
+        APPEND_MLA.compiled(ckv, kpe, ckv_pages, kpe_pages, table, positions, batch_indices, check_indices, backend)
         return
     _append_mla_eager(ckv, kpe, ckv_pages, kpe_pages, table, positions, batch_indices, check_indices, backend)
 
 
-def _append_mla_eager(ckv: _Tensor, kpe: _Tensor, ckv_pages: _Tensor, kpe_pages: _Tensor, table: PageTable,
-                      positions: _Tensor, batch_indices: _Tensor | None, check_indices: bool,
-                      backend: BackendArg) -> None:
+def append_mla_call(ckv: _Tensor, kpe: _Tensor, ckv_pages: _Tensor, kpe_pages: _Tensor, table: PageTable,
+                    positions: _Tensor, batch_indices: _Tensor | None = None,
+                    check_indices: bool = True) -> tuple[MLAAppendProblem, _Tensor]:
+    """Validate an :func:`append_mla` call (``check_indices``: the targets, one host read): its problem and the
+    batch indices (made for one token per request)."""
     check_tensor(ckv_pages, "ckv_pages", dims=3, dtypes=FLOAT_DTYPES)
     check_tensor(kpe_pages, "kpe_pages", dims=3, dtypes=FLOAT_DTYPES)
     if kpe_pages.shape[:2] != ckv_pages.shape[:2] or kpe_pages.dtype != ckv_pages.dtype:
@@ -258,23 +237,29 @@ def _append_mla_eager(ckv: _Tensor, kpe: _Tensor, ckv_pages: _Tensor, kpe_pages:
     dev, cc = device_key(ckv_pages)
     problem = MLAAppendProblem(dev, cc, ckv.dtype, ckv_pages.dtype, ckv.shape[1], kpe.shape[1], page_size, None,
                                bucket(ckv.shape[0]), _IN_PLACE | graph_features(dev))
-    select_kernel("kv_cache.append_mla", problem, backend).run(ckv, kpe, ckv_pages, kpe_pages, table, batch_indices,
+    return problem, batch_indices
+
+
+def _append_mla_eager(ckv: _Tensor, kpe: _Tensor, ckv_pages: _Tensor, kpe_pages: _Tensor, table: PageTable,
+                      positions: _Tensor, batch_indices: _Tensor | None, check_indices: bool,
+                      backend: BackendArg) -> None:
+    problem, batch_indices = append_mla_call(ckv, kpe, ckv_pages, kpe_pages, table, positions, batch_indices,
+                                             check_indices)
+    select("kv_cache.append_mla", problem, backend).kernel.run(ckv, kpe, ckv_pages, kpe_pages, table, batch_indices,
                                                                positions)
 
 
-def _append_mla_impl(ckv: _Tensor, kpe: _Tensor, ckv_pages: _Tensor, kpe_pages: _Tensor, block_table: _Tensor,
-                     seq_lens: _Tensor, max_seq_len: int | None, positions: _Tensor, batch_indices: _Tensor | None,
-                     check_indices: bool, backend: str | None) -> None:
-    table = table_of(block_table, seq_lens, max_seq_len)
-    _append_mla_eager(ckv, kpe, ckv_pages, kpe_pages, table, positions, batch_indices, check_indices,
-                      backend_from_str(backend))
-
-
-def _append_mla_fake(ckv: _Tensor, kpe: _Tensor, ckv_pages: _Tensor, kpe_pages: _Tensor, block_table: _Tensor,
-                     seq_lens: _Tensor, max_seq_len: int | None, positions: _Tensor, batch_indices: _Tensor | None,
-                     check_indices: bool, backend: str | None) -> None:
-    return None
-
-
-_append_mla_op = custom_op("kv_cache_append_mla", _append_mla_impl, _append_mla_fake,
-                           mutates_args=("ckv_pages", "kpe_pages"))
+# -- specs ---------------------------------------------------------------------------------------------
+_TARGETS = (Arg("positions"), Arg("batch_indices", "Tensor?"), Arg("check_indices", "bool"), Arg("backend", "backend"))
+APPEND = define(OpSpec(
+    "kv_cache.append", append, AppendProblem, append_call, reference="append", cases="kv_cache", op="kv_cache_append",
+    args=(Arg("k"), Arg("v"), Arg("cache", "cache", mutated=True), Arg("table", "table"), *_TARGETS),
+    returns="()", fake=lambda *_: None,
+))
+APPEND_MLA = define(OpSpec(
+    "kv_cache.append_mla", append_mla, MLAAppendProblem, append_mla_call, reference="append_mla", cases="kv_cache",
+    op="kv_cache_append_mla",
+    args=(Arg("ckv"), Arg("kpe"), Arg("ckv_pages", mutated=True), Arg("kpe_pages", mutated=True),
+          Arg("table", "table"), *_TARGETS),
+    returns="()", fake=lambda *_: None,
+))

@@ -24,25 +24,15 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
 from ..capability import bucket
-from ..dispatch import select_kernel
+from ..dispatch import select
 from ..errors import fail
-from ._common import (
-    FLOAT_DTYPES,
-    BackendArg,
-    backend_from_str,
-    backend_to_str,
-    check_same_device,
-    check_tensor,
-    compiling,
-    custom_op,
-    device_key,
-    graph_features,
-)
+from ..spec import Arg, OpSpec, define
+from ._common import FLOAT_DTYPES, BackendArg, check_same_device, check_tensor, device_key, graph_features
 
 POSITION_DTYPES = frozenset({torch.int32, torch.int64})
 
@@ -300,52 +290,35 @@ def apply(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, *, theta: f
     The inv_freq table is cached per (theta, rotary_dim, scaling, device); its first build is a host-to-device
     copy, so call once before CUDA-graph capture.
     """
-    _check_theta_scaling(theta, scaling)
-    if compiling():
-        args = (q, k, positions, float(theta), rotary_dim, bool(interleaved), _scaling_to_list(scaling),
-                backend_to_str(backend))
+    if torch.compiler.is_compiling():
+        _check_theta_scaling(theta, scaling)
+        args = (q, k, positions, float(theta), rotary_dim, bool(interleaved), scaling, backend)
         if inplace:
-            _apply_inplace_op(*args)
+            APPLY_INPLACE.compiled(*args)
             return q, k
-        out: tuple[torch.Tensor, torch.Tensor] = _apply_op(*args)
-        return out
-    return _apply_eager(q, k, positions, float(theta), rotary_dim, bool(interleaved), scaling, bool(inplace), backend)
+        return APPLY.compiled(*args)  # type: ignore[no-any-return]
+    return _apply_eager(q, k, positions, theta, rotary_dim, bool(interleaved), scaling, bool(inplace), backend)
+
+
+def apply_call(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, theta: float = 1e4,
+               rotary_dim: int | None = None, interleaved: bool = False, scaling: Llama3Scaling | None = None,
+               inplace: bool = False) -> tuple[RopeProblem, int]:
+    """Validate an :func:`apply` call: its problem and rotary dim."""
+    _check_theta_scaling(theta, scaling)
+    _check_qk(q, k, positions)
+    rot = q.shape[2] if rotary_dim is None else rotary_dim
+    _check_rotary_dim(rot, q.shape[2])
+    return _problem(q, k, positions, rot, bool(interleaved), bool(inplace)), rot
 
 
 def _apply_eager(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, theta: float, rotary_dim: int | None,
                  interleaved: bool, scaling: Llama3Scaling | None, inplace: bool,
                  backend: BackendArg) -> tuple[torch.Tensor, torch.Tensor]:
-    _check_qk(q, k, positions)
-    rot = q.shape[2] if rotary_dim is None else rotary_dim
-    _check_rotary_dim(rot, q.shape[2])
-    problem = _problem(q, k, positions, rot, interleaved, inplace)
-    freq = _cached_inv_freq(theta, rot, scaling, q.device, "cuda_graph" in problem.features)
-    kernel = select_kernel("rope.apply", problem, backend)
+    problem, rot = apply_call(q, k, positions, theta, rotary_dim, interleaved, scaling, inplace)
+    freq = _cached_inv_freq(float(theta), rot, scaling, q.device, "cuda_graph" in problem.features)
+    kernel = select("rope.apply", problem, backend).kernel
     out = kernel.run(q, k, positions, freq, interleaved, inplace)
     return (q, k) if inplace else out
-
-
-def _apply_impl(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, theta: float, rotary_dim: int | None,
-                interleaved: bool, scaling: list[float] | None,
-                backend: str | None) -> tuple[torch.Tensor, torch.Tensor]:
-    q_out, k_out = _apply_eager(q, k, positions, theta, rotary_dim, interleaved, _scaling_from_list(scaling), False,
-                                backend_from_str(backend))
-    return q_out, k_out
-
-
-def _apply_inplace_impl(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, theta: float,
-                        rotary_dim: int | None, interleaved: bool, scaling: list[float] | None,
-                        backend: str | None) -> None:
-    _apply_eager(q, k, positions, theta, rotary_dim, interleaved, _scaling_from_list(scaling), True,
-                 backend_from_str(backend))
-
-
-def _fake_pair(q: torch.Tensor, k: torch.Tensor, *_: object) -> tuple[torch.Tensor, torch.Tensor]:
-    return q.new_empty(q.shape), k.new_empty(k.shape)
-
-
-_apply_op = custom_op("rope_apply", _apply_impl, _fake_pair)
-_apply_inplace_op = custom_op("rope_apply_inplace", _apply_inplace_impl, lambda *_: None, mutates_args=("q", "k"))
 
 
 # -- apply_cos_sin_cache -----------------------------------------------------------------------------------
@@ -358,13 +331,12 @@ def apply_cos_sin_cache(q: torch.Tensor, k: torch.Tensor, positions: torch.Tenso
     Positions must lie in [0, max_position): this is checked with one device-to-host copy of their min and
     max (a sync on a GPU), skipped while a CUDA graph is being captured.
     """
-    if compiling():
-        args = (q, k, positions, cos_sin_cache, bool(interleaved), backend_to_str(backend))
+    if torch.compiler.is_compiling():
+        args = (q, k, positions, cos_sin_cache, bool(interleaved), backend)
         if inplace:
-            _cache_inplace_op(*args)
+            APPLY_COS_SIN_CACHE_INPLACE.compiled(*args)
             return q, k
-        out: tuple[torch.Tensor, torch.Tensor] = _cache_op(*args)
-        return out
+        return APPLY_COS_SIN_CACHE.compiled(*args)  # type: ignore[no-any-return]
     return _cache_eager(q, k, positions, cos_sin_cache, bool(interleaved), bool(inplace), backend)
 
 
@@ -377,8 +349,11 @@ def _check_positions_in_range(positions: torch.Tensor, limit: int) -> None:
         raise fail("positions", f"values in [{lo}, {hi}]", f"values in [0, {limit}): rows of cos_sin_cache")
 
 
-def _cache_eager(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cache: torch.Tensor, interleaved: bool,
-                 inplace: bool, backend: BackendArg) -> tuple[torch.Tensor, torch.Tensor]:
+def apply_cos_sin_cache_call(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+                             interleaved: bool = False, inplace: bool = False) -> tuple[RopeProblem]:
+    """Validate an :func:`apply_cos_sin_cache` call (positions in range: one host read, none in a capture); its
+    problem."""
+    cache = cos_sin_cache
     _check_qk(q, k, positions)
     check_tensor(cache, "cos_sin_cache", dims=2, dtypes=frozenset({torch.float32}))
     check_same_device("cos_sin_cache", cache, "q", q)
@@ -386,25 +361,43 @@ def _cache_eager(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cach
         raise fail("cos_sin_cache.stride", cache.stride(), "unit stride in the last dim")
     rot = cache.shape[1]
     _check_rotary_dim(rot, q.shape[2], "cos_sin_cache.shape[1]")
-    problem = _problem(q, k, positions, rot, interleaved, inplace)
+    problem = _problem(q, k, positions, rot, bool(interleaved), bool(inplace))
     if "cuda_graph" not in problem.features:
         _check_positions_in_range(positions, cache.shape[0])
-    kernel = select_kernel("rope.apply_cos_sin_cache", problem, backend)
+    return problem,
+
+
+def _cache_eager(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cache: torch.Tensor, interleaved: bool,
+                 inplace: bool, backend: BackendArg) -> tuple[torch.Tensor, torch.Tensor]:
+    problem, = apply_cos_sin_cache_call(q, k, positions, cache, interleaved, inplace)
+    kernel = select("rope.apply_cos_sin_cache", problem, backend).kernel
     out = kernel.run(q, k, positions, cache, interleaved, inplace)
     return (q, k) if inplace else out
 
 
-def _cache_impl(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
-                interleaved: bool, backend: str | None) -> tuple[torch.Tensor, torch.Tensor]:
-    q_out, k_out = _cache_eager(q, k, positions, cos_sin_cache, interleaved, False, backend_from_str(backend))
-    return q_out, k_out
+# -- specs ---------------------------------------------------------------------------------------------------
+def _fake_pair(q: torch.Tensor, k: torch.Tensor, *_: object) -> tuple[torch.Tensor, torch.Tensor]:
+    return q.new_empty(q.shape), k.new_empty(k.shape)
 
 
-def _cache_inplace_impl(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
-                        interleaved: bool, backend: str | None) -> None:
-    _cache_eager(q, k, positions, cos_sin_cache, interleaved, True, backend_from_str(backend))
+def _rope_specs(name: str, function: Any, prepare: Any, reference: str, op: str,
+                args: tuple[Arg, ...]) -> tuple[OpSpec, OpSpec]:
+    """The spec of ``rope.<name>`` (its custom op returns new q and k) and of its in-place custom op."""
+    qk = (Arg("q"), Arg("k"))
+    spec = define(OpSpec(f"rope.{name}", function, RopeProblem, prepare, reference=reference, cases="rope", op=op,
+                         args=(*qk, *args), returns="(Tensor, Tensor)", fake=_fake_pair))
+    inplace = define(OpSpec(f"rope.{name}", function, RopeProblem, prepare, reference=reference, cases="rope",
+                            op=f"{op}_inplace", args=(Arg("q", mutated=True), Arg("k", mutated=True), *args),
+                            returns="()", fake=lambda *_: None, outputs=lambda _: None, const={"inplace": True}),
+                     second_op=True)
+    return spec, inplace
 
 
-_cache_op = custom_op("rope_apply_cos_sin_cache", _cache_impl, _fake_pair)
-_cache_inplace_op = custom_op("rope_apply_cos_sin_cache_inplace", _cache_inplace_impl, lambda *_: None,
-                              mutates_args=("q", "k"))
+APPLY, APPLY_INPLACE = _rope_specs(
+    "apply", apply, apply_call, "rope", "rope_apply",
+    (Arg("positions"), Arg("theta", "float"), Arg("rotary_dim", "int?"), Arg("interleaved", "bool"),
+     Arg("scaling", "float[]?", encode=_scaling_to_list, decode=_scaling_from_list), Arg("backend", "backend")))
+APPLY_COS_SIN_CACHE, APPLY_COS_SIN_CACHE_INPLACE = _rope_specs(
+    "apply_cos_sin_cache", apply_cos_sin_cache, apply_cos_sin_cache_call, "rope_cos_sin_cache",
+    "rope_apply_cos_sin_cache",
+    (Arg("positions"), Arg("cos_sin_cache"), Arg("interleaved", "bool"), Arg("backend", "backend")))

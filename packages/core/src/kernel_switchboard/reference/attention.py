@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ..ops.attention_runner import into
 from ..paged import PagedKVCache, PageTable
 from ..registry import Kernel
 from ._cap import PRIORITY, REFERENCE_CAPTURABLE
@@ -335,11 +336,9 @@ class DecodePlanRunner:
     def __init__(self, problem: Any, table: PageTable, p: Any, **_: Any) -> None:
         self.table, self.p = table, p
 
-    def run(self, q: torch.Tensor, cache: PagedKVCache, out: torch.Tensor, lse: torch.Tensor | None) -> None:
-        o, s = decode(q, cache, self.table, self.p)
-        out.copy_(o)
-        if lse is not None and s is not None:
-            lse.copy_(s)
+    def run(self, q: torch.Tensor, cache: PagedKVCache, out: torch.Tensor | None, lse: torch.Tensor | None
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return into(decode(q, cache, self.table, self.p), out, lse)
 
 
 def dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_bias: torch.Tensor | None, p: Any) -> torch.Tensor:
@@ -370,18 +369,20 @@ def dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_bias: torch.Te
 
 
 class PrefillPlanRunner:
-    """Reference prefill plan: the packed-token -> (request, row) maps are built at plan time."""
+    """Reference prefill plan: the packed-token -> (request, row) maps are built at plan time (at the first run when
+    the indptr's host values are not known, as in a captured eager call)."""
 
-    def __init__(self, problem: Any, table: PageTable, p: Any, *, qo_indptr: torch.Tensor, **_: Any) -> None:
+    def __init__(self, problem: Any, table: PageTable, p: Any, *, qo_indptr: torch.Tensor,
+                 host_qo_indptr: list[int] | None = None, **_: Any) -> None:
         self.table, self.p, self.qo_indptr = table, p, qo_indptr
-        self.total = int(qo_indptr[-1]) if qo_indptr.numel() else 0
-        self.rows, self.cols = token_rows(qo_indptr, self.total)
+        self.rows = None if host_qo_indptr is None else token_rows(qo_indptr, host_qo_indptr[-1])
 
-    def run(self, q: torch.Tensor, cache: PagedKVCache, out: torch.Tensor, lse: torch.Tensor | None) -> None:
-        o, s = _prefill_rows(q, self.qo_indptr, self.rows, self.cols, cache, self.table, self.p)
-        out.copy_(o)
-        if lse is not None and s is not None:
-            lse.copy_(s)
+    def run(self, q: torch.Tensor, cache: PagedKVCache, out: torch.Tensor | None, lse: torch.Tensor | None
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.rows is None:
+            self.rows = token_rows(self.qo_indptr, q.shape[0])
+        rows, cols = self.rows
+        return into(_prefill_rows(q, self.qo_indptr, rows, cols, cache, self.table, self.p), out, lse)
 
 
 KERNELS = [

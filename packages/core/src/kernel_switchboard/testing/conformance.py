@@ -14,16 +14,14 @@ import torch
 from ..dispatch import explain
 from ..errors import KernelUnavailableError
 from ..registry import Kernel, registry
+from ..spec import spec_of
 from .case import Case
-
-#: case family modules, ``kernel_switchboard.testing.cases.<family>``; each has ``cases(op, device, size)``
-FAMILIES = ("attention", "kv_cache", "sampling", "norm", "rope", "activation", "gemm", "moe", "comm")
 
 
 def op_cases(op: str, device: torch.device, size: str = "small") -> list[Case]:
-    """Every case of ``op`` (fixed seeds) at ``size`` ("small" for CPU/interpreter, "large" for GPU)."""
-    family = op.partition(".")[0]
-    module = importlib.import_module(f"{__package__}.cases.{family}")
+    """Every case of ``op`` (fixed seeds) at ``size`` ("small" for CPU/interpreter, "large" for GPU), from the
+    module its spec names (``kernel_switchboard.testing.cases.<module>``, with ``cases(op, device, size)``)."""
+    module = importlib.import_module(f"{__package__}.cases.{spec_of(op).cases}")
     return list(module.cases(op, device, size))
 
 
