@@ -123,9 +123,11 @@ def _check_bias(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     check_same_device("bias", bias, "a", a)
 
 
-def mm_call(a: torch.Tensor, b: torch.Tensor) -> tuple[GemmProblem]:
-    """Validate an :func:`mm` call; its problem."""
+def mm_call(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> tuple[GemmProblem]:
+    """Validate an :func:`mm` call; its problem (the kernel's: a bias is added by the op, never by a kernel)."""
     _check_operands(a, b, FLOAT_DTYPES)
+    if bias is not None:
+        _check_bias(bias, a, b)
     return _problem(a, b, a.dtype),
 
 
