@@ -363,31 +363,9 @@ def _rebound(signature: inspect.Signature, arguments: dict[str, Any]) -> tuple[t
 
 
 # -- the tests -------------------------------------------------------------------------------------
-#: holes the sweep found in code this suite does not fix (op -> (argument, change label regex, what is wrong));
-#: the sweep leaves these changes out and ``test_known_hole`` reproduces each as a strict xfail
-KNOWN_HOLES: dict[str, list[tuple[str, str, str]]] = {
-    "attention.dense": [
-        (arg, r"dim [0-2] one (shorter|longer)",
-         "q/k/v sizes that no longer fit attn_bias: the error names attn_bias only, with (B, Hq, Lq, Lk) but not the "
-         "q/k/v they come from (the bias is validated before q, k and v agree)") for arg in ("q", "k", "v")
-    ],
-    "attention.plan_decode": [
-        ("q", "a list|None|a float", "plan.run(q=<not a tensor>) raises AttributeError ('list' object has no "
-                                     "attribute 'shape'), not an error naming q"),
-        ("cache", "fewer pages", "plan.run(q, cache) does not check the cache's page count against the plan's table: "
-                                 "an IndexError in the reference (non-finite output / out-of-bounds read in Triton)"),
-    ],
-    "attention.mla_decode": [
-        (arg, r"dim [01] one (shorter|longer)",
-         "ckv_pages and kpe_pages of different page counts or sizes: the error names kpe_pages with (P, S) but not "
-         "ckv_pages, which (P, S) comes from") for arg in ("ckv_pages",)
-    ],
-}
-
-
 def _skip(op: str) -> Callable[[str, str], bool]:
-    holes = KNOWN_HOLES.get(op, [])
-    return lambda name, label: any(name == n and re.fullmatch(rx, label) for n, rx, _ in holes)
+    """Changes the sweep leaves out of ``op`` (none today: each hole it found is fixed and pinned below)."""
+    return lambda name, label: False
 
 
 @pytest.mark.parametrize("op", ksb.registry.ops())
@@ -432,7 +410,7 @@ def test_sweep_decode_plan(data: Any) -> None:
                          ksb.attention.decode(new_q, new_cache, table, backend="reference", **kwargs)), case, what)
 
 
-# -- the holes found in code outside this suite's reach, reproduced one by one -------------------------
+# -- holes the sweep once found, each pinned by its own call ---------------------------------------
 def _dense_q_length() -> None:
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 4, 8, generator=g) for _ in range(3))
@@ -464,16 +442,12 @@ def _plan_fewer_pages() -> None:
 
 
 @pytest.mark.parametrize(("call", "name"), [
-    pytest.param(_dense_q_length, "q", marks=pytest.mark.xfail(strict=True, reason=KNOWN_HOLES["attention.dense"][0][2]),
-                 id="dense-q-length"),
-    pytest.param(_plan_q_not_a_tensor, "q", id="plan-run-q-type", marks=pytest.mark.xfail(
-        strict=True, reason=KNOWN_HOLES["attention.plan_decode"][0][2])),
-    pytest.param(_mla_page_counts, "ckv_pages", id="mla-page-counts",
-                 marks=pytest.mark.xfail(strict=True, reason=KNOWN_HOLES["attention.mla_decode"][0][2])),
-    pytest.param(_plan_fewer_pages, "cache", id="plan-run-cache-pages", marks=pytest.mark.xfail(
-        strict=True, reason=KNOWN_HOLES["attention.plan_decode"][1][2])),
+    pytest.param(_dense_q_length, "q", id="dense-q-length"),
+    pytest.param(_plan_q_not_a_tensor, "q", id="plan-run-q-type"),
+    pytest.param(_mla_page_counts, "ckv_pages", id="mla-page-counts"),
+    pytest.param(_plan_fewer_pages, "cache", id="plan-run-cache-pages"),
 ])
-def test_known_hole(call: Callable[[], None], name: str) -> None:
+def test_former_hole_raises_naming_the_argument(call: Callable[[], None], name: str) -> None:
     with pytest.raises(SwitchboardError) as info:
         call()
     assert re.search(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9])", str(info.value)), str(info.value)

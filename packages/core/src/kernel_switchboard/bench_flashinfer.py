@@ -213,10 +213,15 @@ def _rmsnorm(point: Point, preset: str, device: torch.device, reps_ms: float) ->
 
 # -- host overhead --------------------------------------------------------------------------------------------------
 class _NoKernel:
-    """A plan runner that launches nothing: what remains of a call is its host work."""
+    """A plan runner that launches nothing: what remains of a call is its host work. Where the plan gives no
+    buffer it returns the ones it holds, as a runner returns the tensors it allocates."""
 
-    def run(self, *args: Any) -> None:
-        return None
+    def __init__(self, out: torch.Tensor, lse: torch.Tensor) -> None:
+        self.out, self.lse = out, lse
+
+    def run(self, *args: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        out, lse = args[-2], args[-1]
+        return (self.out if out is None else out), lse
 
 
 def _per_call_us(fn: Callable[[], Any], calls: int = 2000, rounds: int = 7) -> float:
@@ -246,9 +251,9 @@ def host_overhead(device: torch.device) -> dict[str, float]:
     wrapper = compat.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8, device=device), "NHD")
     wrapper.plan(indptr, indices, last, hq, hkv, d, page, q_data_type=torch.float32)
     plan, plan_lse = wrapper._plan_for(None, False), wrapper._plan_for(None, True)
-    plan._runner = plan_lse._runner = _NoKernel()
-    cache = PagedKVCache(k, v, "NHD")
     lse = torch.empty(b, hq, device=device)
+    plan._runner = plan_lse._runner = _NoKernel(torch.empty(b, hq, d, device=device), lse)
+    cache = PagedKVCache(k, v, "NHD")
     native = _per_call_us(lambda: plan.run(q, cache))
     native_out = _per_call_us(lambda: plan.run(q, cache, out=out))
     native_lse = _per_call_us(lambda: plan_lse.run(q, cache, lse=lse))

@@ -454,7 +454,8 @@ def mla_call(q_nope: Any, q_pe: Any, ckv_pages: Any, kpe_pages: Any, table: Any,
                                                         f"({q.shape[-1]})")
         check_same_device(name, t, "q_nope", q_nope)
     if kpe_pages.shape[:2] != ckv_pages.shape[:2]:
-        raise fail("kpe_pages.shape", tuple(kpe_pages.shape), f"(P, S, Dr) with (P, S) = {tuple(ckv_pages.shape[:2])}")
+        raise fail("kpe_pages.shape", tuple(kpe_pages.shape),
+                   f"(P, S, Dr) with the pages and page size (P, S) of ckv_pages.shape {tuple(ckv_pages.shape)}")
     check_table(table, q_nope.shape[0], q_nope.device, "q_nope")
     page_size = ckv_pages.shape[1]
     max_kv = table.checked_max_seq_len(page_size, ckv_pages.shape[0])

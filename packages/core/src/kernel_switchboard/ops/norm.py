@@ -96,9 +96,9 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
 
 def _validate_fused_add(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Check x and residual (written in place) and weight; returns x as (rows, hidden)."""
+    x2 = _validate(x, weight, eps)
     if not x.is_contiguous():
         raise fail("x", "non-contiguous", "a contiguous tensor (it is written in place)")
-    x2 = _validate(x, weight, eps)
     check_tensor(residual, "residual")
     if residual.shape != x.shape:
         raise fail("residual.shape", tuple(residual.shape), f"x's shape {tuple(x.shape)}")
