@@ -1,4 +1,5 @@
-"""KV-cache ops: ``kv_cache.append`` (paged K/V) and ``kv_cache.append_mla`` (MLA latent pages).
+"""KV-cache ops: ``kv_cache.append`` (paged K/V), ``kv_cache.append_slots`` (paged K/V by slot mapping) and
+``kv_cache.append_mla`` (MLA latent pages).
 
 Kernel ``run`` signatures (canonical, validated arguments), writing the pages in place:
 
@@ -6,11 +7,15 @@ Kernel ``run`` signatures (canonical, validated arguments), writing the pages in
   v (T, Hkv, Dv); batch_indices, positions (T,) int32: token t goes to request
   ``batch_indices[t]`` at position ``positions[t]``, i.e. page ``table.block_table[b, pos // S]``,
   slot ``pos % S``. fp8 caches store ``value / scale`` (saturated to the fp8 range).
+- ``kv_cache.append_slots``: ``run(k, v, cache, slot_mapping) -> None``; k (T, Hkv, D), v (T, Hkv, Dv);
+  slot_mapping (T,) int32 or int64 in the form vLLM and SGLang use: token t goes to page
+  ``slot // S``, slot ``slot % S``; a negative slot marks a padding token, which writes nothing.
+  fp8 caches as in ``append``.
 - ``kv_cache.append_mla``: ``run(ckv, kpe, ckv_pages, kpe_pages, table, batch_indices, positions) -> None``;
   ckv (T, Dc), kpe (T, Dr); ckv_pages (P, S, Dc), kpe_pages (P, S, Dr).
 
-Every position must lie inside its request's pages; the public functions check that with one
-read back from the device (skipped during CUDA-graph capture, or with ``check_indices=False``).
+Every position (every slot) must lie inside its request's pages (the cache); the public functions check
+that with one read back from the device (skipped during CUDA-graph capture, or with ``check_indices=False``).
 """
 
 from __future__ import annotations
@@ -45,6 +50,22 @@ _IN_PLACE = frozenset({"paged", "in_place"})
 
 class AppendProblem(NamedTuple):
     """Signature of a paged K/V append."""
+
+    device: str
+    cc: tuple[int, int] | None
+    dtype: torch.dtype  # k / v dtype
+    kv_dtype: torch.dtype  # page dtype
+    head_dim: int
+    head_dim_v: int
+    page_size: int
+    layout: str
+    num_kv_heads: int
+    tokens: int  # bucketed
+    features: frozenset[str]
+
+
+class AppendSlotsProblem(NamedTuple):
+    """Signature of a paged K/V append by slot mapping."""
 
     device: str
     cc: tuple[int, int] | None
@@ -210,6 +231,94 @@ def _append_fake(k: _Tensor, v: _Tensor, k_pages: _Tensor, v_pages: _Tensor, lay
 
 
 _append_op = custom_op("kv_cache_append", _append_impl, _append_fake, mutates_args=("k_pages", "v_pages"))
+
+
+# -- append_slots -------------------------------------------------------------------------------------
+_SLOT_DTYPES = frozenset({torch.int32, torch.int64})
+
+
+def append_slots(k: _Tensor, v: _Tensor, cache: PagedKVCache, slot_mapping: _Tensor, *, check_indices: bool = True,
+                 backend: BackendArg = None) -> None:
+    """Write new K/V tokens into the paged cache by slot mapping, in place (the form vLLM and SGLang use).
+
+    k (T, Hkv, D), v (T, Hkv, Dv) in the cache's dtype (any float dtype for an fp8 cache, which
+    stores value / scale); slot_mapping (T,) int32 or int64: token t goes to page ``slot // page_size``,
+    offset ``slot % page_size``; a negative slot marks a padding token and writes nothing. Two tokens
+    for one slot are undefined. No host synchronisation beyond the one range check of
+    ``check_indices`` (skipped during CUDA-graph capture), so a captured step can replay it.
+    """
+    if compiling():
+        _append_slots_op(k, v, cache.k_pages, cache.v_pages, cache.layout, cache.k_scale, cache.v_scale, slot_mapping,
+                         check_indices, backend_to_str(backend))
+        return
+    _append_slots_eager(k, v, cache, slot_mapping, check_indices, backend)
+
+
+def _check_slot_mapping(slot_mapping: Any, tokens: int, like: _Tensor) -> None:
+    check_tensor(slot_mapping, "slot_mapping", dims=1, dtypes=_SLOT_DTYPES)
+    if slot_mapping.shape[0] != tokens:
+        raise fail("slot_mapping.shape", tuple(slot_mapping.shape), f"({tokens},) = the number of tokens in k and v")
+    check_same_device("slot_mapping", slot_mapping, "the pages", like)
+    if not slot_mapping.is_contiguous():
+        raise fail("slot_mapping", "non-contiguous", "a contiguous tensor")
+
+
+def _check_slots(slot_mapping: _Tensor, num_slots: int) -> None:
+    """One device read: every slot must be a padding mark (< 0) or lie in [0, num_pages * page_size)."""
+    if slot_mapping.numel() == 0 or is_capturing():
+        return
+    if int(slot_mapping.max()) >= num_slots:
+        t = int((slot_mapping >= num_slots).nonzero()[0, 0])
+        raise fail("slot_mapping", f"{int(slot_mapping[t])} at token {t}",
+                   f"slots in [0, num_pages * page_size = {num_slots}), or negative for a padding token")
+
+
+def _append_slots_eager(k: _Tensor, v: _Tensor, cache: PagedKVCache, slot_mapping: _Tensor, check_indices: bool,
+                        backend: BackendArg) -> None:
+    if not isinstance(cache, PagedKVCache):
+        raise fail("cache", type(cache).__name__, "a PagedKVCache")
+    pages = cache.k_pages
+    for name, t, dim in (("k", k, cache.head_dim), ("v", v, cache.head_dim_v)):
+        check_tensor(t, name, dims=3, dtypes=FLOAT_DTYPES)
+        if t.shape[1] != cache.num_kv_heads or t.shape[2] != dim:
+            raise fail(f"{name}.shape", tuple(t.shape), f"(T, {cache.num_kv_heads}, {dim}) to match the cache")
+        if t.stride(-1) != 1:
+            raise fail(f"{name}.stride", t.stride(), "unit stride in the last (head_dim) dim")
+        check_same_device(name, t, "cache", pages)
+    if v.shape[0] != k.shape[0] or v.dtype != k.dtype:
+        raise fail("v", f"{tuple(v.shape)} {v.dtype}", f"k's token count and dtype ({k.shape[0]}, {k.dtype})")
+    if k.dtype != cache.dtype and not cache.is_fp8:
+        raise fail("k.dtype", k.dtype, f"the cache's dtype ({cache.dtype})")
+    _check_slot_mapping(slot_mapping, k.shape[0], pages)
+    if check_indices:
+        _check_slots(slot_mapping, cache.num_pages * cache.page_size)
+    dev, cc = device_key(pages)
+    feats = _IN_PLACE | graph_features(dev)
+    if cache.is_fp8:
+        feats = feats | {"fp8_kv"}
+    if cache.head_dim != cache.head_dim_v:
+        feats = feats | {"qk_v_dims_differ"}
+    problem = AppendSlotsProblem(dev, cc, k.dtype, cache.dtype, cache.head_dim, cache.head_dim_v, cache.page_size,
+                                 cache.layout, cache.num_kv_heads, bucket(k.shape[0]), feats)
+    select_kernel("kv_cache.append_slots", problem, backend).run(k, v, cache, slot_mapping)
+
+
+def _append_slots_impl(k: _Tensor, v: _Tensor, k_pages: _Tensor, v_pages: _Tensor, layout: str,
+                       k_scale: float | None, v_scale: float | None, slot_mapping: _Tensor, check_indices: bool,
+                       backend: str | None) -> None:
+    fp8 = k_pages.dtype in FP8_DTYPES
+    cache = PagedKVCache(k_pages, v_pages, layout, k_scale if fp8 else None, v_scale if fp8 else None)
+    _append_slots_eager(k, v, cache, slot_mapping, check_indices, backend_from_str(backend))
+
+
+def _append_slots_fake(k: _Tensor, v: _Tensor, k_pages: _Tensor, v_pages: _Tensor, layout: str,
+                       k_scale: float | None, v_scale: float | None, slot_mapping: _Tensor, check_indices: bool,
+                       backend: str | None) -> None:
+    return None
+
+
+_append_slots_op = custom_op("kv_cache_append_slots", _append_slots_impl, _append_slots_fake,
+                             mutates_args=("k_pages", "v_pages"))
 
 
 # -- append_mla ----------------------------------------------------------------------------------------
