@@ -45,3 +45,8 @@ def tiny_llama(path: Path, *, heads: int = 4, kv_heads: int = 2, head_dim: int =
 @pytest.fixture(scope="session")
 def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def mistral_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_llama(tmp_path_factory.mktemp("tiny-mistral"), sliding_window=24, seed=1)
