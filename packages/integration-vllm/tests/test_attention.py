@@ -15,16 +15,16 @@ import torch
 
 pytest.importorskip("vllm", reason="the vLLM adapter's tests run against the real vLLM (nox -s tests-vllm)")
 
-from vllm.config import CacheConfig, ModelConfig, VllmConfig, set_current_vllm_config  # noqa: E402
-from vllm.model_executor.layers.attention import Attention  # noqa: E402
-from vllm.v1.attention.backend import AttentionCGSupport, CommonAttentionMetadata  # noqa: E402
-
-import kernel_switchboard as ksb  # noqa: E402
 from kernel_switchboard_vllm.attention import (  # noqa: E402
     SwitchboardAttentionBackend,
     SwitchboardAttentionImpl,
     SwitchboardMetadataBuilder,
 )
+from vllm.config import CacheConfig, ModelConfig, VllmConfig, set_current_vllm_config  # noqa: E402
+from vllm.model_executor.layers.attention import Attention  # noqa: E402
+from vllm.v1.attention.backend import AttentionCGSupport, CommonAttentionMetadata  # noqa: E402
+
+import kernel_switchboard as ksb  # noqa: E402
 
 HEADS, KV_HEADS, HEAD = 4, 2, 32
 FP8 = {"fp8": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
@@ -86,7 +86,7 @@ def _step(q_lens: list[int], seq_lens: list[int], block_size: int, num_blocks: i
     query = torch.randn(padded, HEADS, HEAD, generator=g)
     key = torch.randn(padded, KV_HEADS, HEAD, generator=g)
     value = torch.randn(padded, KV_HEADS, HEAD, generator=g)
-    start = torch.tensor([0] + q_lens, dtype=torch.int32).cumsum(0).to(torch.int32)
+    start = torch.tensor([0, *q_lens], dtype=torch.int32).cumsum(0).to(torch.int32)
     lens = torch.tensor(seq_lens, dtype=torch.int32)
     cm = CommonAttentionMetadata(
         query_start_loc=start, query_start_loc_cpu=start.clone(), seq_lens=lens, num_reqs=len(q_lens),
