@@ -114,6 +114,9 @@ def test_tiny_llama_with_switchboard_ops_generates_what_vllm_does(llama_dir: Pat
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
     def generate() -> list[list[int]]:
+        from vllm.v1.attention.selector import _cached_get_attn_backend
+
+        _cached_get_attn_backend.cache_clear()  # the backend slot may have been pointed elsewhere since the last engine
         llm = LLM(model=str(llama_dir), skip_tokenizer_init=True, dtype="float32", max_model_len=128,
                   enforce_eager=True, max_num_seqs=2, block_size=32, gpu_memory_utilization=0.05,
                   kv_cache_memory_bytes=8 * 2**20, seed=0)

@@ -64,6 +64,9 @@ def switchboard_on_cpu() -> Iterator[None]:
 
 
 def _generate(model: Path, block_size: int) -> list[tuple[list[int], list[float]]]:
+    from vllm.v1.attention.selector import _cached_get_attn_backend
+
+    _cached_get_attn_backend.cache_clear()  # the backend slot may have been pointed elsewhere since the last engine
     llm = LLM(model=str(model), skip_tokenizer_init=True, dtype="float32", max_model_len=256, enforce_eager=True,
               max_num_seqs=4, max_num_batched_tokens=48, block_size=block_size, enable_prefix_caching=True,
               gpu_memory_utilization=0.05, kv_cache_memory_bytes=16 * 2**20, seed=0)
