@@ -3,8 +3,9 @@ once per step, and whose implementation writes K/V by slot mapping and runs the 
 decode runs on the switchboard; RMSNorm, SiluAndMul and RoPE as out-of-tree custom ops.
 
 vLLM calls :func:`register` through the ``vllm.general_plugins`` entry point in every process it starts. It
-registers the backends as ``KSB`` and ``KSB_MLA`` (and in the ``CUSTOM`` slot when that is free) and the custom
-ops, so ``LLM(..., attention_config={"backend": "KSB"})`` or ``--attention-backend KSB`` selects the switchboard.
+registers the backends as ``KSB`` and ``KSB_MLA`` (and in the ``CUSTOM`` slot when that is free) and the requested
+custom ops, so ``--attention-backend KSB`` or ``LLM(..., attention_config={"backend": "CUSTOM"})`` selects the
+switchboard (``LLM`` reads a backend name before vLLM loads plugins: call :func:`register` first to pass ``"KSB"``).
 Importing this package does not import vLLM.
 """
 
