@@ -113,6 +113,7 @@ class SwitchboardAttnBackend(AttentionBackend):
                     head_dim_v=key.head_dim_v, dtype=self.data_type, kv_dtype=self.kv_cache_dtype, layout="NHD",
                     page_size=self.page_size, sm_scale=key.sm_scale, logits_soft_cap=key.logits_soft_cap,
                     window_left=key.window_left, capturable=capturable)
+        plan: Any
         if metadata.qo_indptr is None:
             plan = ksb.attention.plan_decode(metadata.table, **args)
         else:

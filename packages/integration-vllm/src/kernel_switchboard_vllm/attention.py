@@ -21,7 +21,7 @@ captured kernels on the buffers vLLM has refilled.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 from vllm.config import VllmConfig, get_layers_from_vllm_config
@@ -30,6 +30,7 @@ from vllm.v1.attention.backend import (
     AttentionBackend,
     AttentionCGSupport,
     AttentionImpl,
+    AttentionMetadata,
     AttentionMetadataBuilder,
     AttentionType,
     CommonAttentionMetadata,
@@ -85,7 +86,7 @@ class LayerParams:
 
 
 @dataclass
-class SwitchboardMetadata:
+class SwitchboardMetadata(AttentionMetadata):
     """One step's attention metadata: the page table and one plan per distinct :class:`LayerParams`."""
 
     num_actual_tokens: int
@@ -131,7 +132,7 @@ class SwitchboardMetadataBuilder(AttentionMetadataBuilder[SwitchboardMetadata]):
         self.num_kv_heads = kv_cache_spec.num_kv_heads
         self.head_dim = kv_cache_spec.head_size
         self.head_dim_v = getattr(kv_cache_spec, "head_size_v", None) or self.head_dim
-        self.dtype = model.dtype
+        self.dtype = cast(torch.dtype, model.dtype)  # a torch.dtype once the config is built
         self.max_model_len = model.max_model_len
         impls = [layer.impl for layer in get_layers_from_vllm_config(vllm_config, Attention, layer_names).values()
                  if isinstance(layer.impl, SwitchboardAttentionImpl)]

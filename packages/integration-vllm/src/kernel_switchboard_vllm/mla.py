@@ -19,7 +19,7 @@ bfloat16).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 from vllm.model_executor.layers.attention.mla_attention import (
@@ -71,7 +71,7 @@ class SwitchboardMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata])
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         layer = vllm_config.compilation_config.static_forward_context[layer_names[0]]
         self.sm_scale = float(layer.impl.scale)
-        self.dtype = self.model_config.dtype
+        self.dtype = cast(torch.dtype, self.model_config.dtype)  # a torch.dtype once the config is built
         self.max_model_len = self.model_config.max_model_len
         self._capturing = False
         #: decode plans made for CUDA-graph capture, by (decode requests, block table address, lengths address)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 from . import BACKEND_NAME, BACKEND_PATH, MLA_BACKEND_NAME, MLA_BACKEND_PATH
 
@@ -58,7 +59,7 @@ def register_custom_ops(value: str | None = None) -> list[str]:
 
     from . import custom_ops
 
-    classes = {"rms_norm": custom_ops.SwitchboardRMSNorm, "silu_and_mul": custom_ops.SwitchboardSiluAndMul,
+    classes: dict[str, Any] = {"rms_norm": custom_ops.SwitchboardRMSNorm, "silu_and_mul": custom_ops.SwitchboardSiluAndMul,
                "rope": custom_ops.SwitchboardRotaryEmbedding}
     done = []
     for name in names:
