@@ -180,3 +180,41 @@ def test_reference_append_slots_is_captured_in_a_cuda_graph() -> None:
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(cache.k_pages, want.k_pages) and torch.equal(cache.v_pages, want.v_pages)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("kv_dtype", "page_size"), [(None, 16), (torch.float8_e4m3fn, 16), (None, 1)])
+def test_engine_shaped_caches_through_the_selected_attention_kernels(kv_dtype: torch.dtype | None,
+                                                                     page_size: int) -> None:
+    """vLLM's cache (K and V the halves of one (pages, heads, slots, 2 * D) tensor: strided pages): append by slot,
+    then the decode and prefill plans the vLLM adapter makes, with the kernels the switchboard selects on this GPU,
+    against the reference kernels on contiguous copies."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    heads, kv_heads, d = 32, 8, 128
+    pages = 64 if page_size == 16 else 1024
+    g = torch.Generator(device="cuda").manual_seed(0)
+    kv = torch.randn(pages, kv_heads, page_size, 2 * d, generator=g, device="cuda").to(kv_dtype or BF16)
+    scales = (0.5, 0.25) if kv_dtype else (None, None)
+    lens = [37, 5, 300 // page_size * page_size + 3]
+    width = max(-(-n // page_size) for n in lens)
+    perm = torch.randperm(pages, generator=g, device="cuda")[: len(lens) * width]
+    table = ksb.PageTable(perm.view(len(lens), width).to(torch.int32), torch.tensor(lens, dtype=torch.int32,
+                                                                                      device="cuda"))
+    slots = torch.tensor([int(table.block_table[b, (n - 1) // page_size]) * page_size + (n - 1) % page_size
+                          for b, n in enumerate(lens)], device="cuda")
+    k = torch.randn(3, kv_heads, d, generator=g, device="cuda").to(BF16)
+    v = torch.randn(3, kv_heads, d, generator=g, device="cuda").to(BF16)
+    engine = ksb.PagedKVCache(kv[..., :d], kv[..., d:], "HND", *scales)
+    ksb.kv_cache.append_slots(k, v, engine, slots)
+    dense = ksb.PagedKVCache(kv[..., :d].contiguous(), kv[..., d:].contiguous(), "HND", *scales)
+    args = dict(num_q_heads=heads, num_kv_heads=kv_heads, head_dim=d, dtype=BF16, kv_dtype=kv_dtype, layout="HND",
+                page_size=page_size)
+    q = torch.randn(3, heads, d, generator=g, device="cuda").to(BF16)
+    got = ksb.attention.plan_decode(table, **args).run(q, engine)
+    want = ksb.attention.plan_decode(table, backend="reference", capturable=False, **args).run(q, dense)
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+    qo = torch.arange(4, dtype=torch.int32, device="cuda")  # one new token per request, through the prefill plan
+    got = ksb.attention.plan_prefill(table, qo, **args).run(q, engine)
+    want = ksb.attention.plan_prefill(table, qo, backend="reference", capturable=False, **args).run(q, dense)
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
