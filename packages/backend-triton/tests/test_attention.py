@@ -382,7 +382,7 @@ def test_mla_plan_serves_two_layers_and_in_place_table_updates() -> None:
                                          dtype=torch.bfloat16, page_size=page_size, sm_scale=0.04, return_lse=True,
                                          backend="triton")
     runner = plan._runner
-    assert isinstance(runner, _mla.MLAPlan) and runner.cfg.num_splits > 1
+    assert isinstance(runner, _mla.MLARunner) and runner.plan.cfg.num_splits > 1
     for new_lens in (lens, [30, 7, 1]):
         table.seq_lens.copy_(torch.tensor(new_lens, dtype=torch.int32))
         for ckv, kpe in layers:
@@ -482,17 +482,26 @@ def test_batch_one_decode_takes_short_tiles_to_split_further(monkeypatch) -> Non
     assert config(gpu, 1, 8, 4, 128, 4096, num_splits=8).block_n == 64  # an explicit split count keeps the tiles
 
 
-def test_kernel_plan_runs_without_an_output_argument() -> None:
+def test_kernel_plan_runs_into_given_buffers_or_new_ones() -> None:
+    """The kernel's plan follows the core's runner contract: it writes the buffers it is given, and a run given none
+    returns new tensors (never ones a later run overwrites)."""
     from kernel_switchboard_triton._decode import plan_decode
 
     cache, table = make_cache([30, 12], 16, 2, 64, dtype=torch.bfloat16)
     q = _randn(2, 4, 64, dtype=torch.bfloat16)
     plan = ksb.attention.plan_decode(table, num_q_heads=4, num_kv_heads=2, head_dim=64, dtype=torch.bfloat16,
                                      page_size=16, return_lse=True, backend="triton")
+    want = ksb.attention.decode(q, cache, table, return_lse=True, backend="reference")
     kernel_plan = plan_decode(plan.problem, table, plan.params)
-    out, lse = kernel_plan.run(q, cache)
-    assert out is kernel_plan.out  # preallocated at plan time, reused by every run
-    _close((out, lse), ksb.attention.decode(q, cache, table, return_lse=True, backend="reference"), torch.bfloat16)
+    first = kernel_plan.run(q, cache, None, None)
+    second = kernel_plan.run(q, cache, None, None)
+    assert first[0] is not second[0] and first[1] is not second[1]
+    _close(first, want, torch.bfloat16)
+    out = torch.full((2, 4, 64), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    lse = torch.full((2, 4), float("nan"), device=DEVICE)
+    got = kernel_plan.run(q, cache, out, lse)
+    assert got[0] is out and got[1] is lse
+    _close((out, lse), want, torch.bfloat16)
 
 
 # -- dense ----------------------------------------------------------------------------------------------
@@ -530,7 +539,7 @@ DENSE_H200_MS = {"encoder 8x1024 mask": 0.547, "encoder 8x1024 bias": 0.457, "1x
 
 def test_dense_cost_stays_within_a_third_of_the_h200_times() -> None:
     from kernel_switchboard.testing.cases.attention_dense import bench_problems, cost_ratios
-    from kernel_switchboard_triton.attention import _dense_cost
+    from kernel_switchboard_triton.catalog.attention import _dense_cost
 
     ratios = cost_ratios(_dense_cost, DENSE_H200_MS)
     assert all(0.75 <= r <= 1.33 for r in ratios.values()), ratios

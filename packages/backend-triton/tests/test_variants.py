@@ -107,8 +107,8 @@ def test_split_kv_rules():
     sinks_args = (torch.randn(HQ, device=DEV),)
     sinks = ksb.attention.plan_decode(table, variant=lib.SINKS, variant_args=sinks_args, **common)
     if DEV == "cpu":
-        assert alibi._runner.cfg.num_splits == 2
-    assert sinks._runner.cfg.num_splits == 1
+        assert alibi._runner.plan.cfg.num_splits == 2
+    assert sinks._runner.plan.cfg.num_splits == 1
     want = ksb.attention.decode(q, cache, table, variant=lib.SINKS, variant_args=sinks_args, backend="reference")
     assert_close(sinks.run(q, cache), want, atol=2e-3, rtol=2e-3)
     want = ksb.attention.decode(q, cache, table, variant=lib.ALIBI, variant_args=(lib.alibi_slopes(HQ, DEV),),

@@ -15,13 +15,13 @@ import torch
 
 pytest.importorskip("sglang", reason="the SGLang adapter's tests run against the real SGLang (nox -s tests-sglang)")
 
-import kernel_switchboard_sglang  # noqa: E402
-from kernel_switchboard_sglang.backend import SwitchboardAttnBackend  # noqa: E402
 from sglang.srt.layers.radix_attention import RadixAttention  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool  # noqa: E402
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode  # noqa: E402
 
 import kernel_switchboard as ksb  # noqa: E402
+import kernel_switchboard_sglang  # noqa: E402
+from kernel_switchboard_sglang.backend import SwitchboardAttnBackend  # noqa: E402
 
 HEADS, KV_HEADS, HEAD = 4, 2, 32
 CONTEXT = 128

@@ -15,16 +15,16 @@ import torch
 
 pytest.importorskip("vllm", reason="the vLLM adapter's tests run against the real vLLM (nox -s tests-vllm)")
 
-from kernel_switchboard_vllm.attention import (  # noqa: E402
-    SwitchboardAttentionBackend,
-    SwitchboardAttentionImpl,
-    SwitchboardMetadataBuilder,
-)
 from vllm.config import CacheConfig, ModelConfig, VllmConfig, set_current_vllm_config  # noqa: E402
 from vllm.model_executor.layers.attention import Attention  # noqa: E402
 from vllm.v1.attention.backend import AttentionCGSupport, CommonAttentionMetadata  # noqa: E402
 
 import kernel_switchboard as ksb  # noqa: E402
+from kernel_switchboard_vllm.attention import (  # noqa: E402
+    SwitchboardAttentionBackend,
+    SwitchboardAttentionImpl,
+    SwitchboardMetadataBuilder,
+)
 
 HEADS, KV_HEADS, HEAD = 4, 2, 32
 FP8 = {"fp8": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}

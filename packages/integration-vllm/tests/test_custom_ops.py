@@ -13,8 +13,6 @@ import torch
 
 pytest.importorskip("vllm", reason="the vLLM adapter's tests run against the real vLLM (nox -s tests-vllm)")
 
-from kernel_switchboard_vllm import custom_ops  # noqa: E402
-from kernel_switchboard_vllm.registration import CUSTOM_OPS, register_custom_ops, requested_custom_ops  # noqa: E402
 from vllm.config import VllmConfig, set_current_vllm_config  # noqa: E402
 from vllm.model_executor.custom_op import op_registry_oot  # noqa: E402
 from vllm.model_executor.layers.activation import SiluAndMul  # noqa: E402
@@ -22,6 +20,8 @@ from vllm.model_executor.layers.layernorm import RMSNorm  # noqa: E402
 from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding  # noqa: E402
 
 import kernel_switchboard as ksb  # noqa: E402
+from kernel_switchboard_vllm import custom_ops  # noqa: E402
+from kernel_switchboard_vllm.registration import CUSTOM_OPS, register_custom_ops, requested_custom_ops  # noqa: E402
 
 
 @pytest.fixture
@@ -109,9 +109,10 @@ def test_rms_norm_over_part_of_the_row_keeps_vllms_forward(registered_ops: list[
 
 def test_tiny_llama_with_switchboard_ops_generates_what_vllm_does(llama_dir: Path, registered_ops: list[str],
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    import kernel_switchboard_vllm
     from vllm import LLM, SamplingParams
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+    import kernel_switchboard_vllm
 
     def generate() -> list[list[int]]:
         from vllm.v1.attention.selector import _cached_get_attn_backend

@@ -20,10 +20,11 @@ import pytest
 
 pytest.importorskip("vllm", reason="the vLLM adapter's tests run against the real vLLM (nox -s tests-vllm)")
 
-import kernel_switchboard_vllm  # noqa: E402
-from kernel_switchboard_vllm.attention import SwitchboardAttentionImpl  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend  # noqa: E402
+
+import kernel_switchboard_vllm  # noqa: E402
+from kernel_switchboard_vllm.attention import SwitchboardAttentionImpl  # noqa: E402
 
 PROMPTS = [
     list(range(3, 90)),  # longer than the token budget: chunked prefill

@@ -16,10 +16,11 @@ import pytest
 
 pytest.importorskip("vllm", reason="the vLLM adapter's tests run against the real vLLM (nox -s tests-vllm)")
 
-import kernel_switchboard_vllm  # noqa: E402
-from kernel_switchboard_vllm.mla import SwitchboardMLABackend, SwitchboardMLAImpl  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend  # noqa: E402
+
+import kernel_switchboard_vllm  # noqa: E402
+from kernel_switchboard_vllm.mla import SwitchboardMLABackend, SwitchboardMLAImpl  # noqa: E402
 
 
 @pytest.fixture(scope="module")

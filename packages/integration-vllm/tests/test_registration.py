@@ -9,10 +9,11 @@ import pytest
 
 pytest.importorskip("vllm", reason="the vLLM adapter's tests run against the real vLLM (nox -s tests-vllm)")
 
+from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: E402
+
 import kernel_switchboard_vllm  # noqa: E402
 from kernel_switchboard_vllm.attention import SwitchboardAttentionBackend  # noqa: E402
 from kernel_switchboard_vllm.mla import SwitchboardMLABackend  # noqa: E402
-from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: E402
 
 
 def test_entry_point_is_what_vllm_loads() -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from kernel_switchboard import Capability, Kernel, empty_rows
+from kernel_switchboard.ops.attention_runner import buffers
 from kernel_switchboard.paged import PagedKVCache, PageTable
 
 from . import graphs
@@ -126,16 +127,8 @@ def _decode_feeds(built: graphs.Built, q: torch.Tensor, cache: PagedKVCache, tab
 
 
 def decode(q: torch.Tensor, cache: PagedKVCache, table: PageTable, p: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """q (B, Hq, D) -> out (B, Hq, Dv), lse (B, Hq) float32 natural log or None."""
-    b, hq, _ = q.shape
-    out = q.new_empty((b, hq, cache.head_dim_v))
-    lse = q.new_empty((b, hq), dtype=torch.float32) if p.return_lse else None
-    if b == 0 or _no_pages(cache, table, out, lse):
-        return out, lse
-    built = graphs.get(decode_spec(q, cache, table, p), q.device)
-    graphs.execute(built, _decode_feeds(built, q, cache, table, out, lse), graphs.workspace(built, q.device), q.device)
-    empty_rows.zero_empty_requests(table.seq_lens, out, lse)  # cuDNN leaves them undefined
-    return out, lse
+    """q (B, Hq, D) -> out (B, Hq, Dv), lse (B, Hq) float32 natural log or None: a :class:`DecodePlan` run once."""
+    return DecodePlan(None, table, p).run(q, cache, None, None)
 
 
 class DecodePlan:
@@ -157,18 +150,21 @@ class DecodePlan:
             entry = self._entries[key] = (built, graphs.workspace(built, q.device))
         return entry
 
-    def run(self, q: torch.Tensor, cache: PagedKVCache, out: torch.Tensor, lse: torch.Tensor | None) -> None:
+    def run(self, q: torch.Tensor, cache: PagedKVCache, out: torch.Tensor | None, lse: torch.Tensor | None
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        out, lse = buffers(out, lse, q, q.shape[:2], cache.head_dim_v, self.p.return_lse)
         if q.shape[0] == 0 or _no_pages(cache, self.table, out, lse):
-            return
+            return out, lse
         built, ws = self._entry(q, cache)
         o = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
         s = lse if lse is None or lse.is_contiguous() else torch.empty_like(lse, memory_format=torch.contiguous_format)
         graphs.execute(built, _decode_feeds(built, q, cache, self.table, o, s), ws, q.device)
-        empty_rows.zero_empty_requests(self.table.seq_lens, o, s)
+        empty_rows.zero_empty_requests(self.table.seq_lens, o, s)  # cuDNN leaves them undefined
         if o is not out:
             out.copy_(o)
         if lse is not None and s is not None and s is not lse:
             lse.copy_(s)
+        return out, lse
 
 
 # -- paged prefill -------------------------------------------------------------------------------------------
@@ -197,16 +193,14 @@ def _gather_lse(stats: torch.Tensor, gather: torch.Tensor, lse: torch.Tensor) ->
 
 
 def _prefill_execute(built: graphs.Built, ws: torch.Tensor, q: torch.Tensor, cache: PagedKVCache, table: PageTable,
-                     packed: _PackedQueries, out: torch.Tensor, lse: torch.Tensor | None, s_q: int,
-                     stats: torch.Tensor | None = None) -> None:
-    """Execute the graph; ``stats`` (B, s_q, Hq) float32 is the LSE scratch (a plan owns one)."""
+                     packed: _PackedQueries, out: torch.Tensor, lse: torch.Tensor | None, stats: torch.Tensor | None
+                     ) -> None:
+    """Execute the graph; ``stats`` (B, s_q, Hq) float32 is the LSE scratch, gathered into ``lse``."""
     k, v = pages_hnd(cache)
     bt = table_4d(table.block_table)
     feeds = {"q": q, "k": k, "v": v, "o": out, "seq_q": packed.seq_q, "seq_kv": lengths_4d(table.seq_lens),
              "k_table": bt, "v_table": bt, "q_off": packed.q_off, "o_off": packed.o_off}
-    if lse is not None:
-        if stats is None:
-            stats = torch.empty((table.batch_size, s_q, q.shape[1]), dtype=torch.float32, device=q.device)
+    if lse is not None and stats is not None:
         feeds["stats"] = stats
     graphs.execute(built, feeds, ws, q.device)
     if lse is not None and stats is not None:
@@ -215,47 +209,40 @@ def _prefill_execute(built: graphs.Built, ws: torch.Tensor, q: torch.Tensor, cac
 
 def prefill(q: torch.Tensor, qo_indptr: torch.Tensor, cache: PagedKVCache, table: PageTable, p: Any
             ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """q (Tq, Hq, D) packed by qo_indptr -> out (Tq, Hq, Dv), lse (Tq, Hq) or None."""
-    total, hq = q.shape[0], q.shape[1]
-    dv = cache.head_dim_v
-    out = q.new_empty((total, hq, dv))
-    lse = q.new_empty((total, hq), dtype=torch.float32) if p.return_lse else None
-    if total == 0 or table.batch_size == 0 or _no_pages(cache, table, out, lse):
-        return out, lse
-    check_offsets(q, "q")
-    s_q = q_bucket(p.max_q_len)
-    built = graphs.get(prefill_spec(q, cache, table, p, s_q), q.device)
-    packed = _PackedQueries(qo_indptr, total, s_q, q.stride(0), hq * dv)
-    _prefill_execute(built, graphs.workspace(built, q.device), q, cache, table, packed, out, lse, s_q)
-    _zero_empty_rows(table.seq_lens, qo_indptr, total, out, lse)
-    return out, lse
+    """q (Tq, Hq, D) packed by qo_indptr -> out (Tq, Hq, Dv), lse (Tq, Hq) or None: a :class:`PrefillPlan` run
+    once."""
+    return PrefillPlan(None, table, p, qo_indptr=qo_indptr).run(q, cache, None, None)
 
 
 class PrefillPlan:
     """A planned paged prefill: query lengths, offsets and the LSE gather index are made at plan
-    time from ``qo_indptr``; the graph is built at the first run and kept with its workspace."""
+    time from ``qo_indptr`` (at the first run where its host values are not given); the graph is built at the
+    first run and kept with its workspace."""
 
-    def __init__(self, problem: Any, table: PageTable, p: Any, *, qo_indptr: torch.Tensor, **_: Any) -> None:
+    def __init__(self, problem: Any, table: PageTable, p: Any, *, qo_indptr: torch.Tensor,
+                 host_qo_indptr: list[int] | None = None, **_: Any) -> None:
         self.table, self.p, self.qo_indptr = table, p, qo_indptr
-        self.total = int(qo_indptr[-1]) if qo_indptr.numel() else 0
         self.s_q = q_bucket(p.max_q_len)
         self._packed: _PackedQueries | None = None
-        if problem is not None and self.total:  # side tensors made now, outside any capture
-            self._packed = _PackedQueries(qo_indptr, self.total, self.s_q, problem.num_q_heads * problem.head_dim,
+        total = None if host_qo_indptr is None else host_qo_indptr[-1]
+        if problem is not None and total:  # side tensors made now, outside any capture
+            self._packed = _PackedQueries(qo_indptr, total, self.s_q, problem.num_q_heads * problem.head_dim,
                                           problem.num_q_heads * problem.head_dim_v)
             if p.return_lse:
                 self._packed.gather.numel()  # the LSE gather index, made now too
         self._entries: dict[tuple[Any, ...], tuple[graphs.Built, torch.Tensor]] = {}
         self._stats: torch.Tensor | None = None  # LSE scratch, made once (at the first run with LSE)
 
-    def run(self, q: torch.Tensor, cache: PagedKVCache, out: torch.Tensor, lse: torch.Tensor | None) -> None:
-        if self.total == 0 or self.table.batch_size == 0 or _no_pages(cache, self.table, out, lse):
-            return
-        hq, dv = q.shape[1], cache.head_dim_v
+    def run(self, q: torch.Tensor, cache: PagedKVCache, out: torch.Tensor | None, lse: torch.Tensor | None
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        total, hq, dv = q.shape[0], q.shape[1], cache.head_dim_v
+        out, lse = buffers(out, lse, q, (total, hq), dv, self.p.return_lse)
+        if total == 0 or self.table.batch_size == 0 or _no_pages(cache, self.table, out, lse):
+            return out, lse
         packed = self._packed
         if packed is None or packed.q_token_stride != q.stride(0):
             check_offsets(q, "q")
-            packed = self._packed = _PackedQueries(self.qo_indptr, self.total, self.s_q, q.stride(0), hq * dv)
+            packed = self._packed = _PackedQueries(self.qo_indptr, total, self.s_q, q.stride(0), hq * dv)
         key = (q.stride(), cache.k_pages.shape, cache.k_pages.stride(), cache.v_pages.stride(), cache.layout)
         entry = self._entries.get(key)
         if entry is None:
@@ -264,30 +251,14 @@ class PrefillPlan:
         o = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
         if lse is not None and self._stats is None:
             self._stats = torch.empty((self.table.batch_size, self.s_q, hq), dtype=torch.float32, device=q.device)
-        _prefill_execute(entry[0], entry[1], q, cache, self.table, packed, o, lse, self.s_q, self._stats)
+        _prefill_execute(entry[0], entry[1], q, cache, self.table, packed, o, lse, self._stats)
         if o is not out:
             out.copy_(o)
-        _zero_empty_rows(self.table.seq_lens, self.qo_indptr, self.total, out, lse)
+        _zero_empty_rows(self.table.seq_lens, self.qo_indptr, total, out, lse)
+        return out, lse
 
 
 # -- ragged prefill --------------------------------------------------------------------------------------------
-def _ragged_outputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: int, p: Any
-                    ) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
-    """(out (Tq, Hq, Dv), lse (Tq, Hq) float32 or None, trivial): trivial when there is nothing to compute
-    (no queries; or no keys anywhere: out 0, lse -inf, the op's convention, without a zero-size graph)."""
-    total, hq = q.shape[0], q.shape[1]
-    out = q.new_empty((total, hq, v.shape[2]))
-    lse = q.new_empty((total, hq), dtype=torch.float32) if p.return_lse else None
-    if total == 0 or batch == 0:
-        return out, lse, True
-    if k.shape[0] == 0:
-        out.zero_()
-        if lse is not None:
-            lse.fill_(float("-inf"))
-        return out, lse, True
-    return out, lse, False
-
-
 def _ragged_offset_feeds(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr: torch.Tensor,
                          kv_indptr: torch.Tensor) -> dict[str, torch.Tensor]:
     """The ragged offsets of packed q, k, v and of the (Tq, Hq, Dv) output, by graph role (int32: checked)."""
@@ -299,25 +270,10 @@ def _ragged_offset_feeds(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_i
 
 def prefill_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
                    p: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """q (Tq, Hq, D), k (Tk, Hkv, D), v (Tk, Hkv, Dv) packed by the indptrs -> out (Tq, Hq, Dv), lse or None."""
-    total, hq = q.shape[0], q.shape[1]
-    batch = qo_indptr.shape[0] - 1
-    out, lse, trivial = _ragged_outputs(q, k, v, batch, p)
-    if trivial:
-        return out, lse
-    offsets = _ragged_offset_feeds(q, k, v, qo_indptr, kv_indptr)
-    s_q, s_kv = q_bucket(p.max_q_len), q_bucket(p.max_kv_len)
-    built = graphs.get(ragged_spec(q, k, v, batch, p, s_q, s_kv), q.device)
-    feeds = {"q": q, "k": k, "v": v, "o": out, "seq_q": indptr_lengths(qo_indptr), "seq_kv": indptr_lengths(kv_indptr),
-             **offsets}
-    stats = None
-    if lse is not None:
-        stats = feeds["stats"] = torch.empty((batch, s_q, hq), dtype=torch.float32, device=q.device)
-    graphs.execute(built, feeds, graphs.workspace(built, q.device), q.device)
-    if lse is not None and stats is not None:
-        _gather_lse(stats, lse_gather_index(qo_indptr, total, s_q), lse)
-    _zero_empty_rows(kv_indptr[1:] - kv_indptr[:-1], qo_indptr, total, out, lse)
-    return out, lse
+    """q (Tq, Hq, D), k (Tk, Hkv, D), v (Tk, Hkv, Dv) packed by the indptrs -> out (Tq, Hq, Dv), lse or None: a
+    :class:`RaggedPrefillPlan` (without the indptrs' host values: the ragged graph) run once."""
+    plan = RaggedPrefillPlan(None, None, p, qo_indptr=qo_indptr, kv_indptr=kv_indptr, host_indptrs=None)
+    return plan.run(q, k, v, None, None)
 
 
 class RaggedPrefillPlan:
@@ -325,27 +281,35 @@ class RaggedPrefillPlan:
     requests all have the same query and key counts, packed from offset 0, runs as a dense graph (no
     ragged offsets, no padding mask: cuDNN's faster path); others get their lengths, offsets and LSE
     gather index made here. The zeroing of requests with queries but no keys (a full pass over ``out``)
-    runs only when the plan has one. The graph is built at the first run (warm a plan before capturing it)."""
+    runs only when the plan has one. The graph is built at the first run (warm a plan before capturing it).
+    Without the host values (an eager call in a CUDA-graph capture) the plan takes the ragged path and makes
+    what depends on the query count at its first run, from q's rows."""
 
     def __init__(self, problem: Any, table: None, p: Any, *, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
-                 host_indptrs: tuple[list[int], list[int]], **_: Any) -> None:
-        qo, kv = host_indptrs
+                 host_indptrs: tuple[list[int], list[int]] | None = None, **_: Any) -> None:
         self.p, self.qo_indptr, self.kv_indptr = p, qo_indptr, kv_indptr
-        self.batch, self.total = len(qo) - 1, qo[-1]  # q has qo[-1] rows
-        q_lens = [b - a for a, b in itertools.pairwise(qo)]
-        kv_lens = [b - a for a, b in itertools.pairwise(kv)]
-        #: query tokens of requests with no keys (zeroed after each run), when there are any
-        self.empty = (_empty_tokens(kv_indptr[1:] - kv_indptr[:-1], qo_indptr, self.total)
-                      if any(n > 0 and m == 0 for n, m in zip(q_lens, kv_lens)) else None)
-        self.uniform = (self.batch > 0 and qo[0] == 0 and kv[0] == 0 and len(set(q_lens)) == 1
-                        and len(set(kv_lens)) == 1 and q_lens[0] > 0 and kv_lens[0] > 0 and p.window_left < 0
-                        and (not p.causal or q_lens[0] == kv_lens[0]))
+        self.batch = qo_indptr.shape[0] - 1
+        self.total: int | None = None  # query rows, where known before the first run
+        self.uniform, self.empty, self.gather = False, None, None
+        self.empty_unknown = host_indptrs is None  # whether requests with queries but no keys may exist
+        if host_indptrs is not None:
+            qo, kv = host_indptrs
+            self.total = qo[-1]
+            q_lens = [b - a for a, b in itertools.pairwise(qo)]
+            kv_lens = [b - a for a, b in itertools.pairwise(kv)]
+            #: query tokens of requests with no keys (zeroed after each run), when there are any
+            self.empty = (_empty_tokens(kv_indptr[1:] - kv_indptr[:-1], qo_indptr, self.total)
+                          if any(n > 0 and m == 0 for n, m in zip(q_lens, kv_lens)) else None)
+            self.uniform = (self.batch > 0 and qo[0] == 0 and kv[0] == 0 and len(set(q_lens)) == 1
+                            and len(set(kv_lens)) == 1 and q_lens[0] > 0 and kv_lens[0] > 0 and p.window_left < 0
+                            and (not p.causal or q_lens[0] == kv_lens[0]))
         if self.uniform:
             self.s_q, self.s_kv = q_lens[0], kv_lens[0]
         else:
             self.s_q, self.s_kv = q_bucket(p.max_q_len), q_bucket(p.max_kv_len)
             self.seq = {"seq_q": indptr_lengths(qo_indptr), "seq_kv": indptr_lengths(kv_indptr)}
-            self.gather = lse_gather_index(qo_indptr, self.total, self.s_q) if p.return_lse else None
+            if p.return_lse and self.total is not None:
+                self.gather = lse_gather_index(qo_indptr, self.total, self.s_q)
         self._entries: dict[tuple[Any, ...], tuple[graphs.Built, torch.Tensor, dict[str, torch.Tensor]]] = {}
         self._stats: torch.Tensor | None = None
 
@@ -363,10 +327,17 @@ class RaggedPrefillPlan:
             entry = self._entries[key] = (built, graphs.workspace(built, q.device), side)
         return entry
 
-    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor | None,
+            lse: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """q (Tq, Hq, D), k (Tk, Hkv, D), v (Tk, Hkv, Dv) -> out (Tq, Hq, Dv), lse (Tq, Hq) float32 or None."""
-        out, lse, trivial = _ragged_outputs(q, k, v, self.batch, self.p)
-        if trivial:
+        total, hq = q.shape[0], q.shape[1]
+        out, lse = buffers(out, lse, q, (total, hq), v.shape[2], self.p.return_lse)
+        if total == 0 or self.batch == 0:
+            return out, lse
+        if k.shape[0] == 0:  # no keys anywhere: out 0, lse -inf, the op's convention, without a zero-size graph
+            out.zero_()
+            if lse is not None:
+                lse.fill_(float("-inf"))
             return out, lse
         built, ws, side = self._entry(q, k, v)
         feeds = {"q": q, "k": k, "v": v, "o": out, **side}
@@ -376,11 +347,16 @@ class RaggedPrefillPlan:
                 feeds["stats"] = lse
             else:
                 if self._stats is None:
-                    self._stats = torch.empty((self.batch, self.s_q, q.shape[1]), dtype=torch.float32, device=q.device)
+                    self._stats = torch.empty((self.batch, self.s_q, hq), dtype=torch.float32, device=q.device)
                 stats = feeds["stats"] = self._stats
         graphs.execute(built, feeds, ws, q.device)
-        if stats is not None and lse is not None and self.gather is not None:
+        if stats is not None and lse is not None:
+            if self.gather is None:
+                self.gather = lse_gather_index(self.qo_indptr, total, self.s_q)
             _gather_lse(stats, self.gather, lse)
+        if self.empty_unknown:
+            self.empty, self.empty_unknown = _empty_tokens(self.kv_indptr[1:] - self.kv_indptr[:-1], self.qo_indptr,
+                                                           total), False
         if self.empty is not None:
             _zero_rows(self.empty, out, lse)
         return out, lse

@@ -23,11 +23,12 @@ from typing import Any
 import torch
 
 from kernel_switchboard import Capability, Kernel
+from kernel_switchboard.ops.attention_runner import buffers, into
 from kernel_switchboard.paged import PagedKVCache, PageTable
 
 from .convert import decode_queries, lse_batched, lse_batched_tokens, lse_varlen, merge_splits, softcap, split_table, window_fa4
 from .cost import decode_cost, prefill_cost
-from .providers import FA4
+from .providers import FA4, load
 
 HALF = frozenset({torch.float16, torch.bfloat16})
 DIMS = frozenset(range(8, 257, 8))
@@ -38,15 +39,11 @@ MAX_SPLITS = 16
 
 
 def _fn() -> Any:
-    from flash_attn.cute import flash_attn_varlen_func
-
-    return flash_attn_varlen_func
+    return load(FA4).flash_attn_varlen_func
 
 
 def _dense_fn() -> Any:
-    from flash_attn.cute import flash_attn_func
-
-    return flash_attn_func
+    return load(FA4).flash_attn_func
 
 
 def check_dims(pr: Any) -> list[str]:
@@ -128,19 +125,14 @@ def _auto_splits(device: torch.device, batch: int, kv_heads: int, kv_capacity: i
 
 
 def decode(q: torch.Tensor, cache: PagedKVCache, table: PageTable, p: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """q (B, Hq, D) -> out (B, Hq, Dv), lse (B, Hq) or None."""
-    if q.shape[0] == 0 or not (table.max_pages and cache.num_pages):
-        out = q.new_empty((q.shape[0], q.shape[1], cache.head_dim_v))
-        lse = q.new_empty(q.shape[:2], dtype=torch.float32) if p.return_lse else None
-        _empty(cache, table, out, lse)
-        return out, lse
-    splits = _auto_splits(q.device, q.shape[0], cache.num_kv_heads, table.max_pages * cache.page_size, p.window_left)
-    return _decode_into(q, cache, table, p, splits)
+    """q (B, Hq, D) -> out (B, Hq, Dv), lse (B, Hq) or None: a :class:`DecodePlan` run once."""
+    return DecodePlan(None, table, p).run(q, cache, None, None)
 
 
 class DecodePlan:
     """A planned FA4 decode: the split count is fixed at plan time; ``run`` slices the table on the
-    device (so in-place table updates are seen), calls FA4 and merges."""
+    device (so in-place table updates are seen), calls FA4 and merges. FA4 returns new tensors: a run given
+    buffers copies into them, one given none returns FA4's."""
 
     def __init__(self, problem: Any, table: PageTable, p: Any, *, splits: int | None = None, **_: Any) -> None:
         self.table, self.p, self.splits = table, p, splits
@@ -148,16 +140,16 @@ class DecodePlan:
             self.splits = _auto_splits(table.block_table.device, table.batch_size, problem.num_kv_heads,
                                        table.max_pages * problem.page_size, p.window_left)
 
-    def run(self, q: torch.Tensor, cache: PagedKVCache, out: torch.Tensor, lse: torch.Tensor | None) -> None:
-        if q.shape[0] == 0 or _empty(cache, self.table, out, lse):
-            return
-        if self.splits is None:  # planned without a problem (tests): settle at the first run
+    def run(self, q: torch.Tensor, cache: PagedKVCache, out: torch.Tensor | None, lse: torch.Tensor | None
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if q.shape[0] == 0 or not (self.table.max_pages and cache.num_pages):
+            out, lse = buffers(out, lse, q, q.shape[:2], cache.head_dim_v, self.p.return_lse)
+            _empty(cache, self.table, out, lse)
+            return out, lse
+        if self.splits is None:  # planned without a problem (an eager call): settle at the first run
             self.splits = _auto_splits(q.device, q.shape[0], cache.num_kv_heads,
                                        self.table.max_pages * cache.page_size, self.p.window_left)
-        o, s = _decode_into(q, cache, self.table, self.p, self.splits)
-        out.copy_(o)
-        if lse is not None and s is not None:
-            lse.copy_(s)
+        return into(_decode_into(q, cache, self.table, self.p, self.splits), out, lse)
 
 
 def prefill(q: torch.Tensor, qo_indptr: torch.Tensor, cache: PagedKVCache, table: PageTable, p: Any
@@ -194,11 +186,14 @@ class RaggedPrefillPlan:
     entry on (B, S, H, D) views; others through the varlen one, as an unplanned call does."""
 
     def __init__(self, problem: Any, table: None, p: Any, *, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
-                 host_indptrs: tuple[list[int], list[int]], **_: Any) -> None:
+                 host_indptrs: tuple[list[int], list[int]] | None = None, **_: Any) -> None:
+        self.p, self.indptrs, self.batch = p, (qo_indptr, kv_indptr), qo_indptr.shape[0] - 1
+        self.dense, self.pack_gqa = False, None
+        if host_indptrs is None:  # an eager call in a CUDA-graph capture: the varlen entry
+            return
         qo, kv = host_indptrs
         q_lens = {b - a for a, b in itertools.pairwise(qo)}
         kv_lens = {b - a for a, b in itertools.pairwise(kv)}
-        self.p, self.indptrs, self.batch = p, (qo_indptr, kv_indptr), len(qo) - 1
         self.dense = (self.batch > 0 and qo[0] == 0 and kv[0] == 0 and len(q_lens) == 1 and len(kv_lens) == 1
                       and min(q_lens) > 0 and min(kv_lens) > 0)
         # FA4 packs the query heads of a KV head into one tile by default; unpacked tiles ran causal prefill faster
@@ -206,15 +201,17 @@ class RaggedPrefillPlan:
         # ones beyond (1x8192 637 against 626; session 8)
         self.pack_gqa = False if p.causal and self.dense and max(q_lens) <= PACK_GQA_ABOVE else None
 
-    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """q (Tq, Hq, D), k (Tk, Hkv, D), v (Tk, Hkv, Dv) -> out (Tq, Hq, Dv), lse (Tq, Hq) float32 or None."""
+    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor | None,
+            lse: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """q (Tq, Hq, D), k (Tk, Hkv, D), v (Tk, Hkv, Dv) -> out (Tq, Hq, Dv), lse (Tq, Hq) float32 or None (FA4's
+        own tensors, copied into the buffers given)."""
         if not self.dense:
-            return prefill_ragged(q, k, v, *self.indptrs, self.p)
+            return into(prefill_ragged(q, k, v, *self.indptrs, self.p), out, lse)
         b, p = self.batch, self.p
-        out, lse = _dense_fn()(q.unflatten(0, (b, -1)), k.unflatten(0, (b, -1)), v.unflatten(0, (b, -1)),
-                               softmax_scale=p.sm_scale, causal=p.causal, window_size=window_fa4(p.window_left),
-                               softcap=softcap(p.logits_soft_cap), return_lse=p.return_lse, pack_gqa=self.pack_gqa)
-        return out.flatten(0, 1), (lse_batched_tokens(lse) if p.return_lse else None)
+        res, res_lse = _dense_fn()(q.unflatten(0, (b, -1)), k.unflatten(0, (b, -1)), v.unflatten(0, (b, -1)),
+                                   softmax_scale=p.sm_scale, causal=p.causal, window_size=window_fa4(p.window_left),
+                                   softcap=softcap(p.logits_soft_cap), return_lse=p.return_lse, pack_gqa=self.pack_gqa)
+        return into((res.flatten(0, 1), lse_batched_tokens(res_lse) if p.return_lse else None), out, lse)
 
 
 def kernels(version: str | None, unavailable: str | None) -> list[Kernel]:

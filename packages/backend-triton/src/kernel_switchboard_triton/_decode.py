@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from kernel_switchboard.errors import fail
+from kernel_switchboard.ops.attention_runner import buffers
 
 from ._attn_common import _tanh, cc_major, choose_splits, interpreting, resident_ctas, sm_count, soft_cap_args
 from ._prefill import variant_finish, variant_launch, variant_scores
@@ -334,9 +335,22 @@ def decode(q: torch.Tensor, cache: Any, table: Any, p: Any) -> tuple[torch.Tenso
     return out, lse
 
 
-def plan_decode(problem: Any, table: Any, p: Any, num_splits: int | None = None, **_: Any) -> DecodePlan:
-    """``Kernel.plan`` of the decode kernel: the split schedule and workspace for this table."""
-    return DecodePlan(table, num_q_heads=problem.num_q_heads, num_kv_heads=problem.num_kv_heads,
-                      head_dim=problem.head_dim, head_dim_v=problem.head_dim_v, sm_scale=p.sm_scale,
-                      logits_soft_cap=p.logits_soft_cap, window_left=p.window_left, max_kv_len=p.max_kv_len,
-                      num_splits=num_splits, dtype=problem.dtype, variant=getattr(p, "variant", None))
+class DecodeRunner:
+    """``Kernel.plan`` of the decode kernel: a :class:`DecodePlan` (the split schedule and workspace for this table)
+    whose runs write the given ``out`` / ``lse`` or new ones (the core's runner contract)."""
+
+    def __init__(self, problem: Any, table: Any, p: Any, num_splits: int | None = None, **_: Any) -> None:
+        self.plan = DecodePlan(table, num_q_heads=problem.num_q_heads, num_kv_heads=problem.num_kv_heads,
+                               head_dim=problem.head_dim, head_dim_v=problem.head_dim_v, sm_scale=p.sm_scale,
+                               logits_soft_cap=p.logits_soft_cap, window_left=p.window_left, max_kv_len=p.max_kv_len,
+                               num_splits=num_splits, variant=getattr(p, "variant", None))
+        self.head_dim_v, self.want_lse = problem.head_dim_v, p.return_lse
+
+    def run(self, q: torch.Tensor, cache: Any, out: torch.Tensor | None, lse: torch.Tensor | None
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        out, lse = buffers(out, lse, q, q.shape[:2], self.head_dim_v, self.want_lse)
+        self.plan.run(q, cache, out, lse)
+        return out, lse
+
+
+plan_decode = DecodeRunner

@@ -31,6 +31,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from kernel_switchboard.ops.attention_runner import buffers
+
 from ._attn_common import LOG2E, cc_major, choose_splits, interpreting, resident_ctas, sm_count
 from ._common import gluon_clusters, gluon_hopper, has_tma, row_major_for_tma
 from ._decode import launch_merge_splits, round_len
@@ -375,9 +377,22 @@ class MLAPlan:
         return out, lse
 
 
-def plan_mla(problem: Any, table: Any, p: Any, **_: Any) -> MLAPlan:
-    """``Kernel.plan`` of the MLA decode kernel: the split schedule and workspace for this table."""
-    return MLAPlan(table, problem.num_q_heads, problem.head_dim, problem.page_size, p.sm_scale, p.max_kv_len)
+class MLARunner:
+    """``Kernel.plan`` of the MLA decode kernel: an :class:`MLAPlan` (the split schedule and workspace for this
+    table) whose runs write the given ``out`` / ``lse`` or new ones (the core's runner contract)."""
+
+    def __init__(self, problem: Any, table: Any, p: Any, **_: Any) -> None:
+        self.plan = MLAPlan(table, problem.num_q_heads, problem.head_dim, problem.page_size, p.sm_scale, p.max_kv_len)
+        self.want_lse = p.return_lse
+
+    def run(self, q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_pages: torch.Tensor, kpe_pages: torch.Tensor,
+            out: torch.Tensor | None, lse: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        out, lse = buffers(out, lse, q_nope, q_nope.shape[:2], q_nope.shape[2], self.want_lse)
+        self.plan.run(q_nope, q_pe, ckv_pages, kpe_pages, out, lse)
+        return out, lse
+
+
+plan_mla = MLARunner
 
 
 def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_pages: torch.Tensor, kpe_pages: torch.Tensor,

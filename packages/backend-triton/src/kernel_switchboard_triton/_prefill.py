@@ -26,6 +26,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from kernel_switchboard.ops.attention_runner import buffers
+
 from ._attn_common import _tanh, cc_major, interpreting, soft_cap_args, soft_cap_mode, split_dim
 from ._common import has_tma, row_major_for_tma
 
@@ -508,16 +510,20 @@ def prefill_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr:
 
 
 class PrefillPlan:
-    """A paged prefill launch prepared once for a table and ``qo_indptr``; ``run(q, cache, out, lse)``
-    only launches (no host sync, no allocation), so it can be captured in a CUDA graph."""
+    """A paged prefill launch prepared once for a table and ``qo_indptr`` (``Kernel.plan``); ``run(q, cache, out,
+    lse)`` only launches (no host sync; it allocates only the outputs it is not given), so it can be captured in a
+    CUDA graph."""
 
     def __init__(self, problem: Any, table: Any, p: Any, *, qo_indptr: torch.Tensor, **_: Any) -> None:
         self.table, self.p, self.qo_indptr = table, p, qo_indptr
         rows = triton.next_power_of_2(max(1, p.max_q_len) * problem.group_size)
         self.cfg = prefill_config(table.block_table.device, problem.head_dim, problem.head_dim_v, rows)
 
-    def run(self, q: torch.Tensor, cache: Any, out: torch.Tensor, lse: torch.Tensor | None = None) -> None:
+    def run(self, q: torch.Tensor, cache: Any, out: torch.Tensor | None, lse: torch.Tensor | None
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        out, lse = buffers(out, lse, q, q.shape[:2], cache.head_dim_v, self.p.return_lse)
         fp8 = cache.k_scale is not None
         launch_prefill(q, cache.k_pages, cache.v_pages, self.qo_indptr, None, self.table.block_table,
                        self.table.seq_lens, cache.layout, cache.page_size, out, lse, self.p, self.cfg,
                        k_scale=cache.k_scale if fp8 else 1.0, v_scale=cache.v_scale if fp8 else 1.0)
+        return out, lse

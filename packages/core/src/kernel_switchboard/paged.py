@@ -12,6 +12,8 @@ vLLM's block-table form.
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any
 
 import torch
@@ -22,6 +24,9 @@ from .errors import check, fail
 LAYOUTS = ("NHD", "HND")
 FP8_DTYPES = frozenset({torch.float8_e4m3fn, torch.float8_e5m2})
 KV_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32}) | FP8_DTYPES
+INDEX_DTYPES = frozenset({torch.int32, torch.int64})
+#: page ids, lengths and page sizes are int32 in every kernel: values must stay below this
+INT32_LIMIT = 2**31
 
 
 class PagedKVCache:
@@ -50,7 +55,7 @@ class PagedKVCache:
         if not fp8:
             check(k_scale is None and v_scale is None, "k_scale/v_scale", (k_scale, v_scale), "None unless pages are fp8")
         for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
-            check(s is None or (isinstance(s, (int, float)) and s > 0), name, s, "a positive float or None")
+            check(s is None or _positive_finite(s), name, s, "a finite float > 0 or None")
         self.k_pages, self.v_pages, self.layout = k_pages, v_pages, layout
         self.k_scale = float(k_scale) if k_scale is not None else (1.0 if fp8 else None)
         self.v_scale = float(v_scale) if v_scale is not None else (1.0 if fp8 else None)
@@ -103,7 +108,7 @@ class PageTable:
     again at the next eager call; a ``max_seq_len`` given by the caller is trusted as an upper bound.
     """
 
-    __slots__ = ("_checked", "_given", "_max_seq_len", "_versions", "block_table", "seq_lens")
+    __slots__ = ("_checked", "_given", "_max_seq_len", "_top_page", "_versions", "block_table", "seq_lens")
 
     def __init__(self, block_table: torch.Tensor, seq_lens: torch.Tensor, max_seq_len: int | None = None) -> None:
         check(isinstance(block_table, torch.Tensor) and block_table.dim() == 2, "block_table",
@@ -118,11 +123,15 @@ class PageTable:
               f"block_table.device ({block_table.device})")
         check(block_table.stride(-1) == 1, "block_table.stride", block_table.stride(), "unit stride in the last dim")
         check(seq_lens.is_contiguous(), "seq_lens", "non-contiguous", "a contiguous tensor")
+        check(max_seq_len is None or isinstance(max_seq_len, torch.SymInt)
+              or (_is_int(max_seq_len) and 0 <= max_seq_len < INT32_LIMIT), "max_seq_len", max_seq_len,
+              "None or an int in [0, 2**31)")
         self.block_table, self.seq_lens = block_table, seq_lens
         self._given = max_seq_len is not None
         self._max_seq_len = max_seq_len
         self._versions = (_version(block_table), _version(seq_lens))
         self._checked: set[tuple[int, int]] = set()
+        self._top_page: dict[int, int] = {}
         if max_seq_len is None and not is_capturing():
             self._measure()
 
@@ -141,6 +150,7 @@ class PageTable:
         if versions != self._versions and not is_capturing():
             self._versions = versions
             self._checked.clear()
+            self._top_page.clear()
             if not self._given:
                 self._measure()
         return self._max_seq_len
@@ -165,6 +175,7 @@ class PageTable:
         if max_seq_len is not None and max_seq_len > self.max_pages * page_size:
             raise fail("seq_lens", f"max {max_seq_len}",
                        f"at most max_pages * page_size = {self.max_pages} * {page_size} = {self.max_pages * page_size}")
+        hi = -1
         if self.batch_size and self.max_pages:
             used = torch.arange(self.max_pages, device=self.block_table.device)[None, :] * page_size < self.seq_lens[:, None]
             if bool(used.any()):
@@ -173,7 +184,27 @@ class PageTable:
                 if lo < 0 or hi >= num_pages:
                     raise fail("block_table", f"page index {hi if hi >= num_pages else lo}",
                                f"page indices in [0, {num_pages}) for the pages a request uses")
+        self._top_page[page_size] = hi
         self._checked.add(key)
+
+    def pages_used(self, page_size: int) -> int | None:
+        """One more than the largest page index a request uses, as the last check at ``page_size`` found it
+        (:meth:`check_against`; 0 when no request uses a page), or None before any such check: what a cache must
+        hold at least. A plan checks its cache against it at every run without reading the device."""
+        top = self._top_page.get(page_size)
+        return None if top is None else top + 1
+
+    def checked_max_seq_len(self, page_size: int, num_pages: int) -> int:
+        """:meth:`check_against` then the host bound on sequence length (``max_pages * page_size`` where none is
+        known): the attention ops' one call per table; once checked, a version compare and a set lookup."""
+        try:
+            versions = (self.block_table._version, self.seq_lens._version)
+        except RuntimeError:  # an inference tensor has no version counter
+            versions = (_version(self.block_table), _version(self.seq_lens))
+        if versions != self._versions or (page_size, num_pages) not in self._checked:
+            self.check_against(page_size, num_pages)
+        bound = self._max_seq_len
+        return bound if bound is not None else self.block_table.shape[1] * page_size
 
     def pages_per_request(self, page_size: int) -> torch.Tensor:
         """(batch,) int32: how many pages each request uses."""
@@ -183,20 +214,55 @@ class PageTable:
     @classmethod
     def from_csr(cls, indptr: torch.Tensor, indices: torch.Tensor, last_page_len: torch.Tensor,
                  page_size: int) -> PageTable:
-        """From FlashInfer's form: ``indptr`` (batch+1,), ``indices`` (nnz,), ``last_page_len`` (batch,)."""
-        check(indptr.dim() == 1 and indptr.numel() >= 1, "indptr", _shape(indptr), "a 1-d (batch+1,) tensor")
+        """From FlashInfer's form: ``indptr`` (batch+1,), ``indices`` (nnz,), ``last_page_len`` (batch,), int32 or
+        int64 on one device; request ``b`` holds pages ``indices[indptr[b]:indptr[b+1]]``, the last of them filled
+        to ``last_page_len[b]`` slots (1..page_size; ignored for a request without pages).
+
+        Every value is checked (non-decreasing ``indptr`` within ``indices``, page ids and lengths in int32 range,
+        ``last_page_len`` within the page) with one read back to the host, which also sizes the table.
+        """
+        _check_index_tensor(indptr, "indptr")
+        check(indptr.numel() >= 1, "indptr.shape", tuple(indptr.shape), "(batch+1,) with at least one entry")
         batch = indptr.numel() - 1
-        check(last_page_len.shape == (batch,), "last_page_len", tuple(last_page_len.shape), f"({batch},)")
-        check(page_size >= 1, "page_size", page_size, "a positive int")
-        indptr = indptr.to(torch.int64)
-        counts = indptr[1:] - indptr[:-1]
-        max_pages = int(counts.max()) if batch else 0
-        col = torch.arange(max_pages, device=indices.device)[None, :]
-        mask = col < counts[:, None]
-        table = torch.zeros(batch, max_pages, dtype=torch.int32, device=indices.device)
-        table[mask] = indices.to(torch.int32)[indptr[0]:indptr[-1]] if indices.numel() else indices.to(torch.int32)
-        lens = torch.where(counts > 0, (counts - 1) * page_size + last_page_len.to(torch.int64), 0)
-        return cls(table, lens.to(torch.int32))
+        _check_index_tensor(indices, "indices", indptr)
+        _check_index_tensor(last_page_len, "last_page_len", indptr)
+        check(last_page_len.shape == (batch,), "last_page_len.shape", tuple(last_page_len.shape),
+              f"({batch},): one entry per request (indptr has {batch + 1})")
+        check(_is_int(page_size) and 1 <= page_size < INT32_LIMIT, "page_size", page_size, "an int in [1, 2**31)")
+        device, nnz = indptr.device, indices.numel()
+        ptr = indptr.to(torch.int64)
+        counts = ptr[1:] - ptr[:-1]
+        ids = indices.to(torch.int64)
+        used = torch.arange(nnz, device=device)
+        used = (used >= ptr[0]) & (used < ptr[-1])
+        has_pages = counts > 0
+        last = last_page_len.to(torch.int64)
+        lens = torch.where(has_pages, (counts - 1) * page_size + last, 0)
+        zero = ptr.new_zeros(())
+        big = torch.iinfo(torch.int64).max
+        stats = torch.stack([  # one host read for every check and the table's size
+            ptr[0], ptr[-1], counts.min() if batch else zero, counts.max() if batch else zero,
+            torch.where(used, ids, big).amin() if nnz else zero, torch.where(used, ids, -1).amax() if nnz else zero,
+            torch.where(has_pages, last, page_size).amin() if batch else zero + 1,
+            last.amin() if batch else zero, last.amax() if batch else zero, lens.amax() if batch else zero,
+        ]).tolist()
+        first, end, min_count, max_pages, lo_id, hi_id, min_last_used, min_last, max_last, max_len = stats
+        check(first >= 0, "indptr", f"indptr[0] = {first}", "indptr[0] >= 0")
+        check(min_count >= 0, "indptr", "decreasing entries", "non-decreasing offsets (pages per request >= 0)")
+        check(end <= nnz, "indptr", f"indptr[-1] = {end}", f"at most indices.numel() = {nnz}")
+        check(lo_id >= 0 and hi_id < INT32_LIMIT, "indices", f"page id {lo_id if lo_id < 0 else hi_id}",
+              "page ids in [0, 2**31)")
+        check(min_last >= 0 and max_last <= page_size and min_last_used >= 1, "last_page_len",
+              f"entries in [{min_last}, {max_last}]" + ("" if min_last_used >= 1 else " (0 for a request with pages)"),
+              f"1..page_size={page_size} slots for a request with pages (0..{page_size} for one without)")
+        check(max_len < INT32_LIMIT, "page_size", page_size,
+              f"a size that keeps sequence lengths below 2**31 (the longest would be {max_len})")
+        col = torch.arange(max_pages, device=device)[None, :]
+        table = torch.zeros(batch, max_pages, dtype=torch.int32, device=device)
+        table[col < counts[:, None]] = ids[first:end].to(torch.int32)
+        out = cls(table, lens.to(torch.int32), max_seq_len=max_len)
+        out._given = False  # measured here, not a caller's bound: in-place writes are noticed as usual
+        return out
 
     def to_csr(self, page_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """To FlashInfer's form: (indptr (batch+1,), indices (nnz,), last_page_len (batch,)), int32."""
@@ -248,6 +314,21 @@ def _version(t: torch.Tensor) -> int:
         return t._version
     except RuntimeError:
         return 0
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _positive_finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+def _check_index_tensor(t: Any, name: str, like: torch.Tensor | None = None) -> None:
+    check(isinstance(t, torch.Tensor) and t.dim() == 1, name, _shape(t), "a 1-d tensor")
+    check(t.dtype in INDEX_DTYPES, f"{name}.dtype", t.dtype, "torch.int32 or torch.int64")
+    if like is not None:
+        check(t.device == like.device, f"{name}.device", t.device, f"indptr.device ({like.device})")
 
 
 def _shape(t: Any) -> Any:

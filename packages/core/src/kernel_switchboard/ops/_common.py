@@ -1,9 +1,9 @@
-"""Shared plumbing of the public op functions: device keys, custom-op registration, checks."""
+"""Shared plumbing of the public op functions: device keys, capture features, argument checks."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -15,18 +15,15 @@ from ..errors import fail
 #: or a preference list of those
 BackendArg = str | Sequence[str] | None
 
-#: torch.library namespace of every switchboard custom op
-NAMESPACE = "ksb"
-
-
 @functools.lru_cache(maxsize=64)
-def _device_key(device: torch.device) -> tuple[str, tuple[int, int] | None]:
+def device_info(device: torch.device) -> tuple[str, tuple[int, int] | None]:
+    """(device type, compute capability or None) of a device, cached (a warm call is one C-level lookup)."""
     return device.type, compute_capability(device)
 
 
 def device_key(t: torch.Tensor) -> tuple[str, tuple[int, int] | None]:
     """(device type, compute capability or None) of a tensor, cached per device."""
-    return _device_key(t.device)
+    return device_info(t.device)
 
 
 _NO_FEATURES: frozenset[str] = frozenset()
@@ -38,22 +35,6 @@ def graph_features(device_type: str) -> frozenset[str]:
     if device_type == "cuda" and is_capturing():
         return _CAPTURE_FEATURES
     return _NO_FEATURES
-
-
-def compiling() -> bool:
-    """True while torch.compile / dynamo traces: public ops then call their custom op."""
-    return torch.compiler.is_compiling()
-
-
-def custom_op(name: str, impl: Callable[..., Any], fake: Callable[..., Any], mutates_args: Sequence[str] = ()) -> Any:
-    """Register ``impl`` as ``torch.ops.ksb.<name>`` with a fake (meta) implementation.
-
-    ``impl`` takes only tensors and primitives (annotated), so torch.compile can trace it.
-    Returns the op's default overload.
-    """
-    op = torch.library.custom_op(f"{NAMESPACE}::{name}", impl, mutates_args=tuple(mutates_args))
-    op.register_fake(fake)
-    return getattr(torch.ops, NAMESPACE).__getattr__(name).default
 
 
 def check_tensor(t: Any, name: str, dims: int | None = None, dtypes: Any = None) -> None:
@@ -72,17 +53,3 @@ def check_same_device(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tens
 
 
 FLOAT_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
-
-
-def backend_to_str(backend: BackendArg) -> str | None:
-    """Custom ops take ``backend`` as one string: a comma-separated preference list."""
-    if backend is None or isinstance(backend, str):
-        return backend
-    return ",".join(backend)
-
-
-def backend_from_str(backend: str | None) -> BackendArg:
-    """Inverse of :func:`backend_to_str`."""
-    if backend is None or "," not in backend:
-        return backend
-    return tuple(backend.split(","))

@@ -17,20 +17,10 @@ from typing import Any, NamedTuple
 import torch
 
 from ..capability import bucket
-from ..dispatch import select_kernel
+from ..dispatch import select
 from ..errors import fail
-from ._common import (
-    FLOAT_DTYPES,
-    BackendArg,
-    backend_from_str,
-    backend_to_str,
-    check_same_device,
-    check_tensor,
-    compiling,
-    custom_op,
-    device_key,
-    graph_features,
-)
+from ..spec import Arg, OpSpec, define
+from ._common import FLOAT_DTYPES, BackendArg, check_same_device, check_tensor, device_key, graph_features
 
 _Tensor = torch.Tensor
 
@@ -68,9 +58,13 @@ def dense(q: _Tensor, k: _Tensor, v: _Tensor, attn_bias: _Tensor | None = None, 
     logits, broadcastable to (B, Hq, Lq, Lk). ``causal``: bottom-right aligned (query i at KV position
     Lk - Lq + i). ``sm_scale`` defaults to 1/sqrt(D). A query with nothing to attend gets out 0.
     """
-    if compiling():
-        return _dense_op(q, k, v, attn_bias, causal, sm_scale, backend_to_str(backend))  # type: ignore[no-any-return]
-    return _dense_eager(q, k, v, attn_bias, causal, sm_scale, backend)
+    if torch.compiler.is_compiling():
+        return DENSE.compiled(q, k, v, attn_bias, causal, sm_scale, backend)  # type: ignore[no-any-return]
+    problem, p = dense_call(q, k, v, attn_bias, causal, sm_scale)
+    b, hq, lq, _ = q.shape
+    if 0 in (b, hq, lq, k.shape[2]):  # nothing to compute, or nothing to attend: out 0
+        return q.new_zeros(b, hq, lq, v.shape[-1])
+    return select("attention.dense", problem, backend).kernel.run(q, k, v, attn_bias, p)  # type: ignore[no-any-return]
 
 
 def _check_inputs(q: Any, k: Any, v: Any, attn_bias: Any) -> str:
@@ -104,8 +98,9 @@ def _check_inputs(q: Any, k: Any, v: Any, attn_bias: Any) -> str:
     return "bool" if attn_bias.dtype == torch.bool else "float"
 
 
-def _dense_eager(q: _Tensor, k: _Tensor, v: _Tensor, attn_bias: _Tensor | None, causal: bool,
-                 sm_scale: float | None, backend: BackendArg) -> _Tensor:
+def dense_call(q: Any, k: Any, v: Any, attn_bias: Any = None, causal: bool = False,
+               sm_scale: Any = None) -> tuple[DenseProblem, DenseParams]:
+    """Validate a :func:`dense` call; its problem and parameters."""
     bias = _check_inputs(q, k, v, attn_bias)
     scale = q.shape[-1] ** -0.5 if sm_scale is None else float(sm_scale)
     if not scale > 0 or scale == float("inf"):
@@ -118,20 +113,12 @@ def _dense_eager(q: _Tensor, k: _Tensor, v: _Tensor, attn_bias: _Tensor | None, 
     hkv, lk = k.shape[1], k.shape[2]
     problem = DenseProblem(dev, cc, q.dtype, d, v.shape[-1], hq, hkv, hq // hkv, bucket(b), bucket(lq), bucket(lk),
                            bias, frozenset(features))
-    if 0 in (b, hq, lq, lk):  # nothing to compute, or nothing to attend: out 0
-        return q.new_zeros(b, hq, lq, v.shape[-1])
-    return select_kernel("attention.dense", problem, backend).run(q, k, v, attn_bias,  # type: ignore[no-any-return]
-                                                                  DenseParams(scale, bool(causal)))
+    return problem, DenseParams(scale, bool(causal))
 
 
-def _dense_impl(q: _Tensor, k: _Tensor, v: _Tensor, attn_bias: _Tensor | None, causal: bool,
-                sm_scale: float | None, backend: str | None) -> _Tensor:
-    return _dense_eager(q, k, v, attn_bias, causal, sm_scale, backend_from_str(backend))
-
-
-def _dense_fake(q: _Tensor, k: _Tensor, v: _Tensor, attn_bias: _Tensor | None, causal: bool,
-                sm_scale: float | None, backend: str | None) -> _Tensor:
-    return q.new_empty(q.shape[0], q.shape[1], q.shape[2], v.shape[-1])
-
-
-_dense_op = custom_op("attention_dense", _dense_impl, _dense_fake)
+DENSE = define(OpSpec(
+    "attention.dense", dense, DenseProblem, dense_call, reference="dense", cases="attention", op="attention_dense",
+    args=(Arg("q"), Arg("k"), Arg("v"), Arg("attn_bias", "Tensor?"), Arg("causal", "bool"), Arg("sm_scale", "float?"),
+          Arg("backend", "backend")),
+    fake=lambda q, k, v, *rest: q.new_empty(q.shape[0], q.shape[1], q.shape[2], v.shape[-1]),
+))

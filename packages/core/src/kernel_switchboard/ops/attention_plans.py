@@ -1,12 +1,10 @@
-"""Attention plans: validation, kernel selection and each kernel's own plan done once per step, so that
-``plan.run`` does no host synchronisation and can be captured in a CUDA graph. Re-exported from
-:mod:`kernel_switchboard.ops.attention` (``ksb.attention.plan_decode`` ...), whose helpers they use.
+"""Attention plans: validation, kernel selection and the kernel's own plan done once per step, so that ``plan.run``
+does no host synchronisation and can be captured in a CUDA graph. Public from :mod:`kernel_switchboard.ops.attention`
+(``ksb.attention.plan_decode`` ...).
 
-A kernel may offer ``plan(problem, table, p)`` (decode) / ``plan(problem, table, p, qo_indptr=...)``
-(prefill) returning an object whose ``run(q, cache, out, lse)`` writes ``out`` (and ``lse`` unless it
-is None) with no host synchronisation; kernels without one are wrapped (:class:`_WrappedRun`). MLA decode
-kernels' ``plan(problem, table, p)`` returns one whose ``run(q_nope, q_pe, ckv_pages, kpe_pages, out, lse)``
-does the same (:class:`_WrappedMLARun` otherwise).
+A plan holds the runner of the kernel it selected (:mod:`.attention_runner`: the kernel's ``plan``, or its ``run``
+wrapped); ``plan.run`` checks the tensors it is given against what was planned (shapes, dtypes, devices, and that a
+cache holds every page the table used at plan time), with host values only, then runs it.
 """
 
 from __future__ import annotations
@@ -15,63 +13,70 @@ from typing import Any
 
 import torch
 
-from ..capability import bucket
 from ..dispatch import Selection, select
 from ..errors import fail
 from ..paged import FP8_DTYPES, KV_DTYPES, LAYOUTS, PagedKVCache, PageTable, TokenRows
-from ..variants import bind
-from ._common import FLOAT_DTYPES, BackendArg, check_same_device, check_tensor, device_key
-from .attention import (
-    _INT32,
+from ._common import FLOAT_DTYPES, BackendArg, check_same_device, check_tensor, device_info, graph_features
+from .attention_problems import (
+    INT32,
     AttnParams,
     MLADecodeProblem,
     RaggedPrefillProblem,
-    _cache_dims,
-    _decode_problem,
-    _features,
-    _params,
-    _prefill_lengths,
-    _prefill_problem,
-    _result,
-    _Tensor,
-    _variant_key,
-    _with_variant,
+    cache_dims,
+    decode_problem,
+    mla_problem,
+    params,
+    prefill_lengths,
+    prefill_problem,
+    ragged_problem,
 )
+from .attention_runner import RunOnly
+
+_Tensor = torch.Tensor
 
 
-class _WrappedRun:
-    """A plan for a kernel without ``plan``: calls its ``run`` and copies into the outputs."""
-
-    __slots__ = ("args", "fn", "prefix")
-
-    def __init__(self, fn: Any, prefix: tuple[Any, ...], args: tuple[Any, ...]) -> None:
-        self.fn, self.prefix, self.args = fn, prefix, args
-
-    def run(self, q: _Tensor, cache: PagedKVCache, out: _Tensor, lse: _Tensor | None) -> None:
-        _copy_result(self.fn(q, *self.prefix, cache, *self.args), out, lse)
+def _described(t: Any) -> str:
+    """Shape, dtype and device of a tensor argument (its type's name otherwise), for an error message."""
+    return f"{tuple(t.shape)} {t.dtype} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
 
 
-def _copy_result(result: tuple[_Tensor, _Tensor | None], out: _Tensor, lse: _Tensor | None) -> None:
-    """Copy a kernel's ``(out, lse)`` into a plan's outputs (``lse`` only where one is wanted)."""
-    out.copy_(result[0])
-    if lse is not None:
-        lse.copy_(result[1])  # type: ignore[arg-type]
+def _check_planned(name: str, t: Any, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
+    """``t`` a tensor of exactly this shape, dtype and device with unit stride in its last dim, as planned."""
+    if not (isinstance(t, torch.Tensor) and t.shape == shape and t.dtype == dtype and t.device == device
+            and t.stride(-1) == 1):
+        raise fail(name, _described(t), f"{shape} {dtype} on {device}, unit last stride, as planned")
+
+
+def _check_buffer(name: str, t: Any, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
+    """A buffer given to write into: None, or a tensor of this shape, dtype and device."""
+    if t is not None and not (isinstance(t, torch.Tensor) and t.shape == shape and t.dtype == dtype
+                              and t.device == device):
+        raise fail(name, _described(t), f"{shape} {dtype} on {device}")
+
+
+def _check_pages(name: str, num_pages: int, pages_used: int | None) -> None:
+    """A cache (or page tensor) holding every page the planned table uses."""
+    if pages_used is not None and num_pages < pages_used:
+        raise fail(name, f"{num_pages} pages", f"at least {pages_used} pages: the planned table uses page index "
+                                               f"{pages_used - 1}")
 
 
 class AttentionPlan:
     """Host work done once (validation, selection, kernel plan); :meth:`run` is capturable.
 
     ``table``'s tensors are read on the device at every run, so they may be updated in place
-    between runs as long as no sequence exceeds ``params.max_kv_len``; ``qo_indptr`` (prefill)
+    between runs as long as no sequence exceeds ``params.max_kv_len`` and every page index stays below the cache's
+    page count (which :meth:`run` checks against the pages the table used at plan time); ``qo_indptr`` (prefill)
     is fixed at plan time.
     """
 
-    __slots__ = ("_expect", "_out_shape", "_runner", "params", "problem", "selection", "table")
+    __slots__ = ("_expect", "_out_shape", "_pages_used", "_runner", "params", "problem", "selection", "table")
 
     def __init__(self, problem: Any, params: AttnParams, selection: Selection, table: PageTable, runner: Any,
                  q_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> None:
         self.problem, self.params, self.selection, self.table = problem, params, selection, table
         self._runner, self._out_shape = runner, out_shape
+        self._pages_used = table.pages_used(problem.page_size)
         self._expect = (q_shape, problem.dtype, table.block_table.device,
                         (problem.kv_dtype, problem.head_dim, problem.head_dim_v, problem.page_size, problem.layout,
                          problem.num_kv_heads))
@@ -84,19 +89,17 @@ class AttentionPlan:
             lse: _Tensor | None = None) -> _Tensor | tuple[_Tensor, _Tensor]:
         """out (shape of the plan) in q's dtype [, lse float32]; ``out``/``lse`` may be given to write into."""
         q_shape, dtype, device, dims = self._expect
-        if q.shape != q_shape or q.dtype != dtype or q.device != device:
-            raise fail("q", f"{tuple(q.shape)} {q.dtype} on {q.device}", f"{q_shape} {dtype} on {device} as planned")
-        if not isinstance(cache, PagedKVCache) or _cache_dims(cache) != dims:
+        _check_planned("q", q, q_shape, dtype, device)
+        if not isinstance(cache, PagedKVCache) or cache_dims(cache) != dims:
             raise fail("cache", cache, f"(dtype, head_dim, head_dim_v, page_size, layout, kv_heads) = {dims} as planned")
-        if out is None:
-            out = torch.empty(self._out_shape, dtype=dtype, device=device)
-        if self.params.return_lse:
-            if lse is None:
-                lse = torch.empty(self._out_shape[:2], dtype=torch.float32, device=device)
-            self._runner.run(q, cache, out, lse)
-            return out, lse
-        self._runner.run(q, cache, out, None)
-        return out
+        if cache.k_pages.device != device:
+            raise fail("cache.device", cache.k_pages.device, f"{device} as planned")
+        _check_pages("cache.num_pages", cache.num_pages, self._pages_used)
+        _check_buffer("out", out, self._out_shape, dtype, device)
+        if not self.params.return_lse:
+            return self._runner.run(q, cache, out, None)[0]  # type: ignore[no-any-return]
+        _check_buffer("lse", lse, self._out_shape[:2], torch.float32, device)
+        return self._runner.run(q, cache, out, lse)  # type: ignore[no-any-return]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(kernel={self.kernel.id}, problem={self.problem})"
@@ -128,7 +131,8 @@ def _check_heads(num_q_heads: int, num_kv_heads: int, head_dim: int, head_dim_v:
 def _check_plan_args(table: Any, num_q_heads: int, num_kv_heads: int, head_dim: int, head_dim_v: int | None,
                      dtype: Any, kv_dtype: Any, layout: str, page_size: int, max_kv_len: int | None
                      ) -> tuple[tuple[Any, ...], int]:
-    """Validate plan arguments; returns (cache dims tuple, max_kv_len)."""
+    """Validate plan arguments; returns (cache dims (kv_dtype, head_dim, head_dim_v, page_size, layout, kv_heads),
+    max_kv_len)."""
     if not isinstance(table, PageTable):
         raise fail("table", type(table).__name__, "a PageTable")
     if not (isinstance(page_size, int) and page_size >= 1):
@@ -155,15 +159,14 @@ def _planned_max_kv(table: PageTable, page_size: int, max_kv_len: int | None) ->
     return max_kv_len
 
 
-def _runner(kernel: Any, problem: Any, table: PageTable, p: AttnParams, prefix: tuple[Any, ...],
-            **static: Any) -> Any:
-    if kernel.plan is not None:
-        return kernel.plan(problem, table, p, **static)
-    return _WrappedRun(kernel.run, prefix, (table, p))
-
-
-def _plan_extra(device: torch.device, capturable: bool) -> frozenset[str]:
-    return frozenset({"cuda_graph"}) if capturable and device.type == "cuda" else frozenset()
+def _context(device: torch.device, capturable: bool) -> tuple[str, Any, frozenset[str]]:
+    """(device type, compute capability, context features) of a plan on ``device``: ``cuda_graph`` for a
+    capturable plan on a GPU."""
+    dev, cc = device_info(device)
+    extra = graph_features(dev)
+    if capturable and dev == "cuda":
+        extra = extra | {"cuda_graph"}
+    return dev, cc, extra
 
 
 def plan_decode(table: PageTable, *, num_q_heads: int, num_kv_heads: int, head_dim: int, head_dim_v: int | None = None,
@@ -181,15 +184,21 @@ def plan_decode(table: PageTable, *, num_q_heads: int, num_kv_heads: int, head_d
     """
     dims, max_kv = _check_plan_args(table, num_q_heads, num_kv_heads, head_dim, head_dim_v, dtype, kv_dtype, layout,
                                     page_size, max_kv_len)
-    p = _with_variant(_params(head_dim, sm_scale, logits_soft_cap, window_left, True, bool(return_lse), 1, max_kv),
-                      bind(variant, variant_args, table.block_table.device))
     device = table.block_table.device
-    dev, cc = device_key(table.block_table)
-    problem = _decode_problem(dev, cc, dtype, dims, num_q_heads, table.batch_size, p, _plan_extra(device, capturable))
-    selection = select("attention.decode", problem, backend)
-    runner = _runner(selection.kernel, problem, table, p, ())
+    p = params(head_dim, sm_scale, logits_soft_cap, window_left, True, bool(return_lse), 1, max_kv, variant,
+               variant_args, device)
+    dev, cc, extra = _context(device, capturable)
+    kv_dtype_, _, head_dim_v_, _, _, _ = dims
     b = table.batch_size
-    return DecodePlan(problem, p, selection, table, runner, (b, num_q_heads, head_dim), (b, num_q_heads, dims[2]))
+    problem = decode_problem(dev, cc, dtype, kv_dtype_, head_dim, head_dim_v_, page_size, layout, num_q_heads,
+                             num_kv_heads, b, p, extra)
+    selection = select("attention.decode", problem, backend)
+    kernel = selection.kernel
+    if kernel.plan is not None:
+        runner = kernel.plan(problem, table, p)
+    else:
+        runner = RunOnly(lambda q, cache: kernel.run(q, cache, table, p))
+    return DecodePlan(problem, p, selection, table, runner, (b, num_q_heads, head_dim), (b, num_q_heads, head_dim_v_))
 
 
 def plan_prefill(table: PageTable, qo_indptr: _Tensor, *, num_q_heads: int, num_kv_heads: int, head_dim: int,
@@ -202,25 +211,31 @@ def plan_prefill(table: PageTable, qo_indptr: _Tensor, *, num_q_heads: int, num_
     ``plan.run(q, cache)`` with q (qo_indptr[-1], Hq, D) does no host synchronisation."""
     dims, max_kv = _check_plan_args(table, num_q_heads, num_kv_heads, head_dim, head_dim_v, dtype, kv_dtype, layout,
                                     page_size, max_kv_len)
-    check_tensor(qo_indptr, "qo_indptr", dims=1, dtypes=_INT32)
+    check_tensor(qo_indptr, "qo_indptr", dims=1, dtypes=INT32)
     if qo_indptr.shape[0] != table.batch_size + 1:
         raise fail("qo_indptr.shape", tuple(qo_indptr.shape), f"({table.batch_size + 1},) = batch + 1")
     check_same_device("qo_indptr", qo_indptr, "table.block_table", table.block_table)
     if not qo_indptr.is_contiguous():
         raise fail("qo_indptr", "non-contiguous", "a contiguous tensor")
+    b = table.batch_size
     values = torch.cat((qo_indptr, table.seq_lens)).tolist()  # the one host read of the plan
-    total = values[table.batch_size]
-    max_q, _, mixed = _prefill_lengths(values, total, bool(causal), False, 0)
-    p = _with_variant(_params(head_dim, sm_scale, logits_soft_cap, window_left, bool(causal), bool(return_lse), max_q,
-                              max_kv), bind(variant, variant_args, table.block_table.device))
+    total = values[b]
+    max_q, _, mixed = prefill_lengths(values, total, bool(causal), False, 0)
     device = table.block_table.device
-    dev, cc = device_key(table.block_table)
-    problem = _prefill_problem(dev, cc, dtype, dims, num_q_heads, table.batch_size, p, mixed,
-                               _plan_extra(device, capturable))
+    p = params(head_dim, sm_scale, logits_soft_cap, window_left, bool(causal), bool(return_lse), max_q, max_kv,
+               variant, variant_args, device)
+    dev, cc, extra = _context(device, capturable)
+    kv_dtype_, _, head_dim_v_, _, _, _ = dims
+    problem = prefill_problem(dev, cc, dtype, kv_dtype_, head_dim, head_dim_v_, page_size, layout, num_q_heads,
+                              num_kv_heads, b, p, mixed, extra)
     selection = select("attention.prefill", problem, backend)
-    runner = _runner(selection.kernel, problem, table, p, (qo_indptr,), qo_indptr=qo_indptr)
+    kernel = selection.kernel
+    if kernel.plan is not None:
+        runner = kernel.plan(problem, table, p, qo_indptr=qo_indptr, host_qo_indptr=values[:b + 1])
+    else:
+        runner = RunOnly(lambda q, cache: kernel.run(q, qo_indptr, cache, table, p))
     return PrefillPlan(problem, p, selection, table, runner, (total, num_q_heads, head_dim),
-                       (total, num_q_heads, dims[2]))
+                       (total, num_q_heads, head_dim_v_))
 
 
 class RaggedPrefillPlan:
@@ -230,7 +245,7 @@ class RaggedPrefillPlan:
     __slots__ = ("_expect", "_runner", "indptrs", "params", "problem", "selection")
 
     def __init__(self, problem: RaggedPrefillProblem, params: AttnParams, selection: Selection,
-                 indptrs: tuple[_Tensor, _Tensor], expect: tuple[Any, ...], runner: Any = None) -> None:
+                 indptrs: tuple[_Tensor, _Tensor], expect: tuple[Any, ...], runner: Any) -> None:
         self.problem, self.params, self.selection, self.indptrs, self._expect = problem, params, selection, indptrs, expect
         self._runner = runner
 
@@ -238,18 +253,19 @@ class RaggedPrefillPlan:
     def kernel(self) -> Any:
         return self.selection.kernel
 
-    def run(self, q: _Tensor, k: _Tensor, v: _Tensor) -> _Tensor | tuple[_Tensor, _Tensor]:
-        """out (Tq, Hq, Dv) in q's dtype [, lse (Tq, Hq) float32]."""
-        for name, t, shape in zip(("q", "k", "v"), (q, k, v), self._expect[:3]):
-            if not isinstance(t, torch.Tensor) or t.shape != shape or t.dtype != self.problem.dtype \
-                    or t.device != self._expect[3] or t.stride(-1) != 1:
-                raise fail(name, _described(t), f"{shape} {self.problem.dtype} on {self._expect[3]}, unit last stride, "
-                                                "as planned")
-        if self._runner is not None:
-            out, lse = self._runner.run(q, k, v)
-        else:
-            out, lse = self.kernel.run(q, k, v, *self.indptrs, self.params)
-        return _result(out, lse, self.params.return_lse)
+    def run(self, q: _Tensor, k: _Tensor, v: _Tensor, *, out: _Tensor | None = None,
+            lse: _Tensor | None = None) -> _Tensor | tuple[_Tensor, _Tensor]:
+        """out (Tq, Hq, Dv) in q's dtype [, lse (Tq, Hq) float32]; ``out``/``lse`` may be given to write into."""
+        q_shape, k_shape, v_shape, device = self._expect
+        dtype = self.problem.dtype
+        for name, t, shape in (("q", q, q_shape), ("k", k, k_shape), ("v", v, v_shape)):
+            _check_planned(name, t, shape, dtype, device)
+        out_shape = (q_shape[0], q_shape[1], v_shape[2])
+        _check_buffer("out", out, out_shape, dtype, device)
+        if not self.params.return_lse:
+            return self._runner.run(q, k, v, out, None)[0]  # type: ignore[no-any-return]
+        _check_buffer("lse", lse, out_shape[:2], torch.float32, device)
+        return self._runner.run(q, k, v, out, lse)  # type: ignore[no-any-return]
 
     def __repr__(self) -> str:
         return f"RaggedPrefillPlan(kernel={self.kernel.id}, problem={self.problem})"
@@ -265,11 +281,11 @@ def plan_prefill_ragged(qo_indptr: _Tensor, kv_indptr: _Tensor, *, num_q_heads: 
     selection and the lengths the kernels need are settled once per step, so ``plan.run(q, k, v)``
     (shared by every layer) does no host synchronisation and can be captured in a CUDA graph."""
     head_dim_v = _check_heads(num_q_heads, num_kv_heads, head_dim, head_dim_v, dtype)
-    check_tensor(qo_indptr, "qo_indptr", dims=1, dtypes=_INT32)
+    check_tensor(qo_indptr, "qo_indptr", dims=1, dtypes=INT32)
     batch = qo_indptr.shape[0] - 1
     if batch < 0:
         raise fail("qo_indptr.shape", tuple(qo_indptr.shape), "(batch + 1,) with batch >= 0")
-    check_tensor(kv_indptr, "kv_indptr", dims=1, dtypes=_INT32)
+    check_tensor(kv_indptr, "kv_indptr", dims=1, dtypes=INT32)
     if kv_indptr.shape != qo_indptr.shape:
         raise fail("kv_indptr.shape", tuple(kv_indptr.shape), f"{tuple(qo_indptr.shape)} as qo_indptr")
     check_same_device("kv_indptr", kv_indptr, "qo_indptr", qo_indptr)
@@ -278,36 +294,22 @@ def plan_prefill_ragged(qo_indptr: _Tensor, kv_indptr: _Tensor, *, num_q_heads: 
             raise fail(name, "non-contiguous", "a contiguous tensor")
     values = torch.cat((qo_indptr, kv_indptr)).tolist()  # the one host read of the plan
     total_q, total_kv = values[batch], values[-1]
-    max_q, max_kv, mixed = _prefill_lengths(values, total_q, bool(causal), True, total_kv)
+    max_q, max_kv, mixed = prefill_lengths(values, total_q, bool(causal), True, total_kv)
     device = qo_indptr.device
-    p = _with_variant(_params(head_dim, sm_scale, logits_soft_cap, window_left, bool(causal), bool(return_lse), max_q,
-                              max_kv or 0), bind(variant, variant_args, device))
-    dev, cc = device_key(qo_indptr)
-    base = ("ragged", "causal") if causal else ("ragged",)
-    feats = _features(base, p, False, head_dim != head_dim_v, dev, mixed) | _plan_extra(device, capturable)
-    problem = RaggedPrefillProblem(dev, cc, dtype, dtype, head_dim, head_dim_v, None, None, num_q_heads, num_kv_heads,
-                                   num_q_heads // num_kv_heads, bucket(batch), bucket(max_q), bucket(max_kv or 0),
-                                   feats, _variant_key(p))
+    p = params(head_dim, sm_scale, logits_soft_cap, window_left, bool(causal), bool(return_lse), max_q, max_kv or 0,
+               variant, variant_args, device)
+    dev, cc, extra = _context(device, capturable)
+    problem = ragged_problem(dev, cc, dtype, head_dim, head_dim_v, num_q_heads, num_kv_heads, batch, p, mixed, extra)
     selection = select("attention.prefill_ragged", problem, backend)
+    kernel = selection.kernel
+    if kernel.plan is not None:
+        runner = kernel.plan(problem, None, p, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
+                             host_indptrs=(values[:batch + 1], values[batch + 1:]))
+    else:
+        runner = RunOnly(lambda q, k, v: kernel.run(q, k, v, qo_indptr, kv_indptr, p))
     expect = ((total_q, num_q_heads, head_dim), (total_kv, num_kv_heads, head_dim),
               (total_kv, num_kv_heads, head_dim_v), device)
-    kernel = selection.kernel
-    runner = None if kernel.plan is None else kernel.plan(problem, None, p, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
-                                                          host_indptrs=(values[:batch + 1], values[batch + 1:]))
     return RaggedPrefillPlan(problem, p, selection, (qo_indptr, kv_indptr), expect, runner)
-
-
-class _WrappedMLARun:
-    """An MLA decode plan for a kernel without ``plan``: calls its ``run`` and copies into the outputs."""
-
-    __slots__ = ("fn", "p", "table")
-
-    def __init__(self, fn: Any, table: PageTable, p: AttnParams) -> None:
-        self.fn, self.table, self.p = fn, table, p
-
-    def run(self, q_nope: _Tensor, q_pe: _Tensor, ckv_pages: _Tensor, kpe_pages: _Tensor, out: _Tensor,
-            lse: _Tensor | None) -> None:
-        _copy_result(self.fn(q_nope, q_pe, ckv_pages, kpe_pages, self.table, self.p), out, lse)
 
 
 class MLADecodePlan:
@@ -315,14 +317,16 @@ class MLADecodePlan:
     (B, H, Dr) — (B, T, H, Dc) and (B, T, H, Dr) when planned with ``q_len=T`` new tokens per request —,
     ckv_pages (P, S, Dc), kpe_pages (P, S, Dr); one plan per step serves every layer's pages. No host
     synchronisation (CUDA-graph capturable); ``table``'s tensors are read on the device at every run, so they may
-    be updated in place while no sequence exceeds ``params.max_kv_len`` and every page index is below P."""
+    be updated in place while no sequence exceeds ``params.max_kv_len`` and every page index is below P (which
+    :meth:`run` checks against the pages the table used at plan time)."""
 
-    __slots__ = ("_expect", "_rows", "_runner", "params", "problem", "selection", "table")
+    __slots__ = ("_expect", "_pages_used", "_rows", "_runner", "params", "problem", "selection", "table")
 
     def __init__(self, problem: MLADecodeProblem, params: AttnParams, selection: Selection, table: PageTable,
                  runner: Any, rows: TokenRows | None) -> None:
         self.problem, self.params, self.selection, self.table, self._runner = problem, params, selection, table, runner
         self._rows = rows
+        self._pages_used = table.pages_used(problem.page_size)
         h, dc, dr = problem.num_q_heads, problem.head_dim, problem.head_dim_pe
         lead = (table.batch_size,) if rows is None else (table.batch_size, rows.tokens)
         self._expect = ((*lead, h, dc), (*lead, h, dr), problem.dtype, table.block_table.device,
@@ -337,42 +341,34 @@ class MLADecodePlan:
         """out (B, H, Dc) in q's dtype [, lse (B, H) float32] — (B, T, H, Dc) [, (B, T, H)] with ``q_len=T`` —;
         ``out``/``lse`` of those shapes may be given to write into."""
         qn_shape, qp_shape, dtype, device, ckv_dims, kpe_dims = self._expect
-        for name, t, shape in (("q_nope", q_nope, qn_shape), ("q_pe", q_pe, qp_shape)):
-            if not (isinstance(t, torch.Tensor) and t.shape == shape and t.dtype == dtype and t.device == device
-                    and t.stride(-1) == 1):
-                raise fail(name, _described(t), f"{shape} {dtype} on {device}, unit last stride, as planned")
+        _check_planned("q_nope", q_nope, qn_shape, dtype, device)
+        _check_planned("q_pe", q_pe, qp_shape, dtype, device)
         for name, t, dims in (("ckv_pages", ckv_pages, ckv_dims), ("kpe_pages", kpe_pages, kpe_dims)):
             if not (isinstance(t, torch.Tensor) and t.dim() == 3 and t.shape[1:] == dims and t.dtype == dtype
                     and t.device == device and t.stride(-1) == 1 and t.shape[0] == ckv_pages.shape[0]):
                 raise fail(name, _described(t), f"(P, {dims[0]}, {dims[1]}) {dtype} on {device}, unit last stride, "
                                                 f"P as in ckv_pages, as planned")
-        for name, given, shape, want_dtype in (("out", out, qn_shape, dtype),
-                                               ("lse", lse, qn_shape[:-1], torch.float32)):
-            if given is not None and not (isinstance(given, torch.Tensor) and given.shape == shape
-                                          and given.dtype == want_dtype and given.device == device):
-                raise fail(name, _described(given), f"{shape} {want_dtype} on {device}")
-        if out is None:
-            out = torch.empty(qn_shape, dtype=dtype, device=device)
-        if self.params.return_lse and lse is None:
-            lse = torch.empty(qn_shape[:-1], dtype=torch.float32, device=device)
-        lse_out = lse if self.params.return_lse else None
+        _check_pages("ckv_pages.shape[0]", ckv_pages.shape[0], self._pages_used)
+        _check_buffer("out", out, qn_shape, dtype, device)
+        want_lse = self.params.return_lse
+        if want_lse:
+            _check_buffer("lse", lse, qn_shape[:-1], torch.float32, device)
+        else:
+            lse = None
         if self._rows is None:
-            self._runner.run(q_nope, q_pe, ckv_pages, kpe_pages, out, lse_out)
+            res = self._runner.run(q_nope, q_pe, ckv_pages, kpe_pages, out, lse)
         else:  # T new tokens per request: B * T decode rows over the rows' table, rewritten from ``table`` here
             self._rows.refresh()
             rows = qn_shape[0] * qn_shape[1]
-            self._runner.run(_rows_view(q_nope, "q_nope", rows), _rows_view(q_pe, "q_pe", rows), ckv_pages,
-                             kpe_pages, _rows_view(out, "out", rows),
-                             None if lse_out is None else _rows_view(lse_out, "lse", rows))
-        return (out, lse) if self.params.return_lse else out  # type: ignore[return-value]
+            res = self._runner.run(_rows_view(q_nope, "q_nope", rows), _rows_view(q_pe, "q_pe", rows), ckv_pages,
+                                   kpe_pages, None if out is None else _rows_view(out, "out", rows),
+                                   None if lse is None else _rows_view(lse, "lse", rows))
+            res = (res[0].view(qn_shape) if out is None else out,
+                   lse if lse is not None or res[1] is None else res[1].view(qn_shape[:-1]))
+        return res if want_lse else res[0]  # type: ignore[no-any-return]
 
     def __repr__(self) -> str:
         return f"MLADecodePlan(kernel={self.kernel.id}, problem={self.problem})"
-
-
-def _described(t: Any) -> str:
-    """Shape, dtype and device of a tensor argument (its type's name otherwise), for an error message."""
-    return f"{tuple(t.shape)} {t.dtype} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
 
 
 def _rows_view(t: _Tensor, name: str, rows: int) -> _Tensor:
@@ -401,16 +397,16 @@ def plan_mla_decode(table: PageTable, *, num_heads: int, head_dim_ckv: int, head
     if dtype not in FLOAT_DTYPES:
         raise fail("dtype", dtype, "torch.float16, torch.bfloat16 or torch.float32")
     max_kv_len = _planned_max_kv(table, page_size, max_kv_len)
-    p = _params(head_dim_ckv + head_dim_kpe, sm_scale, None, None, True, bool(return_lse), 1, max_kv_len)
-    device = table.block_table.device
-    dev, cc = device_key(table.block_table)
-    feats = _features(("paged",), p, False, False, dev) | _plan_extra(device, capturable)
+    p = params(head_dim_ckv + head_dim_kpe, sm_scale, None, None, True, bool(return_lse), 1, max_kv_len)
+    dev, cc, extra = _context(table.block_table.device, capturable)
     rows = TokenRows(table, q_len, max_kv_len) if q_len > 1 else None
     kernel_table = table if rows is None else rows.table
-    problem = MLADecodeProblem(dev, cc, dtype, dtype, head_dim_ckv, head_dim_ckv, head_dim_kpe, page_size, None,
-                               num_heads, 1, num_heads, bucket(kernel_table.batch_size), bucket(max_kv_len), feats)
+    problem = mla_problem(dev, cc, dtype, head_dim_ckv, head_dim_kpe, page_size, num_heads, kernel_table.batch_size, p,
+                          extra)
     selection = select("attention.mla_decode", problem, backend)
     kernel = selection.kernel
-    runner = (kernel.plan(problem, kernel_table, p) if kernel.plan is not None
-              else _WrappedMLARun(kernel.run, kernel_table, p))
+    if kernel.plan is not None:
+        runner = kernel.plan(problem, kernel_table, p)
+    else:
+        runner = RunOnly(lambda qn, qp, ckv, kpe: kernel.run(qn, qp, ckv, kpe, kernel_table, p))
     return MLADecodePlan(problem, p, selection, table, runner, rows)

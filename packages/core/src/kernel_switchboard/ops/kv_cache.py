@@ -26,22 +26,11 @@ import torch
 
 from ..capability import bucket
 from ..device import is_capturing
-from ..dispatch import select_kernel
+from ..dispatch import select
 from ..errors import fail
-from ..paged import FP8_DTYPES, PagedKVCache, PageTable
-from ._common import (
-    FLOAT_DTYPES,
-    BackendArg,
-    backend_from_str,
-    backend_to_str,
-    check_same_device,
-    check_tensor,
-    compiling,
-    custom_op,
-    device_key,
-    graph_features,
-)
-from .attention import table_of
+from ..paged import PagedKVCache, PageTable
+from ..spec import Arg, OpSpec, define
+from ._common import FLOAT_DTYPES, BackendArg, check_same_device, check_tensor, device_key, graph_features
 
 _INT32 = frozenset({torch.int32})
 _Tensor = torch.Tensor
@@ -167,25 +156,8 @@ def _check_targets(table: PageTable, batch_indices: _Tensor, positions: _Tensor,
                    f"page indices in [0, {num_pages}) for the pages written")
 
 
-# -- append -------------------------------------------------------------------------------------------
-def append(k: _Tensor, v: _Tensor, cache: PagedKVCache, table: PageTable, positions: _Tensor,
-           batch_indices: _Tensor | None = None, *, check_indices: bool = True, backend: BackendArg = None) -> None:
-    """Write new K/V tokens into the paged cache, in place.
-
-    k (T, Hkv, D), v (T, Hkv, Dv) in the cache's dtype (any float dtype for an fp8 cache, which
-    stores value / scale); positions (T,) int32; batch_indices (T,) int32, or None when each
-    request gets exactly one token (T == batch, token t -> request t). See
-    :func:`batch_indices_positions` for packed prefill tokens.
-    """
-    if compiling():
-        _append_op(k, v, cache.k_pages, cache.v_pages, cache.layout, cache.k_scale, cache.v_scale, table.block_table,
-                   table.seq_lens, table.max_seq_len, positions, batch_indices, check_indices, backend_to_str(backend))
-        return
-    _append_eager(k, v, cache, table, positions, batch_indices, check_indices, backend)
-
-
-def _append_eager(k: _Tensor, v: _Tensor, cache: PagedKVCache, table: PageTable, positions: _Tensor,
-                  batch_indices: _Tensor | None, check_indices: bool, backend: BackendArg) -> None:
+def _check_kv(k: Any, v: Any, cache: Any) -> _Tensor:
+    """Check new K/V rows against the cache they go to; returns its K pages."""
     if not isinstance(cache, PagedKVCache):
         raise fail("cache", type(cache).__name__, "a PagedKVCache")
     pages = cache.k_pages
@@ -200,37 +172,55 @@ def _append_eager(k: _Tensor, v: _Tensor, cache: PagedKVCache, table: PageTable,
         raise fail("v", f"{tuple(v.shape)} {v.dtype}", f"k's token count and dtype ({k.shape[0]}, {k.dtype})")
     if k.dtype != cache.dtype and not cache.is_fp8:
         raise fail("k.dtype", k.dtype, f"the cache's dtype ({cache.dtype})")
-    _check_table(table, pages)
-    batch_indices = _check_index_tensors(positions, batch_indices, k.shape[0], table, pages)
-    if check_indices:
-        _check_targets(table, batch_indices, positions, cache.page_size, cache.num_pages)
-    dev, cc = device_key(pages)
+    return pages
+
+
+def _kv_features(cache: PagedKVCache, dev: str) -> frozenset[str]:
+    """The features a K/V append into ``cache`` uses."""
     feats = _IN_PLACE | graph_features(dev)
     if cache.is_fp8:
         feats = feats | {"fp8_kv"}
     if cache.head_dim != cache.head_dim_v:
         feats = feats | {"qk_v_dims_differ"}
+    return feats
+
+
+# -- append -------------------------------------------------------------------------------------------
+def append(k: _Tensor, v: _Tensor, cache: PagedKVCache, table: PageTable, positions: _Tensor,
+           batch_indices: _Tensor | None = None, *, check_indices: bool = True, backend: BackendArg = None) -> None:
+    """Write new K/V tokens into the paged cache, in place.
+
+    k (T, Hkv, D), v (T, Hkv, Dv) in the cache's dtype (any float dtype for an fp8 cache, which
+    stores value / scale); positions (T,) int32; batch_indices (T,) int32, or None when each
+    request gets exactly one token (T == batch, token t -> request t). See
+    :func:`batch_indices_positions` for packed prefill tokens.
+    """
+    if torch.compiler.is_compiling():
+        APPEND.compiled(k, v, cache, table, positions, batch_indices, check_indices, backend)
+        return
+    _append_eager(k, v, cache, table, positions, batch_indices, check_indices, backend)
+
+
+def append_call(k: _Tensor, v: _Tensor, cache: PagedKVCache, table: PageTable, positions: _Tensor,
+                batch_indices: _Tensor | None = None, check_indices: bool = True) -> tuple[AppendProblem, _Tensor]:
+    """Validate an :func:`append` call (``check_indices``: the targets, one host read): its problem and the batch
+    indices (made for one token per request)."""
+    pages = _check_kv(k, v, cache)
+    _check_table(table, pages)
+    batch_indices = _check_index_tensors(positions, batch_indices, k.shape[0], table, pages)
+    if check_indices:
+        _check_targets(table, batch_indices, positions, cache.page_size, cache.num_pages)
+    dev, cc = device_key(pages)
+    feats = _kv_features(cache, dev)
     problem = AppendProblem(dev, cc, k.dtype, cache.dtype, cache.head_dim, cache.head_dim_v, cache.page_size,
                             cache.layout, cache.num_kv_heads, bucket(k.shape[0]), feats)
-    select_kernel("kv_cache.append", problem, backend).run(k, v, cache, table, batch_indices, positions)
+    return problem, batch_indices
 
 
-def _append_impl(k: _Tensor, v: _Tensor, k_pages: _Tensor, v_pages: _Tensor, layout: str, k_scale: float | None,
-                 v_scale: float | None, block_table: _Tensor, seq_lens: _Tensor, max_seq_len: int | None,
-                 positions: _Tensor, batch_indices: _Tensor | None, check_indices: bool, backend: str | None) -> None:
-    fp8 = k_pages.dtype in FP8_DTYPES
-    cache = PagedKVCache(k_pages, v_pages, layout, k_scale if fp8 else None, v_scale if fp8 else None)
-    table = table_of(block_table, seq_lens, max_seq_len)
-    _append_eager(k, v, cache, table, positions, batch_indices, check_indices, backend_from_str(backend))
-
-
-def _append_fake(k: _Tensor, v: _Tensor, k_pages: _Tensor, v_pages: _Tensor, layout: str, k_scale: float | None,
-                 v_scale: float | None, block_table: _Tensor, seq_lens: _Tensor, max_seq_len: int | None,
-                 positions: _Tensor, batch_indices: _Tensor | None, check_indices: bool, backend: str | None) -> None:
-    return None
-
-
-_append_op = custom_op("kv_cache_append", _append_impl, _append_fake, mutates_args=("k_pages", "v_pages"))
+def _append_eager(k: _Tensor, v: _Tensor, cache: PagedKVCache, table: PageTable, positions: _Tensor,
+                  batch_indices: _Tensor | None, check_indices: bool, backend: BackendArg) -> None:
+    problem, batch_indices = append_call(k, v, cache, table, positions, batch_indices, check_indices)
+    select("kv_cache.append", problem, backend).kernel.run(k, v, cache, table, batch_indices, positions)
 
 
 # -- append_slots -------------------------------------------------------------------------------------
@@ -247,11 +237,11 @@ def append_slots(k: _Tensor, v: _Tensor, cache: PagedKVCache, slot_mapping: _Ten
     for one slot are undefined. No host synchronisation beyond the one range check of
     ``check_indices`` (skipped during CUDA-graph capture), so a captured step can replay it.
     """
-    if compiling():
-        _append_slots_op(k, v, cache.k_pages, cache.v_pages, cache.layout, cache.k_scale, cache.v_scale, slot_mapping,
-                         check_indices, backend_to_str(backend))
+    if torch.compiler.is_compiling():
+        APPEND_SLOTS.compiled(k, v, cache, slot_mapping, check_indices, backend)
         return
-    _append_slots_eager(k, v, cache, slot_mapping, check_indices, backend)
+    problem = append_slots_call(k, v, cache, slot_mapping, check_indices)[0]
+    select("kv_cache.append_slots", problem, backend).kernel.run(k, v, cache, slot_mapping)
 
 
 def _check_slot_mapping(slot_mapping: Any, tokens: int, like: _Tensor) -> None:
@@ -273,52 +263,17 @@ def _check_slots(slot_mapping: _Tensor, num_slots: int) -> None:
                    f"slots in [0, num_pages * page_size = {num_slots}), or negative for a padding token")
 
 
-def _append_slots_eager(k: _Tensor, v: _Tensor, cache: PagedKVCache, slot_mapping: _Tensor, check_indices: bool,
-                        backend: BackendArg) -> None:
-    if not isinstance(cache, PagedKVCache):
-        raise fail("cache", type(cache).__name__, "a PagedKVCache")
-    pages = cache.k_pages
-    for name, t, dim in (("k", k, cache.head_dim), ("v", v, cache.head_dim_v)):
-        check_tensor(t, name, dims=3, dtypes=FLOAT_DTYPES)
-        if t.shape[1] != cache.num_kv_heads or t.shape[2] != dim:
-            raise fail(f"{name}.shape", tuple(t.shape), f"(T, {cache.num_kv_heads}, {dim}) to match the cache")
-        if t.stride(-1) != 1:
-            raise fail(f"{name}.stride", t.stride(), "unit stride in the last (head_dim) dim")
-        check_same_device(name, t, "cache", pages)
-    if v.shape[0] != k.shape[0] or v.dtype != k.dtype:
-        raise fail("v", f"{tuple(v.shape)} {v.dtype}", f"k's token count and dtype ({k.shape[0]}, {k.dtype})")
-    if k.dtype != cache.dtype and not cache.is_fp8:
-        raise fail("k.dtype", k.dtype, f"the cache's dtype ({cache.dtype})")
+def append_slots_call(k: _Tensor, v: _Tensor, cache: PagedKVCache, slot_mapping: _Tensor,
+                      check_indices: bool = True) -> tuple[AppendSlotsProblem]:
+    """Validate an :func:`append_slots` call (``check_indices``: the slots, one host read): its problem."""
+    pages = _check_kv(k, v, cache)
     _check_slot_mapping(slot_mapping, k.shape[0], pages)
     if check_indices:
         _check_slots(slot_mapping, cache.num_pages * cache.page_size)
     dev, cc = device_key(pages)
-    feats = _IN_PLACE | graph_features(dev)
-    if cache.is_fp8:
-        feats = feats | {"fp8_kv"}
-    if cache.head_dim != cache.head_dim_v:
-        feats = feats | {"qk_v_dims_differ"}
-    problem = AppendSlotsProblem(dev, cc, k.dtype, cache.dtype, cache.head_dim, cache.head_dim_v, cache.page_size,
-                                 cache.layout, cache.num_kv_heads, bucket(k.shape[0]), feats)
-    select_kernel("kv_cache.append_slots", problem, backend).run(k, v, cache, slot_mapping)
-
-
-def _append_slots_impl(k: _Tensor, v: _Tensor, k_pages: _Tensor, v_pages: _Tensor, layout: str,
-                       k_scale: float | None, v_scale: float | None, slot_mapping: _Tensor, check_indices: bool,
-                       backend: str | None) -> None:
-    fp8 = k_pages.dtype in FP8_DTYPES
-    cache = PagedKVCache(k_pages, v_pages, layout, k_scale if fp8 else None, v_scale if fp8 else None)
-    _append_slots_eager(k, v, cache, slot_mapping, check_indices, backend_from_str(backend))
-
-
-def _append_slots_fake(k: _Tensor, v: _Tensor, k_pages: _Tensor, v_pages: _Tensor, layout: str,
-                       k_scale: float | None, v_scale: float | None, slot_mapping: _Tensor, check_indices: bool,
-                       backend: str | None) -> None:
-    return None
-
-
-_append_slots_op = custom_op("kv_cache_append_slots", _append_slots_impl, _append_slots_fake,
-                             mutates_args=("k_pages", "v_pages"))
+    feats = _kv_features(cache, dev)
+    return AppendSlotsProblem(dev, cc, k.dtype, cache.dtype, cache.head_dim, cache.head_dim_v, cache.page_size,
+                              cache.layout, cache.num_kv_heads, bucket(k.shape[0]), feats),
 
 
 # -- append_mla ----------------------------------------------------------------------------------------
@@ -330,16 +285,17 @@ def append_mla(ckv: _Tensor, kpe: _Tensor, ckv_pages: _Tensor, kpe_pages: _Tenso
     ckv (T, Dc), kpe (T, Dr) in the pages' dtype; ckv_pages (P, S, Dc), kpe_pages (P, S, Dr);
     positions / batch_indices as in :func:`append`.
     """
-    if compiling():
-        _append_mla_op(ckv, kpe, ckv_pages, kpe_pages, table.block_table, table.seq_lens, table.max_seq_len, positions,
-                       batch_indices, check_indices, backend_to_str(backend))
+    if torch.compiler.is_compiling():
+        APPEND_MLA.compiled(ckv, kpe, ckv_pages, kpe_pages, table, positions, batch_indices, check_indices, backend)
         return
     _append_mla_eager(ckv, kpe, ckv_pages, kpe_pages, table, positions, batch_indices, check_indices, backend)
 
 
-def _append_mla_eager(ckv: _Tensor, kpe: _Tensor, ckv_pages: _Tensor, kpe_pages: _Tensor, table: PageTable,
-                      positions: _Tensor, batch_indices: _Tensor | None, check_indices: bool,
-                      backend: BackendArg) -> None:
+def append_mla_call(ckv: _Tensor, kpe: _Tensor, ckv_pages: _Tensor, kpe_pages: _Tensor, table: PageTable,
+                    positions: _Tensor, batch_indices: _Tensor | None = None,
+                    check_indices: bool = True) -> tuple[MLAAppendProblem, _Tensor]:
+    """Validate an :func:`append_mla` call (``check_indices``: the targets, one host read): its problem and the
+    batch indices (made for one token per request)."""
     check_tensor(ckv_pages, "ckv_pages", dims=3, dtypes=FLOAT_DTYPES)
     check_tensor(kpe_pages, "kpe_pages", dims=3, dtypes=FLOAT_DTYPES)
     if kpe_pages.shape[:2] != ckv_pages.shape[:2] or kpe_pages.dtype != ckv_pages.dtype:
@@ -349,9 +305,9 @@ def _append_mla_eager(ckv: _Tensor, kpe: _Tensor, ckv_pages: _Tensor, kpe_pages:
     for name, t, pages in (("ckv", ckv, ckv_pages), ("kpe", kpe, kpe_pages)):
         check_tensor(t, name, dims=2)
         if t.dtype != pages.dtype:
-            raise fail(f"{name}.dtype", t.dtype, f"the pages' dtype ({pages.dtype})")
+            raise fail(f"{name}.dtype", t.dtype, f"the dtype of {name}_pages ({pages.dtype})")
         if t.shape[1] != pages.shape[2]:
-            raise fail(f"{name}.shape", tuple(t.shape), f"(T, {pages.shape[2]}) to match the pages")
+            raise fail(f"{name}.shape", tuple(t.shape), f"(T, {pages.shape[2]}) to match {name}_pages (P, S, D)")
         if t.stride(-1) != 1:
             raise fail(f"{name}.stride", t.stride(), "unit stride in the last dim")
         check_same_device(name, t, "ckv_pages", ckv_pages)
@@ -367,23 +323,36 @@ def _append_mla_eager(ckv: _Tensor, kpe: _Tensor, ckv_pages: _Tensor, kpe_pages:
     dev, cc = device_key(ckv_pages)
     problem = MLAAppendProblem(dev, cc, ckv.dtype, ckv_pages.dtype, ckv.shape[1], kpe.shape[1], page_size, None,
                                bucket(ckv.shape[0]), _IN_PLACE | graph_features(dev))
-    select_kernel("kv_cache.append_mla", problem, backend).run(ckv, kpe, ckv_pages, kpe_pages, table, batch_indices,
+    return problem, batch_indices
+
+
+def _append_mla_eager(ckv: _Tensor, kpe: _Tensor, ckv_pages: _Tensor, kpe_pages: _Tensor, table: PageTable,
+                      positions: _Tensor, batch_indices: _Tensor | None, check_indices: bool,
+                      backend: BackendArg) -> None:
+    problem, batch_indices = append_mla_call(ckv, kpe, ckv_pages, kpe_pages, table, positions, batch_indices,
+                                             check_indices)
+    select("kv_cache.append_mla", problem, backend).kernel.run(ckv, kpe, ckv_pages, kpe_pages, table, batch_indices,
                                                                positions)
 
 
-def _append_mla_impl(ckv: _Tensor, kpe: _Tensor, ckv_pages: _Tensor, kpe_pages: _Tensor, block_table: _Tensor,
-                     seq_lens: _Tensor, max_seq_len: int | None, positions: _Tensor, batch_indices: _Tensor | None,
-                     check_indices: bool, backend: str | None) -> None:
-    table = table_of(block_table, seq_lens, max_seq_len)
-    _append_mla_eager(ckv, kpe, ckv_pages, kpe_pages, table, positions, batch_indices, check_indices,
-                      backend_from_str(backend))
-
-
-def _append_mla_fake(ckv: _Tensor, kpe: _Tensor, ckv_pages: _Tensor, kpe_pages: _Tensor, block_table: _Tensor,
-                     seq_lens: _Tensor, max_seq_len: int | None, positions: _Tensor, batch_indices: _Tensor | None,
-                     check_indices: bool, backend: str | None) -> None:
-    return None
-
-
-_append_mla_op = custom_op("kv_cache_append_mla", _append_mla_impl, _append_mla_fake,
-                           mutates_args=("ckv_pages", "kpe_pages"))
+# -- specs ---------------------------------------------------------------------------------------------
+_TARGETS = (Arg("positions"), Arg("batch_indices", "Tensor?"), Arg("check_indices", "bool"), Arg("backend", "backend"))
+APPEND = define(OpSpec(
+    "kv_cache.append", append, AppendProblem, append_call, reference="append", cases="kv_cache", op="kv_cache_append",
+    args=(Arg("k"), Arg("v"), Arg("cache", "cache", mutated=True), Arg("table", "table"), *_TARGETS),
+    returns="()", fake=lambda *_: None,
+))
+APPEND_SLOTS = define(OpSpec(
+    "kv_cache.append_slots", append_slots, AppendSlotsProblem, append_slots_call, reference="append_slots",
+    cases="kv_cache", op="kv_cache_append_slots",
+    args=(Arg("k"), Arg("v"), Arg("cache", "cache", mutated=True), Arg("slot_mapping"), Arg("check_indices", "bool"),
+          Arg("backend", "backend")),
+    returns="()", fake=lambda *_: None,
+))
+APPEND_MLA = define(OpSpec(
+    "kv_cache.append_mla", append_mla, MLAAppendProblem, append_mla_call, reference="append_mla", cases="kv_cache",
+    op="kv_cache_append_mla",
+    args=(Arg("ckv"), Arg("kpe"), Arg("ckv_pages", mutated=True), Arg("kpe_pages", mutated=True),
+          Arg("table", "table"), *_TARGETS),
+    returns="()", fake=lambda *_: None,
+))

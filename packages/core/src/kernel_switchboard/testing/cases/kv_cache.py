@@ -175,6 +175,13 @@ def cases(op: str, device: torch.device, size: str) -> list[Case]:
     return []
 
 
+#: the parameters :func:`example` reads, with their types (``switchboard explain`` / ``bench`` / ``tune`` check them)
+EXAMPLE_PARAMS: dict[str, type] = {
+    "batch": int, "kv_len": int, "q_len": int, "kv_heads": int, "num_kv_heads": int, "head_dim": int,
+    "head_dim_v": int, "head_dim_pe": int, "page_size": int, "dtype": str, "kv_dtype": str, "layout": str, "seed": int,
+}
+
+
 def example(op: str, device: torch.device | str = "cpu", **shape: Any) -> Case:
     """One case from CLI-style parameters: batch, kv_len, q_len (tokens appended per request;
     default 1 = decode), kv_heads, head_dim, page_size, dtype, kv_dtype, layout, seed."""
