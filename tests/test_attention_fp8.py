@@ -127,6 +127,56 @@ def test_torch_compile_passes_scale_tensors_through_the_custom_op() -> None:
         torch.testing.assert_close(a, b, atol=0, rtol=0)
 
 
+def _tensor_scale_append_case() -> tuple[ksb.PagedKVCache, ksb.PageTable, torch.Tensor, torch.Tensor, torch.Tensor]:
+    pages = torch.zeros(3, 4, 2, 8, dtype=E4M3)
+    cache = ksb.PagedKVCache(pages, pages.clone(), "NHD", torch.tensor([0.5, 4.0]), torch.tensor(2.0))
+    table = ksb.PageTable(torch.tensor([[0, 2], [1, 0]], dtype=torch.int32), torch.tensor([6, 3], dtype=torch.int32))
+    gen = torch.Generator().manual_seed(0)
+    return cache, table, torch.randn(2, 2, 8, generator=gen) * 8, torch.randn(2, 2, 8, generator=gen), \
+        torch.tensor([5, 2], dtype=torch.int32)
+
+
+def _fresh(cache: ksb.PagedKVCache) -> ksb.PagedKVCache:
+    return ksb.PagedKVCache(torch.zeros_like(cache.k_pages), torch.zeros_like(cache.v_pages), cache.layout,
+                            cache.k_scale, cache.v_scale)
+
+
+@pytest.mark.parametrize("op", ["append", "append_slots"])
+def test_torch_compile_appends_into_a_cache_with_scale_tensors(op: str) -> None:
+    cache, table, k, v, positions = _tensor_scale_append_case()
+    slots = (table.block_table[torch.arange(2), positions.long() // 4] * 4 + positions % 4).to(torch.int32)
+
+    def step(k: torch.Tensor, v: torch.Tensor, c: ksb.PagedKVCache) -> None:
+        if op == "append":
+            ksb.kv_cache.append(k, v, c, table, positions)
+        else:
+            ksb.kv_cache.append_slots(k, v, c, slots)
+
+    compiled, eager = _fresh(cache), _fresh(cache)
+    torch.compile(step, fullgraph=True, backend="aot_eager")(k, v, compiled)
+    step(k, v, eager)
+    assert torch.equal(compiled.k_pages.view(torch.uint8), eager.k_pages.view(torch.uint8))
+    assert torch.equal(compiled.v_pages.view(torch.uint8), eager.v_pages.view(torch.uint8))
+    want_k = (k * torch.tensor([2.0, 0.25]).reshape(-1, 1)).clamp(-448, 448).to(E4M3)  # each head by its own scale
+    assert torch.equal(eager.k_pages[2, 1].view(torch.uint8), want_k[0].view(torch.uint8))
+    assert torch.equal(eager.k_pages[1, 2].view(torch.uint8), want_k[1].view(torch.uint8))
+
+
+def test_opcheck_appends_with_scale_tensors() -> None:
+    """The fake, autograd registration and AOT dispatch of both appends with scale tensors (opcheck's schema test
+    compares the fp8 pages with ops that CPU fp8 lacks; test_append_slots runs it on float pages)."""
+    cache, table, k, v, positions = _tensor_scale_append_case()
+    c = _fresh(cache)
+    scales = (c.k_pages, c.v_pages, "NHD", None, None, c.k_scale, c.v_scale)
+    tests = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+    torch.library.opcheck(torch.ops.ksb.kv_cache_append.default,
+                          (k, v, *scales, table.block_table, table.seq_lens, None, positions, None, True, None),
+                          test_utils=tests)
+    slots = torch.tensor([9, -1], dtype=torch.int32)
+    torch.library.opcheck(torch.ops.ksb.kv_cache_append_slots.default, (k, v, *scales, slots, True, None),
+                          test_utils=tests)
+
+
 # -- fp8 queries ------------------------------------------------------------------------------------------------
 FP8_Q = AttnSpec(BF16, "NHD", 4, 4, 2, kv_lens=(13, 30), q_lens=(5, 30), kv_dtype=E4M3, lse=True, q_fp8=True)
 

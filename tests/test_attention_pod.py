@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import kernel_switchboard as ksb
+from kernel_switchboard.errors import KernelResultError
 from kernel_switchboard.testing import conformance_test
 from kernel_switchboard.testing.cases.attention import AttnSpec, pod_case
 
@@ -108,3 +109,53 @@ def test_plan_pod_validates_its_arguments() -> None:
     with pytest.raises(ksb.InvalidArgumentError, match="num_q_heads"):
         ksb.attention.plan_pod(prefill_table, qo, decode_table, num_q_heads=3, num_kv_heads=2, head_dim=64, dtype=F32,
                                page_size=4)
+
+
+def test_torch_compile_fullgraph_traces_pod_and_opcheck() -> None:
+    case = _case(replace(SPEC, kv_dtype=torch.float8_e4m3fn))
+    q, qo, q_decode, cache, prefill_table, decode_table = case.args
+    tensors = ksb.PagedKVCache(cache.k_pages, cache.v_pages, cache.layout, torch.tensor([0.5, 2.0]), torch.tensor(1.5))
+
+    def step(qp: torch.Tensor, qd: torch.Tensor, return_lse: bool) -> Any:
+        return ksb.attention.pod(qp, qo, qd, tensors, prefill_table, decode_table, sm_scale=0.25,
+                                 return_lse=return_lse)
+
+    for return_lse in (True, False):
+        got = torch.compile(step, fullgraph=True, backend="eager")(q, q_decode, return_lse)
+        want = step(q, q_decode, return_lse)
+        assert len(got) == len(want) == (4 if return_lse else 2)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, atol=0, rtol=0)
+    # opcheck's schema test compares tensors with ops that CPU fp8 lacks: the float cache here, every test
+    q, qo, q_decode, cache, prefill_table, decode_table = _case().args
+    flat = (q, qo, q_decode, cache.k_pages, cache.v_pages, cache.layout, None, None, None, None,
+            prefill_table.block_table, prefill_table.seq_lens, None, decode_table.block_table, decode_table.seq_lens,
+            None, True, 0.25, None, None, True, None)
+    torch.library.opcheck(torch.ops.ksb.attention_pod.default, flat)
+
+
+class _WrongDecodeRows:
+    """A third-party POD kernel (run only) whose decode output has one request too many."""
+
+    @ksb.hookimpl
+    def ksb_backend(self) -> ksb.Backend:
+        from kernel_switchboard.capability import FEATURES
+        from kernel_switchboard.reference.attention import pod as ref_pod
+
+        def run(*args: Any) -> Any:
+            out_p, out_d, lse_p, lse_d = ref_pod(*args)
+            return out_p, torch.cat((out_d, out_d[:1])), lse_p, lse_d
+
+        cap = ksb.Capability(devices=frozenset({"cpu"}), features=FEATURES)
+        return ksb.Backend("wrongpod", kernels=[ksb.Kernel("attention.pod", "k", "wrongpod", cap, run)])
+
+
+def test_a_third_party_pod_kernel_is_held_to_the_contract() -> None:
+    plugin = _WrongDecodeRows()
+    ksb.registry.register(plugin)
+    try:
+        q, qo, q_decode, cache, prefill_table, decode_table = _case().args
+        with pytest.raises(KernelResultError, match=r"wrongpod:k \(attention\.pod\) returned output 1 with shape"):
+            ksb.attention.pod(q, qo, q_decode, cache, prefill_table, decode_table, backend="wrongpod")
+    finally:
+        ksb.registry.unregister(plugin)

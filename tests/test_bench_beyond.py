@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kernel_switchboard import bench_beyond
-from kernel_switchboard.bench import PRESETS, run_point
+from kernel_switchboard.bench import PRESETS, RunPoint, run_point
 
 SMALL = {
     "1x4096 prefill + 64 decodes L=4096": {"prefill": 24, "decodes": 3, "kv_len": 40},
@@ -28,7 +28,7 @@ def test_the_preset_is_registered() -> None:
 
 
 @pytest.mark.parametrize("point", bench_beyond.points(), ids=lambda p: p.label)
-def test_each_point_runs_its_comparison(point: bench_beyond.BeyondPoint, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_each_point_runs_its_comparison(point: RunPoint, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KSB_BENCH_FLASHINFER", "0")
     rows = run_point("beyond", replace(point, params=SMALL[point.label]), torch.device("cpu"), 1.0)
     assert rows and all(r.error is None for r in rows), [(r.kernel, r.error) for r in rows if r.error]

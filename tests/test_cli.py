@@ -32,6 +32,25 @@ def test_doctor_human(capsys) -> None:
     assert "reference" in out and "reference:rms_norm" in out
 
 
+class _NoEngine:
+    """A meta-path finder that hides the engine package, as if it were not installed."""
+
+    def find_spec(self, name, path, target=None):
+        if name == "kernel_switchboard_engine":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+def test_demo_without_the_engine_package_names_its_install_command(monkeypatch, capsys) -> None:
+    for name in [m for m in sys.modules if m.split(".")[0] == "kernel_switchboard_engine"]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "meta_path", [_NoEngine(), *sys.meta_path])
+    assert main(["demo"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert "pip install kernel-switchboard-engine" in err and "pip install -e packages/engine" in err
+
+
 def test_explain_prints_ranked_candidates(capsys) -> None:
     assert main(["explain", "norm.rms_norm", "rows=4", "hidden=64", "dtype=float32", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
@@ -206,5 +225,5 @@ def test_an_unknown_op_is_a_usage_error_that_lists_the_known_ones(capsys) -> Non
 
 
 def test_explain_names_the_shape_option_it_cannot_use(capsys) -> None:
-    assert main(["explain", "attention.decode", "batch=x", "--device", "cpu"]) == 1
-    assert "switchboard explain attention.decode batch=x: invalid literal" in capsys.readouterr().err
+    assert main(["explain", "attention.decode", "batch=x", "--device", "cpu"]) == 2
+    assert "switchboard explain attention.decode batch=x: batch='x' is invalid: expected an int" in capsys.readouterr().err

@@ -154,8 +154,8 @@ def test_torch_compile_fullgraph_appends_then_decodes() -> None:
 def test_opcheck_kv_cache_ops() -> None:
     k, v, cache, table, positions, rows = append_case(F32, "NHD", 4, 2, 16, (5, 9), (5, 2), "cpu").args
     torch.library.opcheck(torch.ops.ksb.kv_cache_append.default,
-                          (k, v, cache.k_pages, cache.v_pages, "NHD", None, None, table.block_table, table.seq_lens,
-                           None, positions, rows, True, None))
+                          (k, v, cache.k_pages, cache.v_pages, "NHD", None, None, None, None, table.block_table,
+                           table.seq_lens, None, positions, rows, True, None))
     ckv, kpe, ckv_pages, kpe_pages, mtable, mpos = append_mla_case(F16, 4, (3, 9), None, "cpu", dc=32, dr=8).args
     torch.library.opcheck(torch.ops.ksb.kv_cache_append_mla.default,
                           (ckv, kpe, ckv_pages, kpe_pages, mtable.block_table, mtable.seq_lens, None, mpos, None, True,

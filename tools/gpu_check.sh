@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One-call GPU check on a lent H200 (see ../shared/DEVICE.md): install the project offline, run every
-# GPU test, run the benchmarks, write logs and tables under $OUT. Usage, from the project root:
+# One-call GPU check on a lent H100 or H200 (see ../shared/DEVICE.md): install the project offline, run every
+# GPU test (one folder at a time), run the benchmarks, write logs and tables under $OUT. Usage, from the project root:
 #   source .gpu/core/setup.sh && bash tools/gpu_check.sh [stage ...]
 # Stages, run in this order whatever the order given (default: install smoke tests backend-bench bench pack;
 # also moe-build, tune, sweep, trt-decode, trt-moe; pack makes one archive of $OUT). Each stage has its own time limit so one
@@ -15,9 +15,15 @@ log() { echo "[gpu_check $(date +%T)] $*"; }
 
 if [[ " $stages " == *" install "* ]]; then
   log "install"
+  # transformers (the engine and its adapter test against it) travels as wheels in .whl/tf when carried
+  if ls .whl/tf/*.whl > /dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/gpu-site .whl/tf/*.whl > "$OUT/install-tf.log" 2>&1 \
+      || tail -5 "$OUT/install-tf.log"
+  fi
+  # every package of the repository, editable (the engine adapters for vLLM / SGLang only import without their engine)
   python3 -m pip install -q --no-index --no-deps --no-build-isolation \
-    -e packages/core -e packages/backend-triton -e packages/backend-cudnn -e packages/backend-fa \
-    -e packages/backend-cutlass -e packages/backend-trtllm > "$OUT/install.log" 2>&1 || { tail -20 "$OUT/install.log"; }
+    $(for p in packages/*/pyproject.toml; do printf -- "-e %s " "${p%/pyproject.toml}"; done) > "$OUT/install.log" 2>&1 \
+    || { tail -20 "$OUT/install.log"; }
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
   timeout 120 switchboard doctor > "$OUT/doctor.txt" 2>&1; cat "$OUT/doctor.txt" | head -60
 fi
@@ -48,21 +54,25 @@ if [[ " $stages " == *" smoke "* ]]; then
 fi
 
 if [[ " $stages " == *" tests "* ]]; then
-  log "gpu tests (folders in parallel)"
+  log "gpu tests (one folder at a time)"
   export KSB_TEST_DEVICE=cuda
-  # one pytest per folder: the packages' test files share basenames (test_norm.py ...). SIGINT at the
-  # time limit makes pytest print its summary (failures so far) instead of dying silently.
-  run_folder() {
-    local d=$1 log="$OUT/pytest-gpu-${1//\//_}.log"
+  # one pytest per folder (the packages' test files share basenames: test_norm.py ...), run one after another so
+  # that no two processes hold GPU memory at once. SIGINT at the time limit makes pytest print its summary
+  # (failures so far) instead of dying silently. Per folder: exit status and the passed/failed/skipped/error counts.
+  : > "$OUT/pytest-gpu.log"
+  printf "%-40s %5s %7s %7s %7s %7s\n" folder exit passed failed skipped errors | tee -a "$OUT/pytest-gpu.log"
+  count() { grep -oE "[0-9]+ $1" <<< "$2" | tail -1 | grep -oE "^[0-9]+" || echo 0; }
+  for d in ${KSB_TEST_DIRS:-tests packages/*/tests}; do
+    [ -e "${d%%::*}" ] || continue  # a folder, a file or a test node id
+    flog="$OUT/pytest-gpu-${d//[\/:]/_}.log"
     timeout -s INT -k 20 ${KSB_TEST_TIMEOUT:-300} python3 -m pytest -q -m gpu --maxfail=30 --no-header -rA \
-      -p no:cacheprovider --durations=8 "$d" ${KSB_PYTEST_ARGS:-} > "$log" 2>&1
-    echo "$d: exit $? :: $(grep -E '(passed|failed|error)' "$log" | tail -1)" >> "$OUT/pytest-gpu.log"
-  }
-  for d in ${KSB_TEST_DIRS:-tests packages/backend-triton/tests packages/backend-cudnn/tests packages/backend-fa/tests packages/backend-cutlass/tests packages/backend-trtllm/tests}; do
-    [ -e "${d%%::*}" ] && run_folder "$d" &  # a folder, a file or a test node id
+      -p no:cacheprovider --durations=8 "$d" ${KSB_PYTEST_ARGS:-} > "$flog" 2>&1
+    rc=$?
+    summary=$(grep -E "^(=+ )?(no tests ran|[0-9]+ (passed|failed|errors?|skipped|deselected|xfailed|xpassed)).* in [0-9.]+s" \
+      "$flog" | tail -1)
+    printf "%-40s %5s %7s %7s %7s %7s\n" "$d" "$rc" "$(count passed "$summary")" "$(count failed "$summary")" \
+      "$(count skipped "$summary")" "$(count 'errors?' "$summary")" | tee -a "$OUT/pytest-gpu.log"
   done
-  wait
-  cat "$OUT/pytest-gpu.log"
   grep -hE "^(FAILED|ERROR)" "$OUT"/pytest-gpu-*.log | head -40
 fi
 

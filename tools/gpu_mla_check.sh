@@ -37,8 +37,9 @@ else
   grep -hE "mla|MLA" "$R"/bench-mtp.txt | grep -v "^bench \[" | cut -c1-200
   pack
   step tests-plan 60 python3 -m pytest -q -m gpu --no-header -rA -p no:cacheprovider tests/test_attention_plan.py -k mla
-  step first-call 40 python3 tools/first_call.py "$R/first_call.jsonl" triton:mla  # compile seconds by stage
-  cat "$R/first_call.jsonl" 2>/dev/null
+  step first-call 60 switchboard bench --preset first-call --op attention.mla_decode --cache cold \
+    --out "$R/first-call"  # first result in a fresh process; triton_kernels: compile seconds by stage
+  cat "$R/first-call/first-call.json" 2>/dev/null
 fi
 pack
 log done

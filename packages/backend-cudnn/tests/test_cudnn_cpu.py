@@ -52,14 +52,13 @@ def _fake_frontend(monkeypatch: pytest.MonkeyPatch, version: int | Exception, cc
     monkeypatch.setattr(plugin, "missing_module", lambda *a, **k: None)
     monkeypatch.setattr(plugin, "missing_cuda", lambda *a, **k: None)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: cc)
-    from kernel_switchboard_cudnn import graphs
 
-    def versions() -> tuple[int, str]:
+    def library_version() -> int:
         if isinstance(version, Exception):
             raise version
-        return version, "1.32.0"
+        return version
 
-    monkeypatch.setattr(graphs, "versions", versions)
+    monkeypatch.setattr(plugin, "library_version", library_version)
 
 
 def test_no_gpu_is_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -85,7 +84,7 @@ def test_library_that_does_not_load_is_the_reason(monkeypatch: pytest.MonkeyPatc
 
 def test_available_backend_names_versions_and_gates_prefill_on_97(monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_frontend(monkeypatch, 90600)
-    monkeypatch.setitem(sys.modules, "cudnn", types.ModuleType("cudnn"))
+    monkeypatch.setitem(sys.modules, "cudnn", None)  # discovery never imports the frontend
     backend = plugin.ksb_backend()
     assert backend.unavailable is None
     assert backend.providers["cudnn"] == "9.6.0"
@@ -94,6 +93,34 @@ def test_available_backend_names_versions_and_gates_prefill_on_97(monkeypatch: p
     assert "cuDNN 9.6.0" in kernels["sdpa_paged_decode"].version
     assert "below 9.7.0" in (kernels["sdpa_paged_prefill"].unavailable or "")
     assert "nvidia-cudnn" in (kernels["sdpa_paged_prefill"].install or "")
+
+
+def test_library_version_comes_from_torch_or_the_wheel_without_the_frontend(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernel_switchboard_cudnn import support
+
+    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91002)
+    assert support.library_version() == 91002
+    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: None)
+    monkeypatch.setattr(support, "package_version", lambda dist: {"nvidia-cudnn-cu12": "9.13.0.50"}.get(dist))
+    assert support.library_version() == 91300
+    monkeypatch.setattr(support, "package_version", lambda dist: None)
+    assert support.library_version() is None
+    monkeypatch.setattr(plugin, "missing_module", lambda *a, **k: None)
+    monkeypatch.setattr(plugin, "missing_cuda", lambda *a, **k: None)
+    _, reason, _ = plugin.probe()
+    assert reason is not None and "could not be found" in reason and "nvidia-cudnn-cu13" in reason
+    assert "cudnn" not in sys.modules
+
+
+def test_a_frontend_on_another_cudnn_than_declared_refuses_to_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernel_switchboard_cudnn import graphs
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    graphs.check_declared(91002, 91002)
+    graphs.check_declared(91300, 91002)  # newer, same declarations (no threshold between them)
+    with pytest.raises(KernelUnavailableError, match=r"loaded cuDNN 9\.6\.0, but .* declared for cuDNN 9\.10\.2"):
+        graphs.check_declared(90600, 91002)
 
 
 def test_explicit_choice_on_this_machine_raises_with_the_reason() -> None:

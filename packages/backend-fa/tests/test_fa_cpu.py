@@ -14,6 +14,7 @@ import math
 import sys
 import types
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -71,13 +72,47 @@ def test_fa4_namespace_package_is_not_fa2(monkeypatch: pytest.MonkeyPatch) -> No
     assert reason is not None and "distribution 'flash-attn'" in reason
 
 
-def test_fa2_without_its_entry_point_or_outside_its_window(monkeypatch: pytest.MonkeyPatch) -> None:
-    _modules(monkeypatch, {"flash-attn": "2.8.3"}, {"flash_attn": _mod("flash_attn")})
-    assert "flash_attn.flash_attn_varlen_func is missing" in (providers.unavailable(providers.FA2) or "")
-    mod = _mod("flash_attn")
-    mod.flash_attn_varlen_func = lambda *a, **k: None  # type: ignore[attr-defined]
-    _modules(monkeypatch, {"flash-attn": "2.5.9"}, {"flash_attn": mod})
+def test_fa2_outside_its_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    _modules(monkeypatch, {"flash-attn": "2.5.9"}, {"flash_attn": _mod("flash_attn")})
     assert "flash-attn 2.5.9 is outside the supported window >=2.6.0,<3" in (providers.unavailable(providers.FA2) or "")
+
+
+def test_fa2_without_its_entry_point_fails_at_first_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The entry point is checked when a kernel first loads the provider (discovery imports nothing)."""
+    _modules(monkeypatch, {"flash-attn": "2.8.3"}, {"flash_attn": _mod("flash_attn")})
+    providers.load.cache_clear()
+    try:
+        with pytest.raises(KernelUnavailableError, match=r"flash_attn\.flash_attn_varlen_func is missing.*install: pip"):
+            providers.load(providers.FA2)
+        mod = _mod("flash_attn")
+        mod.flash_attn_varlen_func = lambda *a, **k: None  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, "flash_attn", mod)
+        assert providers.load(providers.FA2) is mod
+    finally:
+        providers.load.cache_clear()
+
+
+def test_probe_imports_no_provider(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """An installed FA4 whose import would fail (or take seconds) is found from its files and metadata alone; the
+    failure shows when a kernel first loads it, with the install command."""
+    package = tmp_path / "flash_attn" / "cute"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("raise ImportError('libcuda.so.1: cannot open shared object file')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("flash_attn", "flash_attn.cute"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    _modules(monkeypatch, {"flash-attn-4": "4.0.0b36"}, {})
+    reason = providers.unavailable(providers.FA4)
+    assert "flash_attn.cute" not in sys.modules and "flash_attn" not in sys.modules
+    assert reason is None or "installed" not in reason  # found; only the GPU can be missing here
+    providers.load.cache_clear()
+    try:
+        with pytest.raises(KernelUnavailableError, match=r"import of 'flash_attn\.cute' failed: ImportError: libcuda"):
+            providers.load(providers.FA4)
+    finally:
+        providers.load.cache_clear()
+        for name in ("flash_attn", "flash_attn.cute"):
+            sys.modules.pop(name, None)
 
 
 def test_installed_provider_without_gpu_names_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,8 +15,9 @@ import torch
 import kernel_switchboard as ksb
 from kernel_switchboard import Kernel
 from kernel_switchboard.registry import registry
-from kernel_switchboard.testing import Case, assert_close, conformance_test, declares, kernel_cases, tolerance
+from kernel_switchboard.testing import Case, assert_close, conformance_test, tolerance
 from kernel_switchboard.testing.cases.attention import AttnSpec, decode_case, prefill_case, ragged_case, write_positions
+from kernel_switchboard.testing.conformance import LazyCase, lazy_kernel_cases
 
 BF16, F16 = torch.bfloat16, torch.float16
 
@@ -39,17 +40,19 @@ def _one_request_cases() -> list[Case]:
 
 
 def _ragged_params() -> list[object]:
+    """(kernel, case) pairs; the cases are built when their test runs (collection keeps no GPU memory)."""
     params: list[object] = []
     if not torch.cuda.is_available():
         return [pytest.param(None, None, marks=pytest.mark.skip(reason="needs a CUDA GPU"))]
-    extra = _one_request_cases()
-    for k in _kernels("attention.prefill_ragged"):
+    kernels = _kernels("attention.prefill_ragged")
+    eligible = lazy_kernel_cases([k for k in kernels if k.unavailable is None], torch.device("cuda"), "large",
+                                 extra=_one_request_cases)
+    for k in kernels:
         if k.unavailable is not None:
             params.append(pytest.param(k, None, id=f"{k.id}-unavailable",
                                        marks=pytest.mark.skip(reason=f"{k.id}: {k.unavailable}")))
             continue
-        cases = kernel_cases(k, torch.device("cuda"), "large")
-        cases += [c for c in extra if declares(k, c)]
+        cases = eligible[k.id]
         params.extend(pytest.param(k, c, id=f"{k.id}-{c.id}") for c in cases)
         if not cases:
             params.append(pytest.param(k, None, id=f"{k.id}-nocase"))
@@ -58,11 +61,11 @@ def _ragged_params() -> list[object]:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(("kernel", "case"), _ragged_params())
-def test_conformance_prefill_ragged(kernel: Kernel, case: Case | None) -> None:
+def test_conformance_prefill_ragged(kernel: Kernel, case: LazyCase | None) -> None:
     """Core's ragged cases plus one-request cases (torch-flash declares batch 1 only)."""
     if case is None:
         pytest.fail(f"{kernel.id}: no case inside its declared capability")
-    case.compare(kernel.id)
+    case.load().compare(kernel.id)
 
 
 def _fa4(op: str) -> Kernel:

@@ -14,7 +14,8 @@ pytestmark = pytest.mark.skipif(DEVICE == "cpu" and not triton_interpreting(),
                                 reason="Triton kernels need a CUDA GPU or TRITON_INTERPRET=1")
 
 test_conformance = conformance_test(
-    "triton", ops=("activation.silu_and_mul", "activation.gelu_and_mul", "activation.gelu_tanh_and_mul"))
+    "triton", ops=("activation.silu_and_mul", "activation.gelu_and_mul", "activation.gelu_tanh_and_mul",
+                   "activation.swiglu_oai_and_mul"))
 
 TORCH_ACT = {
     "silu_and_mul": torch.nn.functional.silu,
@@ -47,6 +48,27 @@ def test_row_stride_and_extreme_values() -> None:
         y = getattr(activation, name)(x)
         assert torch.isfinite(y).all(), name
         assert_close(y, _want(x.contiguous(), name), atol=1e-5, rtol=1e-5)
+
+
+def _swiglu_oai(x: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """gpt-oss's clamped SwiGLU as its reference model writes it, in float64."""
+    gate, up = x.double()[..., ::2], x.double()[..., 1::2]
+    gate, up = gate.clamp(max=limit), up.clamp(min=-limit, max=limit)
+    return (gate * torch.sigmoid(alpha * gate) * (up + 1)).to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(("alpha", "limit"), [(1.702, 7.0), (0.5, 2.0)])
+def test_swiglu_oai_matches_the_gpt_oss_formula(dtype: torch.dtype, alpha: float, limit: float) -> None:
+    g = torch.Generator().manual_seed(2)
+    x = (5 * torch.randn(5, 2 * 300, generator=g)).to(DEVICE, dtype)
+    assert bool(((x[:, 0::2] > limit) | (x[:, 1::2].abs() > limit)).any())  # the clamps are exercised
+    want = _swiglu_oai(x, alpha, limit)
+    assert_close(activation.swiglu_oai_and_mul(x, alpha, limit), want, atol=tolerance(dtype)[0],
+                 rtol=tolerance(dtype)[1])
+    strided = torch.cat((x, x[:, :8]), dim=1)[:, : x.shape[1]]  # row stride 608, unit inner stride
+    assert_close(activation.swiglu_oai_and_mul(strided, alpha, limit), want, atol=tolerance(dtype)[0],
+                 rtol=tolerance(dtype)[1])
 
 
 def test_empty_batch() -> None:

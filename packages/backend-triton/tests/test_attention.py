@@ -539,7 +539,7 @@ DENSE_H200_MS = {"encoder 8x1024 mask": 0.547, "encoder 8x1024 bias": 0.457, "1x
 
 def test_dense_cost_stays_within_a_third_of_the_h200_times() -> None:
     from kernel_switchboard.testing.cases.attention_dense import bench_problems, cost_ratios
-    from kernel_switchboard_triton.attention import _dense_cost
+    from kernel_switchboard_triton.catalog.attention import _dense_cost
 
     ratios = cost_ratios(_dense_cost, DENSE_H200_MS)
     assert all(0.75 <= r <= 1.33 for r in ratios.values()), ratios

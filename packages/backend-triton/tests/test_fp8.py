@@ -96,7 +96,7 @@ def test_fp8_query_dequantisation_matches_reference_when_p_is_not_rounded(monkey
 
 
 def test_fp8_queries_need_hopper_and_the_fp8_kernel() -> None:
-    from kernel_switchboard_triton.attention import PREFILL, PREFILL_FP8
+    from kernel_switchboard_triton.catalog.attention import PREFILL, PREFILL_FP8
 
     case = prefill_case(FP8_Q, DEVICE)
     problem = ksb.explain("attention.prefill", *case.args, **case.kwargs, backend="triton:prefill_fp8").problem

@@ -16,7 +16,6 @@ import torch.multiprocessing as mp
 
 import kernel_switchboard as ksb
 from kernel_switchboard.availability import triton_interpreting
-from kernel_switchboard.engine.tp import set_safe_env
 from kernel_switchboard.ops.comm import CommProblem
 from kernel_switchboard.testing import assert_close, tolerance
 
@@ -96,7 +95,7 @@ def _problem(**fields: Any) -> CommProblem:
 
 def test_capability_declines_what_one_shot_cannot_serve(monkeypatch: pytest.MonkeyPatch) -> None:
     """Declared: 2-8 GPU ranks of one host with peer access, in an NCCL group; messages <= 4 MiB, hidden <= 16384."""
-    from kernel_switchboard_triton import comm
+    from kernel_switchboard_triton.catalog import comm
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     monkeypatch.setattr(comm, "_peer_access", lambda world: True)
@@ -234,6 +233,7 @@ def _rank_worker(rank: int, world: int, init_file: str) -> None:
     norm past it), else through the kernels directly, against the float64 expectation; every rank's outputs
     bit-identical."""
     from kernel_switchboard_triton import comm
+    from kernel_switchboard_triton.catalog.comm import ONE_SHOT_MAX_BYTES
 
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=world,
@@ -243,7 +243,7 @@ def _rank_worker(rank: int, world: int, init_file: str) -> None:
                                     (3, 200, torch.float32), (64, 8192, torch.bfloat16), (1024, 8192, torch.bfloat16)):
             xs, residual, weight = _inputs(world, rows, hidden, dtype, device="cuda")
             x0 = xs[rank].clone()
-            one_shot = rows * hidden * dtype.itemsize <= comm.ONE_SHOT_MAX_BYTES
+            one_shot = rows * hidden * dtype.itemsize <= ONE_SHOT_MAX_BYTES
             for _ in range(3):  # the buffer is reused: its barriers keep each call's contributions apart
                 if world >= 2:
                     chosen = ksb.explain(OP, xs[rank], residual, weight, EPS).kernel.id
@@ -271,7 +271,8 @@ def _rank_worker(rank: int, world: int, init_file: str) -> None:
 def _spawn(world: int, tmp_path: Path) -> None:
     if torch.cuda.device_count() < world:
         pytest.skip(f"needs {world} GPUs, {torch.cuda.device_count()} here")
-    set_safe_env()  # NVLink multicast stays off on shared hosts (inherited by the spawned ranks)
+    # NVLink multicast stays off on shared hosts (inherited by the spawned ranks)
+    os.environ.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"})
     mp.spawn(_rank_worker, args=(world, str(tmp_path / "rendezvous")), nprocs=world, join=True)
 
 

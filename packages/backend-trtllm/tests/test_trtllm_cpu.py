@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import math
+import sys
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ import trtllm_emulate as emu
 import trtllm_fake_vendor as fake_vendor
 
 import kernel_switchboard as ksb
-from kernel_switchboard import KernelUnavailableError
+from kernel_switchboard import KernelUnavailableError, artefacts
 from kernel_switchboard.ops.attention import AttnParams, DecodeProblem, MLADecodeProblem
 from kernel_switchboard.ops.moe import MoeProblem
 from kernel_switchboard.reference import attention as ref_attn
@@ -22,7 +23,7 @@ from kernel_switchboard.registry import registry
 from kernel_switchboard.testing import assert_close, tolerance
 from kernel_switchboard.testing.cases.attention import AttnSpec, decode_case, mla_case
 from kernel_switchboard.testing.cases.moe import expert_weights
-from kernel_switchboard_trtllm import moe, plugin, providers, translate, xqa
+from kernel_switchboard_trtllm import jit, moe, plugin, providers, translate, xqa
 
 F16, BF16, F32, E4M3 = torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn
 
@@ -96,6 +97,57 @@ def test_flashinfer_version_window_is_passed(monkeypatch) -> None:
     monkeypatch.setattr(providers, "missing_module", lambda *a: seen.setdefault("args", a) and None)
     assert providers.missing_flashinfer() == (None, None)
     assert seen["args"] == ("flashinfer", "flashinfer-python", "0.6.18", "0.7")
+
+
+def test_discovery_with_flashinfer_installed_imports_none_of_it(monkeypatch, tmp_path) -> None:
+    """An installed flashinfer (here one whose import would fail) is found from its files and metadata; nothing of
+    it is imported until a kernel runs."""
+    (tmp_path / "flashinfer").mkdir()
+    (tmp_path / "flashinfer" / "__init__.py").write_text("raise ImportError('imported at discovery')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "flashinfer", raising=False)
+    monkeypatch.setattr("kernel_switchboard.availability.package_version",
+                        lambda dist: "0.6.18.post1" if dist == providers.FLASHINFER_DIST else None)
+    monkeypatch.setattr(providers, "missing_cuda", lambda **kw: None)
+    assert providers.missing_flashinfer() == (None, None)
+    assert "flashinfer" not in sys.modules
+
+
+ENV = {"format": 1, "gpu": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0", "driver": "580.1", "cuda": "13.0"}
+
+
+def test_needs_build_without_flashinfer_reads_the_records(monkeypatch, tmp_path) -> None:
+    """Ranking never imports flashinfer: a module counts as built only when an earlier process recorded it and its
+    library is still on disk."""
+    monkeypatch.setenv("KSB_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(artefacts, "environment", lambda device_index=None: ENV)
+    monkeypatch.delitem(sys.modules, "flashinfer", raising=False)
+    decode_kernel = next(k for k in plugin.kernels() if k.op == "attention.decode")
+    moe_kernel = next(k for k in plugin.kernels() if k.name.startswith("trtllm-cutlass-moe"))
+    problem, moe_problem = _decode_problem(), _moe_problem()
+    assert decode_kernel.needs_build(problem) and moe_kernel.needs_build(moe_problem)
+    library = tmp_path / "xqa.so"
+    library.write_bytes(b"\x7fELF")
+    artefacts.record(jit.xqa_record(problem), {"path": str(library)})
+    artefacts.record(jit.moe_record((9, 0)), {"path": str(library)})
+    assert not decode_kernel.needs_build(problem) and not moe_kernel.needs_build(moe_problem)
+    assert decode_kernel.needs_build(_decode_problem(page_size=16))  # another module
+    assert decode_kernel.needs_build(_decode_problem(features=frozenset({"paged", "sliding_window"})))
+    library.unlink()  # flashinfer's cache was cleared
+    assert decode_kernel.needs_build(problem) and moe_kernel.needs_build(moe_problem)
+    assert "flashinfer" not in sys.modules
+
+
+def test_records_of_another_environment_are_never_read(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("KSB_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(artefacts, "environment", lambda device_index=None: ENV)
+    library = tmp_path / "xqa.so"
+    library.write_bytes(b"\x7fELF")
+    artefacts.record(jit.xqa_record(_decode_problem()), {"path": str(library)})
+    monkeypatch.setattr(artefacts, "environment", lambda device_index=None: {**ENV, "driver": "590.2"})
+    monkeypatch.delitem(sys.modules, "flashinfer", raising=False)
+    decode_kernel = next(k for k in plugin.kernels() if k.op == "attention.decode")
+    assert decode_kernel.needs_build(_decode_problem())
 
 
 def test_tensorrt_llm_kernel_keeps_its_own_reason_when_flashinfer_is_available(monkeypatch) -> None:

@@ -18,9 +18,12 @@ from typing import Any
 
 import torch
 
+from kernel_switchboard.availability import import_vendor
 from kernel_switchboard.device import is_capturing, package_version
+from kernel_switchboard.errors import KernelUnavailableError
 
 from .convert import SdpaSpec, TensorSpec, int_specs
+from .support import FRONTEND, INSTALL, Support, library_version, version_text
 
 CACHE_SIZE = 256
 
@@ -52,10 +55,25 @@ class Built:
 
 @functools.lru_cache(maxsize=1)
 def versions() -> tuple[int, str | None]:
-    """(cuDNN backend version, cudnn-frontend version), read once."""
-    import cudnn
+    """(cuDNN backend version, cudnn-frontend version), read once: the first call imports the frontend (the first
+    cuDNN kernel to run) and checks the library it loaded against the one the kernels were declared for."""
+    cudnn = import_vendor("cudnn", INSTALL)
+    loaded = int(cudnn.backend_version())
+    check_declared(loaded, library_version())
+    return loaded, package_version(FRONTEND)
 
-    return int(cudnn.backend_version()), package_version("nvidia-cudnn-frontend")
+
+def check_declared(loaded: int, declared: int | None) -> None:
+    """Raise when the cuDNN the frontend loaded runs other problems than the one the capabilities were declared
+    for at discovery (read without the frontend: :func:`.support.library_version`)."""
+    if declared is None or declared == loaded or not torch.cuda.is_available():
+        return
+    cc = torch.cuda.get_device_capability()
+    if Support(loaded, cc).declarations() != Support(declared, cc).declarations():
+        raise KernelUnavailableError(
+            f"cudnn-frontend loaded cuDNN {version_text(loaded)}, but the cuDNN kernels were declared for cuDNN "
+            f"{version_text(declared)} (the library torch loaded), which runs other problems: install one cuDNN for "
+            f"both (the nvidia-cudnn wheel torch depends on)")
 
 
 def handle(device: torch.device) -> Any:

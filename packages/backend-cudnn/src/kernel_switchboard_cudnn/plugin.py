@@ -1,9 +1,10 @@
 """Registration of the cuDNN backend.
 
-Availability is checked when the hook runs (first dispatch), never at import: the
-``nvidia-cudnn-frontend`` module within its version window, a CUDA GPU of compute capability 8.0+,
-and a cuDNN library the frontend can load whose version has paged SDPA. Without them every kernel
-stays listed, unavailable, with the reason and the install command.
+Availability is checked when the hook runs (first dispatch), never at import, and imports nothing of
+cuDNN's: the ``nvidia-cudnn-frontend`` distribution within its version window (package metadata), a
+CUDA GPU of compute capability 8.0+, and a cuDNN library whose version has paged SDPA (the one torch
+loaded, :func:`.support.library_version`). Without them every kernel stays listed, unavailable, with
+the reason and the install command. The frontend is imported when a cuDNN kernel first runs.
 """
 
 from __future__ import annotations
@@ -15,10 +16,17 @@ from kernel_switchboard.availability import missing_cuda, missing_module
 from kernel_switchboard.device import package_version
 
 from . import __version__
-from .support import FRONTEND_BELOW, FRONTEND_MIN, REFERENCE_SUPPORT, Support, version_text
-
-INSTALL = 'pip install "kernel-switchboard[cudnn]"'
-FRONTEND = "nvidia-cudnn-frontend"
+from .support import (
+    FRONTEND,
+    FRONTEND_BELOW,
+    FRONTEND_MIN,
+    INSTALL,
+    LIBRARY_DISTRIBUTIONS,
+    REFERENCE_SUPPORT,
+    Support,
+    library_version,
+    version_text,
+)
 
 
 def probe() -> tuple[Support, str | None, str]:
@@ -30,11 +38,12 @@ def probe() -> tuple[Support, str | None, str]:
     if reason is not None:
         return REFERENCE_SUPPORT, reason, f"frontend {frontend}" if frontend else ""
     try:
-        from .graphs import versions
-
-        backend_version = versions()[0]
+        backend_version = library_version()
     except Exception as exc:
         return REFERENCE_SUPPORT, f"the cuDNN library could not be loaded: {type(exc).__name__}: {str(exc)[:200]}", ""
+    if backend_version is None:
+        return (REFERENCE_SUPPORT, f"the cuDNN library could not be found (torch {torch.__version__} reports none and "
+                f"no {' / '.join(LIBRARY_DISTRIBUTIONS)} wheel is installed)", "")
     support = Support(backend_version, torch.cuda.get_device_capability())
     return support, support.unavailable(), f"cuDNN {version_text(backend_version)}, frontend {frontend}"
 

@@ -9,6 +9,11 @@ of ``docs/operations/Attention.md``. Versions are cuDNN's integers: 9.10.2 -> 91
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kernel_switchboard.device import package_version
 
 #: paged K/V caches (PagedCacheLoad node)
 MIN_PAGED = 90500
@@ -24,11 +29,37 @@ MIN_THD_PRE_HOPPER = 91801
 BROKEN = frozenset({91000, 91001})
 
 FRONTEND_MIN, FRONTEND_BELOW = "1.14", "2"
+FRONTEND = "nvidia-cudnn-frontend"
+INSTALL = 'pip install "kernel-switchboard[cudnn]"'
+
+
+#: the pip wheels of the cuDNN library, newest CUDA first
+LIBRARY_DISTRIBUTIONS = ("nvidia-cudnn-cu13", "nvidia-cudnn-cu12")
 
 
 def version_text(v: int) -> str:
     """91002 -> '9.10.2'."""
     return f"{v // 10000}.{(v // 100) % 100}.{v % 100}"
+
+
+def library_version() -> int | None:
+    """The cuDNN library's version (9.10.2 -> 91002) without importing cudnn-frontend: the library torch loaded
+    (the one the frontend then binds to, by its soname), else the version of its pip wheel; None when neither
+    says. The frontend's own ``cudnn.backend_version()`` is compared with it when a graph is first built
+    (:func:`.graphs.versions`)."""
+    try:
+        version = torch.backends.cudnn.version()
+    except RuntimeError:  # torch found a cuDNN it cannot use
+        version = None
+    if version:
+        return int(version)
+    for dist in LIBRARY_DISTRIBUTIONS:
+        text = package_version(dist)
+        if text:
+            parts = [int(p) for p in text.split(".")[:3] if p.isdigit()]
+            if len(parts) == 3:
+                return parts[0] * 10000 + parts[1] * 100 + parts[2]
+    return None
 
 
 @dataclass(frozen=True)
@@ -81,6 +112,12 @@ class Support:
         if self.cc[0] >= 9 and self.version >= MIN_LARGE_HEAD:
             return frozenset({(192, 128)})
         return frozenset()
+
+    def declarations(self) -> tuple[Any, ...]:
+        """Everything the kernels' capabilities are built from: two rows with equal declarations declare the
+        same kernels."""
+        return (self.unavailable(), self.prefill_unavailable(), self.ragged_unavailable(), self.sliding_window,
+                self.head_dims(True), self.head_dims(False), self.split_head_dims, self.layouts)
 
     #: page layouts cuDNN's paged loader is declared for: HND (num_pages, kv_heads, page_size, dim).
     #: NHD pools are passed by strides in graphs.py; declare them here once a GPU run shows cuDNN

@@ -6,7 +6,8 @@ Nothing runs at import time. Every probe is cached for the process; :func:`reset
 - ``KSB_NVCC``: the nvcc to use (else ``$CUDA_HOME/bin/nvcc``, ``nvcc`` on ``PATH``, ``/usr/local/cuda/bin/nvcc``).
 - ``KSB_CUTLASS_DIR``: a CUTLASS source tree (with ``include/cutlass/cutlass.h``) instead of the
   headers shipped in the ``nvidia-cutlass`` wheel (``cutlass_library/source``).
-- ``KSB_CUTLASS_CACHE``: where compiled kernels live (else ``<user cache>/kernel-switchboard/cutlass``).
+- ``KSB_CUTLASS_CACHE``: where compiled kernels live (else ``cutlass/`` under the switchboard's cache root,
+  ``KSB_CACHE_DIR``, default ``<user cache>/kernel-switchboard``: see :mod:`kernel_switchboard.artefacts`).
 """
 
 from __future__ import annotations
@@ -153,12 +154,18 @@ def missing_headers() -> str | None:
 
 
 def cache_dir() -> Path:
-    """Where compiled kernels live (``KSB_CUTLASS_CACHE`` overrides); created on demand by the builder."""
+    """Where compiled kernels live (``KSB_CUTLASS_CACHE`` overrides); created on demand by the builder. Not keyed
+    by GPU or driver like the switchboard's other artefacts: a library's name carries the hash of its source, nvcc
+    and CUTLASS, and it is an sm_90a binary, which loads on any driver of its CUDA major version."""
     env = os.environ.get("KSB_CUTLASS_CACHE")
     if env:
         return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "kernel-switchboard" / "cutlass"
+    from kernel_switchboard.artefacts import root
+
+    base = root()
+    if base is None:  # KSB_CACHE_DIR=off: the user cache as before
+        base = Path(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")) / "kernel-switchboard"
+    return base / "cutlass"
 
 
 def reset() -> None:

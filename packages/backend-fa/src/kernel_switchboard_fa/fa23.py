@@ -21,7 +21,7 @@ from kernel_switchboard.paged import PagedKVCache, PageTable
 
 from .convert import cu_seqlens, decode_queries, lse_batched, lse_varlen, softcap, window_fa
 from .cost import decode_cost, prefill_cost
-from .providers import FA2, FA3, Provider
+from .providers import FA2, FA3, Provider, load
 
 HALF = frozenset({torch.float16, torch.bfloat16})
 DIMS = frozenset(range(8, 257, 8))
@@ -29,9 +29,7 @@ _COMMON = frozenset({"return_lse", "soft_cap", "sliding_window", "cuda_graph"})
 
 
 def _module(key: str) -> Any:
-    import importlib
-
-    return importlib.import_module("flash_attn_interface" if key == "fa3" else "flash_attn")
+    return load(FA3 if key == "fa3" else FA2)
 
 
 def _fa2_pages(pr: Any) -> list[str]:

@@ -28,7 +28,7 @@ from kernel_switchboard.paged import PagedKVCache, PageTable
 
 from .convert import decode_queries, lse_batched, lse_batched_tokens, lse_varlen, merge_splits, softcap, split_table, window_fa4
 from .cost import decode_cost, prefill_cost
-from .providers import FA4
+from .providers import FA4, load
 
 HALF = frozenset({torch.float16, torch.bfloat16})
 DIMS = frozenset(range(8, 257, 8))
@@ -39,15 +39,11 @@ MAX_SPLITS = 16
 
 
 def _fn() -> Any:
-    from flash_attn.cute import flash_attn_varlen_func
-
-    return flash_attn_varlen_func
+    return load(FA4).flash_attn_varlen_func
 
 
 def _dense_fn() -> Any:
-    from flash_attn.cute import flash_attn_func
-
-    return flash_attn_func
+    return load(FA4).flash_attn_func
 
 
 def check_dims(pr: Any) -> list[str]:

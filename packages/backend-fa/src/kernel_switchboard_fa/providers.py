@@ -10,19 +10,23 @@ torch-flash    torch (SDPA flash)     torch               [2.5, -)    sm_80+
 =============  =====================  ==================  ==========  ===========================
 
 flash-attn-4 also installs into the ``flash_attn`` namespace, so FA2 is recognised by its
-distribution and its ``flash_attn_varlen_func``, not by the package name alone. Probing imports
-the module (never at import of this package: only when the registry asks).
+distribution, not by the package name alone. Probing reads package metadata and finds the module
+without importing it (the CuTe DSL behind FA4 takes seconds to import); a provider is imported when
+one of its kernels first runs, and its entry point (``Provider.entry``) is checked then.
 """
 
 from __future__ import annotations
 
-import importlib
+import functools
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from kernel_switchboard.availability import missing_cuda, missing_module, version_in_window
+from kernel_switchboard.artefacts import prepare_flash_attn_cute
+from kernel_switchboard.availability import import_vendor, missing_cuda, missing_module, version_in_window
 from kernel_switchboard.device import package_version
+from kernel_switchboard.errors import KernelUnavailableError
 
 
 @dataclass(frozen=True)
@@ -37,7 +41,7 @@ class Provider:
     min_cc: tuple[int, int]
     max_cc: tuple[int, int]
     install: str
-    #: an attribute of ``module`` that must exist (tells FA2 from the FA4 namespace package)
+    #: the attribute of ``module`` the kernels call (checked when the module is first imported)
     entry: str = ""
 
 
@@ -71,10 +75,22 @@ def unavailable(provider: Provider) -> str | None:
         if reason is None and version(provider) is None:
             reason = (f"distribution {provider.distribution!r} is not installed "
                       f"(module {provider.module!r} comes from another one)")
-        if reason is None and provider.entry and not hasattr(importlib.import_module(provider.module), provider.entry):
-            reason = f"{provider.module}.{provider.entry} is missing (not the {provider.key} interface)"
     if reason is None:
         reason = missing_cuda(min_cc=provider.min_cc, max_cc=provider.max_cc)
     if reason is None and provider is TORCH_FLASH and not torch.backends.cuda.flash_sdp_enabled():
         reason = "torch's flash SDPA backend is disabled (torch.backends.cuda.enable_flash_sdp(False))"
     return reason
+
+
+@functools.cache
+def load(provider: Provider) -> Any:
+    """The provider's module, imported for a kernel about to run; an import failure or a module without the
+    provider's entry point raises :class:`KernelUnavailableError` with the install command. FA4 first gets its
+    persistent compile cache in the switchboard's artefact directory (:func:`prepare_flash_attn_cute`)."""
+    if provider is FA4:
+        prepare_flash_attn_cute()
+    module = import_vendor(provider.module, provider.install)
+    if provider.entry and not hasattr(module, provider.entry):
+        raise KernelUnavailableError(f"{provider.module}.{provider.entry} is missing (not the {provider.key} interface); "
+                                     f"install: {provider.install}")
+    return module

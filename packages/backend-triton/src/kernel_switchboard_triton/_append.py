@@ -1,5 +1,6 @@
-"""Paged KV-cache writes: ``kv_cache.append`` (K/V pages, NHD or HND, fp8 with scales) and
-``kv_cache.append_mla`` (latent + rope pages). One program per (token, block of heads)."""
+"""Paged KV-cache writes: ``kv_cache.append`` (K/V pages, NHD or HND, fp8 with scales), ``kv_cache.append_slots``
+(the same addressed by slot mapping; negative slots skipped) and ``kv_cache.append_mla`` (latent + rope pages).
+One program per (token, block of heads)."""
 
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ def _store_rows(
             e = tl.floor(tl.log2(a))
             e = tl.where(tl.exp2(e) > a, e - 1.0, e)
             quantum = tl.exp2(e - FP8_MANT)
-            y = ((y / quantum + 12582912.0) - 12582912.0) * quantum  # round half to even on the grid
+            r = tl.abs(((y / quantum + 12582912.0) - 12582912.0) * quantum)  # round half to even on the grid
+            y = tl.where(y < 0, -r, r)  # keep the sign of values that round to zero (-0.0, as the cast gives)
         x = y.to(dst_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
     else:
         x = x.to(dst_ptr.dtype.element_ty)
@@ -102,26 +104,96 @@ def _append_kernel(
                 stride_vph, inv_v_scale, HEAD_DIM_V, BLOCK_DV, FP8_LIMIT, FP8_MIN_EXP, FP8_MANT, ROUND_FIRST, V_INV_STRIDE)
 
 
+def _page_strides(cache: Any) -> tuple[int, int, int, int, int, int]:
+    """(page, slot, head) strides of the K pages, then of the V pages, whatever the layout."""
+    kp, vp = cache.k_pages, cache.v_pages
+    nhd = cache.layout == "NHD"
+    kps, kph = (kp.stride(1), kp.stride(2)) if nhd else (kp.stride(2), kp.stride(1))
+    vps, vph = (vp.stride(1), vp.stride(2)) if nhd else (vp.stride(2), vp.stride(1))
+    return kp.stride(0), kps, kph, vp.stride(0), vps, vph
+
+
 def append(k: torch.Tensor, v: torch.Tensor, cache: Any, table: Any, batch_indices: torch.Tensor,
            positions: torch.Tensor) -> None:
     """The ``kv_cache.append`` kernel: write k (T, Hkv, D), v (T, Hkv, Dv) into the pages, in place."""
     tokens, kv_heads, d = k.shape
     if tokens == 0:
         return
-    kp, vp = cache.k_pages, cache.v_pages
-    nhd = cache.layout == "NHD"
-    kps, kph = (kp.stride(1), kp.stride(2)) if nhd else (kp.stride(2), kp.stride(1))
-    vps, vph = (vp.stride(1), vp.stride(2)) if nhd else (vp.stride(2), vp.stride(1))
     dv = v.shape[2]
     block_d, block_dv = triton.next_power_of_2(d), triton.next_power_of_2(dv)
     block_hk = max(1, min(triton.next_power_of_2(kv_heads), 4096 // max(block_d, block_dv)))
-    limit, min_exp, mant = FP8.get(kp.dtype, (0.0, 0, 0))
+    limit, min_exp, mant = FP8.get(cache.k_pages.dtype, (0.0, 0, 0))
     (inv_k, k_stride), (inv_v, v_stride) = (_inverse(cache.k_scale, limit), _inverse(cache.v_scale, limit))
     bt = table.block_table
     _append_kernel[(tokens, triton.cdiv(kv_heads, block_hk))](
-        k, v, kp, vp, bt, batch_indices, positions, kv_heads,
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        kp.stride(0), kps, kph, vp.stride(0), vps, vph, bt.stride(0),
+        k, v, cache.k_pages, cache.v_pages, bt, batch_indices, positions, kv_heads,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1), *_page_strides(cache), bt.stride(0),
+        inv_k, inv_v,
+        HEAD_DIM=d, HEAD_DIM_V=dv, BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_HK=block_hk, PAGE_SIZE=cache.page_size,
+        FP8_LIMIT=limit, FP8_MIN_EXP=min_exp, FP8_MANT=mant, ROUND_FIRST=bool(limit) and interpreting(),
+        K_INV_STRIDE=k_stride, V_INV_STRIDE=v_stride, num_warps=4,
+    )
+
+
+@triton.jit
+def _append_slots_kernel(
+    k_ptr,  # (T, Hkv, D) new keys
+    v_ptr,  # (T, Hkv, Dv) new values
+    kp_ptr,  # K pages (any layout through strides)
+    vp_ptr,  # V pages
+    slot_ptr,  # (T,) int32 or int64 slot of each token: page * PAGE_SIZE + offset; negative = padding
+    kv_heads,  # Hkv
+    stride_kt,  # k stride over tokens
+    stride_kh,  # k stride over heads
+    stride_vt,  # v stride over tokens
+    stride_vh,  # v stride over heads
+    stride_kpp,  # K pages stride over pages
+    stride_kps,  # K pages stride over slots
+    stride_kph,  # K pages stride over heads
+    stride_vpp,  # V pages stride over pages
+    stride_vps,  # V pages stride over slots
+    stride_vph,  # V pages stride over heads
+    inv_k_scale,  # 1 / k_scale (fp8), else 1.0; with K_INV_STRIDE >= 0 a pointer to the per-head reciprocals
+    inv_v_scale,  # 1 / v_scale (fp8), else 1.0; likewise
+    HEAD_DIM: tl.constexpr,  # D
+    HEAD_DIM_V: tl.constexpr,  # Dv
+    BLOCK_D: tl.constexpr,  # next power of two of D
+    BLOCK_DV: tl.constexpr,  # next power of two of Dv
+    BLOCK_HK: tl.constexpr,  # heads per program
+    PAGE_SIZE: tl.constexpr,  # tokens per page
+    FP8_LIMIT: tl.constexpr,  # saturation bound of fp8 pages, 0.0 otherwise
+    FP8_MIN_EXP: tl.constexpr,  # smallest normal exponent of the fp8 format
+    FP8_MANT: tl.constexpr,  # mantissa bits of the fp8 format
+    ROUND_FIRST: tl.constexpr,  # round to the fp8 grid before the cast (interpreter)
+    K_INV_STRIDE: tl.constexpr,  # inv_k_scale: per-head reciprocals' stride (0: one), -1: a float
+    V_INV_STRIDE: tl.constexpr,  # inv_v_scale: likewise
+):
+    t = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    offs_h = tl.program_id(1) * BLOCK_HK + tl.arange(0, BLOCK_HK)
+    mask_h = offs_h < tl.where(slot >= 0, kv_heads, 0)  # a padding token stores nothing
+    slot = tl.maximum(slot, 0)
+    page = slot // PAGE_SIZE
+    offset = slot % PAGE_SIZE
+    _store_rows(k_ptr + t * stride_kt, kp_ptr + page * stride_kpp + offset * stride_kps, offs_h, mask_h, stride_kh,
+                stride_kph, inv_k_scale, HEAD_DIM, BLOCK_D, FP8_LIMIT, FP8_MIN_EXP, FP8_MANT, ROUND_FIRST, K_INV_STRIDE)
+    _store_rows(v_ptr + t * stride_vt, vp_ptr + page * stride_vpp + offset * stride_vps, offs_h, mask_h, stride_vh,
+                stride_vph, inv_v_scale, HEAD_DIM_V, BLOCK_DV, FP8_LIMIT, FP8_MIN_EXP, FP8_MANT, ROUND_FIRST, V_INV_STRIDE)
+
+
+def append_slots(k: torch.Tensor, v: torch.Tensor, cache: Any, slot_mapping: torch.Tensor) -> None:
+    """The ``kv_cache.append_slots`` kernel: write k (T, Hkv, D), v (T, Hkv, Dv) at their slots, in place."""
+    tokens, kv_heads, d = k.shape
+    if tokens == 0:
+        return
+    dv = v.shape[2]
+    block_d, block_dv = triton.next_power_of_2(d), triton.next_power_of_2(dv)
+    block_hk = max(1, min(triton.next_power_of_2(kv_heads), 4096 // max(block_d, block_dv)))
+    limit, min_exp, mant = FP8.get(cache.k_pages.dtype, (0.0, 0, 0))
+    (inv_k, k_stride), (inv_v, v_stride) = (_inverse(cache.k_scale, limit), _inverse(cache.v_scale, limit))
+    _append_slots_kernel[(tokens, triton.cdiv(kv_heads, block_hk))](
+        k, v, cache.k_pages, cache.v_pages, slot_mapping, kv_heads,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1), *_page_strides(cache),
         inv_k, inv_v,
         HEAD_DIM=d, HEAD_DIM_V=dv, BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_HK=block_hk, PAGE_SIZE=cache.page_size,
         FP8_LIMIT=limit, FP8_MIN_EXP=min_exp, FP8_MANT=mant, ROUND_FIRST=bool(limit) and interpreting(),

@@ -1,4 +1,4 @@
-"""Helpers shared by the attention and KV-cache launchers: launch configuration, SM counts, costs.
+"""Helpers shared by the attention and KV-cache launchers: launch configuration, SM counts.
 
 Nothing here touches the GPU at import time; SM counts are read once per device on first use.
 """
@@ -17,17 +17,6 @@ from kernel_switchboard.availability import triton_interpreting
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
-#: H200-class rough rates for cost estimates (bytes/s, flop/s); only the ranking uses them
-HBM_BYTES_PER_S = 4.0e12
-TENSOR_FLOPS = 4.5e14
-#: fixed cost of one launch, seconds
-LAUNCH_S = 6e-6
-#: paged decode, GPU time (CUDA-graph replays of plan.run), fitted on the H200 over the issue 7 grid (B 1-256,
-#: L 1024-8192, pages 16 and 128, NHD and HND, Llama-3-8B heads; notes/gpu-runs.md run 6): fixed + bytes / rate,
-#: 13 us + 4.3 TB/s, within 14% of every point. Every backend's decode cost is fitted on the same grid.
-DECODE_FIXED_S = 13e-6
-DECODE_BYTES_PER_S = 4.3e12
-
 #: Triton dtypes the fp8 KV paths read
 FP8_KV = frozenset({torch.float8_e4m3fn})
 
@@ -78,22 +67,6 @@ def scale_args(scale: Any, like: torch.Tensor) -> tuple[float, torch.Tensor, int
     return (1.0 if scale is None else float(scale)), like, -1
 
 
-def is_inf_cost(problem: Any) -> bool:
-    """The CPU (interpreter) never wins on cost: it ranks by priority below the reference."""
-    return getattr(problem, "device", "cuda") != "cuda"
-
-
-def nbytes(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
-
-
-def cost_seconds(bytes_moved: float, flops: float, problem: Any) -> float:
-    """Roofline estimate: the larger of memory and tensor-core time, plus a launch."""
-    if is_inf_cost(problem):
-        return math.inf
-    return LAUNCH_S + max(bytes_moved / HBM_BYTES_PER_S, flops / TENSOR_FLOPS)
-
-
 @triton.jit
 def _tanh(x, FAST: tl.constexpr = False):
     """tanh: the SFU's ``tanh.approx.f32`` when FAST (relative error <= 2^-10.7: fine for 16-bit inputs,
@@ -111,14 +84,6 @@ def soft_cap_mode(soft_cap: float | None, dtype: torch.dtype) -> int:
     if soft_cap is None:
         return 0
     return 2 if dtype in (torch.float16, torch.bfloat16) and not interpreting() else 1
-
-
-def fp8_needs_sm89(problem: Any) -> list[str]:
-    """``Capability.check``: Triton converts fp8 (e4m3 ``float8e4nv``) only from compute capability 8.9."""
-    cc = getattr(problem, "cc", None)
-    if "fp8_kv" in getattr(problem, "features", ()) and cc is not None and cc < (8, 9):
-        return [f"fp8 KV needs compute capability >= 8.9 for Triton's fp8 conversions (have {cc[0]}.{cc[1]})"]
-    return []
 
 
 def resident_ctas(device: torch.device, smem_bytes: int, num_warps: int, regs_per_thread: int = 128) -> int:

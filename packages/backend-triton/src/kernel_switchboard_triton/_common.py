@@ -1,13 +1,15 @@
-"""What every Triton kernel module shares: the device set and rank for this environment, TMA checks."""
+"""What every Triton kernel module shares: the device set and rank for this environment, TMA checks.
+
+Imports no Triton: the kernel records (:mod:`.catalog`) use it at discovery.
+"""
 
 from __future__ import annotations
 
 import functools
 
 import torch
-import triton
 
-from kernel_switchboard.availability import triton_interpreting
+from kernel_switchboard.availability import module_installed, triton_interpreting
 
 #: devices Triton kernels run on here (the CPU only under TRITON_INTERPRET=1)
 DEVICES = frozenset({"cuda", "cpu"}) if triton_interpreting() else frozenset({"cuda"})
@@ -40,10 +42,19 @@ def gluon_hopper(device: torch.device) -> bool:
 
 
 @functools.cache
+def gluon_findable() -> bool:
+    """Whether this Triton ships the Gluon Hopper language, read from its files (nothing imported): what cost
+    estimates use to tell which kernel a call would take; the launchers check with :func:`gluon_hopper`."""
+    return module_installed("triton.experimental.gluon.language.nvidia.hopper")
+
+
+@functools.cache
 def gluon_clusters() -> bool:
     """Whether this Triton's Gluon runs our multi-CTA kernels: 3.9+, whose cluster-wide mbarriers (count multiplied
     by the CTAs, every CTA's arrivals in CTA 0) and multicast TMA loads they rely on (3.7's multi-CTA barriers are
     per CTA)."""
+    import triton
+
     major, minor = (int(x) for x in triton.__version__.split(".")[:2])
     return (major, minor) >= (3, 9) and _gluon_importable()
 

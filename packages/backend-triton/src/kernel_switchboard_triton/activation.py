@@ -1,25 +1,18 @@
-"""Triton gated activations: ``silu_and_mul``, ``gelu_and_mul`` (erf) and ``gelu_tanh_and_mul``.
+"""Triton gated activations: ``silu_and_mul``, ``gelu_and_mul`` (erf), ``gelu_tanh_and_mul`` and
+``swiglu_oai_and_mul`` (gpt-oss's clamped SwiGLU over interleaved gate/up pairs).
 
-x (N, 2d) with unit stride in the last dim -> y (N, d) = act(x[:, :d]) * x[:, d:], computed in float32,
-stored in x's dtype. Grid: (rows, column blocks); each program moves ``BLOCK`` contiguous elements
-of each half with vector loads.
+x (N, 2d) with unit stride in the last dim -> y (N, d) = act(x[:, :d]) * x[:, d:] (the clamped SwiGLU: gate
+x[:, 0::2], up x[:, 1::2]), computed in float32, stored in x's dtype. Grid: (rows, column blocks); each program
+moves ``BLOCK`` contiguous output elements (2 * ``BLOCK`` contiguous inputs for the interleaved pairs).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
-from kernel_switchboard import Capability, Kernel
-
-from ._common import BACKEND, DEVICES, PRIORITY
-from ._perf import memory_bound
-
 SILU, GELU, GELU_TANH = 0, 1, 2
-DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
 #: grid dim 1 (column blocks) is limited to 65535 programs
 _MAX_COL_BLOCKS = 65535
 
@@ -47,6 +40,28 @@ def _act_and_mul_kernel(
         u = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
         act = 0.5 * gate * (1.0 + (2.0 / (1.0 + tl.exp(-2.0 * u)) - 1.0))  # tanh(u) = 2 sigmoid(2u) - 1
     tl.store(y_ptr + row * d + c, (act * up).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _swiglu_oai_kernel(
+    x_ptr,  # (N, 2d) input: interleaved (gate, up) pairs, unit stride in the last dim
+    y_ptr,  # (N, d) output, contiguous
+    d,  # pairs per row
+    stride_x,  # row stride of x, elements
+    alpha,  # gate scale inside the sigmoid
+    limit,  # clamp: gate <= limit, -limit <= up <= limit
+    BLOCK: tl.constexpr,  # output columns per program
+):
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = c < d
+    x_row = x_ptr + row * stride_x
+    gate = tl.load(x_row + 2 * c, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_row + 2 * c + 1, mask=mask, other=0.0).to(tl.float32)
+    gate = tl.minimum(gate, limit)
+    up = tl.minimum(tl.maximum(up, -limit), limit)
+    act = gate / (1.0 + tl.exp(-alpha * gate))
+    tl.store(y_ptr + row * d + c, (act * (up + 1.0)).to(y_ptr.dtype.element_ty), mask=mask)
 
 
 def _block(d: int) -> tuple[int, int]:
@@ -79,18 +94,12 @@ def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
     return _launch(x, GELU_TANH)
 
 
-def _cost(problem: Any) -> float:
-    # reads (rows, 2d), writes (rows, d); ActivationProblem.hidden is d
-    return memory_bound(problem, 3 * problem.rows * problem.hidden * problem.dtype.itemsize)
-
-
-_CAP = Capability(devices=DEVICES, dtypes=DTYPES, features=frozenset({"cuda_graph", "deterministic", "batch_invariant"}))
-
-
-def kernels() -> list[Kernel]:
-    return [
-        Kernel(f"activation.{name}", name, BACKEND, _CAP, fn, priority=PRIORITY, cost=_cost,
-               doc="fused gate activation and multiply; float32 math, one read and one write")
-        for name, fn in (("silu_and_mul", silu_and_mul), ("gelu_and_mul", gelu_and_mul),
-                         ("gelu_tanh_and_mul", gelu_tanh_and_mul))
-    ]
+def swiglu_oai_and_mul(x: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    n, two_d = x.shape
+    d = two_d // 2
+    y = torch.empty((n, d), dtype=x.dtype, device=x.device)
+    if n == 0 or d == 0:
+        return y
+    block, warps = _block(d)
+    _swiglu_oai_kernel[(n, triton.cdiv(d, block))](x, y, d, x.stride(0), alpha, limit, BLOCK=block, num_warps=warps)
+    return y

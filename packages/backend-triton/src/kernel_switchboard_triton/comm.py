@@ -6,7 +6,7 @@ One-shot: each rank copies its x into a buffer of torch's symmetric memory (mapp
 makes the copies visible; one kernel reads each row from every rank, sums in float32 in rank order (so every rank
 gets bit-identical outputs) and applies the residual add and RMSNorm (:mod:`._comm_kernels`); a second barrier
 holds the buffers until every rank has read them. Four launches and no NCCL call: the latency path for
-decode-sized messages. Every rank reads the whole message from every peer, so past :data:`ONE_SHOT_MAX_BYTES`
+decode-sized messages. Every rank reads the whole message from every peer, so past :data:`.catalog.comm.ONE_SHOT_MAX_BYTES`
 the capability declines. Needs GPU ranks of one host in an NCCL group.
 
 All-reduce then norm: the collective (NCCL's ring on GPUs) sums a copy of x in x's dtype, as NCCL sums, then
@@ -17,33 +17,19 @@ Signature: see :mod:`kernel_switchboard.ops.comm`.
 
 from __future__ import annotations
 
-import functools
-import math
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
 import triton
 
-from kernel_switchboard import Capability, Kernel
-from kernel_switchboard.device import pairs_without_peer_access
+from kernel_switchboard.errors import KernelUnavailableError
 
 from . import _comm_kernels as K
-from ._common import BACKEND, DEVICES, PRIORITY
-from ._perf import memory_bound, on_gpu
-from .norm import DTYPES, MAX_BLOCK, block_config, fused_add_rms_norm
+from .norm import MAX_BLOCK, block_config, fused_add_rms_norm
 
-#: largest message (rows x hidden x itemsize, rows bucketed) sent one-shot: 256 tokens of hidden 8192 in bf16.
-#: Not yet measured on 2+ GPUs (issue 11): the crossover with NCCL's ring is an estimate.
-ONE_SHOT_MAX_BYTES = 4 << 20
-#: bytes/s one H100/H200 pulls from its NVLink peers (an estimate for ranking)
-NVLINK_BANDWIDTH = 450e9
-#: seconds of one symmetric-memory barrier across the group (an estimate for ranking)
-BARRIER = 5e-6
-#: seconds of an NCCL all-reduce besides its bytes (an estimate for ranking)
-NCCL_LATENCY = 15e-6
 T = TypeVar("T")
 
 
@@ -64,6 +50,9 @@ def _exchange(group: Any, device: torch.device, dtype: torch.dtype, numel: int) 
     reach it together."""
     from torch.distributed import _symmetric_memory as symm_mem
 
+    if not hasattr(symm_mem, "empty"):
+        raise KernelUnavailableError(f"torch {torch.__version__}'s symmetric memory has no empty(): a newer torch is "
+                                     "needed (pip install -U torch)")
     name = (group if group is not None else torch.distributed.group.WORLD).group_name  # type: ignore[union-attr]
     key = (name, str(device), dtype)
     ex = _EXCHANGES.get(key)
@@ -140,92 +129,3 @@ def all_reduce_then_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.
     torch.distributed.all_reduce(y, group=group)
     fused_add_rms_norm(y, s, weight.contiguous(), eps, gemma=False)  # s <- sum + residual, y <- rms_norm(s) * w
     return y, s
-
-
-def _message_bytes(p: Any) -> int:
-    return int(p.rows * p.hidden * p.dtype.itemsize)
-
-
-@functools.cache
-def _peer_access(world: int) -> bool:
-    """Every pair of the first ``world`` GPUs can access each other's memory (NVLink or PCIe P2P)."""
-    return not pairs_without_peer_access(world)
-
-
-def _one_shot_check(p: Any) -> list[str]:
-    out = []
-    if p.world_size < 2:
-        out.append(f"world_size={p.world_size}: a one-shot exchange needs 2+ ranks (one rank has nothing to sum)")
-    if p.group_backend != "nccl":
-        out.append(f"group_backend={p.group_backend!r}: peer memory needs the GPU ranks of an 'nccl' group")
-    elif p.device == "cuda" and p.world_size > torch.cuda.device_count():
-        out.append(f"world_size={p.world_size} > {torch.cuda.device_count()} GPUs here: peer memory needs every rank "
-                   f"on this host")
-    elif p.device == "cuda" and not _peer_access(p.world_size):
-        out.append(f"GPUs 0-{p.world_size - 1} cannot all map each other's memory (no P2P between some pair)")
-    if _message_bytes(p) > ONE_SHOT_MAX_BYTES:
-        out.append(f"message {_message_bytes(p) / 2**20:.1f} MiB > {ONE_SHOT_MAX_BYTES / 2**20:.0f} MiB: one-shot "
-                   f"reads the whole message from every peer; NCCL's ring is faster past it")
-    return out
-
-
-def _one_shot_cost(p: Any, local_passes: int = 6) -> float:
-    """Copy in and the kernel's local traffic through HBM (``local_passes`` times the message: the copy reads x and
-    writes the buffer; the fused kernel reads its own buffer and the residual and writes two outputs), the peers'
-    contributions over NVLink, two barriers."""
-    if not on_gpu(p):
-        return math.inf
-    nbytes = _message_bytes(p)
-    return (memory_bound(p, local_passes * nbytes, launches=2) + 2 * BARRIER
-            + (p.world_size - 1) * nbytes / NVLINK_BANDWIDTH)
-
-
-def _all_reduce_then_norm_check(p: Any) -> list[str]:
-    if p.world_size < 2:
-        return [f"world_size={p.world_size}: one rank has nothing to sum (the reference's identity all-reduce serves)"]
-    return []
-
-
-def _all_reduce_then_norm_cost(p: Any) -> float:
-    """NCCL's ring (each rank sends and receives 2 (W - 1) / W of the message), the two copies and the fused pass."""
-    if not on_gpu(p):
-        return math.inf
-    nbytes, world = _message_bytes(p), p.world_size
-    ring = NCCL_LATENCY + 2 * (world - 1) / world * nbytes / NVLINK_BANDWIDTH
-    return ring + memory_bound(p, 8 * nbytes, launches=3)  # copies of x and residual; the fused pass reads 2, writes 2
-
-
-def _missing_symmetric_memory() -> str | None:
-    try:
-        from torch.distributed import _symmetric_memory as symm_mem
-    except ImportError as e:
-        return f"torch {torch.__version__} has no torch.distributed symmetric memory ({e})"
-    if not hasattr(symm_mem, "empty"):
-        return f"torch {torch.__version__}'s symmetric memory has no empty(): a newer torch is needed"
-    return None
-
-
-_ONE_SHOT_SUM = Capability(devices=frozenset({"cuda"}), dtypes=DTYPES, limits={"world_size": 8},
-                           check=_one_shot_check)
-_ONE_SHOT = replace(_ONE_SHOT_SUM, limits={"hidden": MAX_BLOCK, "world_size": 8})  # the norm holds rows in registers
-#: the collective runs wherever torch.distributed does (gloo on the CPU, where the interpreter runs the norm)
-_THEN_NORM = Capability(devices=DEVICES, dtypes=DTYPES, check=_all_reduce_then_norm_check)
-
-
-def kernels() -> list[Kernel]:
-    missing = _missing_symmetric_memory()
-    install = "pip install -U torch" if missing else None
-    return [
-        Kernel("comm.all_reduce_fused_rms_norm", "one_shot_all_reduce_rms_norm", BACKEND, _ONE_SHOT,
-               all_reduce_fused_rms_norm, priority=PRIORITY, cost=_one_shot_cost, unavailable=missing,
-               install=install,
-               doc="one-shot all-reduce over symmetric (peer) memory fused with residual add + RMSNorm; "
-                   f"messages <= {ONE_SHOT_MAX_BYTES >> 20} MiB"),
-        Kernel("comm.all_reduce", "one_shot_all_reduce", BACKEND, _ONE_SHOT_SUM, all_reduce, priority=PRIORITY,
-               cost=lambda p: _one_shot_cost(p, local_passes=4), unavailable=missing,
-               install=install,
-               doc=f"one-shot all-reduce over symmetric (peer) memory; messages <= {ONE_SHOT_MAX_BYTES >> 20} MiB"),
-        Kernel("comm.all_reduce_fused_rms_norm", "all_reduce_then_norm", BACKEND, _THEN_NORM, all_reduce_then_norm,
-               priority=PRIORITY, cost=_all_reduce_then_norm_cost,
-               doc="torch.distributed all-reduce in x's dtype (NCCL's ring), then one fused add + RMSNorm pass"),
-    ]

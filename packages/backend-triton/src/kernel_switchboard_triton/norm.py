@@ -8,23 +8,17 @@ Signatures: see :mod:`kernel_switchboard.ops.norm`.
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 import torch
 import triton
 
-from kernel_switchboard import Capability, Kernel
 from kernel_switchboard.invariance import active as invariant_scope
 
 from . import _norm_kernels as K
-from ._common import BACKEND, DEVICES, PRIORITY
-from ._perf import memory_bound
+from .catalog.norm import MAX_BLOCK
 
-#: widest row (elements, power of two) a block kernel holds in registers
-MAX_BLOCK = 16384
 #: chunk width of the looped kernels
 LOOP_BLOCK = 4096
-DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
 
 
 @functools.lru_cache(maxsize=256)
@@ -95,25 +89,3 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         K._layer_norm_block[(triton.cdiv(rows, bm),)](x, y, weight, b, rows, n, x.stride(0), y.stride(0), eps,
                                                       HAS_BIAS=has_bias, BLOCK_M=bm, BLOCK_N=bn, num_warps=nw)
     return y
-
-
-def _bytes(problem: Any, tensors: int) -> float:
-    return tensors * problem.rows * problem.hidden * problem.dtype.itemsize
-
-
-#: batch invariant: a row's reduction layout is fixed by its width (and 16 rows per tile inside the scope)
-_FEATURES = frozenset({"cuda_graph", "deterministic", "batch_invariant"})
-_CAP = Capability(devices=DEVICES, dtypes=DTYPES, features=_FEATURES)
-_CAP_IN_PLACE = Capability(devices=DEVICES, dtypes=DTYPES, features=_FEATURES | {"in_place"})
-
-
-def kernels() -> list[Kernel]:
-    return [
-        Kernel("norm.rms_norm", "rms_norm", BACKEND, _CAP, rms_norm, priority=PRIORITY,
-               cost=lambda p: memory_bound(p, _bytes(p, 2)), doc="one pass, rows in registers; Gemma (1 + w) variant"),
-        Kernel("norm.fused_add_rms_norm", "fused_add_rms_norm", BACKEND, _CAP_IN_PLACE, fused_add_rms_norm,
-               priority=PRIORITY, cost=lambda p: memory_bound(p, _bytes(p, 4)),
-               doc="in place: residual <- x + residual, x <- rms_norm(residual); one pass"),
-        Kernel("norm.layer_norm", "layer_norm", BACKEND, _CAP, layer_norm, priority=PRIORITY,
-               cost=lambda p: memory_bound(p, _bytes(p, 2)), doc="one pass, rows in registers, optional bias"),
-    ]

@@ -10,18 +10,10 @@ rotates ``BLOCK_H`` heads.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import triton
 import triton.language as tl
 
-from kernel_switchboard import Capability, Kernel
-
-from ._common import BACKEND, DEVICES, PRIORITY
-from ._perf import memory_bound
-
-DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
 BLOCK_H = 4
 
 
@@ -140,23 +132,3 @@ def apply(q: torch.Tensor, k: torch.Tensor | None, positions: torch.Tensor, inv_
 def apply_cos_sin_cache(q: torch.Tensor, k: torch.Tensor | None, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
                         interleaved: bool, inplace: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     return _launch(q, k, positions, cos_sin_cache, cos_sin_cache.shape[1] // 2, True, interleaved, inplace)
-
-
-def _cost(problem: Any) -> float:
-    tokens = getattr(problem, "tokens", 0) or 0
-    heads = (getattr(problem, "q_heads", 0) or 0) + (getattr(problem, "kv_heads", 0) or 0)
-    head_dim = getattr(problem, "head_dim", 0) or 0
-    return memory_bound(problem, 2 * tokens * heads * head_dim * problem.dtype.itemsize)
-
-
-_CAP = Capability(devices=DEVICES, dtypes=DTYPES, features=frozenset({"cuda_graph", "deterministic", "in_place",
-                                                                                 "batch_invariant"}))
-
-
-def kernels() -> list[Kernel]:
-    return [
-        Kernel("rope.apply", "rope", BACKEND, _CAP, apply, priority=PRIORITY, cost=_cost,
-               doc="NeoX or GPT-J rotation from inv_freq (cos/sin computed in-kernel), partial rotary, in place or not"),
-        Kernel("rope.apply_cos_sin_cache", "rope_cos_sin_cache", BACKEND, _CAP, apply_cos_sin_cache, priority=PRIORITY,
-               cost=_cost, doc="NeoX or GPT-J rotation from a (max_pos, rotary_dim) cos/sin cache"),
-    ]

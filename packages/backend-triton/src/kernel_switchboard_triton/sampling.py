@@ -10,24 +10,17 @@ positive mass (possible only with ``check_nan=False``) still gets an in-range to
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any, NamedTuple
 
 import torch
 import triton
 
-from kernel_switchboard import Capability, Kernel
 from kernel_switchboard.availability import triton_interpreting
 from kernel_switchboard.invariance import active as invariant_scope
-from kernel_switchboard.invariance import one_request_draws
 
 from . import _sampling_kernels as K
-from ._common import BACKEND, DEVICES, PRIORITY
-from ._perf import memory_bound
 
-DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
-FEATURES = frozenset({"cuda_graph", "deterministic", "generator", "per_row_params", "batch_invariant"})
 #: candidates checked per pass of the top-p rejection loop, and the bound on those passes
 NUM_CAND = 4
 MAX_ROUNDS = 16
@@ -179,36 +172,3 @@ def chain_speculative(draft_probs: torch.Tensor, draft_token_ids: torch.Tensor, 
         emitted, batch, n, vocab, ROWS=cfg.rows, BLOCK=cfg.block, STAGES=cfg.stages, num_warps=cfg.num_warps,
     )
     return tokens, accepted, emitted
-
-
-# -- capabilities and costs -----------------------------------------------------------------------
-def _sample_cost(problem: Any) -> float:
-    # about three passes over the input (a logits max, a candidate pass, a check pass); top-k adds two
-    passes = 2 + int(problem.is_logits) + 2 * int(problem.uses_top_k) + int(problem.uses_min_p and not problem.is_logits)
-    return memory_bound(problem, passes * problem.batch * problem.vocab * problem.dtype.itemsize)
-
-
-def _renorm_cost(problem: Any) -> float:
-    passes = 3 + 2 * int(problem.uses_top_k) + 2 * int(problem.uses_top_p)
-    return memory_bound(problem, passes * problem.batch * problem.vocab * problem.dtype.itemsize
-                        + 4 * problem.batch * problem.vocab)
-
-
-def _spec_cost(problem: Any) -> float:
-    return memory_bound(problem, 3 * problem.batch * problem.vocab * problem.dtype.itemsize)
-
-
-_CAP = Capability(devices=DEVICES, dtypes=DTYPES, features=FEATURES)
-#: a draw is batch invariant for a batch of one request only (the batch shares one random stream)
-_DRAWS = dataclasses.replace(_CAP, check=one_request_draws)
-
-
-def kernels() -> list[Kernel]:
-    return [
-        Kernel("sampling.top_k_top_p", "top_k_top_p", BACKEND, _DRAWS, top_k_top_p, priority=PRIORITY, cost=_sample_cost,
-               doc="sorting-free: exact top-k threshold search, top-p by rejection with 4 candidates per pass"),
-        Kernel("sampling.renorm", "renorm", BACKEND, _CAP, renorm, priority=PRIORITY, cost=_renorm_cost,
-               doc="exact top-k / top-p / min-p thresholds by pivot search, then one normalised write"),
-        Kernel("sampling.chain_speculative", "chain_speculative", BACKEND, _DRAWS, chain_speculative, priority=PRIORITY,
-               cost=_spec_cost, doc="acceptance tests, then the residual draw by inverse CDF, one program per row tile"),
-    ]

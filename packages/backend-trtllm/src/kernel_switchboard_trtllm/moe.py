@@ -19,9 +19,10 @@ from typing import Any
 import torch
 
 from kernel_switchboard import Capability, Kernel
+from kernel_switchboard.availability import import_vendor
 
 from . import jit, translate
-from .providers import provider_tag
+from .providers import INSTALL, TRTLLM_INSTALL, provider_tag
 
 HALF = frozenset({torch.float16, torch.bfloat16})
 FP8 = torch.float8_e4m3fn
@@ -68,20 +69,26 @@ def _first(result: Any) -> torch.Tensor:
 def flashinfer_moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor,
                    w2: torch.Tensor, w13_scale: torch.Tensor | None, w2_scale: torch.Tensor | None) -> torch.Tensor:
     """moe.fused_moe through ``flashinfer.fused_moe.cutlass_fused_moe``; y (T, H) in x's dtype."""
-    from flashinfer.fused_moe import cutlass_fused_moe
-
+    cutlass_fused_moe = import_vendor("flashinfer.fused_moe", INSTALL).cutlass_fused_moe
     a = translate.moe_args(x, topk_weights, topk_ids, w13, w2, w13_scale, w2_scale, weight_cache)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     result = cutlass_fused_moe(a.input, a.token_selected_experts, a.token_final_scales, a.fc1_expert_weights,
                                a.fc2_expert_weights, a.output_dtype, a.quant_scales, output=out,
                                use_deepseek_fp8_block_scale=a.use_deepseek_fp8_block_scale)
+    if x.device.type == "cuda" and x.device.index not in _noted:
+        _noted.add(x.device.index)
+        jit.note_moe_built(torch.cuda.get_device_capability(x.device))
     return _first(result)
+
+
+#: devices whose fused-MoE module this process has recorded built (after its first call there)
+_noted: set[int | None] = set()
 
 
 def tensorrt_llm_moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor,
                      w2: torch.Tensor, w13_scale: torch.Tensor | None, w2_scale: torch.Tensor | None) -> torch.Tensor:
     """moe.fused_moe through ``torch.ops.trtllm.fused_moe`` (tensorrt_llm's PyTorch custom op)."""
-    import tensorrt_llm._torch.custom_ops  # noqa: F401  (registers torch.ops.trtllm.fused_moe)
+    import_vendor("tensorrt_llm._torch.custom_ops", TRTLLM_INSTALL)  # registers torch.ops.trtllm.fused_moe
 
     a = translate.moe_args(x, topk_weights, topk_ids, w13, w2, w13_scale, w2_scale, weight_cache)
     result = torch.ops.trtllm.fused_moe(a.input, a.token_selected_experts, a.token_final_scales,

@@ -8,7 +8,9 @@ Two providers:
 - ``tensorrt_llm`` (its torch ops) for users who can install it. PyPI's ``tensorrt-llm`` is a stub
   that downloads the real wheel from NVIDIA's index at install time.
 
-No probe runs at import time; every function here is called from the backend hook or a kernel.
+No probe runs at import time; every function here is called from the backend hook or a kernel, and none
+imports flashinfer or tensorrt_llm (package metadata and the import system's finders only): they are
+imported when one of their kernels first runs.
 """
 
 from __future__ import annotations
@@ -44,10 +46,7 @@ def installed(module: str) -> bool:
 
 
 def missing_flashinfer() -> tuple[str | None, str | None]:
-    """(reason, install command) flashinfer's TensorRT-LLM kernels cannot run here, or (None, None).
-
-    flashinfer is imported (to check it works) only where a GPU is, never on a CPU-only machine.
-    """
+    """(reason, install command) flashinfer's TensorRT-LLM kernels cannot run here, or (None, None)."""
     if not installed("flashinfer"):
         return f"python module 'flashinfer' is not installed ({FLASHINFER_DIST} {FLASHINFER_MIN}+)", INSTALL
     reason = missing_cuda(min_cc=(8, 9))

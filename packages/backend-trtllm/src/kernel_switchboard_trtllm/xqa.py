@@ -17,10 +17,11 @@ from typing import Any
 import torch
 
 from kernel_switchboard import Capability, Kernel, empty_rows
+from kernel_switchboard.availability import import_vendor
 from kernel_switchboard.device import is_capturing
 
 from . import jit, translate
-from .providers import provider_tag
+from .providers import INSTALL, provider_tag
 
 XQA_DTYPES = frozenset({torch.float16, torch.bfloat16})
 XQA_KV_DTYPES = XQA_DTYPES | {torch.float8_e4m3fn}
@@ -105,8 +106,7 @@ ZERO_EMPTY_ROWS = os.environ.get("KSB_TRTLLM_XQA_EMPTY_ROWS", "zero") != "trust"
 
 
 def _xqa_call(args: translate.XqaDecodeArgs, out: torch.Tensor, ws: torch.Tensor) -> None:
-    from flashinfer.decode import trtllm_batch_decode_with_kv_cache
-
+    trtllm_batch_decode_with_kv_cache = import_vendor("flashinfer.decode", INSTALL).trtllm_batch_decode_with_kv_cache
     trtllm_batch_decode_with_kv_cache(query=args.query, kv_cache=args.kv_cache, workspace_buffer=ws,
                                       block_tables=args.block_tables, seq_lens=args.seq_lens,
                                       max_seq_len=args.max_seq_len, bmm1_scale=args.bmm1_scale,
@@ -119,7 +119,9 @@ def _xqa_call(args: translate.XqaDecodeArgs, out: torch.Tensor, ws: torch.Tensor
 def decode(q: torch.Tensor, cache: Any, table: Any, p: Any) -> tuple[torch.Tensor, None]:
     """attention.decode: q (B, Hq, D) -> out (B, Hq, D) in q's dtype; no LSE."""
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    _xqa_call(translate.xqa_decode_args(q, cache, table, p), out, workspace(q.device))
+    args = translate.xqa_decode_args(q, cache, table, p)
+    _xqa_call(args, out, workspace(q.device))
+    jit.note_xqa_run(q, cache, args.window_left)
     return out, None
 
 
@@ -168,8 +170,7 @@ def mla_check(problem: Any) -> list[str]:
 def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_pages: torch.Tensor, kpe_pages: torch.Tensor, table: Any,
                p: Any) -> tuple[torch.Tensor, None]:
     """attention.mla_decode through flashinfer's XQA MLA (bf16); out (B, H, 512)."""
-    from flashinfer.mla import xqa_batch_decode_with_kv_cache_mla
-
+    xqa_batch_decode_with_kv_cache_mla = import_vendor("flashinfer.mla", INSTALL).xqa_batch_decode_with_kv_cache_mla
     a = translate.xqa_mla_args(q_nope, q_pe, ckv_pages, kpe_pages, table, p)
     out = torch.empty(q_nope.shape, dtype=q_nope.dtype, device=q_nope.device)
     xqa_batch_decode_with_kv_cache_mla(a.query, a.kv_cache, workspace(out.device), a.qk_nope_head_dim,
@@ -188,11 +189,12 @@ def kernels(version: str | None) -> list[Kernel]:
     v = version or ""
     return [
         Kernel("attention.decode", provider_tag("trtllm-xqa", version), "trtllm", DECODE_CAP, decode, version=v,
-               plan=plan, cost=_decode_cost, needs_build=jit.compiled(jit.xqa_spec), build=jit.xqa_build,
+               plan=plan, cost=_decode_cost, needs_build=jit.compiled(jit.xqa_spec, jit.xqa_record),
+               build=jit.xqa_build,
                math_dtype=_math_dtype, reads_stale_slots=True,
                doc="TensorRT-LLM XQA paged decode (flashinfer-python JIT; first build ~10 s per configuration); "
                    "on an fp8 cache it quantises Q and P to fp8 too (relative error ~2e-2, measured on the H200)"),
         Kernel("attention.mla_decode", provider_tag("trtllm-xqa-mla", version), "trtllm", MLA_CAP, mla_decode,
-               version=v, needs_build=jit.compiled(jit.xqa_mla_spec), build=jit.xqa_mla_build,
+               version=v, needs_build=jit.compiled(jit.xqa_mla_spec, jit.xqa_mla_record), build=jit.xqa_mla_build,
                doc="TensorRT-LLM XQA MLA decode, sm_120/sm_121 only (flashinfer); never run here: no such GPU"),
     ]

@@ -1,4 +1,4 @@
-"""``switchboard bench | tune | build``: measured ranking.
+"""``switchboard bench | tune``: measured ranking.
 
 For each point of a workload preset: every eligible kernel, the automatic choice and external
 baselines (torch SDPA, cuBLAS, FlashInfer when installed) are timed with CUDA events (median,
@@ -39,6 +39,21 @@ class Point:
     op: str
     params: dict[str, Any]
     label: str
+
+
+@dataclass
+class RunPoint(Point):
+    """A point that runs itself: ``runner(point, preset, device, reps_ms)`` gives its rows (a comparison of its
+    own, as the ``beyond`` and ``flashinfer-compat`` presets make, instead of the generic one of :func:`run_point`).
+    A runner that raises gives one row with the error; the preset goes on."""
+
+    runner: Callable[[RunPoint, str, torch.device, float], list[Row]]
+
+    def run(self, preset: str, device: torch.device, reps_ms: float) -> list[Row]:
+        try:
+            return self.runner(self, preset, device, reps_ms)
+        except Exception as exc:  # noqa: BLE001 - one failing point does not stop the preset
+            return [Row(preset, self.op, self.label, "-", None, error=f"{type(exc).__name__}: {exc}"[:300])]
 
 
 @dataclass
@@ -107,7 +122,10 @@ PRESETS: dict[str, Callable[[], list[Point]]] = {
                                                (8, 1024, 1024, "float", False, "encoder 8x1024 bias"),
                                                (1, 4096, 4096, "float", True, "1x4096 causal + bias"),
                                                (16, 77, 1024, "none", False, "cross-attention 77x1024"))],
-    "beyond": lambda: importlib.import_module("kernel_switchboard.bench_beyond").points(),  # POD, invariance, fp8, MLA
+    "beyond": lambda: importlib.import_module(".bench_beyond", __package__).points(),  # POD, invariance, fp8, MLA
+    "flashinfer-compat": lambda: importlib.import_module(".bench_flashinfer", __package__).points(),
+    # one op per family, each in a fresh process (bench_first_call.py); here for `switchboard build --preset first-call`
+    "first-call": lambda: importlib.import_module("kernel_switchboard.bench_first_call").points(),
     "gemm": lambda: [Point("gemm.mm", {"m": 8192, "n": 8192, "k": 8192, "dtype": "bfloat16"}, "8192^3 bf16"),
                      Point("gemm.mm_fp8", {"m": 8192, "n": 8192, "k": 8192, "scale_mode": "block"}, "8192^3 fp8 block")],
 }
@@ -306,9 +324,8 @@ def _example(op: str, device: torch.device, params: dict[str, Any]) -> Any:
 def run_point(preset: str, point: Point, device: torch.device, reps_ms: float) -> list[Row]:
     from .dispatch import explain
 
-    if hasattr(point, "run"):  # a point with its own comparison (bench_beyond.BeyondPoint)
-        return point.run(preset, device, reps_ms)  # type: ignore[no-any-return]
-
+    if isinstance(point, RunPoint):
+        return point.run(preset, device, reps_ms)
     rows: list[Row] = []
     try:
         case = _example(point.op, device, point.params)
@@ -401,10 +418,17 @@ def _measured(sel: Any, device: torch.device) -> list[Any]:
 
 
 def _adhoc_point(args: argparse.Namespace) -> Point:
-    """The point ``--op`` and its ``--param key=value`` options name."""
+    """The point ``--op`` and its ``--param key=value`` options name; a malformed option exits with status 2 and one
+    line on stderr, as argparse does for its own options."""
     from .cli import _parse_params
+    from .errors import SwitchboardError
 
-    return Point(args.op, _parse_params(args.param), " ".join(args.param) or args.op)
+    try:
+        params = _parse_params(args.param, args.op)
+    except SwitchboardError as exc:
+        print(f"switchboard: --param: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return Point(args.op, params, " ".join(args.param) or args.op)
 
 
 def _call_kind(name: str) -> str:
@@ -569,6 +593,9 @@ def _write_tables(out: Path, rows: list[Row], ceil: dict[str, float], environmen
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "first-call" in argv or "--preset=first-call" in argv:  # fresh processes per point: its own runner
+        return int(importlib.import_module("kernel_switchboard.bench_first_call").main(argv))
     p = argparse.ArgumentParser(prog="switchboard bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", action="append", help=f"one of {[*sorted(PRESETS), 'dispatch']} (repeatable)")
@@ -637,8 +664,13 @@ def tune_main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if unknown_op("switchboard tune", args.op):
         return 2
+    unwritable = tuning.unwritable()
+    if unwritable is not None:
+        print(f"switchboard tune: {unwritable}", file=sys.stderr)
+        return 2
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    for point, case, sel in _explained_points("tune", args, device):
+    failed: list[str] = []
+    for point, case, sel in _explained_points("tune", args, device, failed):
         calls: dict[str, Callable[[], Any]] = {
             cand.kernel.id: functools.partial(case.function, *case.args, backend=cand.kernel.id, **case.kwargs)
             for cand in _measured(sel, device)[: args.shortlist]}
@@ -649,7 +681,7 @@ def tune_main(argv: list[str] | None = None) -> int:
         if graphed is not None:
             _report(point, "plan in a CUDA graph", tuning.store(point.op, graphed[0], graphed[1]), graphed[1])
     print(f"tune: cache at {tuning.cache_path()}")
-    return 0
+    return 1 if failed else 0
 
 
 def _points_parser(prog: str) -> argparse.ArgumentParser:
@@ -663,9 +695,10 @@ def _points_parser(prog: str) -> argparse.ArgumentParser:
     return p
 
 
-def _explained_points(prog: str, args: argparse.Namespace, device: torch.device) -> Iterator[tuple[Point, Any, Any]]:
+def _explained_points(prog: str, args: argparse.Namespace, device: torch.device,
+                      failed: list[str] | None = None) -> Iterator[tuple[Point, Any, Any]]:
     """(point, example case, selection) for each point ``args`` names; a point that cannot be made or has no
-    eligible kernel is reported on stderr and skipped."""
+    eligible kernel is reported on stderr, added to ``failed`` and skipped."""
     from .dispatch import explain
 
     points = [pt for name in args.preset or ([] if args.op else ["attention"]) for pt in PRESETS[name]()]
@@ -677,6 +710,8 @@ def _explained_points(prog: str, args: argparse.Namespace, device: torch.device)
             sel = explain(point.op, *case.args, **case.kwargs)
         except Exception as exc:
             print(f"{prog}: {point.op} {point.label}: {exc}", file=sys.stderr)
+            if failed is not None:
+                failed.append(point.label)
             continue
         yield point, case, sel
 
@@ -704,25 +739,3 @@ def _graph_times(point: Point, case: Any, kernel_ids: list[str], device: torch.d
             print(f"tune: {kernel_id} plan in a CUDA graph failed on {point.label}: {exc}"[:300], file=sys.stderr)
     times = {k: ms * 1e-3 for k, ms in fastest_of_rounds(replays, device, reps_ms, rounds).items()}
     return (problem, times) if times else None
-
-
-def build_main(argv: list[str] | None = None) -> int:
-    """Compile ahead of time every kernel with a ``build`` step for each preset point."""
-    args = _points_parser("switchboard build").parse_args(argv)
-    if unknown_op("switchboard build", args.op):
-        return 2
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    built = 0
-    for point, _, sel in _explained_points("build", args, device):
-        for cand in sel.candidates:
-            k = cand.kernel
-            if cand.eligible and k.build is not None and k.needs_build and k.needs_build(sel.problem):
-                t0 = time.perf_counter()
-                k.build(sel.problem)
-                built += 1
-                print(f"build: {k.id} for {point.label} in {time.perf_counter() - t0:.1f} s")
-    from .dispatch import clear_cache
-
-    clear_cache()
-    print(f"build: {built} kernels compiled")
-    return 0

@@ -1,7 +1,7 @@
 """``switchboard bench --preset beyond``: POD, batch invariance, fp8 prefill and MLA prefill against their baselines.
 
-Each point runs its own comparison (a :class:`BeyondPoint` carries its runner) and reports rows like every other
-preset (ms, TFLOP/s or TB/s, and in ``extra`` the ratios and checks):
+Each point runs its own comparison (a :class:`~kernel_switchboard.bench.RunPoint` carries its runner) and reports
+rows like every other preset (ms, TFLOP/s or TB/s, and in ``extra`` the ratios and checks):
 
 - **POD**, 1 prefill of 4096 tokens + 64 decodes at L=4096 (Llama-3-8B heads, bf16, pages of 16): ``plan_pod`` (the
   automatic choice, eager and in a CUDA graph), the Triton POD kernel's schedules, the switchboard's prefill then
@@ -26,12 +26,11 @@ import importlib
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from .bench import Point, Row, _captured, time_ms
+from .bench import Point, Row, RunPoint, _captured, time_ms
 from .invariance import batch_invariant
 from .paged import PagedKVCache, PageTable
 from .testing.cases.attention import AttnSpec, decode_case, indptr, mla_prefill_case, pod_case, prefill_case
@@ -40,33 +39,19 @@ _Call = Callable[[], Any]
 BF16, E4M3 = torch.bfloat16, torch.float8_e4m3fn
 
 
-@dataclass
-class BeyondPoint(Point):
-    """A preset point that runs its own comparison: ``run(preset, device, reps_ms)`` returns its rows."""
-
-    runner: Callable[[str, BeyondPoint, torch.device, float], list[Row]] | None = None
-
-    def run(self, preset: str, device: torch.device, reps_ms: float) -> list[Row]:
-        assert self.runner is not None
-        try:
-            return self.runner(preset, self, device, reps_ms)
-        except Exception as exc:  # noqa: BLE001 - a point that cannot run is a row with its error
-            return [Row(preset, self.op, self.label, "-", None, error=f"{type(exc).__name__}: {exc}"[:300])]
-
-
 def points() -> list[Point]:
     return [
-        BeyondPoint("attention.pod", {"prefill": 4096, "decodes": 64, "kv_len": 4096}, "1x4096 prefill + 64 decodes L=4096",
+        RunPoint("attention.pod", {"prefill": 4096, "decodes": 64, "kv_len": 4096}, "1x4096 prefill + 64 decodes L=4096",
                     _pod),
-        BeyondPoint("attention.decode", {"batch": 64, "kv_len": 4096}, "batch-invariant decode B=64 L=4096",
+        RunPoint("attention.decode", {"batch": 64, "kv_len": 4096}, "batch-invariant decode B=64 L=4096",
                     _invariant_decode),
-        BeyondPoint("attention.prefill", {"batch": 1, "q_len": 8192}, "batch-invariant prefill 1x8192",
+        RunPoint("attention.prefill", {"batch": 1, "q_len": 8192}, "batch-invariant prefill 1x8192",
                     _invariant_prefill),
-        BeyondPoint("attention.prefill", {"batch": 1, "q_len": 8192}, "fp8 prefill 1x8192 p128", _fp8_prefill),
-        BeyondPoint("attention.prefill", {"batch": 4, "q_len": 4096}, "fp8 prefill 4x4096 p128", _fp8_prefill),
-        BeyondPoint("attention.mla_prefill", {"batch": 1, "q_len": 4096, "kv_len": 4096}, "MLA prefill 1x4096 H=128",
+        RunPoint("attention.prefill", {"batch": 1, "q_len": 8192}, "fp8 prefill 1x8192 p128", _fp8_prefill),
+        RunPoint("attention.prefill", {"batch": 4, "q_len": 4096}, "fp8 prefill 4x4096 p128", _fp8_prefill),
+        RunPoint("attention.mla_prefill", {"batch": 1, "q_len": 4096, "kv_len": 4096}, "MLA prefill 1x4096 H=128",
                     _mla_prefill),
-        BeyondPoint("attention.mla_prefill", {"batch": 1, "q_len": 1024, "kv_len": 8192},
+        RunPoint("attention.mla_prefill", {"batch": 1, "q_len": 1024, "kv_len": 8192},
                     "MLA chunk 1024 after 7168 H=128", _mla_prefill),
     ]
 
@@ -134,7 +119,7 @@ def _ratio(rows: list[Row], num: str, den: str, key: str) -> None:
 
 
 # -- POD --------------------------------------------------------------------------------------------------
-def _pod(preset: str, point: Point, device: torch.device, reps_ms: float) -> list[Row]:
+def _pod(point: Point, preset: str, device: torch.device, reps_ms: float) -> list[Row]:
     from .ops.attention import plan_decode, plan_pod, plan_prefill
 
     n, decodes, kv_len = point.params["prefill"], point.params["decodes"], point.params["kv_len"]
@@ -241,7 +226,7 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.equal(a.contiguous().view(torch.int16), b.contiguous().view(torch.int16)))
 
 
-def _invariant_decode(preset: str, point: Point, device: torch.device, reps_ms: float) -> list[Row]:
+def _invariant_decode(point: Point, preset: str, device: torch.device, reps_ms: float) -> list[Row]:
     from .ops.attention import decode, plan_decode
 
     b, n = point.params["batch"], point.params["kv_len"]
@@ -261,7 +246,7 @@ def _invariant_decode(preset: str, point: Point, device: torch.device, reps_ms: 
     return rows.rows
 
 
-def _invariant_prefill(preset: str, point: Point, device: torch.device, reps_ms: float) -> list[Row]:
+def _invariant_prefill(point: Point, preset: str, device: torch.device, reps_ms: float) -> list[Row]:
     from .ops.attention import plan_prefill, prefill
 
     n = point.params["q_len"]
@@ -301,7 +286,7 @@ def _invariance_ratios(rows: list[Row]) -> None:
 
 
 # -- fp8 prefill --------------------------------------------------------------------------------------------
-def _fp8_prefill(preset: str, point: Point, device: torch.device, reps_ms: float) -> list[Row]:
+def _fp8_prefill(point: Point, preset: str, device: torch.device, reps_ms: float) -> list[Row]:
     from .ops.attention import plan_prefill, prefill
 
     b, n = point.params["batch"], point.params["q_len"]
@@ -329,7 +314,7 @@ def _fp8_prefill(preset: str, point: Point, device: torch.device, reps_ms: float
 
 
 # -- MLA prefill ----------------------------------------------------------------------------------------------
-def _mla_prefill(preset: str, point: Point, device: torch.device, reps_ms: float) -> list[Row]:
+def _mla_prefill(point: Point, preset: str, device: torch.device, reps_ms: float) -> list[Row]:
     from .ops.attention import plan_mla_prefill
 
     b, n, kv = point.params["batch"], point.params["q_len"], point.params["kv_len"]

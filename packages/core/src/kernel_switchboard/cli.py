@@ -67,15 +67,92 @@ def _doctor(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parse_params(items: list[str]) -> dict[str, Any]:
-    """``key=value`` pairs; values parsed as int, float, bool or left as text."""
+def _parse_params(items: list[str], op: str | None = None) -> dict[str, Any]:
+    """``key=value`` pairs. With ``op``, checked against the parameters its example builder declares (unknown
+    keys, values of the wrong type, negative ints are refused by name); otherwise parsed as int, float, bool, None
+    or left as text. Raises :class:`~kernel_switchboard.errors.InvalidArgumentError`."""
+    from .errors import fail
+
+    declared = example_params(op) if op is not None else None
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"switchboard: expected key=value, got {item!r}")
-        out[key.replace("-", "_")] = _parse_value(value)
+        if not sep or not key:
+            raise fail("parameter", item, "key=value")
+        key = key.replace("-", "_")
+        if declared is None:
+            out[key] = _parse_value(value)
+            continue
+        if key not in declared:
+            raise fail(key, value, f"one of the parameters of {op}: {', '.join(sorted(declared))}")
+        out[key] = _typed_value(key, value, declared[key])
     return out
+
+
+def example_params(op: str) -> dict[str, type] | None:
+    """The parameters (name -> int / float / bool / str) the example builder of ``op`` takes; None when unknown."""
+    import inspect
+
+    try:
+        module = importlib.import_module(f"kernel_switchboard.testing.cases.{op.partition('.')[0]}")
+    except ImportError:
+        return None
+    if isinstance(getattr(module, "EXAMPLE_PARAMS", None), dict):
+        return dict(module.EXAMPLE_PARAMS)
+    builder = getattr(module, "example", None)
+    if builder is None:
+        return None
+    out: dict[str, type] = {}
+    for param in list(inspect.signature(builder).parameters.values())[2:]:  # after (op, device)
+        if param.kind is param.VAR_KEYWORD:
+            return None
+        default, note = param.default, str(param.annotation)
+        kind = type(default) if isinstance(default, (bool, int, float, str)) else next(
+            (t for t in (bool, int, float, str) if t.__name__ in note), str)
+        out[param.name] = kind
+    return out
+
+
+#: the dtype names example builders take (each family accepts a subset; every op computes in a float dtype)
+DTYPE_NAMES = ("float32", "fp32", "float", "float16", "fp16", "half", "bfloat16", "bf16", "float8_e4m3fn", "e4m3",
+               "fp8", "float8_e5m2", "e5m2")
+
+
+def _typed_value(key: str, value: str, kind: type) -> Any:
+    """``value`` as ``kind``; ``none`` gives None (the builder's default). Sizes and counts are ints >= 0; a
+    ``dtype`` is one of :data:`DTYPE_NAMES`."""
+    import math
+
+    from .errors import fail
+
+    low = value.strip().lower()
+    if low == "none":
+        return None
+    if key.endswith("dtype") and low.removeprefix("torch.") not in DTYPE_NAMES:
+        raise fail(key, value, f"a float dtype: one of {', '.join(DTYPE_NAMES)}")
+    if kind is bool:
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise fail(key, value, "a boolean: 1 / 0 / true / false")
+    if kind is int:
+        try:
+            number = int(low)
+        except ValueError:
+            number = -1
+        if number < 0:
+            raise fail(key, value, "an int >= 0")
+        return number
+    if kind is float:
+        try:
+            real = float(low)
+        except ValueError:
+            real = math.nan
+        if not math.isfinite(real):
+            raise fail(key, value, "a finite number")
+        return real
+    return value
 
 
 def _parse_value(value: str) -> Any:
@@ -103,10 +180,11 @@ def unknown_op(prog: str, op: str | None) -> bool:
 
 
 def _explain(args: argparse.Namespace) -> int:
+    """Exit status 2 for a bad shape option (one line on stderr), 1 when the op cannot run the shape as asked."""
     import torch
 
     from .dispatch import explain
-    from .errors import SwitchboardError
+    from .errors import InvalidArgumentError, KernelUnavailableError, NoEligibleKernelError, SwitchboardError
 
     if unknown_op("switchboard explain", args.op):
         return 2
@@ -119,30 +197,50 @@ def _explain(args: argparse.Namespace) -> int:
             raise
         print(f"switchboard: unknown op family {family!r}", file=sys.stderr)
         return 2
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    params = _parse_params(args.params)
     if not hasattr(cases, "example"):
         print(f"switchboard: no example builder for {args.op} yet", file=sys.stderr)
         return 2
+    where = f"switchboard explain {' '.join([args.op, *args.params])}"
     try:
+        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        params = _parse_params(args.params, args.op)
         case = cases.example(args.op, device, **params)
-        kwargs = dict(case.kwargs)
-        if args.backend:
-            kwargs["backend"] = args.backend
+    except (SwitchboardError, TypeError, ValueError, RuntimeError) as exc:  # the options do not make a case
+        print(f"{where}: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    kwargs = dict(case.kwargs)
+    if args.backend:
+        kwargs["backend"] = args.backend
+    try:
         sel = explain(args.op, *case.args, **kwargs)
-    except (SwitchboardError, TypeError, ValueError) as exc:  # ValueError: a shape option the example rejects
-        print(f"switchboard explain {' '.join([args.op, *args.params])}: {exc}", file=sys.stderr)
+    except (KernelUnavailableError, NoEligibleKernelError) as exc:  # nothing (chosen) can run it: the answer
+        print(f"{where}: {exc}", file=sys.stderr)
         return 1
+    except (InvalidArgumentError, TypeError, ValueError) as exc:  # the options make a call the op refuses
+        print(f"{where}: {_one_line(exc)}", file=sys.stderr)
+        return 2
     print(sel)
     return 0
 
 
+def _one_line(exc: BaseException) -> str:
+    """The first line of an error (a switchboard error's message names the argument; others get their type)."""
+    from .errors import SwitchboardError
+
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return first if isinstance(exc, SwitchboardError) else f"{type(exc).__name__}: {first}"
+
+
+#: the package that serves ``switchboard demo`` (installed separately: the core holds no engine)
+ENGINE_PACKAGE = "kernel_switchboard_engine"
+ENGINE_INSTALL = "pip install kernel-switchboard-engine (from a checkout: pip install -e packages/engine)"
+
 #: sub-commands whose options their own parsers handle: name -> (module, function, help)
 PASSTHROUGH = {
-    "demo": ("kernel_switchboard.engine.demo", "main", "run a tiny random-weight model end to end through the switchboard"),
+    "demo": ("kernel_switchboard_engine.demo", "main", "run a tiny random-weight model end to end through the switchboard"),
     "bench": ("kernel_switchboard.bench", "main", "benchmark kernels on workload presets (--help for options)"),
     "tune": ("kernel_switchboard.bench", "tune_main", "measure eligible kernels and store winners in the autotune cache"),
-    "build": ("kernel_switchboard.bench", "build_main", "compile JIT kernels ahead of time for workload presets"),
+    "build": ("kernel_switchboard.build", "main", "compile JIT kernels ahead of time into the persistent caches"),
 }
 
 
@@ -150,7 +248,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in PASSTHROUGH:
         module, fn, _ = PASSTHROUGH[argv[0]]
-        return int(getattr(importlib.import_module(module), fn)(argv[1:]))
+        try:
+            entry = getattr(importlib.import_module(module), fn)
+        except ModuleNotFoundError as exc:
+            if exc.name != ENGINE_PACKAGE:
+                raise
+            print(f"switchboard {argv[0]}: needs the engine package: {ENGINE_INSTALL}", file=sys.stderr)
+            return 2
+        return int(entry(argv[1:]))
     parser = argparse.ArgumentParser(prog="switchboard", description="Kernel Switchboard: which kernel runs, and why.")
     sub = parser.add_subparsers(dest="command", required=True)
 

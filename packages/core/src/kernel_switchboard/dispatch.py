@@ -3,7 +3,9 @@
 Ranking of the eligible kernels (those whose ``reasons`` are empty), first key first:
 
 1. explicit choice: ``backend=`` on the call, else :func:`use` scopes, else ``KSB_PREFER``;
-   an explicit choice that cannot run raises :class:`KernelUnavailableError`, never falls back;
+   an explicit choice that cannot run raises :class:`KernelUnavailableError` with the reasons of every
+   preferred backend (one not installed included, with its install command), never falls back; a name that
+   is no known backend or kernel raises :class:`UnknownBackendError` listing the known backends;
 2. the persistent autotune cache entry for this problem (``tuning``);
 3. kernels that need no first-call compile before those that do;
 4. the kernels' cost estimates (lower first), then their static priority (higher first).
@@ -20,6 +22,10 @@ the eligible kernels are ranked by explicit choice, then priority alone (keys 2-
 or over time; see :mod:`.invariance`), and nothing is autotuned.
 
 Selections are cached by ``(op, problem, preferences, registry generation, tuning generation)``.
+
+A kernel that fails while being ranked (its capability check or its cost or build estimate raises) is
+rejected with the error as its reason; the other kernels are unaffected. The results of third-party kernels
+are checked against their op's contract (shape, dtype, device; :mod:`kernel_switchboard.contracts`).
 """
 
 from __future__ import annotations
@@ -29,12 +35,19 @@ import contextvars
 import math
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from . import invariance, tuning
-from .errors import KernelUnavailableError, NoEligibleKernelError
-from .registry import Kernel, registry
+from .contracts import check_result
+from .errors import (
+    InvalidArgumentError,
+    KernelResultError,
+    KernelUnavailableError,
+    NoEligibleKernelError,
+    UnknownBackendError,
+)
+from .registry import BUILTIN_BACKENDS, Kernel, install_command, registry
 
 _scoped: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("ksb_use", default=())
 _autotune: contextvars.ContextVar[bool] = contextvars.ContextVar("ksb_autotune", default=False)
@@ -125,9 +138,12 @@ def use(*backends: str) -> Iterator[None]:
     """Prefer these backends (or ``backend:kernel`` ids), in order, inside the ``with`` block.
 
     Ops that none of them implements keep automatic selection. For an op that one of them
-    implements, a problem none of them can run raises instead of falling back.
+    implements, a problem none of them can run raises instead of falling back. A name that is no known
+    backend (installed or built-in) nor kernel id raises :class:`UnknownBackendError` here.
     """
-    token = _scoped.set(tuple(backends) + _scoped.get())
+    prefs = _pref_tuple(backends, "ksb.use")
+    check_preferences(prefs, "ksb.use")
+    token = _scoped.set(prefs + _scoped.get())
     try:
         yield
     finally:
@@ -165,6 +181,61 @@ def _matches(kernel: Kernel, pref: str) -> bool:
     return kernel.backend == pref or kernel.id == pref or kernel.name == pref
 
 
+def _pref_tuple(backend: Any, name: str) -> tuple[str, ...]:
+    """A preference argument as a tuple of names: one str, or an iterable of str; anything else is refused."""
+    if isinstance(backend, str):
+        return (backend,)
+    try:
+        prefs = tuple(backend)
+    except TypeError:
+        prefs = None
+    if prefs is None or not all(isinstance(p, str) and p for p in prefs):
+        raise InvalidArgumentError(f"{name}={backend!r} is invalid: expected a backend name, a backend:kernel id, "
+                                   f"or a sequence of them; known backends: {', '.join(known_backends())}")
+    return prefs
+
+
+def check_backend(backend: Any, name: str = "backend") -> None:
+    """Raise naming ``name`` unless ``backend`` is None or a valid preference (known names, right types): for an op
+    with a second backend argument (``moe.fused_moe``'s ``route_backend``), whose errors would otherwise say
+    ``backend``."""
+    if backend is not None:
+        check_preferences(_pref_tuple(backend, name), name)
+
+
+def known_backends() -> list[str]:
+    """Every backend name a preference may use: the registered ones and the built-in ones (installed or not)."""
+    return sorted({b.name for b in registry.all_backends().values()} | set(BUILTIN_BACKENDS))
+
+
+_checked_prefs: dict[tuple[tuple[str, ...], int], None] = {}
+
+
+def check_preferences(prefs: tuple[str, ...], name: str) -> None:
+    """Raise :class:`UnknownBackendError` naming ``name`` unless every preference is a known backend, a registered
+    kernel's id (``backend:kernel``) or name, or ``<built-in backend>:<kernel>`` of a built-in backend not installed
+    here. Cached per registry generation (the cold path of dispatch and ``use`` call it)."""
+    key = (prefs, registry.generation)
+    if key in _checked_prefs:
+        return
+    registered = registry.all_backends()
+    names = {b.name for b in registered.values()}
+    kernels = {(k.backend, k.name) for b in registered.values() for k in b.kernels}
+    for pref in prefs:
+        backend, sep, kernel = pref.partition(":")
+        if sep:
+            ok = (backend, kernel) in kernels or (backend in BUILTIN_BACKENDS and backend not in names)
+        else:
+            ok = pref in names or pref in BUILTIN_BACKENDS or any(k == pref for _, k in kernels)
+        if not ok:
+            what = "backend:kernel id" if sep else "backend or kernel name"
+            raise UnknownBackendError(f"{name}={pref!r} is invalid: it is no known {what} (it matches no registered "
+                                      f"kernel); known backends: {', '.join(known_backends())}")
+    if len(_checked_prefs) >= _CACHE_MAX:
+        _checked_prefs.clear()
+    _checked_prefs[key] = None
+
+
 def select(op: str, problem: Any, backend: str | Sequence[str] | None = None) -> Selection:
     """Rank every kernel of ``op`` for ``problem``; cached. Raises when nothing can run it.
 
@@ -175,7 +246,7 @@ def select(op: str, problem: Any, backend: str | Sequence[str] | None = None) ->
     if backend is None:
         prefs, strict = _scoped.get() or _ENV_PREFER, False
     else:
-        prefs, strict = ((backend,) if isinstance(backend, str) else tuple(backend)), True
+        prefs, strict = ((backend,) if isinstance(backend, str) else _pref_tuple(backend, "backend")), True
     key = (op, problem, prefs, strict, registry.generation, tuning._state["generation"],
            _AUTOTUNE_ENV or _autotune.get())
     sel = _cache.get(key)
@@ -184,8 +255,6 @@ def select(op: str, problem: Any, backend: str | Sequence[str] | None = None) ->
         if len(_cache) >= _CACHE_MAX:
             _cache.clear()
         _cache[key] = sel
-    if _explaining.get():
-        raise _Explained(sel)
     return sel
 
 
@@ -205,30 +274,32 @@ def _select_cold(op: str, problem: Any, prefs: tuple[str, ...], strict: bool) ->
     kernels = registry.kernels(op)
     if not kernels:
         raise NoEligibleKernelError(f"no kernel is registered for op {op!r}; known ops: {', '.join(registry.ops())}")
+    if prefs:
+        check_preferences(prefs, "backend" if strict else ("ksb.use" if _scoped.get() else "KSB_PREFER"))
     features: frozenset[str] = getattr(problem, "features", frozenset())
     invariant = invariance.FEATURE in features
     tuned_id = None if invariant else tuning.lookup(op, problem)
     cands: list[Candidate] = []
     for k in kernels:
-        reasons = k.reasons(problem)
-        cand = Candidate(k, reasons)
-        if not reasons:
-            cand.cost = _safe_cost(k, problem)
-            cand.needs_build = bool(k.needs_build and k.needs_build(problem)) and not invariant
-            cand.tuned = tuned_id == k.id
+        cand = _candidate(k, problem)
+        if invariant:  # whether a kernel is compiled yet changes over time: it does not rank in the scope
+            cand.needs_build = False
+        cand.tuned = cand.eligible and tuned_id == k.id
         cand.preferred = next((i for i, p in enumerate(prefs) if _matches(k, p)), None)
         cands.append(cand)
 
     applies = any(c.preferred is not None for c in cands)
     if prefs and (strict or applies):
         chosen = [c for c in cands if c.preferred is not None]
+        missing = _missing_preferences(op, prefs, chosen)
         if strict and not chosen:
             raise KernelUnavailableError(
-                f"{op}: backend={','.join(prefs)!s} matches no registered kernel; registered: "
-                + ", ".join(c.kernel.id for c in cands)
+                f"{op}: backend={','.join(prefs)!s} matches no registered kernel of this op:\n"
+                + "".join(f"  {line}\n" for line in missing) + "registered: " + ", ".join(c.kernel.id for c in cands)
             )
         if not any(c.eligible for c in chosen):
-            lines = "\n".join(f"  {c.kernel.id}: {'; '.join(c.reasons)}" for c in chosen)
+            lines = "\n".join([f"  {c.kernel.id}: {'; '.join(c.reasons)}" for c in chosen]
+                              + [f"  {line}" for line in missing])
             raise KernelUnavailableError(
                 f"{op}: the explicitly chosen backend ({', '.join(prefs)}) cannot run this problem "
                 f"and is never silently replaced:\n{lines}\nproblem: {_fmt_problem(problem)}"
@@ -259,7 +330,7 @@ def _select_cold(op: str, problem: Any, prefs: tuple[str, ...], strict: bool) ->
         source = "cost"
     else:
         source = "priority"
-    sel = Selection(op, problem, best.kernel, eligible + ineligible, source, prefs)
+    sel = Selection(op, problem, _checked(best.kernel), eligible + ineligible, source, prefs)
     if invariant:
         sel.notes.append("batch-invariant scope: only kernels declaring batch_invariant, ranked by priority (cost "
                          "estimates and the autotune cache vary with the batch size)")
@@ -269,11 +340,71 @@ def _select_cold(op: str, problem: Any, prefs: tuple[str, ...], strict: bool) ->
     if (source in ("cost", "priority") and len(eligible) > 1 and getattr(problem, "device", None) == "cuda"
             and not op.startswith(("sampling.", "comm.")) and not features & {"cuda_graph", "in_place", "generator"}
             and _autotune_on()):
-        shortlist = [c.kernel for c in eligible if not c.needs_build][:AUTOTUNE_SHORTLIST]
+        shortlist = [_checked(c.kernel) for c in eligible if not c.needs_build][:AUTOTUNE_SHORTLIST]
         if len(shortlist) > 1:
             sel.kernel = _AutotuneKernel(op, problem, shortlist)  # type: ignore[assignment]
             sel.notes.append(f"autotuning on first call among {', '.join(k.id for k in shortlist)}")
     return sel
+
+
+def _candidate(k: Kernel, problem: Any) -> Candidate:
+    """``k``'s reasons and rank data for ``problem``; a kernel whose own code raises here is rejected with the error
+    (any exception, SystemExit included: a plugin's failure stays with its kernel)."""
+    step = "capability check"
+    try:
+        reasons = k.reasons(problem)
+        if not isinstance(reasons, list) or not all(isinstance(r, str) for r in reasons):
+            raise TypeError(f"it returned {reasons!r}, expected a list of str")
+        cand = Candidate(k, reasons)
+        if not reasons:
+            step = "needs_build check"
+            cand.needs_build = bool(k.needs_build and k.needs_build(problem))
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - contained: the kernel is rejected with the error
+        return Candidate(k, [f"its {step} failed: {type(exc).__name__}: {exc}"])
+    if not reasons:
+        cand.cost = _safe_cost(k, problem)
+    return cand
+
+
+def _missing_preferences(op: str, prefs: tuple[str, ...], chosen: list[Candidate]) -> list[str]:
+    """One line per preferred backend that has no kernel of ``op`` here: not installed (with the command that
+    installs it), or installed without one."""
+    backends = registry.all_backends()
+    out = []
+    for pref in prefs:
+        if any(_matches(c.kernel, pref) for c in chosen):
+            continue
+        name = pref.partition(":")[0]
+        backend = backends.get(name)
+        if backend is None and name in BUILTIN_BACKENDS:
+            out.append(f"{pref}: not installed; install: {install_command(name)}")
+        elif backend is not None and backend.unavailable is not None:
+            hint = f"; install: {backend.install}" if backend.install else ""
+            out.append(f"{pref}: unavailable: {backend.unavailable}{hint}")
+        elif backend is not None:
+            out.append(f"{pref}: has no kernel of {op}" if name == pref else f"{pref}: no such kernel of {op}")
+    return out
+
+
+def _checked(kernel: Kernel) -> Kernel:
+    """``kernel`` itself when it is built in; for a third-party kernel, a copy whose ``run`` checks the result's
+    shape, dtype and device against the op's contract (metadata only: no host synchronisation)."""
+    backend = registry.all_backends().get(kernel.backend)
+    if backend is not None and backend.builtin:
+        return kernel
+    run, op, kid = kernel.run, kernel.op, kernel.id
+
+    def checked_run(*args: Any) -> Any:
+        try:
+            result = run(*args)
+        except SystemExit as exc:  # a plugin never ends the caller's process
+            raise KernelResultError(f"kernel {kid} ({op}) raised SystemExit({exc.code!r}) instead of returning") from exc
+        check_result(kid, op, args, result)
+        return result
+
+    return replace(kernel, run=checked_run)
 
 
 class _AutotuneKernel:
@@ -282,7 +413,11 @@ class _AutotuneKernel:
     def __init__(self, op: str, problem: Any, shortlist: list[Kernel]) -> None:
         self.op, self.problem, self.shortlist = op, problem, shortlist
         self.id = f"autotune({', '.join(k.id for k in shortlist)})"
+        self.name, self.backend = self.id, "autotune"
         self.plan = None
+        self.unavailable: str | None = None
+        # any of the shortlist may run: the stale-slot warning holds if it holds for one
+        self.reads_stale_slots = any(k.reads_stale_slots for k in shortlist)
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
         import torch
@@ -316,36 +451,19 @@ def _safe_cost(kernel: Kernel, problem: Any) -> float | None:
         return None
     try:
         return float(kernel.cost(problem))
-    except Exception:
+    except KeyboardInterrupt:
+        raise
+    except BaseException:  # noqa: BLE001 - a failing estimate ranks the kernel as having none
         return None
 
 
-class _Explained(Exception):
-    def __init__(self, selection: Selection) -> None:
-        self.selection = selection
-
-
-#: set while ``explain`` runs a public function in this context (thread / task): select() then reports
-_explaining: contextvars.ContextVar[bool] = contextvars.ContextVar("ksb_explaining", default=False)
-
-
-def explain(op: str, *args: Any, **kwargs: Any) -> Selection:
+def explain(op: str, *args: Any, backend: str | Sequence[str] | None = None, **kwargs: Any) -> Selection:
     """The :class:`Selection` the public function of ``op`` makes for these arguments; runs nothing.
 
-    ``ksb.explain("attention.decode", q, cache, table)`` takes exactly the op's public arguments.
+    ``ksb.explain("attention.decode", q, cache, table)`` takes exactly the op's public arguments: the op's spec
+    validates them and builds the problem (as the call would), and the ranking is the call's own (cached).
     """
-    import importlib
+    from .spec import spec_of
 
-    family, _, name = op.partition(".")
-    try:
-        fn = getattr(importlib.import_module(f"kernel_switchboard.ops.{family}"), name)
-    except (ImportError, AttributeError):
-        raise NoEligibleKernelError(f"unknown op {op!r}; known ops: {', '.join(registry.ops())}") from None
-    token = _explaining.set(True)
-    try:
-        fn(*args, **kwargs)
-    except _Explained as done:
-        return done.selection
-    finally:
-        _explaining.reset(token)
-    raise RuntimeError(f"{op}: the public function returned without selecting a kernel")
+    spec = spec_of(op)
+    return select(spec.kernel_op, spec.prepare(*args, **kwargs)[0], backend)

@@ -14,6 +14,8 @@ vLLM's block-table form.
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any
 
 import torch
@@ -24,6 +26,9 @@ from .errors import check, fail
 LAYOUTS = ("NHD", "HND")
 FP8_DTYPES = frozenset({torch.float8_e4m3fn, torch.float8_e5m2})
 KV_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32}) | FP8_DTYPES
+INDEX_DTYPES = frozenset({torch.int32, torch.int64})
+#: page ids, lengths and page sizes are int32 in every kernel: values must stay below this
+INT32_LIMIT = 2**31
 
 
 class PagedKVCache:
@@ -59,8 +64,8 @@ class PagedKVCache:
             if isinstance(s, torch.Tensor):
                 _check_scale_tensor(name, s, kv_heads, k_pages.device)
             else:
-                check(s is None or (isinstance(s, (int, float)) and s > 0), name, s,
-                      f"a positive float, a float32 tensor of shape () or ({kv_heads},), or None")
+                check(s is None or _positive_finite(s), name, s,
+                      f"a finite float > 0, a float32 tensor of shape () or ({kv_heads},), or None")
         self.k_pages, self.v_pages, self.layout = k_pages, v_pages, layout
         self.k_scale: float | torch.Tensor | None = _scale(k_scale, fp8)
         self.v_scale: float | torch.Tensor | None = _scale(v_scale, fp8)
@@ -126,6 +131,9 @@ class PageTable:
               f"block_table.device ({block_table.device})")
         check(block_table.stride(-1) == 1, "block_table.stride", block_table.stride(), "unit stride in the last dim")
         check(seq_lens.is_contiguous(), "seq_lens", "non-contiguous", "a contiguous tensor")
+        check(max_seq_len is None or isinstance(max_seq_len, torch.SymInt)
+              or (_is_int(max_seq_len) and 0 <= max_seq_len < INT32_LIMIT), "max_seq_len", max_seq_len,
+              "None or an int in [0, 2**31)")
         self.block_table, self.seq_lens = block_table, seq_lens
         self._given = max_seq_len is not None
         self._max_seq_len = max_seq_len
@@ -214,20 +222,55 @@ class PageTable:
     @classmethod
     def from_csr(cls, indptr: torch.Tensor, indices: torch.Tensor, last_page_len: torch.Tensor,
                  page_size: int) -> PageTable:
-        """From FlashInfer's form: ``indptr`` (batch+1,), ``indices`` (nnz,), ``last_page_len`` (batch,)."""
-        check(indptr.dim() == 1 and indptr.numel() >= 1, "indptr", _shape(indptr), "a 1-d (batch+1,) tensor")
+        """From FlashInfer's form: ``indptr`` (batch+1,), ``indices`` (nnz,), ``last_page_len`` (batch,), int32 or
+        int64 on one device; request ``b`` holds pages ``indices[indptr[b]:indptr[b+1]]``, the last of them filled
+        to ``last_page_len[b]`` slots (1..page_size; ignored for a request without pages).
+
+        Every value is checked (non-decreasing ``indptr`` within ``indices``, page ids and lengths in int32 range,
+        ``last_page_len`` within the page) with one read back to the host, which also sizes the table.
+        """
+        _check_index_tensor(indptr, "indptr")
+        check(indptr.numel() >= 1, "indptr.shape", tuple(indptr.shape), "(batch+1,) with at least one entry")
         batch = indptr.numel() - 1
-        check(last_page_len.shape == (batch,), "last_page_len", tuple(last_page_len.shape), f"({batch},)")
-        check(page_size >= 1, "page_size", page_size, "a positive int")
-        indptr = indptr.to(torch.int64)
-        counts = indptr[1:] - indptr[:-1]
-        max_pages = int(counts.max()) if batch else 0
-        col = torch.arange(max_pages, device=indices.device)[None, :]
-        mask = col < counts[:, None]
-        table = torch.zeros(batch, max_pages, dtype=torch.int32, device=indices.device)
-        table[mask] = indices.to(torch.int32)[indptr[0]:indptr[-1]] if indices.numel() else indices.to(torch.int32)
-        lens = torch.where(counts > 0, (counts - 1) * page_size + last_page_len.to(torch.int64), 0)
-        return cls(table, lens.to(torch.int32))
+        _check_index_tensor(indices, "indices", indptr)
+        _check_index_tensor(last_page_len, "last_page_len", indptr)
+        check(last_page_len.shape == (batch,), "last_page_len.shape", tuple(last_page_len.shape),
+              f"({batch},): one entry per request (indptr has {batch + 1})")
+        check(_is_int(page_size) and 1 <= page_size < INT32_LIMIT, "page_size", page_size, "an int in [1, 2**31)")
+        device, nnz = indptr.device, indices.numel()
+        ptr = indptr.to(torch.int64)
+        counts = ptr[1:] - ptr[:-1]
+        ids = indices.to(torch.int64)
+        used = torch.arange(nnz, device=device)
+        used = (used >= ptr[0]) & (used < ptr[-1])
+        has_pages = counts > 0
+        last = last_page_len.to(torch.int64)
+        lens = torch.where(has_pages, (counts - 1) * page_size + last, 0)
+        zero = ptr.new_zeros(())
+        big = torch.iinfo(torch.int64).max
+        stats = torch.stack([  # one host read for every check and the table's size
+            ptr[0], ptr[-1], counts.min() if batch else zero, counts.max() if batch else zero,
+            torch.where(used, ids, big).amin() if nnz else zero, torch.where(used, ids, -1).amax() if nnz else zero,
+            torch.where(has_pages, last, page_size).amin() if batch else zero + 1,
+            last.amin() if batch else zero, last.amax() if batch else zero, lens.amax() if batch else zero,
+        ]).tolist()
+        first, end, min_count, max_pages, lo_id, hi_id, min_last_used, min_last, max_last, max_len = stats
+        check(first >= 0, "indptr", f"indptr[0] = {first}", "indptr[0] >= 0")
+        check(min_count >= 0, "indptr", "decreasing entries", "non-decreasing offsets (pages per request >= 0)")
+        check(end <= nnz, "indptr", f"indptr[-1] = {end}", f"at most indices.numel() = {nnz}")
+        check(lo_id >= 0 and hi_id < INT32_LIMIT, "indices", f"page id {lo_id if lo_id < 0 else hi_id}",
+              "page ids in [0, 2**31)")
+        check(min_last >= 0 and max_last <= page_size and min_last_used >= 1, "last_page_len",
+              f"entries in [{min_last}, {max_last}]" + ("" if min_last_used >= 1 else " (0 for a request with pages)"),
+              f"1..page_size={page_size} slots for a request with pages (0..{page_size} for one without)")
+        check(max_len < INT32_LIMIT, "page_size", page_size,
+              f"a size that keeps sequence lengths below 2**31 (the longest would be {max_len})")
+        col = torch.arange(max_pages, device=device)[None, :]
+        table = torch.zeros(batch, max_pages, dtype=torch.int32, device=device)
+        table[col < counts[:, None]] = ids[first:end].to(torch.int32)
+        out = cls(table, lens.to(torch.int32), max_seq_len=max_len)
+        out._given = False  # measured here, not a caller's bound: in-place writes are noticed as usual
+        return out
 
     def to_csr(self, page_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """To FlashInfer's form: (indptr (batch+1,), indices (nnz,), last_page_len (batch,)), int32."""
@@ -295,6 +338,21 @@ def _version(t: torch.Tensor) -> int:
         return t._version
     except RuntimeError:
         return 0
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _positive_finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+def _check_index_tensor(t: Any, name: str, like: torch.Tensor | None = None) -> None:
+    check(isinstance(t, torch.Tensor) and t.dim() == 1, name, _shape(t), "a 1-d tensor")
+    check(t.dtype in INDEX_DTYPES, f"{name}.dtype", t.dtype, "torch.int32 or torch.int64")
+    if like is not None:
+        check(t.device == like.device, f"{name}.device", t.device, f"indptr.device ({like.device})")
 
 
 def _shape(t: Any) -> Any:

@@ -58,7 +58,8 @@ class Arg:
     """One public argument of an op and the custom-op parameters it becomes (see :data:`KINDS`).
 
     - ``cache``: a :class:`~kernel_switchboard.PagedKVCache` as its pages, layout and scales (each a float, or a
-      tensor in the ``*_scale_tensor`` parameter);
+      tensor in the ``*_scale_tensor`` parameter: an fp8 cache whose scales are device tensors crosses the custom op
+      with them);
     - ``table``: a :class:`~kernel_switchboard.PageTable` as its two tensors and host bound;
     - ``int|rows`` / ``float|rows``: a number or a per-row tensor as two parameters, the number (``neutral``
       standing for None or a tensor) and the tensor (or None); ``neutral`` comes back as None;
@@ -80,10 +81,16 @@ class Arg:
             raise ValueError(f"Arg {self.name!r}: kind {self.kind!r} is not one of {sorted(KINDS)}")
 
     def parameters(self) -> list[tuple[str, str]]:
-        """(name, schema type) of the custom-op parameters this argument becomes."""
-        if self.kind in ("cache", "table"):
-            return list(KINDS[self.kind])
-        return [(self.name + suffix, schema) for suffix, schema in KINDS[self.kind]]
+        """(name, schema type) of the custom-op parameters this argument becomes; a cache or table argument not named
+        after its kind prefixes them (``decode_table``: ``decode_block_table``...), so an op may take two tables."""
+        kind = self.kind
+        if kind in ("cache", "table"):
+            if self.name == kind:
+                prefix = ""
+            else:
+                prefix = self.name.removesuffix(kind) if self.name.endswith("_" + kind) else self.name + "_"
+            return [(prefix + name, schema) for name, schema in KINDS[kind]]
+        return [(self.name + suffix, schema) for suffix, schema in KINDS[kind]]
 
     def flatten(self, value: Any) -> tuple[Any, ...]:
         """The custom-op parameters of ``value`` (traced by torch.compile: plain attribute reads only)."""
@@ -127,7 +134,8 @@ def _identity(result: Any) -> Any:
 class OpSpec:
     """Everything the switchboard knows about one op besides its kernels.
 
-    - ``name``: the op, ``family.name``; ``function``: its public function (the eager path);
+    - ``name``: the op, ``family.name``; ``function``: its public function (the eager path); ``kernels``: the op
+      whose kernels it selects, where that is another (``moe.experts`` runs ``moe.fused_moe``'s experts kernels);
     - ``problem``: its problem type; ``prepare(*args, **kwargs)``: validates a call's public arguments (without
       ``backend``) and returns a tuple whose first item is the problem (the rest is what the public function
       launches with);
@@ -153,6 +161,12 @@ class OpSpec:
     outputs: Callable[[Any], Any] = _identity
     const: Mapping[str, Any] = field(default_factory=dict)
     tags: tuple[Any, ...] = ()
+    kernels: str | None = None
+
+    @property
+    def kernel_op(self) -> str:
+        """The registry op whose kernels a call of this op is ranked among."""
+        return self.kernels or self.name
 
     @property
     def schema(self) -> str:
@@ -190,11 +204,16 @@ _registered: set[str] = set()
 _lock = threading.RLock()
 
 
-def define(spec: OpSpec) -> OpSpec:
-    """Record ``spec`` (at the import of its op family's module); its custom op is made on first lookup."""
+def define(spec: OpSpec, *, second_op: bool = False) -> OpSpec:
+    """Record ``spec`` (at the import of its op family's module); its custom op is made on first lookup.
+
+    ``second_op``: the spec only adds a second custom op to an op already defined (e.g. the in-place form of
+    ``rope.apply``, whose mutations make it another schema); the first spec stays the op's spec.
+    """
     if spec.op is not None and spec.fake is None:
         raise ValueError(f"{spec.name}: a spec with a custom op needs its fake")
-    _SPECS[spec.name] = spec
+    if not second_op:
+        _SPECS[spec.name] = spec
     if spec.op is not None:
         _BY_OP[spec.op] = spec
         if not _LAZY:

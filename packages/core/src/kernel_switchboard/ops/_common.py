@@ -1,9 +1,9 @@
-"""Shared plumbing of the public op functions: device keys, custom-op registration, checks."""
+"""Shared plumbing of the public op functions: device keys, capture features, argument checks."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -14,10 +14,6 @@ from ..errors import fail
 #: ``backend=`` argument type of every public op: a backend name, a ``backend:kernel`` id,
 #: or a preference list of those
 BackendArg = str | Sequence[str] | None
-
-#: torch.library namespace of every switchboard custom op
-NAMESPACE = "ksb"
-
 
 @functools.lru_cache(maxsize=64)
 def device_info(device: torch.device) -> tuple[str, tuple[int, int] | None]:
@@ -41,22 +37,6 @@ def graph_features(device_type: str) -> frozenset[str]:
     return _NO_FEATURES
 
 
-def compiling() -> bool:
-    """True while torch.compile / dynamo traces: public ops then call their custom op."""
-    return torch.compiler.is_compiling()
-
-
-def custom_op(name: str, impl: Callable[..., Any], fake: Callable[..., Any], mutates_args: Sequence[str] = ()) -> Any:
-    """Register ``impl`` as ``torch.ops.ksb.<name>`` with a fake (meta) implementation.
-
-    ``impl`` takes only tensors and primitives (annotated), so torch.compile can trace it.
-    Returns the op's default overload.
-    """
-    op = torch.library.custom_op(f"{NAMESPACE}::{name}", impl, mutates_args=tuple(mutates_args))
-    op.register_fake(fake)
-    return getattr(torch.ops, NAMESPACE).__getattr__(name).default
-
-
 def check_tensor(t: Any, name: str, dims: int | None = None, dtypes: Any = None) -> None:
     """Raise an error naming ``name`` unless ``t`` is a tensor of ``dims`` dims and an allowed dtype."""
     if not isinstance(t, torch.Tensor):
@@ -73,17 +53,3 @@ def check_same_device(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tens
 
 
 FLOAT_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
-
-
-def backend_to_str(backend: BackendArg) -> str | None:
-    """Custom ops take ``backend`` as one string: a comma-separated preference list."""
-    if backend is None or isinstance(backend, str):
-        return backend
-    return ",".join(backend)
-
-
-def backend_from_str(backend: str | None) -> BackendArg:
-    """Inverse of :func:`backend_to_str`."""
-    if backend is None or "," not in backend:
-        return backend
-    return tuple(backend.split(","))

@@ -260,13 +260,13 @@ def pod(q_prefill: _Tensor, qo_indptr: _Tensor, q_decode: _Tensor, cache: PagedK
     (Bd, Hq, D) over ``decode_table`` (Bd requests); both read ``cache``, which already holds every request's new
     tokens. Returns (out_prefill (Tq, Hq, Dv), out_decode (Bd, Hq, Dv)), and with ``return_lse`` also
     (lse_prefill (Tq, Hq), lse_decode (Bd, Hq)) float32 after them. FlashInfer's ``BatchPODWithPagedKVCacheWrapper``
-    computes the same; :func:`plan_pod` plans it once per step. Eager = the kernel's plan and run (under
-    torch.compile, a graph break: it reads qo_indptr on the host; a plan's run is the compiled step's call).
+    computes the same; :func:`plan_pod` plans it once per step. Eager = the kernel's plan and run; under
+    torch.compile, one custom op (``torch.ops.ksb.attention_pod``) that takes that same path.
     """
     if torch.compiler.is_compiling():
-        return _eager_only(pod)(q_prefill, qo_indptr, q_decode, cache, prefill_table, decode_table, causal=causal,  # type: ignore[no-any-return]
-                                sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, window_left=window_left,
-                                return_lse=return_lse, backend=backend)
+        out_p, out_d, lse_p, lse_d = POD.compiled(q_prefill, qo_indptr, q_decode, cache, prefill_table, decode_table,
+                                                  causal, sm_scale, logits_soft_cap, window_left, return_lse, backend)
+        return (out_p, out_d, lse_p, lse_d) if return_lse else (out_p, out_d)
     problem, p, host = pod_call(q_prefill, qo_indptr, q_decode, cache, prefill_table, decode_table, causal, sm_scale,
                                 logits_soft_cap, window_left, return_lse)
     kernel = select("attention.pod", problem, backend).kernel
@@ -387,8 +387,27 @@ MLA_PREFILL = define(OpSpec(
     returns="(Tensor, Tensor)", outputs=_out_lse,
     fake=lambda q_nope, *rest: _fake_out_lse(q_nope, q_nope.shape[:2], q_nope.shape[-1], rest[-2]),
 ))
+def _pod_outputs(result: tuple[_Tensor, ...]) -> tuple[_Tensor, ...]:
+    """A public POD result as its custom op returns it: both outs, then both lses (empty where none was asked for)."""
+    if len(result) == 4:
+        return result
+    out_p, out_d = result
+    return out_p, out_d, out_p.new_empty((0,), dtype=torch.float32), out_d.new_empty((0,), dtype=torch.float32)
+
+
+def _fake_pod(q_prefill: _Tensor, qo_indptr: _Tensor, q_decode: _Tensor, k_pages: _Tensor, v_pages: _Tensor,
+              *rest: Any) -> tuple[_Tensor, ...]:
+    dv, return_lse = v_pages.shape[-1], rest[-2]
+    out_p, lse_p = _fake_out_lse(q_prefill, q_prefill.shape[:2], dv, return_lse)
+    out_d, lse_d = _fake_out_lse(q_decode, q_decode.shape[:2], dv, return_lse)
+    return out_p.to(out_dtype(q_prefill.dtype)), out_d.to(out_dtype(q_decode.dtype)), lse_p, lse_d
+
+
 POD = define(OpSpec(
-    "attention.pod", pod, PODProblem, pod_call, reference="pod", cases="attention",
+    "attention.pod", pod, PODProblem, pod_call, reference="pod", cases="attention", op="attention_pod",
+    args=(Arg("q_prefill"), Arg("qo_indptr"), Arg("q_decode"), Arg("cache", "cache"), Arg("prefill_table", "table"),
+          Arg("decode_table", "table"), Arg("causal", "bool"), *_SCALARS),
+    returns="(Tensor, Tensor, Tensor, Tensor)", outputs=_pod_outputs, fake=_fake_pod,
 ))
 MERGE = define(OpSpec(
     "attention.merge_states", merge_states, MergeProblem, merge_call, reference="merge_states", cases="attention",

@@ -94,7 +94,8 @@ def _check_inputs(q: Any, k: Any, v: Any, attn_bias: Any) -> str:
     except RuntimeError:  # not broadcastable at all
         ok = False
     if not ok:
-        raise fail("attn_bias.shape", tuple(attn_bias.shape), f"broadcastable to (B, Hq, Lq, Lk) = {want}")
+        raise fail("attn_bias.shape", tuple(attn_bias.shape), f"broadcastable to (B, Hq, Lq, Lk) = {want}: B, Hq and Lq "
+                   f"from q.shape {tuple(q.shape)}, Lk from k.shape / v.shape {tuple(k.shape)}")
     return "bool" if attn_bias.dtype == torch.bool else "float"
 
 

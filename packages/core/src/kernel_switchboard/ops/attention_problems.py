@@ -564,7 +564,8 @@ def check_latent(q_nope: Any, q_pe: Any, ckv_pages: Any, kpe_pages: Any) -> None
                                                         f"({q.shape[-1]})")
         check_same_device(name, t, "q_nope", q_nope)
     if kpe_pages.shape[:2] != ckv_pages.shape[:2]:
-        raise fail("kpe_pages.shape", tuple(kpe_pages.shape), f"(P, S, Dr) with (P, S) = {tuple(ckv_pages.shape[:2])}")
+        raise fail("kpe_pages.shape", tuple(kpe_pages.shape),
+                   f"(P, S, Dr) with the pages and page size (P, S) of ckv_pages.shape {tuple(ckv_pages.shape)}")
 
 
 def pod_call(q_prefill: Any, qo_indptr: Any, q_decode: Any, cache: Any, prefill_table: Any, decode_table: Any,

@@ -18,20 +18,10 @@ from typing import Any, NamedTuple
 import torch
 
 from ..capability import bucket
-from ..dispatch import select_kernel
-from ..errors import fail
-from ._common import (
-    FLOAT_DTYPES,
-    BackendArg,
-    backend_from_str,
-    backend_to_str,
-    check_same_device,
-    check_tensor,
-    compiling,
-    custom_op,
-    device_key,
-    graph_features,
-)
+from ..dispatch import select
+from ..errors import fail, positive_float
+from ..spec import Arg, OpSpec, define
+from ._common import FLOAT_DTYPES, BackendArg, check_same_device, check_tensor, device_key, graph_features
 
 
 class CommProblem(NamedTuple):
@@ -68,10 +58,10 @@ def all_reduce(x: torch.Tensor, *, group: Any = None, backend: BackendArg = None
     x: (..., hidden) float; every rank of the group calls it with the same shape and dtype. Under torch.compile
     only ``group=None`` (the default group) is supported: a process group cannot cross a custom op.
     """
-    if compiling():
+    if torch.compiler.is_compiling():
         if group is not None:
             raise fail("group", group, "None (the default process group) under torch.compile")
-        return _all_reduce_op(x, backend_to_str(backend))
+        return ALL_REDUCE.compiled(x, backend)  # type: ignore[no-any-return]
     return _all_reduce_eager(x, group, backend)
 
 
@@ -89,23 +79,20 @@ def _problem(x2: torch.Tensor, group: Any) -> CommProblem:
                        graph_features(dev))
 
 
-def _all_reduce_eager(x: Any, group: Any, backend: BackendArg) -> torch.Tensor:
+def all_reduce_call(x: Any, group: Any = None) -> tuple[CommProblem, torch.Tensor]:
+    """Validate an :func:`all_reduce` call: its problem and x as (rows, hidden), contiguous."""
     check_tensor(x, "x", dtypes=FLOAT_DTYPES)
     if x.dim() < 1 or x.shape[-1] < 1:
         raise fail("x.shape", tuple(x.shape), "(..., hidden) with hidden >= 1")
     _check_group(group)
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
-    kernel = select_kernel("comm.all_reduce", _problem(x2, group), backend)
-    y: torch.Tensor = kernel.run(x2, group)
+    return _problem(x2, group), x2
+
+
+def _all_reduce_eager(x: Any, group: Any, backend: BackendArg) -> torch.Tensor:
+    problem, x2 = all_reduce_call(x, group)
+    y: torch.Tensor = select("comm.all_reduce", problem, backend).kernel.run(x2, group)
     return y if y.shape == x.shape else y.view(x.shape)
-
-
-def _all_reduce_impl(x: torch.Tensor, backend: str | None) -> torch.Tensor:
-    y = _all_reduce_eager(x, None, backend_from_str(backend))
-    return y.clone() if y._base is not None else y
-
-
-_all_reduce_op = custom_op("all_reduce", _all_reduce_impl, lambda x, backend: torch.empty_like(x))
 
 
 def all_reduce_fused_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
@@ -116,11 +103,12 @@ def all_reduce_fused_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: t
     calls it with the same shapes. Under torch.compile only ``group=None`` (the default group) is
     supported: a process group cannot cross a custom op.
     """
-    if compiling():
+    if torch.compiler.is_compiling():
         if group is not None:
             raise fail("group", group, "None (the default process group) under torch.compile")
-        return _ar_norm_op(x, residual, weight, float(eps), backend_to_str(backend))
-    return _ar_norm_eager(x, residual, weight, float(eps), group, backend)
+        return ALL_REDUCE_FUSED_RMS_NORM.compiled(x, residual, weight, positive_float("eps", eps),  # type: ignore[no-any-return]
+                                                  backend)
+    return _ar_norm_eager(x, residual, weight, positive_float("eps", eps), group, backend)
 
 
 def _validate(x: Any, residual: Any, weight: Any, eps: float, group: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,28 +125,44 @@ def _validate(x: Any, residual: Any, weight: Any, eps: float, group: Any) -> tup
     if weight.shape[0] != x.shape[-1]:
         raise fail("weight.shape", tuple(weight.shape), f"({x.shape[-1]},) = x's hidden size")
     check_same_device("weight", weight, "x", x)
-    if not eps > 0:
-        raise fail("eps", eps, "a positive float")
     _check_group(group)
     hidden = x.shape[-1]
     return x.reshape(-1, hidden).contiguous(), residual.reshape(-1, hidden).contiguous()
 
 
+def all_reduce_fused_rms_norm_call(x: Any, residual: Any, weight: Any, eps: float = 1e-6,
+                                   group: Any = None) -> tuple[CommProblem, torch.Tensor, torch.Tensor]:
+    """Validate an :func:`all_reduce_fused_rms_norm` call: its problem and x and residual as (rows, hidden)."""
+    x2, r2 = _validate(x, residual, weight, eps, group)
+    return _problem(x2, group), x2, r2
+
+
 def _ar_norm_eager(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, group: Any,
                    backend: BackendArg) -> tuple[torch.Tensor, torch.Tensor]:
-    x2, r2 = _validate(x, residual, weight, eps, group)
-    kernel = select_kernel("comm.all_reduce_fused_rms_norm", _problem(x2, group), backend)
-    y, r = kernel.run(x2, r2, weight, eps, group)
+    problem, x2, r2 = all_reduce_fused_rms_norm_call(x, residual, weight, eps, group)
+    y, r = select("comm.all_reduce_fused_rms_norm", problem, backend).kernel.run(x2, r2, weight, eps, group)
     if y.shape == x.shape:
         return y, r
     return y.view(x.shape), r.view(x.shape)
 
 
-def _ar_norm_impl(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                  backend: str | None) -> tuple[torch.Tensor, torch.Tensor]:
-    y, r = _ar_norm_eager(x, residual, weight, eps, None, backend_from_str(backend))
-    return y.clone() if y._base is not None else y, r.clone() if r._base is not None else r
+# -- specs ---------------------------------------------------------------------------------------
+def _own(result: Any) -> Any:
+    """A custom op's outputs must not be views (of its inputs or of each other): views are copied."""
+    if isinstance(result, tuple):
+        return tuple(_own(t) for t in result)
+    return result.clone() if result._base is not None else result
 
 
-_ar_norm_op = custom_op("all_reduce_fused_rms_norm", _ar_norm_impl,
-                        lambda x, residual, weight, eps, backend: (torch.empty_like(x), torch.empty_like(x)))
+ALL_REDUCE = define(OpSpec(
+    "comm.all_reduce", all_reduce, CommProblem, all_reduce_call, reference="all_reduce", cases="comm",
+    op="all_reduce", args=(Arg("x"), Arg("backend", "backend")), outputs=_own,
+    fake=lambda x, backend: torch.empty_like(x),
+))
+ALL_REDUCE_FUSED_RMS_NORM = define(OpSpec(
+    "comm.all_reduce_fused_rms_norm", all_reduce_fused_rms_norm, CommProblem, all_reduce_fused_rms_norm_call,
+    reference="all_reduce_fused_rms_norm", cases="comm", op="all_reduce_fused_rms_norm",
+    args=(Arg("x"), Arg("residual"), Arg("weight"), Arg("eps", "float"), Arg("backend", "backend")),
+    returns="(Tensor, Tensor)", outputs=_own,
+    fake=lambda x, residual, weight, eps, backend: (torch.empty_like(x), torch.empty_like(x)),
+))

@@ -4,7 +4,7 @@ Kernel ``run`` signatures (operands are passed as given: any strides; the proble
 ``align_bytes`` say which):
 
 - ``gemm.mm``: ``run(a, b) -> c``; a (M, K), b (K, N) fp16/bf16/fp32; c (M, N) contiguous, a's dtype,
-  float32 accumulation.
+  float32 accumulation. A ``bias`` given to :func:`mm` never reaches the kernel: the op adds it to c.
 - ``gemm.mm_fp8``: ``run(a, b, scale_a, scale_b, scale_mode, out_dtype) -> c``; a (M, K), b (K, N)
   float8_e4m3fn; float32 scales by ``scale_mode``: "tensor": both 0-d; "row_col": scale_a (M, 1),
   scale_b (1, N); "block": scale_a (M, ceil(K/128)) (1x128 groups along K), scale_b
@@ -24,20 +24,10 @@ from typing import NamedTuple
 import torch
 
 from ..capability import bucket
-from ..dispatch import select_kernel
+from ..dispatch import select
 from ..errors import fail
-from ._common import (
-    FLOAT_DTYPES,
-    BackendArg,
-    backend_from_str,
-    backend_to_str,
-    check_same_device,
-    check_tensor,
-    compiling,
-    custom_op,
-    device_key,
-    graph_features,
-)
+from ..spec import Arg, OpSpec, define
+from ._common import FLOAT_DTYPES, BackendArg, check_same_device, check_tensor, device_key, graph_features
 
 FP8_DTYPES = frozenset({torch.float8_e4m3fn})
 FP8_OUT_DTYPES = frozenset({torch.bfloat16, torch.float16, torch.float32})
@@ -104,29 +94,47 @@ def _check_operands(a: torch.Tensor, b: torch.Tensor, dtypes: frozenset[torch.dt
 
 
 # -- mm ------------------------------------------------------------------------------------------------
-def mm(a: torch.Tensor, b: torch.Tensor, *, backend: BackendArg = None) -> torch.Tensor:
+def mm(a: torch.Tensor, b: torch.Tensor, *, bias: torch.Tensor | None = None, backend: BackendArg = None) -> torch.Tensor:
     """torch.mm: a (M, K) @ b (K, N) -> (M, N); fp16/bf16/fp32, same dtype and device, any strides.
 
     Accumulates in float32 (no TF32 for fp32 inputs in the reference); returns a's dtype.
+
+    ``bias`` (N,) in a's dtype (a linear layer's bias, e.g. Qwen2's q/k/v): the op adds it to the kernel's
+    product, ``c + bias`` in a's dtype, in place on the fresh product (one elementwise pass; under
+    ``torch.compile`` an add that the compiler fuses with its neighbours). Kernels never see it, so every
+    ``gemm.mm`` kernel serves biased calls; in fp16/bf16 the product is rounded before the add.
     """
-    if compiling():
-        out: torch.Tensor = _mm_op(a, b, backend_to_str(backend))
-        return out
-    return _mm_eager(a, b, backend)
+    if bias is not None:
+        _check_operands(a, b, FLOAT_DTYPES)
+        _check_bias(bias, a, b)
+    if torch.compiler.is_compiling():
+        out: torch.Tensor = MM.compiled(a, b, backend)
+        return out if bias is None else out + bias
+    out = _mm_eager(a, b, backend)
+    return out if bias is None else out.add_(bias)
+
+
+def _check_bias(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    check_tensor(bias, "bias", dims=1)
+    if bias.shape[0] != b.shape[1]:
+        raise fail("bias.shape", tuple(bias.shape), f"({b.shape[1]},): one value per output column (b's N)")
+    if bias.dtype != a.dtype:
+        raise fail("bias.dtype", bias.dtype, f"a's dtype ({a.dtype})")
+    check_same_device("bias", bias, "a", a)
+
+
+def mm_call(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> tuple[GemmProblem]:
+    """Validate an :func:`mm` call; its problem (the kernel's: a bias is added by the op, never by a kernel)."""
+    _check_operands(a, b, FLOAT_DTYPES)
+    if bias is not None:
+        _check_bias(bias, a, b)
+    return _problem(a, b, a.dtype),
 
 
 def _mm_eager(a: torch.Tensor, b: torch.Tensor, backend: BackendArg) -> torch.Tensor:
-    _check_operands(a, b, FLOAT_DTYPES)
-    kernel = select_kernel("gemm.mm", _problem(a, b, a.dtype), backend)
-    out: torch.Tensor = kernel.run(a, b)
+    problem, = mm_call(a, b)
+    out: torch.Tensor = select("gemm.mm", problem, backend).kernel.run(a, b)
     return out
-
-
-def _mm_impl(a: torch.Tensor, b: torch.Tensor, backend: str | None) -> torch.Tensor:
-    return _mm_eager(a, b, backend_from_str(backend))
-
-
-_mm_op = custom_op("mm", _mm_impl, lambda a, b, backend: a.new_empty((a.shape[0], b.shape[1])))
 
 
 # -- mm_fp8 --------------------------------------------------------------------------------------------
@@ -135,20 +143,21 @@ def scale_mode_of(scale_a: torch.Tensor, scale_b: torch.Tensor, m: int, n: int, 
     if scale_a.numel() == 1 and scale_b.numel() == 1 and scale_a.dim() <= 2 and scale_b.dim() <= 2:
         return "tensor"
     sa, sb = tuple(scale_a.shape), tuple(scale_b.shape)
+    of = f", for a (M, K) = {(m, k)} and b (K, N) = {(k, n)}"  # the shapes the scales must fit
     kb, nb = -(-k // BLOCK), -(-n // BLOCK)
     if sa == (m, 1) and sb == (1, n):
         return "row_col"
     if sa == (m, kb) and sb == (kb, nb):
         return "block"
     if sa == (m, 1) and kb != 1:
-        raise fail("scale_b.shape", sb, f"(1, {n}) for per-column scales, as scale_a {sa} is per-row")
+        raise fail("scale_b.shape", sb, f"(1, {n}) for per-column scales, as scale_a {sa} is per-row" + of)
     if sa == (m, 1):
-        raise fail("scale_b.shape", sb, f"(1, {n}) (row_col) or (1, {nb}) (block)")
+        raise fail("scale_b.shape", sb, f"(1, {n}) (row_col) or (1, {nb}) (block)" + of)
     if sa == (m, kb):
-        raise fail("scale_b.shape", sb, f"({kb}, {nb}): 128x128 block scales, as scale_a {sa} has 1x128 groups")
+        raise fail("scale_b.shape", sb, f"({kb}, {nb}): 128x128 block scales, as scale_a {sa} has 1x128 groups" + of)
     if scale_a.numel() == 1:
-        raise fail("scale_b.shape", sb, "a 1-element tensor (per-tensor), as scale_a is one")
-    raise fail("scale_a.shape", sa, f"() or (1,) (tensor), ({m}, 1) (row_col) or ({m}, {kb}) (block)")
+        raise fail("scale_b.shape", sb, "a 1-element tensor (per-tensor), as scale_a is one" + of)
+    raise fail("scale_a.shape", sa, f"() or (1,) (tensor), ({m}, 1) (row_col) or ({m}, {kb}) (block)" + of)
 
 
 def mm_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, *,
@@ -159,14 +168,14 @@ def mm_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: tor
     ("tensor"), scale_a (M, 1) with scale_b (1, N) ("row_col"), or scale_a (M, ceil(K/128)) with scale_b
     (ceil(K/128), ceil(N/128)) ("block", DeepSeek-V3 style). out_dtype: bfloat16, float16 or float32.
     """
-    if compiling():
-        out: torch.Tensor = _mm_fp8_op(a, b, scale_a, scale_b, out_dtype, backend_to_str(backend))
-        return out
+    if torch.compiler.is_compiling():
+        return MM_FP8.compiled(a, b, scale_a, scale_b, out_dtype, backend)  # type: ignore[no-any-return]
     return _mm_fp8_eager(a, b, scale_a, scale_b, out_dtype, backend)
 
 
-def _mm_fp8_eager(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
-                  out_dtype: torch.dtype, backend: BackendArg) -> torch.Tensor:
+def mm_fp8_call(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                out_dtype: torch.dtype = torch.bfloat16) -> tuple[GemmProblem, str, torch.Tensor, torch.Tensor]:
+    """Validate an :func:`mm_fp8` call: its problem, the scale mode and the scales as the kernels take them."""
     _check_operands(a, b, FP8_DTYPES)
     check_tensor(scale_a, "scale_a", dtypes=frozenset({torch.float32}))
     check_tensor(scale_b, "scale_b", dtypes=frozenset({torch.float32}))
@@ -177,18 +186,14 @@ def _mm_fp8_eager(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale
     mode = scale_mode_of(scale_a, scale_b, a.shape[0], b.shape[1], a.shape[1])
     if mode == "tensor":
         scale_a, scale_b = scale_a.reshape(()), scale_b.reshape(())
-    kernel = select_kernel("gemm.mm_fp8", _problem(a, b, out_dtype, mode), backend)
-    out: torch.Tensor = kernel.run(a, b, scale_a, scale_b, mode, out_dtype)
+    return _problem(a, b, out_dtype, mode), mode, scale_a, scale_b
+
+
+def _mm_fp8_eager(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                  out_dtype: torch.dtype, backend: BackendArg) -> torch.Tensor:
+    problem, mode, scale_a, scale_b = mm_fp8_call(a, b, scale_a, scale_b, out_dtype)
+    out: torch.Tensor = select("gemm.mm_fp8", problem, backend).kernel.run(a, b, scale_a, scale_b, mode, out_dtype)
     return out
-
-
-def _mm_fp8_impl(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
-                 out_dtype: torch.dtype, backend: str | None) -> torch.Tensor:
-    return _mm_fp8_eager(a, b, scale_a, scale_b, out_dtype, backend_from_str(backend))
-
-
-_mm_fp8_op = custom_op("mm_fp8", _mm_fp8_impl,
-                       lambda a, b, sa, sb, out_dtype, backend: a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype))
 
 
 # -- grouped_mm ----------------------------------------------------------------------------------------
@@ -199,9 +204,8 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, *, backe
     non-decreasing, offsets[G] = T is checked with one device-to-host copy of offsets (a sync on a
     GPU), skipped while a CUDA graph is being captured.
     """
-    if compiling():
-        out: torch.Tensor = _grouped_op(a, b, offsets, backend_to_str(backend))
-        return out
+    if torch.compiler.is_compiling():
+        return GROUPED_MM.compiled(a, b, offsets, backend)  # type: ignore[no-any-return]
     return _grouped_eager(a, b, offsets, backend)
 
 
@@ -213,7 +217,8 @@ def _check_offsets(offsets: torch.Tensor, rows: int) -> None:
         raise fail("offsets", shown, f"non-decreasing row offsets from 0 to {rows} (a's rows)")
 
 
-def _grouped_eager(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, backend: BackendArg) -> torch.Tensor:
+def grouped_mm_call(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> tuple[GemmProblem]:
+    """Validate a :func:`grouped_mm` call (offsets: one host read, none in a capture); its problem."""
     _check_operands(a, b, FLOAT_DTYPES, b_dims=3)
     groups = b.shape[0]
     check_tensor(offsets, "offsets", dims=1, dtypes=frozenset({torch.int32}))
@@ -223,13 +228,28 @@ def _grouped_eager(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, back
     problem = _problem(a, b, a.dtype, groups=groups)
     if "cuda_graph" not in problem.features:
         _check_offsets(offsets, a.shape[0])
-    out: torch.Tensor = select_kernel("gemm.grouped_mm", problem, backend).run(a, b, offsets)
+    return problem,
+
+
+def _grouped_eager(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, backend: BackendArg) -> torch.Tensor:
+    problem, = grouped_mm_call(a, b, offsets)
+    out: torch.Tensor = select("gemm.grouped_mm", problem, backend).kernel.run(a, b, offsets)
     return out
 
 
-def _grouped_impl(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor, backend: str | None) -> torch.Tensor:
-    return _grouped_eager(a, b, offsets, backend_from_str(backend))
-
-
-_grouped_op = custom_op("grouped_mm", _grouped_impl,
-                        lambda a, b, offsets, backend: a.new_empty((a.shape[0], b.shape[2])))
+# -- specs ---------------------------------------------------------------------------------------------
+_BACKEND = Arg("backend", "backend")
+MM = define(OpSpec(
+    "gemm.mm", mm, GemmProblem, mm_call, reference="mm", cases="gemm", op="mm", args=(Arg("a"), Arg("b"), _BACKEND),
+    fake=lambda a, b, backend: a.new_empty((a.shape[0], b.shape[1])),
+))
+MM_FP8 = define(OpSpec(
+    "gemm.mm_fp8", mm_fp8, GemmProblem, mm_fp8_call, reference="mm_fp8", cases="gemm", op="mm_fp8",
+    args=(Arg("a"), Arg("b"), Arg("scale_a"), Arg("scale_b"), Arg("out_dtype", "dtype"), _BACKEND),
+    fake=lambda a, b, sa, sb, out_dtype, backend: a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype),
+))
+GROUPED_MM = define(OpSpec(
+    "gemm.grouped_mm", grouped_mm, GemmProblem, grouped_mm_call, reference="grouped_mm", cases="gemm",
+    op="grouped_mm", args=(Arg("a"), Arg("b"), Arg("offsets"), _BACKEND),
+    fake=lambda a, b, offsets, backend: a.new_empty((a.shape[0], b.shape[2])),
+))

@@ -1,4 +1,5 @@
-"""KV-cache ops: ``kv_cache.append`` (paged K/V) and ``kv_cache.append_mla`` (MLA latent pages).
+"""KV-cache ops: ``kv_cache.append`` (paged K/V), ``kv_cache.append_slots`` (paged K/V by slot mapping) and
+``kv_cache.append_mla`` (MLA latent pages).
 
 Kernel ``run`` signatures (canonical, validated arguments), writing the pages in place:
 
@@ -6,11 +7,15 @@ Kernel ``run`` signatures (canonical, validated arguments), writing the pages in
   v (T, Hkv, Dv); batch_indices, positions (T,) int32: token t goes to request
   ``batch_indices[t]`` at position ``positions[t]``, i.e. page ``table.block_table[b, pos // S]``,
   slot ``pos % S``. fp8 caches store ``value / scale`` (saturated to the fp8 range).
+- ``kv_cache.append_slots``: ``run(k, v, cache, slot_mapping) -> None``; k (T, Hkv, D), v (T, Hkv, Dv);
+  slot_mapping (T,) int32 or int64 in the form vLLM and SGLang use: token t goes to page
+  ``slot // S``, slot ``slot % S``; a negative slot marks a padding token, which writes nothing.
+  fp8 caches as in ``append``.
 - ``kv_cache.append_mla``: ``run(ckv, kpe, ckv_pages, kpe_pages, table, batch_indices, positions) -> None``;
   ckv (T, Dc), kpe (T, Dr); ckv_pages (P, S, Dc), kpe_pages (P, S, Dr).
 
-Every position must lie inside its request's pages; the public functions check that with one
-read back from the device (skipped during CUDA-graph capture, or with ``check_indices=False``).
+Every position (every slot) must lie inside its request's pages (the cache); the public functions check
+that with one read back from the device (skipped during CUDA-graph capture, or with ``check_indices=False``).
 """
 
 from __future__ import annotations
@@ -21,22 +26,11 @@ import torch
 
 from ..capability import bucket
 from ..device import is_capturing
-from ..dispatch import select_kernel
+from ..dispatch import select
 from ..errors import fail
-from ..paged import FP8_DTYPES, PagedKVCache, PageTable
-from ._common import (
-    FLOAT_DTYPES,
-    BackendArg,
-    backend_from_str,
-    backend_to_str,
-    check_same_device,
-    check_tensor,
-    compiling,
-    custom_op,
-    device_key,
-    graph_features,
-)
-from .attention import table_of
+from ..paged import PagedKVCache, PageTable
+from ..spec import Arg, OpSpec, define
+from ._common import FLOAT_DTYPES, BackendArg, check_same_device, check_tensor, device_key, graph_features
 
 _INT32 = frozenset({torch.int32})
 _Tensor = torch.Tensor
@@ -45,6 +39,22 @@ _IN_PLACE = frozenset({"paged", "in_place"})
 
 class AppendProblem(NamedTuple):
     """Signature of a paged K/V append."""
+
+    device: str
+    cc: tuple[int, int] | None
+    dtype: torch.dtype  # k / v dtype
+    kv_dtype: torch.dtype  # page dtype
+    head_dim: int
+    head_dim_v: int
+    page_size: int
+    layout: str
+    num_kv_heads: int
+    tokens: int  # bucketed
+    features: frozenset[str]
+
+
+class AppendSlotsProblem(NamedTuple):
+    """Signature of a paged K/V append by slot mapping."""
 
     device: str
     cc: tuple[int, int] | None
@@ -146,25 +156,8 @@ def _check_targets(table: PageTable, batch_indices: _Tensor, positions: _Tensor,
                    f"page indices in [0, {num_pages}) for the pages written")
 
 
-# -- append -------------------------------------------------------------------------------------------
-def append(k: _Tensor, v: _Tensor, cache: PagedKVCache, table: PageTable, positions: _Tensor,
-           batch_indices: _Tensor | None = None, *, check_indices: bool = True, backend: BackendArg = None) -> None:
-    """Write new K/V tokens into the paged cache, in place.
-
-    k (T, Hkv, D), v (T, Hkv, Dv) in the cache's dtype (any float dtype for an fp8 cache, which
-    stores value / scale); positions (T,) int32; batch_indices (T,) int32, or None when each
-    request gets exactly one token (T == batch, token t -> request t). See
-    :func:`batch_indices_positions` for packed prefill tokens.
-    """
-    if compiling():
-        _append_op(k, v, cache.k_pages, cache.v_pages, cache.layout, cache.k_scale, cache.v_scale, table.block_table,
-                   table.seq_lens, table.max_seq_len, positions, batch_indices, check_indices, backend_to_str(backend))
-        return
-    _append_eager(k, v, cache, table, positions, batch_indices, check_indices, backend)
-
-
-def _append_eager(k: _Tensor, v: _Tensor, cache: PagedKVCache, table: PageTable, positions: _Tensor,
-                  batch_indices: _Tensor | None, check_indices: bool, backend: BackendArg) -> None:
+def _check_kv(k: Any, v: Any, cache: Any) -> _Tensor:
+    """Check new K/V rows against the cache they go to; returns its K pages."""
     if not isinstance(cache, PagedKVCache):
         raise fail("cache", type(cache).__name__, "a PagedKVCache")
     pages = cache.k_pages
@@ -179,37 +172,108 @@ def _append_eager(k: _Tensor, v: _Tensor, cache: PagedKVCache, table: PageTable,
         raise fail("v", f"{tuple(v.shape)} {v.dtype}", f"k's token count and dtype ({k.shape[0]}, {k.dtype})")
     if k.dtype != cache.dtype and not cache.is_fp8:
         raise fail("k.dtype", k.dtype, f"the cache's dtype ({cache.dtype})")
-    _check_table(table, pages)
-    batch_indices = _check_index_tensors(positions, batch_indices, k.shape[0], table, pages)
-    if check_indices:
-        _check_targets(table, batch_indices, positions, cache.page_size, cache.num_pages)
-    dev, cc = device_key(pages)
+    return pages
+
+
+def _kv_features(cache: PagedKVCache, dev: str) -> frozenset[str]:
+    """The features a K/V append into ``cache`` uses."""
     feats = _IN_PLACE | graph_features(dev)
     if cache.is_fp8:
         feats = feats | {"fp8_kv"}
     if cache.head_dim != cache.head_dim_v:
         feats = feats | {"qk_v_dims_differ"}
+    return feats
+
+
+# -- append -------------------------------------------------------------------------------------------
+def append(k: _Tensor, v: _Tensor, cache: PagedKVCache, table: PageTable, positions: _Tensor,
+           batch_indices: _Tensor | None = None, *, check_indices: bool = True, backend: BackendArg = None) -> None:
+    """Write new K/V tokens into the paged cache, in place.
+
+    k (T, Hkv, D), v (T, Hkv, Dv) in the cache's dtype (any float dtype for an fp8 cache, which
+    stores value / scale); positions (T,) int32; batch_indices (T,) int32, or None when each
+    request gets exactly one token (T == batch, token t -> request t). See
+    :func:`batch_indices_positions` for packed prefill tokens.
+    """
+    if torch.compiler.is_compiling():
+        APPEND.compiled(k, v, cache, table, positions, batch_indices, check_indices, backend)
+        return
+    _append_eager(k, v, cache, table, positions, batch_indices, check_indices, backend)
+
+
+def append_call(k: _Tensor, v: _Tensor, cache: PagedKVCache, table: PageTable, positions: _Tensor,
+                batch_indices: _Tensor | None = None, check_indices: bool = True) -> tuple[AppendProblem, _Tensor]:
+    """Validate an :func:`append` call (``check_indices``: the targets, one host read): its problem and the batch
+    indices (made for one token per request)."""
+    pages = _check_kv(k, v, cache)
+    _check_table(table, pages)
+    batch_indices = _check_index_tensors(positions, batch_indices, k.shape[0], table, pages)
+    if check_indices:
+        _check_targets(table, batch_indices, positions, cache.page_size, cache.num_pages)
+    dev, cc = device_key(pages)
+    feats = _kv_features(cache, dev)
     problem = AppendProblem(dev, cc, k.dtype, cache.dtype, cache.head_dim, cache.head_dim_v, cache.page_size,
                             cache.layout, cache.num_kv_heads, bucket(k.shape[0]), feats)
-    select_kernel("kv_cache.append", problem, backend).run(k, v, cache, table, batch_indices, positions)
+    return problem, batch_indices
 
 
-def _append_impl(k: _Tensor, v: _Tensor, k_pages: _Tensor, v_pages: _Tensor, layout: str, k_scale: float | None,
-                 v_scale: float | None, block_table: _Tensor, seq_lens: _Tensor, max_seq_len: int | None,
-                 positions: _Tensor, batch_indices: _Tensor | None, check_indices: bool, backend: str | None) -> None:
-    fp8 = k_pages.dtype in FP8_DTYPES
-    cache = PagedKVCache(k_pages, v_pages, layout, k_scale if fp8 else None, v_scale if fp8 else None)
-    table = table_of(block_table, seq_lens, max_seq_len)
-    _append_eager(k, v, cache, table, positions, batch_indices, check_indices, backend_from_str(backend))
+def _append_eager(k: _Tensor, v: _Tensor, cache: PagedKVCache, table: PageTable, positions: _Tensor,
+                  batch_indices: _Tensor | None, check_indices: bool, backend: BackendArg) -> None:
+    problem, batch_indices = append_call(k, v, cache, table, positions, batch_indices, check_indices)
+    select("kv_cache.append", problem, backend).kernel.run(k, v, cache, table, batch_indices, positions)
 
 
-def _append_fake(k: _Tensor, v: _Tensor, k_pages: _Tensor, v_pages: _Tensor, layout: str, k_scale: float | None,
-                 v_scale: float | None, block_table: _Tensor, seq_lens: _Tensor, max_seq_len: int | None,
-                 positions: _Tensor, batch_indices: _Tensor | None, check_indices: bool, backend: str | None) -> None:
-    return None
+# -- append_slots -------------------------------------------------------------------------------------
+_SLOT_DTYPES = frozenset({torch.int32, torch.int64})
 
 
-_append_op = custom_op("kv_cache_append", _append_impl, _append_fake, mutates_args=("k_pages", "v_pages"))
+def append_slots(k: _Tensor, v: _Tensor, cache: PagedKVCache, slot_mapping: _Tensor, *, check_indices: bool = True,
+                 backend: BackendArg = None) -> None:
+    """Write new K/V tokens into the paged cache by slot mapping, in place (the form vLLM and SGLang use).
+
+    k (T, Hkv, D), v (T, Hkv, Dv) in the cache's dtype (any float dtype for an fp8 cache, which
+    stores value / scale); slot_mapping (T,) int32 or int64: token t goes to page ``slot // page_size``,
+    offset ``slot % page_size``; a negative slot marks a padding token and writes nothing. Two tokens
+    for one slot are undefined. No host synchronisation beyond the one range check of
+    ``check_indices`` (skipped during CUDA-graph capture), so a captured step can replay it.
+    """
+    if torch.compiler.is_compiling():
+        APPEND_SLOTS.compiled(k, v, cache, slot_mapping, check_indices, backend)
+        return
+    problem = append_slots_call(k, v, cache, slot_mapping, check_indices)[0]
+    select("kv_cache.append_slots", problem, backend).kernel.run(k, v, cache, slot_mapping)
+
+
+def _check_slot_mapping(slot_mapping: Any, tokens: int, like: _Tensor) -> None:
+    check_tensor(slot_mapping, "slot_mapping", dims=1, dtypes=_SLOT_DTYPES)
+    if slot_mapping.shape[0] != tokens:
+        raise fail("slot_mapping.shape", tuple(slot_mapping.shape), f"({tokens},) = the number of tokens in k and v")
+    check_same_device("slot_mapping", slot_mapping, "the pages", like)
+    if not slot_mapping.is_contiguous():
+        raise fail("slot_mapping", "non-contiguous", "a contiguous tensor")
+
+
+def _check_slots(slot_mapping: _Tensor, num_slots: int) -> None:
+    """One device read: every slot must be a padding mark (< 0) or lie in [0, num_pages * page_size)."""
+    if slot_mapping.numel() == 0 or is_capturing():
+        return
+    if int(slot_mapping.max()) >= num_slots:
+        t = int((slot_mapping >= num_slots).nonzero()[0, 0])
+        raise fail("slot_mapping", f"{int(slot_mapping[t])} at token {t}",
+                   f"slots in [0, num_pages * page_size = {num_slots}), or negative for a padding token")
+
+
+def append_slots_call(k: _Tensor, v: _Tensor, cache: PagedKVCache, slot_mapping: _Tensor,
+                      check_indices: bool = True) -> tuple[AppendSlotsProblem]:
+    """Validate an :func:`append_slots` call (``check_indices``: the slots, one host read): its problem."""
+    pages = _check_kv(k, v, cache)
+    _check_slot_mapping(slot_mapping, k.shape[0], pages)
+    if check_indices:
+        _check_slots(slot_mapping, cache.num_pages * cache.page_size)
+    dev, cc = device_key(pages)
+    feats = _kv_features(cache, dev)
+    return AppendSlotsProblem(dev, cc, k.dtype, cache.dtype, cache.head_dim, cache.head_dim_v, cache.page_size,
+                              cache.layout, cache.num_kv_heads, bucket(k.shape[0]), feats),
 
 
 # -- append_mla ----------------------------------------------------------------------------------------
@@ -221,16 +285,17 @@ def append_mla(ckv: _Tensor, kpe: _Tensor, ckv_pages: _Tensor, kpe_pages: _Tenso
     ckv (T, Dc), kpe (T, Dr) in the pages' dtype; ckv_pages (P, S, Dc), kpe_pages (P, S, Dr);
     positions / batch_indices as in :func:`append`.
     """
-    if compiling():
-        _append_mla_op(ckv, kpe, ckv_pages, kpe_pages, table.block_table, table.seq_lens, table.max_seq_len, positions,
-                       batch_indices, check_indices, backend_to_str(backend))
+    if torch.compiler.is_compiling():
+        APPEND_MLA.compiled(ckv, kpe, ckv_pages, kpe_pages, table, positions, batch_indices, check_indices, backend)
         return
     _append_mla_eager(ckv, kpe, ckv_pages, kpe_pages, table, positions, batch_indices, check_indices, backend)
 
 
-def _append_mla_eager(ckv: _Tensor, kpe: _Tensor, ckv_pages: _Tensor, kpe_pages: _Tensor, table: PageTable,
-                      positions: _Tensor, batch_indices: _Tensor | None, check_indices: bool,
-                      backend: BackendArg) -> None:
+def append_mla_call(ckv: _Tensor, kpe: _Tensor, ckv_pages: _Tensor, kpe_pages: _Tensor, table: PageTable,
+                    positions: _Tensor, batch_indices: _Tensor | None = None,
+                    check_indices: bool = True) -> tuple[MLAAppendProblem, _Tensor]:
+    """Validate an :func:`append_mla` call (``check_indices``: the targets, one host read): its problem and the
+    batch indices (made for one token per request)."""
     check_tensor(ckv_pages, "ckv_pages", dims=3, dtypes=FLOAT_DTYPES)
     check_tensor(kpe_pages, "kpe_pages", dims=3, dtypes=FLOAT_DTYPES)
     if kpe_pages.shape[:2] != ckv_pages.shape[:2] or kpe_pages.dtype != ckv_pages.dtype:
@@ -240,9 +305,9 @@ def _append_mla_eager(ckv: _Tensor, kpe: _Tensor, ckv_pages: _Tensor, kpe_pages:
     for name, t, pages in (("ckv", ckv, ckv_pages), ("kpe", kpe, kpe_pages)):
         check_tensor(t, name, dims=2)
         if t.dtype != pages.dtype:
-            raise fail(f"{name}.dtype", t.dtype, f"the pages' dtype ({pages.dtype})")
+            raise fail(f"{name}.dtype", t.dtype, f"the dtype of {name}_pages ({pages.dtype})")
         if t.shape[1] != pages.shape[2]:
-            raise fail(f"{name}.shape", tuple(t.shape), f"(T, {pages.shape[2]}) to match the pages")
+            raise fail(f"{name}.shape", tuple(t.shape), f"(T, {pages.shape[2]}) to match {name}_pages (P, S, D)")
         if t.stride(-1) != 1:
             raise fail(f"{name}.stride", t.stride(), "unit stride in the last dim")
         check_same_device(name, t, "ckv_pages", ckv_pages)
@@ -258,23 +323,36 @@ def _append_mla_eager(ckv: _Tensor, kpe: _Tensor, ckv_pages: _Tensor, kpe_pages:
     dev, cc = device_key(ckv_pages)
     problem = MLAAppendProblem(dev, cc, ckv.dtype, ckv_pages.dtype, ckv.shape[1], kpe.shape[1], page_size, None,
                                bucket(ckv.shape[0]), _IN_PLACE | graph_features(dev))
-    select_kernel("kv_cache.append_mla", problem, backend).run(ckv, kpe, ckv_pages, kpe_pages, table, batch_indices,
+    return problem, batch_indices
+
+
+def _append_mla_eager(ckv: _Tensor, kpe: _Tensor, ckv_pages: _Tensor, kpe_pages: _Tensor, table: PageTable,
+                      positions: _Tensor, batch_indices: _Tensor | None, check_indices: bool,
+                      backend: BackendArg) -> None:
+    problem, batch_indices = append_mla_call(ckv, kpe, ckv_pages, kpe_pages, table, positions, batch_indices,
+                                             check_indices)
+    select("kv_cache.append_mla", problem, backend).kernel.run(ckv, kpe, ckv_pages, kpe_pages, table, batch_indices,
                                                                positions)
 
 
-def _append_mla_impl(ckv: _Tensor, kpe: _Tensor, ckv_pages: _Tensor, kpe_pages: _Tensor, block_table: _Tensor,
-                     seq_lens: _Tensor, max_seq_len: int | None, positions: _Tensor, batch_indices: _Tensor | None,
-                     check_indices: bool, backend: str | None) -> None:
-    table = table_of(block_table, seq_lens, max_seq_len)
-    _append_mla_eager(ckv, kpe, ckv_pages, kpe_pages, table, positions, batch_indices, check_indices,
-                      backend_from_str(backend))
-
-
-def _append_mla_fake(ckv: _Tensor, kpe: _Tensor, ckv_pages: _Tensor, kpe_pages: _Tensor, block_table: _Tensor,
-                     seq_lens: _Tensor, max_seq_len: int | None, positions: _Tensor, batch_indices: _Tensor | None,
-                     check_indices: bool, backend: str | None) -> None:
-    return None
-
-
-_append_mla_op = custom_op("kv_cache_append_mla", _append_mla_impl, _append_mla_fake,
-                           mutates_args=("ckv_pages", "kpe_pages"))
+# -- specs ---------------------------------------------------------------------------------------------
+_TARGETS = (Arg("positions"), Arg("batch_indices", "Tensor?"), Arg("check_indices", "bool"), Arg("backend", "backend"))
+APPEND = define(OpSpec(
+    "kv_cache.append", append, AppendProblem, append_call, reference="append", cases="kv_cache", op="kv_cache_append",
+    args=(Arg("k"), Arg("v"), Arg("cache", "cache", mutated=True), Arg("table", "table"), *_TARGETS),
+    returns="()", fake=lambda *_: None,
+))
+APPEND_SLOTS = define(OpSpec(
+    "kv_cache.append_slots", append_slots, AppendSlotsProblem, append_slots_call, reference="append_slots",
+    cases="kv_cache", op="kv_cache_append_slots",
+    args=(Arg("k"), Arg("v"), Arg("cache", "cache", mutated=True), Arg("slot_mapping"), Arg("check_indices", "bool"),
+          Arg("backend", "backend")),
+    returns="()", fake=lambda *_: None,
+))
+APPEND_MLA = define(OpSpec(
+    "kv_cache.append_mla", append_mla, MLAAppendProblem, append_mla_call, reference="append_mla", cases="kv_cache",
+    op="kv_cache_append_mla",
+    args=(Arg("ckv"), Arg("kpe"), Arg("ckv_pages", mutated=True), Arg("kpe_pages", mutated=True),
+          Arg("table", "table"), *_TARGETS),
+    returns="()", fake=lambda *_: None,
+))

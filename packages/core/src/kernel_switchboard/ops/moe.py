@@ -30,20 +30,10 @@ from typing import Any, NamedTuple
 import torch
 
 from ..capability import bucket
-from ..dispatch import select_kernel
+from ..dispatch import check_backend, select
 from ..errors import fail
-from ._common import (
-    FLOAT_DTYPES,
-    BackendArg,
-    backend_from_str,
-    backend_to_str,
-    check_same_device,
-    check_tensor,
-    compiling,
-    custom_op,
-    device_key,
-    graph_features,
-)
+from ..spec import Arg, OpSpec, define
+from ._common import FLOAT_DTYPES, BackendArg, check_same_device, check_tensor, device_key, graph_features
 
 #: the fp8 block size of quantized expert weights (both dims)
 BLOCK = 128
@@ -129,41 +119,34 @@ def route(router_logits: torch.Tensor, top_k: int, *, scoring: str = "softmax", 
     scoring "softmax" | "sigmoid"; DeepSeek grouped top-k with ``num_expert_group`` / ``topk_group``;
     ``correction_bias`` (E,) shifts selection only (DeepSeek-V3); see the module docstring.
     """
-    if compiling():
-        return _route_op(router_logits, top_k, scoring, bool(renormalize), num_expert_group, topk_group,
-                         correction_bias, float(routed_scaling_factor), backend_to_str(backend))
+    if torch.compiler.is_compiling():
+        return ROUTE.compiled(router_logits, top_k, scoring, bool(renormalize), num_expert_group,  # type: ignore[no-any-return]
+                              topk_group, correction_bias, float(routed_scaling_factor), backend)
     return _route_eager(router_logits, top_k, scoring, renormalize, num_expert_group, topk_group, correction_bias,
                         routed_scaling_factor, backend)
 
 
-def _route_eager(router_logits: torch.Tensor, top_k: int, scoring: str, renormalize: bool,
-                 num_expert_group: int | None, topk_group: int | None, correction_bias: torch.Tensor | None,
-                 routed_scaling_factor: float, backend: BackendArg) -> tuple[torch.Tensor, torch.Tensor]:
+def route_call(router_logits: torch.Tensor, top_k: int, scoring: str = "softmax", renormalize: bool = True,
+               num_expert_group: int | None = None, topk_group: int | None = None,
+               correction_bias: torch.Tensor | None = None, routed_scaling_factor: float = 1.0
+               ) -> tuple[RouteProblem, int | None, int | None, float]:
+    """Validate a :func:`route` call: its problem, expert groups, groups kept and scaling factor."""
     groups, kept, factor = _validate_route(router_logits, top_k, scoring, num_expert_group, topk_group,
                                            correction_bias, routed_scaling_factor)
     dev, cc = device_key(router_logits)
     problem = RouteProblem(dev, cc, router_logits.dtype, router_logits.shape[1], top_k, scoring, groups is not None,
                            correction_bias is not None, bucket(router_logits.shape[0]), graph_features(dev))
-    kernel = select_kernel("moe.route", problem, backend)
+    return problem, groups, kept, factor
+
+
+def _route_eager(router_logits: torch.Tensor, top_k: int, scoring: str, renormalize: bool,
+                 num_expert_group: int | None, topk_group: int | None, correction_bias: torch.Tensor | None,
+                 routed_scaling_factor: float, backend: BackendArg) -> tuple[torch.Tensor, torch.Tensor]:
+    problem, groups, kept, factor = route_call(router_logits, top_k, scoring, renormalize, num_expert_group,
+                                               topk_group, correction_bias, routed_scaling_factor)
+    kernel = select("moe.route", problem, backend).kernel
     return kernel.run(router_logits, top_k, scoring, bool(renormalize), groups, kept,  # type: ignore[no-any-return]
                       correction_bias, factor)
-
-
-def _route_impl(router_logits: torch.Tensor, top_k: int, scoring: str, renormalize: bool,
-                num_expert_group: int | None, topk_group: int | None, correction_bias: torch.Tensor | None,
-                routed_scaling_factor: float, backend: str | None) -> tuple[torch.Tensor, torch.Tensor]:
-    w, ids = _route_eager(router_logits, top_k, scoring, renormalize, num_expert_group, topk_group, correction_bias,
-                          routed_scaling_factor, backend_from_str(backend))
-    # a custom op's outputs must not be views (of its inputs or of each other)
-    return (w.clone() if w._base is not None else w), (ids.clone() if ids._base is not None else ids)
-
-
-def _route_fake(router_logits: torch.Tensor, top_k: int, *rest: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    t, dev = router_logits.shape[0], router_logits.device
-    return (torch.empty(t, top_k, dtype=torch.float32, device=dev), torch.empty(t, top_k, dtype=torch.int32, device=dev))
-
-
-_route_op = custom_op("moe_route", _route_impl, _route_fake)
 
 
 # -- experts -------------------------------------------------------------------------------------
@@ -220,12 +203,10 @@ def _validate_experts(x: Any, topk_weights: Any, topk_ids: Any, w13: Any, w2: An
     return x.contiguous(), weights, ids, quant
 
 
-def _select_experts(x: torch.Tensor, k: int, w13: torch.Tensor, w2: torch.Tensor, quant: str,
-                    backend: BackendArg) -> Any:
+def _experts_problem(x: torch.Tensor, k: int, w13: torch.Tensor, w2: torch.Tensor, quant: str) -> MoeProblem:
     dev, cc = device_key(x)
-    problem = MoeProblem(dev, cc, x.dtype, w13.dtype, x.shape[1], w2.shape[2], w13.shape[0], k, quant,
-                         bucket(x.shape[0]), graph_features(dev))
-    return select_kernel("moe.fused_moe", problem, backend)
+    return MoeProblem(dev, cc, x.dtype, w13.dtype, x.shape[1], w2.shape[2], w13.shape[0], k, quant, bucket(x.shape[0]),
+                      graph_features(dev))
 
 
 def experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
@@ -237,31 +218,25 @@ def experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
     w13 (E, 2I, H), w2 (E, H, I) in x's dtype or float8_e4m3fn with block scales. Returns (T, H), x's dtype.
     ``check_ids`` checks that every id is in [0, E) with one host sync (skipped during CUDA-graph capture).
     """
-    if compiling():
-        return _experts_op(x, topk_weights, topk_ids, w13, w2, w13_scale, w2_scale, bool(check_ids),
-                           backend_to_str(backend))
-    return _experts_eager(x, topk_weights, topk_ids, w13, w2, w13_scale, w2_scale, check_ids, backend)
-
-
-def _experts_eager(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor,
-                   w2: torch.Tensor, w13_scale: torch.Tensor | None, w2_scale: torch.Tensor | None, check_ids: bool,
-                   backend: BackendArg) -> torch.Tensor:
-    x2, weights, ids, quant = _validate_experts(x, topk_weights, topk_ids, w13, w2, w13_scale, w2_scale)
-    kernel = _select_experts(x2, ids.shape[1], w13, w2, quant, backend)
-    e = w13.shape[0]
-    if check_ids and ids.numel() and "cuda_graph" not in graph_features(x.device.type) \
-            and bool(((ids < 0) | (ids >= e)).any()):
-        raise fail("topk_ids", "ids outside the experts", f"ids in [0, {e})")
+    if torch.compiler.is_compiling():
+        return EXPERTS.compiled(x, topk_weights, topk_ids, w13, w2, w13_scale, w2_scale,  # type: ignore[no-any-return]
+                                bool(check_ids), backend)
+    problem, x2, weights, ids = experts_call(x, topk_weights, topk_ids, w13, w2, w13_scale, w2_scale, check_ids)
+    kernel = select("moe.fused_moe", problem, backend).kernel
     return kernel.run(x2, weights, ids, w13, w2, w13_scale, w2_scale)  # type: ignore[no-any-return]
 
 
-def _experts_impl(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor,
-                  w2: torch.Tensor, w13_scale: torch.Tensor | None, w2_scale: torch.Tensor | None, check_ids: bool,
-                  backend: str | None) -> torch.Tensor:
-    return _experts_eager(x, topk_weights, topk_ids, w13, w2, w13_scale, w2_scale, check_ids, backend_from_str(backend))
-
-
-_experts_op = custom_op("moe_experts", _experts_impl, lambda x, *rest: torch.empty_like(x))
+def experts_call(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor,
+                 w2: torch.Tensor, w13_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,
+                 check_ids: bool = True) -> tuple[MoeProblem, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Validate an :func:`experts` call (``check_ids``: one host read, none in a capture): its problem and x,
+    the weights (float32) and ids (int32) as the kernels take them."""
+    x2, weights, ids, quant = _validate_experts(x, topk_weights, topk_ids, w13, w2, w13_scale, w2_scale)
+    problem = _experts_problem(x2, ids.shape[1], w13, w2, quant)
+    e = w13.shape[0]
+    if check_ids and ids.numel() and "cuda_graph" not in problem.features and bool(((ids < 0) | (ids >= e)).any()):
+        raise fail("topk_ids", "ids outside the experts", f"ids in [0, {e})")
+    return problem, x2, weights, ids
 
 
 # -- fused_moe -----------------------------------------------------------------------------------
@@ -276,22 +251,31 @@ def fused_moe(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, w
     Returns x's shape and dtype. ``backend`` chooses the experts kernel, ``route_backend`` the routing
     kernel (both automatic by default); ``ksb.explain("moe.fused_moe", ...)`` explains the experts choice.
     """
-    if compiling():
+    if torch.compiler.is_compiling():
         shape = x.shape
-        w, ids = _route_op(router_logits.reshape(-1, router_logits.shape[-1]), top_k, scoring, bool(renormalize),
-                           num_expert_group, topk_group, correction_bias, float(routed_scaling_factor),
-                           backend_to_str(route_backend))
-        y = _experts_op(x.reshape(-1, shape[-1]), w, ids, w13, w2, w13_scale, w2_scale, False, backend_to_str(backend))
-        return y.view(shape)
-    return _fused_moe_eager(x, router_logits, w13, w2, top_k, renormalize, scoring, num_expert_group, topk_group,
-                            correction_bias, routed_scaling_factor, w13_scale, w2_scale, backend, route_backend)
+        w, ids = ROUTE.compiled(router_logits.reshape(-1, router_logits.shape[-1]), top_k, scoring, bool(renormalize),
+                                num_expert_group, topk_group, correction_bias, float(routed_scaling_factor),
+                                route_backend)
+        y = EXPERTS.compiled(x.reshape(-1, shape[-1]), w, ids, w13, w2, w13_scale, w2_scale, False, backend)
+        return y.view(shape)  # type: ignore[no-any-return]
+    problem, x2, logits2 = fused_moe_call(x, router_logits, w13, w2, top_k, w13_scale=w13_scale, w2_scale=w2_scale,
+                                          route_backend=route_backend)
+    kernel = select("moe.fused_moe", problem, backend).kernel  # first, so that a kernel that cannot run routes nothing
+    w, ids = _route_eager(logits2, top_k, scoring, renormalize, num_expert_group, topk_group, correction_bias,
+                          routed_scaling_factor, route_backend)
+    y = kernel.run(x2, w, ids, w13, w2, w13_scale, w2_scale)
+    return y if y.shape == x.shape else y.view(x.shape)  # type: ignore[no-any-return]
 
 
-def _fused_moe_eager(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, top_k: int,
-                     renormalize: bool, scoring: str, num_expert_group: int | None, topk_group: int | None,
-                     correction_bias: torch.Tensor | None, routed_scaling_factor: float,
-                     w13_scale: torch.Tensor | None, w2_scale: torch.Tensor | None, backend: BackendArg,
-                     route_backend: BackendArg) -> torch.Tensor:
+def fused_moe_call(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, top_k: int,
+                   renormalize: bool = True, scoring: str = "softmax", num_expert_group: int | None = None,
+                   topk_group: int | None = None, correction_bias: torch.Tensor | None = None,
+                   routed_scaling_factor: float = 1.0, w13_scale: torch.Tensor | None = None,
+                   w2_scale: torch.Tensor | None = None, route_backend: BackendArg = None
+                   ) -> tuple[MoeProblem, torch.Tensor, torch.Tensor]:
+    """Validate a :func:`fused_moe` call's input and experts: the experts' problem, x as (T, H) and the router logits
+    as (T, E) (the routing arguments are checked by :func:`route`)."""
+    check_backend(route_backend, "route_backend")
     check_tensor(x, "x", dtypes=FLOAT_DTYPES)
     check_tensor(router_logits, "router_logits")
     if x.dim() < 1 or router_logits.dim() != x.dim() or router_logits.shape[:-1] != x.shape[:-1]:
@@ -304,8 +288,32 @@ def _fused_moe_eager(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Te
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= w13.shape[0]:
         raise fail("top_k", top_k, f"an int in [1, {w13.shape[0]}] (the number of experts)")
     x2 = x2.contiguous()
-    kernel = _select_experts(x2, top_k, w13, w2, quant, backend)  # first, so explain() reports this choice
-    w, ids = _route_eager(logits2, top_k, scoring, renormalize, num_expert_group, topk_group, correction_bias,
-                          routed_scaling_factor, route_backend)
-    y = kernel.run(x2, w, ids, w13, w2, w13_scale, w2_scale)
-    return y if y.shape == x.shape else y.view(x.shape)  # type: ignore[no-any-return]
+    return _experts_problem(x2, top_k, w13, w2, quant), x2, logits2
+
+
+# -- specs ---------------------------------------------------------------------------------------
+def _own(result: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """A custom op's outputs must not be views (of its inputs or of each other): views are copied."""
+    return tuple(t.clone() if t._base is not None else t for t in result)
+
+
+_BACKEND = Arg("backend", "backend")
+ROUTE = define(OpSpec(
+    "moe.route", route, RouteProblem, route_call, reference="route", cases="moe", op="moe_route",
+    args=(Arg("router_logits"), Arg("top_k", "int"), Arg("scoring", "str"), Arg("renormalize", "bool"),
+          Arg("num_expert_group", "int?"), Arg("topk_group", "int?"), Arg("correction_bias", "Tensor?"),
+          Arg("routed_scaling_factor", "float"), _BACKEND),
+    returns="(Tensor, Tensor)", outputs=_own,
+    fake=lambda logits, top_k, *rest: (torch.empty(logits.shape[0], top_k, dtype=torch.float32, device=logits.device),
+                                       torch.empty(logits.shape[0], top_k, dtype=torch.int32, device=logits.device)),
+))
+EXPERTS = define(OpSpec(
+    "moe.experts", experts, MoeProblem, experts_call, reference="fused_moe", cases="moe", op="moe_experts",
+    kernels="moe.fused_moe",
+    args=(Arg("x"), Arg("topk_weights"), Arg("topk_ids"), Arg("w13"), Arg("w2"), Arg("w13_scale", "Tensor?"),
+          Arg("w2_scale", "Tensor?"), Arg("check_ids", "bool"), _BACKEND),
+    fake=lambda x, *rest: torch.empty_like(x),
+))
+FUSED_MOE = define(OpSpec(
+    "moe.fused_moe", fused_moe, MoeProblem, fused_moe_call, reference="fused_moe", cases="moe",
+))

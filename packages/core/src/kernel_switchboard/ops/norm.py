@@ -17,20 +17,10 @@ from typing import NamedTuple
 import torch
 
 from ..capability import bucket
-from ..dispatch import select_kernel
-from ..errors import fail
-from ._common import (
-    FLOAT_DTYPES,
-    BackendArg,
-    backend_from_str,
-    backend_to_str,
-    check_same_device,
-    check_tensor,
-    compiling,
-    custom_op,
-    device_key,
-    graph_features,
-)
+from ..dispatch import select
+from ..errors import fail, positive_float
+from ..spec import Arg, OpSpec, define
+from ._common import FLOAT_DTYPES, BackendArg, check_same_device, check_tensor, device_key, graph_features
 
 
 class NormProblem(NamedTuple):
@@ -56,8 +46,7 @@ def _validate(x: torch.Tensor, weight: torch.Tensor, eps: float, name: str = "x"
     if weight.shape[0] != hidden:
         raise fail("weight.shape", tuple(weight.shape), f"({hidden},) = {name}'s hidden size")
     check_same_device("weight", weight, name, x)
-    if not eps > 0:
-        raise fail("eps", eps, "a positive float")
+    positive_float("eps", eps)
     return x if x.dim() == 2 else x.reshape(-1, hidden)
 
 
@@ -74,23 +63,22 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, gemma:
 
     ``gemma=True`` scales by ``1 + weight`` (Gemma's convention).
     """
-    if compiling():
-        return _rms_norm_op(x, weight, float(eps), gemma, backend_to_str(backend))
-    return _rms_norm_eager(x, weight, float(eps), gemma, backend)
+    if torch.compiler.is_compiling():
+        return RMS_NORM.compiled(x, weight, positive_float("eps", eps), gemma, backend)  # type: ignore[no-any-return]
+    return _rms_norm_eager(x, weight, positive_float("eps", eps), gemma, backend)
+
+
+def rms_norm_call(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+                  gemma: bool = False) -> tuple[NormProblem, torch.Tensor]:
+    """Validate an :func:`rms_norm` call: its problem and x as (rows, hidden)."""
+    x2 = _validate(x, weight, eps)
+    return _problem(x2, gemma), x2
 
 
 def _rms_norm_eager(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool, backend: BackendArg) -> torch.Tensor:
-    x2 = _validate(x, weight, eps)
-    kernel = select_kernel("norm.rms_norm", _problem(x2, gemma), backend)
-    y = kernel.run(x2, weight, eps, gemma)
+    problem, x2 = rms_norm_call(x, weight, eps, gemma)
+    y = select("norm.rms_norm", problem, backend).kernel.run(x2, weight, eps, gemma)
     return y if x2 is x else y.view(x.shape)
-
-
-def _rms_norm_impl(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool, backend: str | None) -> torch.Tensor:
-    return _rms_norm_eager(x, weight, eps, gemma, backend_from_str(backend))
-
-
-_rms_norm_op = custom_op("rms_norm", _rms_norm_impl, lambda x, weight, eps, gemma, backend: torch.empty_like(x))
 
 
 # -- fused_add_rms_norm ----------------------------------------------------------------------------
@@ -100,17 +88,17 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
 
     x, residual: (..., hidden), same shape, dtype and device, contiguous; weight: (hidden,).
     """
-    if compiling():
-        _fused_add_op(x, residual, weight, float(eps), gemma, backend_to_str(backend))
+    if torch.compiler.is_compiling():
+        FUSED_ADD_RMS_NORM.compiled(x, residual, weight, positive_float("eps", eps), gemma, backend)
         return
-    _fused_add_eager(x, residual, weight, float(eps), gemma, backend)
+    _fused_add_eager(x, residual, weight, positive_float("eps", eps), gemma, backend)
 
 
-def _fused_add_eager(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool,
-                     backend: BackendArg) -> None:
+def _validate_fused_add(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Check x and residual (written in place) and weight; returns x as (rows, hidden)."""
+    x2 = _validate(x, weight, eps)
     if not x.is_contiguous():
         raise fail("x", "non-contiguous", "a contiguous tensor (it is written in place)")
-    x2 = _validate(x, weight, eps)
     check_tensor(residual, "residual")
     if residual.shape != x.shape:
         raise fail("residual.shape", tuple(residual.shape), f"x's shape {tuple(x.shape)}")
@@ -119,44 +107,72 @@ def _fused_add_eager(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tens
     check_same_device("residual", residual, "x", x)
     if not residual.is_contiguous():
         raise fail("residual", "non-contiguous", "a contiguous tensor (it is written in place)")
-    kernel = select_kernel("norm.fused_add_rms_norm", _problem(x2, gemma, frozenset({"in_place"})), backend)
-    kernel.run(x2, residual.view(x2.shape), weight, eps, gemma)
+    return x2
 
 
-def _fused_add_impl(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool,
-                    backend: str | None) -> None:
-    _fused_add_eager(x, residual, weight, eps, gemma, backend_from_str(backend))
+def fused_add_rms_norm_call(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+                            gemma: bool = False) -> tuple[NormProblem, torch.Tensor]:
+    """Validate a :func:`fused_add_rms_norm` call: its problem and x as (rows, hidden)."""
+    x2 = _validate_fused_add(x, residual, weight, eps)
+    return _problem(x2, gemma, frozenset({"in_place"})), x2
 
 
-_fused_add_op = custom_op("fused_add_rms_norm", _fused_add_impl, lambda x, residual, weight, eps, gemma, backend: None,
-                          mutates_args=("x", "residual"))
+def _fused_add_eager(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool,
+                     backend: BackendArg) -> None:
+    problem, x2 = fused_add_rms_norm_call(x, residual, weight, eps, gemma)
+    select("norm.fused_add_rms_norm", problem, backend).kernel.run(x2, residual.view(x2.shape), weight, eps, gemma)
 
 
 # -- layer_norm ------------------------------------------------------------------------------------
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, eps: float = 1e-5, *,
                backend: BackendArg = None) -> torch.Tensor:
     """LayerNorm over the last dim. x: (..., hidden); weight, bias: (hidden,) or bias None."""
-    if compiling():
-        return _layer_norm_op(x, weight, bias, float(eps), backend_to_str(backend))
-    return _layer_norm_eager(x, weight, bias, float(eps), backend)
+    if torch.compiler.is_compiling():
+        return LAYER_NORM.compiled(x, weight, bias, positive_float("eps", eps), backend)  # type: ignore[no-any-return]
+    return _layer_norm_eager(x, weight, bias, positive_float("eps", eps), backend)
 
 
-def _layer_norm_eager(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float,
-                      backend: BackendArg) -> torch.Tensor:
+def _validate_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """Check x, weight and bias; returns x as (rows, hidden)."""
     x2 = _validate(x, weight, eps)
     if bias is not None:
         check_tensor(bias, "bias", dims=1, dtypes=FLOAT_DTYPES)
         if bias.shape != weight.shape:
             raise fail("bias.shape", tuple(bias.shape), f"weight's shape {tuple(weight.shape)}")
         check_same_device("bias", bias, "x", x)
-    kernel = select_kernel("norm.layer_norm", _problem(x2, False), backend)
-    y = kernel.run(x2, weight, bias, eps)
+    return x2
+
+
+def layer_norm_call(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                    eps: float = 1e-5) -> tuple[NormProblem, torch.Tensor]:
+    """Validate a :func:`layer_norm` call: its problem and x as (rows, hidden)."""
+    x2 = _validate_layer_norm(x, weight, bias, eps)
+    return _problem(x2, False), x2
+
+
+def _layer_norm_eager(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float,
+                      backend: BackendArg) -> torch.Tensor:
+    problem, x2 = layer_norm_call(x, weight, bias, eps)
+    y = select("norm.layer_norm", problem, backend).kernel.run(x2, weight, bias, eps)
     return y if x2 is x else y.view(x.shape)
 
 
-def _layer_norm_impl(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float,
-                     backend: str | None) -> torch.Tensor:
-    return _layer_norm_eager(x, weight, bias, eps, backend_from_str(backend))
-
-
-_layer_norm_op = custom_op("layer_norm", _layer_norm_impl, lambda x, weight, bias, eps, backend: torch.empty_like(x))
+# -- specs -----------------------------------------------------------------------------------------
+_BACKEND = Arg("backend", "backend")
+RMS_NORM = define(OpSpec(
+    "norm.rms_norm", rms_norm, NormProblem, rms_norm_call, reference="rms_norm", cases="norm", op="rms_norm",
+    args=(Arg("x"), Arg("weight"), Arg("eps", "float"), Arg("gemma", "bool"), _BACKEND),
+    fake=lambda x, *rest: torch.empty_like(x),
+))
+FUSED_ADD_RMS_NORM = define(OpSpec(
+    "norm.fused_add_rms_norm", fused_add_rms_norm, NormProblem, fused_add_rms_norm_call,
+    reference="fused_add_rms_norm", cases="norm", op="fused_add_rms_norm",
+    args=(Arg("x", mutated=True), Arg("residual", mutated=True), Arg("weight"), Arg("eps", "float"),
+          Arg("gemma", "bool"), _BACKEND),
+    returns="()", fake=lambda *args: None,
+))
+LAYER_NORM = define(OpSpec(
+    "norm.layer_norm", layer_norm, NormProblem, layer_norm_call, reference="layer_norm", cases="norm",
+    op="layer_norm", args=(Arg("x"), Arg("weight"), Arg("bias", "Tensor?"), Arg("eps", "float"), _BACKEND),
+    fake=lambda x, *rest: torch.empty_like(x),
+))

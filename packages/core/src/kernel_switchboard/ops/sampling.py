@@ -21,7 +21,9 @@ distribution is well defined):
 Zero-probability tokens are never sampled. Probabilities need not sum to exactly one (rows are
 weights with a positive sum). Neutral values mean "filter off" and are canonicalised to ``None``:
 top_k 0 (or >= V), top_p 1.0, min_p 0.0, temperature 1.0; a per-row ``top_k`` of 0 (or >= V) disables
-top-k for that row, so kernels receive per-row k in [0, 2^31) and scalar k in [1, V).
+top-k for that row, so kernels receive per-row k in [0, 2^31) (an int64 entry past that range saturates: it
+keeps every token, as any k >= V does) and scalar k in [1, V). Temperature -> 0 is the argmax (ties share the
+mass), however small a positive temperature is.
 """
 
 from __future__ import annotations
@@ -33,23 +35,13 @@ from typing import Any, NamedTuple
 import torch
 
 from ..capability import bucket
-from ..dispatch import select_kernel
+from ..dispatch import select
 from ..errors import fail
-from ._common import (
-    FLOAT_DTYPES,
-    NAMESPACE,
-    BackendArg,
-    backend_from_str,
-    backend_to_str,
-    check_same_device,
-    check_tensor,
-    compiling,
-    custom_op,
-    device_key,
-    graph_features,
-)
+from ..spec import Arg, OpSpec, define
+from ._common import FLOAT_DTYPES, BackendArg, check_same_device, check_tensor, device_key, graph_features
 
 INT_DTYPES = frozenset({torch.int32, torch.int64})
+_INT32_MAX = 2**31 - 1
 PARAM_FLOAT_DTYPES = FLOAT_DTYPES | {torch.float64}
 #: a scalar-or-per-row parameter
 Param = float | int | torch.Tensor | None
@@ -83,17 +75,6 @@ class SpeculativeProblem(NamedTuple):
     features: frozenset[str]
 
 
-def _random_op(name: str, impl: Any, fake: Any) -> Any:
-    """Like ``custom_op``, tagged ``nondeterministic_seeded`` so compilers never merge or replay two draws."""
-    try:
-        op = torch.library.custom_op(f"{NAMESPACE}::{name}", impl, mutates_args=(),
-                                     tags=(torch.Tag.nondeterministic_seeded,))
-    except TypeError:  # a torch without custom_op(tags=)
-        return custom_op(name, impl, fake)
-    op.register_fake(fake)
-    return getattr(torch.ops, NAMESPACE).__getattr__(name).default
-
-
 # -- parameter canonicalisation ------------------------------------------------------------------
 def _int_param(v: Any, name: str, x: torch.Tensor) -> int | torch.Tensor | None:
     """top_k: None / 0 / >= V -> None; int >= 1; (B,) int tensor -> int32 (entries >= 0, 0 = off for that row)."""
@@ -101,7 +82,11 @@ def _int_param(v: Any, name: str, x: torch.Tensor) -> int | torch.Tensor | None:
         return None
     if isinstance(v, torch.Tensor):
         _check_row_tensor(v, name, x, INT_DTYPES)
-        return v if v.dtype == torch.int32 else v.to(torch.int32)
+        if v.dtype == torch.int32:
+            return v
+        # saturate, never wrap: any k >= V keeps every token, so 2**31 - 1 means what a larger k means, and a
+        # negative entry stays negative (refused by the data check) instead of wrapping to a small positive k
+        return v.clamp(-1, _INT32_MAX).to(torch.int32)
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise fail(name, v, "an int >= 1 (0 or None = off) or a (B,) int32/int64 tensor")
     return v if 0 < v < x.shape[-1] else None  # k >= V keeps every token
@@ -261,24 +246,33 @@ def top_k_top_p(x: torch.Tensor, top_k: Param = None, top_p: Param = None, *, mi
     probabilities, out-of-range parameters) with one host sync; it is skipped while a CUDA graph is
     captured. ``check_nan=False`` skips it: a bad row then gives an unspecified but in-range token.
     """
-    if compiling():
+    if torch.compiler.is_compiling():
         if generator is not None:
             raise fail("generator", "a torch.Generator", "None under torch.compile (use eager mode for seeded draws)")
-        return _sample_op(x, *_encode(top_k, top_p, min_p, temperature), bool(is_logits), bool(deterministic),
-                          bool(check_nan), backend_to_str(backend))
+        return TOP_K_TOP_P.compiled(x, top_k, top_p, min_p, temperature, bool(is_logits),  # type: ignore[no-any-return]
+                                    bool(deterministic), bool(check_nan), backend)
     return _sample_eager(x, top_k, top_p, min_p, is_logits, temperature, generator, deterministic, check_nan, backend)
 
 
-def _sample_eager(x: torch.Tensor, top_k: Any, top_p: Any, min_p: Any, is_logits: bool, temperature: Any,
-                  generator: torch.Generator | None, deterministic: bool, check_nan: bool,
-                  backend: BackendArg) -> torch.Tensor:
+def top_k_top_p_call(x: torch.Tensor, top_k: Param = None, top_p: Param = None, min_p: Param = None,
+                     is_logits: bool = False, temperature: Param = None, generator: torch.Generator | None = None,
+                     deterministic: bool = False, check_nan: bool = True) -> tuple[SamplingProblem, _Params]:
+    """Validate a :func:`top_k_top_p` call (``check_nan``: the data, one host read): its problem and canonical
+    parameters."""
     _check_x(x, "x")
     p = _params(x, top_k, top_p, min_p, temperature, bool(is_logits))
     _check_generator(generator, x)
     problem = _problem(x, bool(is_logits), p, _run_features(generator, deterministic))
     if check_nan and x.shape[0] and "cuda_graph" not in problem.features:
         _data_check(x, bool(is_logits), p)
-    kernel = select_kernel("sampling.top_k_top_p", problem, backend)
+    return problem, p
+
+
+def _sample_eager(x: torch.Tensor, top_k: Any, top_p: Any, min_p: Any, is_logits: bool, temperature: Any,
+                  generator: torch.Generator | None, deterministic: bool, check_nan: bool,
+                  backend: BackendArg) -> torch.Tensor:
+    problem, p = top_k_top_p_call(x, top_k, top_p, min_p, is_logits, temperature, generator, deterministic, check_nan)
+    kernel = select("sampling.top_k_top_p", problem, backend).kernel
     return kernel.run(x, p.top_k, p.top_p, p.min_p, bool(is_logits), p.temperature, generator, bool(deterministic))
 
 
@@ -302,35 +296,6 @@ def sample(x: torch.Tensor, **kwargs: Any) -> torch.Tensor:
     return top_k_top_p(x, None, None, **kwargs)
 
 
-# custom-op encoding: scalars use their neutral value for None, per-row tensors travel separately
-def _encode(top_k: Any, top_p: Any, min_p: Any, temperature: Any) -> tuple[Any, ...]:
-    def split(v: Any, neutral: Any) -> tuple[Any, torch.Tensor | None]:
-        if isinstance(v, torch.Tensor):
-            return neutral, v
-        return (neutral if v is None else v), None
-
-    return (*split(top_k, 0), *split(top_p, 1.0), *split(min_p, 0.0), *split(temperature, 1.0))
-
-
-def _decode(scalar: Any, rows: torch.Tensor | None) -> Any:
-    return rows if rows is not None else scalar
-
-
-def _sample_impl(x: torch.Tensor, top_k: int, top_k_rows: torch.Tensor | None, top_p: float,
-                 top_p_rows: torch.Tensor | None, min_p: float, min_p_rows: torch.Tensor | None, temperature: float,
-                 temperature_rows: torch.Tensor | None, is_logits: bool, deterministic: bool, check_nan: bool,
-                 backend: str | None) -> torch.Tensor:
-    temp = _decode(temperature, temperature_rows)
-    if not is_logits and not isinstance(temp, torch.Tensor) and temp == 1.0:
-        temp = None
-    return _sample_eager(x, _decode(top_k, top_k_rows), _decode(top_p, top_p_rows), _decode(min_p, min_p_rows),
-                         is_logits, temp, None, deterministic, check_nan, backend_from_str(backend))
-
-
-_sample_op = _random_op("top_k_top_p", _sample_impl,
-                       lambda x, *rest: torch.empty(x.shape[0], dtype=torch.int64, device=x.device))
-
-
 # -- renorm --------------------------------------------------------------------------------------
 def renorm(probs: torch.Tensor, top_k: Param = None, top_p: Param = None, min_p: Param = None, *,
            check_nan: bool = True, backend: BackendArg = None) -> torch.Tensor:
@@ -339,32 +304,28 @@ def renorm(probs: torch.Tensor, top_k: Param = None, top_p: Param = None, min_p:
     Same filters and parameter forms as :func:`top_k_top_p` (no temperature: probabilities only).
     ``check_nan`` as there (one host sync).
     """
-    if compiling():
-        enc = _encode(top_k, top_p, min_p, None)
-        return _renorm_op(probs, *enc[:6], bool(check_nan), backend_to_str(backend))
+    if torch.compiler.is_compiling():
+        return RENORM.compiled(probs, top_k, top_p, min_p, bool(check_nan), backend)  # type: ignore[no-any-return]
     return _renorm_eager(probs, top_k, top_p, min_p, check_nan, backend)
 
 
-def _renorm_eager(probs: torch.Tensor, top_k: Any, top_p: Any, min_p: Any, check_nan: bool,
-                  backend: BackendArg) -> torch.Tensor:
+def renorm_call(probs: torch.Tensor, top_k: Param = None, top_p: Param = None, min_p: Param = None,
+                check_nan: bool = True) -> tuple[SamplingProblem, _Params]:
+    """Validate a :func:`renorm` call (``check_nan``: the data, one host read): its problem and canonical
+    parameters."""
     _check_x(probs, "probs")
     p = _params(probs, top_k, top_p, min_p, None, False)
     problem = _problem(probs, False, p, frozenset())
     if check_nan and probs.shape[0] and "cuda_graph" not in problem.features:
         _data_check(probs, False, p, "probs")
-    kernel = select_kernel("sampling.renorm", problem, backend)
+    return problem, p
+
+
+def _renorm_eager(probs: torch.Tensor, top_k: Any, top_p: Any, min_p: Any, check_nan: bool,
+                  backend: BackendArg) -> torch.Tensor:
+    problem, p = renorm_call(probs, top_k, top_p, min_p, check_nan)
+    kernel = select("sampling.renorm", problem, backend).kernel
     return kernel.run(probs, p.top_k, p.top_p, p.min_p)
-
-
-def _renorm_impl(probs: torch.Tensor, top_k: int, top_k_rows: torch.Tensor | None, top_p: float,
-                 top_p_rows: torch.Tensor | None, min_p: float, min_p_rows: torch.Tensor | None, check_nan: bool,
-                 backend: str | None) -> torch.Tensor:
-    return _renorm_eager(probs, _decode(top_k, top_k_rows), _decode(top_p, top_p_rows), _decode(min_p, min_p_rows),
-                         check_nan, backend_from_str(backend))
-
-
-_renorm_op = custom_op("renorm", _renorm_impl,
-                       lambda probs, *rest: torch.empty(probs.shape, dtype=torch.float32, device=probs.device))
 
 
 # -- chain_speculative ---------------------------------------------------------------------------
@@ -384,29 +345,32 @@ def chain_speculative(draft_probs: torch.Tensor, draft_token_ids: torch.Tensor, 
     drafts actually emitted (the tokens written minus one). ``check_nan`` validates probabilities and
     token ids with one host sync.
     """
-    if compiling():
+    if torch.compiler.is_compiling():
         if generator is not None:
             raise fail("generator", "a torch.Generator", "None under torch.compile (use eager mode for seeded draws)")
-        return _chain_op(draft_probs, draft_token_ids, target_probs, bool(deterministic), bool(check_nan),
-                         backend_to_str(backend))
+        return CHAIN_SPECULATIVE.compiled(draft_probs, draft_token_ids, target_probs,  # type: ignore[no-any-return]
+                                          bool(deterministic), bool(check_nan), backend)
     return _chain_eager(draft_probs, draft_token_ids, target_probs, generator, deterministic, check_nan, backend)
 
 
-def _chain_eager(draft_probs: torch.Tensor, draft_token_ids: torch.Tensor, target_probs: torch.Tensor,
-                 generator: torch.Generator | None, deterministic: bool, check_nan: bool,
-                 backend: BackendArg) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def chain_speculative_call(draft_probs: torch.Tensor, draft_token_ids: torch.Tensor, target_probs: torch.Tensor,
+                           generator: torch.Generator | None = None, deterministic: bool = False,
+                           check_nan: bool = True) -> tuple[SpeculativeProblem, torch.Tensor]:
+    """Validate a :func:`chain_speculative` call (``check_nan``: the data, one host read): its problem and the draft
+    token ids as int64."""
     _check_x(draft_probs, "draft_probs", dims=3)
     b, n, v = draft_probs.shape
     if n < 1:
         raise fail("draft_probs.shape", tuple(draft_probs.shape), "(B, n, V) with n >= 1 draft tokens")
     check_tensor(target_probs, "target_probs", dims=3)
     if tuple(target_probs.shape) != (b, n + 1, v):
-        raise fail("target_probs.shape", tuple(target_probs.shape), f"(B, n+1, V) = {(b, n + 1, v)}")
+        raise fail("target_probs.shape", tuple(target_probs.shape),
+                   f"(B, n+1, V) = {(b, n + 1, v)} from draft_probs.shape (B, n, V) = {(b, n, v)}")
     if target_probs.dtype != draft_probs.dtype:
         raise fail("target_probs.dtype", target_probs.dtype, f"draft_probs' dtype ({draft_probs.dtype})")
     check_tensor(draft_token_ids, "draft_token_ids", dims=2, dtypes=INT_DTYPES)
     if tuple(draft_token_ids.shape) != (b, n):
-        raise fail("draft_token_ids.shape", tuple(draft_token_ids.shape), f"(B, n) = {(b, n)}")
+        raise fail("draft_token_ids.shape", tuple(draft_token_ids.shape), f"(B, n) = {(b, n)} from draft_probs.shape")
     check_same_device("target_probs", target_probs, "draft_probs", draft_probs)
     check_same_device("draft_token_ids", draft_token_ids, "draft_probs", draft_probs)
     _check_generator(generator, draft_probs)
@@ -417,15 +381,46 @@ def _chain_eager(draft_probs: torch.Tensor, draft_token_ids: torch.Tensor, targe
         _raise_first_bad([_prob_check("draft_probs", draft_probs), _prob_check("target_probs", target_probs),
                           _range_check("draft_token_ids", (ids < 0) | (ids >= v), f"token ids in [0, {v})")])
     ids64 = draft_token_ids if draft_token_ids.dtype == torch.int64 else draft_token_ids.to(torch.int64)
-    problem = SpeculativeProblem(dev, cc, draft_probs.dtype, v, n, bucket(b), features)
-    kernel = select_kernel("sampling.chain_speculative", problem, backend)
+    return SpeculativeProblem(dev, cc, draft_probs.dtype, v, n, bucket(b), features), ids64
+
+
+def _chain_eager(draft_probs: torch.Tensor, draft_token_ids: torch.Tensor, target_probs: torch.Tensor,
+                 generator: torch.Generator | None, deterministic: bool, check_nan: bool,
+                 backend: BackendArg) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    problem, ids64 = chain_speculative_call(draft_probs, draft_token_ids, target_probs, generator, deterministic,
+                                            check_nan)
+    kernel = select("sampling.chain_speculative", problem, backend).kernel
     return kernel.run(draft_probs, ids64, target_probs, generator, bool(deterministic))  # type: ignore[no-any-return]
 
 
-def _chain_impl(draft_probs: torch.Tensor, draft_token_ids: torch.Tensor, target_probs: torch.Tensor,
-                deterministic: bool, check_nan: bool, backend: str | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _chain_eager(draft_probs, draft_token_ids, target_probs, None, deterministic, check_nan,
-                        backend_from_str(backend))
+# -- specs ---------------------------------------------------------------------------------------
+_FILTERS = (Arg("top_k", "int|rows", neutral=0), Arg("top_p", "float|rows", neutral=1.0),
+            Arg("min_p", "float|rows", neutral=0.0))
+_SEEDED = (torch.Tag.nondeterministic_seeded,)  # compilers never merge or replay two draws
+TOP_K_TOP_P = define(OpSpec(
+    "sampling.top_k_top_p", top_k_top_p, SamplingProblem, top_k_top_p_call, reference="top_k_top_p",
+    cases="sampling", op="top_k_top_p",
+    args=(Arg("x"), *_FILTERS, Arg("temperature", "float|rows", neutral=1.0), Arg("is_logits", "bool"),
+          Arg("deterministic", "bool"), Arg("check_nan", "bool"), Arg("backend", "backend")),
+    tags=_SEEDED, fake=lambda x, *rest: torch.empty(x.shape[0], dtype=torch.int64, device=x.device),
+))
+
+
+def _alias(name: str, function: Any, prepare: Any) -> OpSpec:
+    """The spec of a convenience form of ``sampling.top_k_top_p`` (same kernels, explained with its arguments)."""
+    return define(OpSpec(f"sampling.{name}", function, SamplingProblem, prepare, reference="top_k_top_p",
+                         cases="sampling", kernels="sampling.top_k_top_p"))
+
+
+TOP_K = _alias("top_k", top_k, lambda x, k, **kw: top_k_top_p_call(x, k, None, **kw))
+TOP_P = _alias("top_p", top_p, lambda x, p, **kw: top_k_top_p_call(x, None, p, **kw))
+MIN_P = _alias("min_p", min_p, lambda x, p, **kw: top_k_top_p_call(x, None, None, min_p=p, **kw))
+SAMPLE = _alias("sample", sample, lambda x, **kw: top_k_top_p_call(x, None, None, **kw))
+RENORM = define(OpSpec(
+    "sampling.renorm", renorm, SamplingProblem, renorm_call, reference="renorm", cases="sampling", op="renorm",
+    args=(Arg("probs"), *_FILTERS, Arg("check_nan", "bool"), Arg("backend", "backend")),
+    fake=lambda probs, *rest: torch.empty(probs.shape, dtype=torch.float32, device=probs.device),
+))
 
 
 def _chain_fake(draft_probs: torch.Tensor, draft_token_ids: torch.Tensor, target_probs: torch.Tensor, *rest: Any
@@ -436,4 +431,10 @@ def _chain_fake(draft_probs: torch.Tensor, draft_token_ids: torch.Tensor, target
             torch.empty(b, dtype=torch.int32, device=dev))
 
 
-_chain_op = _random_op("chain_speculative", _chain_impl, _chain_fake)
+CHAIN_SPECULATIVE = define(OpSpec(
+    "sampling.chain_speculative", chain_speculative, SpeculativeProblem, chain_speculative_call,
+    reference="chain_speculative", cases="sampling", op="chain_speculative",
+    args=(Arg("draft_probs"), Arg("draft_token_ids"), Arg("target_probs"), Arg("deterministic", "bool"),
+          Arg("check_nan", "bool"), Arg("backend", "backend")),
+    returns="(Tensor, Tensor, Tensor)", tags=_SEEDED, fake=_chain_fake,
+))

@@ -36,6 +36,13 @@ def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
     return (0.5 * a * (1.0 + torch.tanh(inner)) * b).to(x.dtype)
 
 
+def swiglu_oai_and_mul(x: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    gate, up = x[..., 0::2].float(), x[..., 1::2].float()
+    gate = gate.clamp(max=limit)
+    up = up.clamp(min=-limit, max=limit)
+    return (gate * torch.sigmoid(alpha * gate) * (up + 1.0)).to(x.dtype)
+
+
 KERNELS = [
     Kernel("activation.silu_and_mul", "silu_and_mul", "reference", INVARIANT_CAPTURABLE,
            rowwise(silu_and_mul, rows=(0,)),
@@ -46,4 +53,6 @@ KERNELS = [
     Kernel("activation.gelu_tanh_and_mul", "gelu_tanh_and_mul", "reference", INVARIANT_CAPTURABLE,
            rowwise(gelu_tanh_and_mul, rows=(0,)),
            priority=PRIORITY),
+    Kernel("activation.swiglu_oai_and_mul", "swiglu_oai_and_mul", "reference", INVARIANT_CAPTURABLE,
+           rowwise(swiglu_oai_and_mul, rows=(0,)), priority=PRIORITY),
 ]

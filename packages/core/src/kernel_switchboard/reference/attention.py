@@ -9,6 +9,12 @@ Scheme: gather each request's K/V into ``(B, L, Hkv, D)`` (L = max_kv_len), scat
 into ``(B, M, Hq, D)`` (M = max_q_len), compute masked logits ``(B, Hkv, G, M, L)`` in batch
 chunks that bound memory, then scatter the rows back to the caller's layout.
 
+Masked positions (past a request's length, outside the causal mask or the sliding window, masked by a
+variant, a boolean mask or a ``-inf`` bias) contribute exactly nothing, whatever K and V hold there, NaN and
+inf included: a product ``0 * NaN`` never reaches the output. A non-finite V value at a position a query
+attends reaches that query's output as IEEE arithmetic would carry it (NaN, or inf of its sign; NaN when
+both signs meet), so the oracle never hides bad data that a query reads.
+
 Batch invariance (``AttnParams.batch_invariant``, set inside ``ksb.batch_invariant()``): the padding to the batch's
 longest lengths would change the shapes (and so the reduction order) of a request's computation with its batch, so
 each request is attended alone on copies of its rows, with L and M its own lengths (read on the host once per call).
@@ -41,8 +47,6 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tenso
     (natural log; rows with nothing to attend get out 0 and lse -inf). ``batch0``: the request
     index of row 0 (batch chunks), seen by a custom variant's hooks.
     """
-    # padded positions (past kv_len) may hold anything, NaN included: they never reach the output
-    v = v.masked_fill((torch.arange(v.shape[1], device=v.device)[None, :] >= kv_len[:, None])[:, :, None, None], 0.0)
     if getattr(p, "variant", None) is not None:
         return _attend_variant(q, k, v, q_pos, kv_len, p, batch0)
     b, m, hq, d = q.shape
@@ -62,9 +66,34 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tenso
     mx = torch.where(torch.isfinite(mx), mx, torch.zeros_like(mx))
     e = torch.exp(s - mx)
     total = e.sum(dim=-1, keepdim=True)
-    out = torch.einsum("bhgml,blhd->bmhgd", e / torch.where(total > 0, total, torch.ones_like(total)), v)
+    w = e / torch.where(total > 0, total, torch.ones_like(total))
+    if keep.shape[1] == 1:  # one mask for every query: zero the masked V rows, exact for the kept ones
+        out = torch.einsum("bhgml,blhd->bmhgd", w, v.masked_fill(~keep[:, 0, :, None, None], 0.0))
+    else:
+        out = torch.einsum("bhgml,blhd->bmhgd", w, _finite(v))
+        hits = torch.einsum("bml,blhd->bmhd", keep.to(v.dtype), _nonfinite_flags(v))  # (B, M, Hkv, 3 Dv)
+        out = _with_nonfinite(out, hits[:, :, :, None])
     lse = (torch.log(total) + mx).squeeze(-1)  # (B, Hkv, G, M); log(0) = -inf
     return out.reshape(b, m, hq, v.shape[-1]), lse.permute(0, 3, 1, 2).reshape(b, m, hq).float()
+
+
+def _finite(v: torch.Tensor) -> torch.Tensor:
+    """``v`` with its non-finite entries zeroed (their effect is restored by :func:`_with_nonfinite`)."""
+    return torch.where(torch.isfinite(v), v, torch.zeros_like(v))
+
+
+def _nonfinite_flags(v: torch.Tensor) -> torch.Tensor:
+    """(..., 3 D) in v's dtype: where ``v`` (..., D) is NaN, +inf, -inf."""
+    return torch.cat((v.isnan(), v == float("inf"), v == float("-inf")), dim=-1).to(v.dtype)
+
+
+def _with_nonfinite(out: torch.Tensor, hits: torch.Tensor) -> torch.Tensor:
+    """``out`` (the weighted sum of the finite V values) with the non-finite values the query attends put back:
+    ``hits`` (..., 3 D), broadcastable to out, counts the attended NaN / +inf / -inf entries of each column."""
+    nan, pos, neg = (hits > 0).chunk(3, dim=-1)
+    nan = nan | (pos & neg)
+    special = torch.where(nan, float("nan"), torch.where(pos, float("inf"), float("-inf"))).to(out.dtype)
+    return torch.where(nan | pos | neg, special, out)
 
 
 def _attend_variant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, kv_len: torch.Tensor,
@@ -94,6 +123,7 @@ def _attend_variant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: to
         keep = keep & (kp >= qp - p.window_left)
     if var.torch_mask_mod is not None:
         keep = keep & var.torch_mask_mod(qp, kp, head, batch, args)
+    mask = keep  # before broadcasting: its size-1 dims say which masks every head / query shares
     keep = keep.expand(s.shape)
     if var.softmax:
         s = s.masked_fill(~keep, float("-inf"))
@@ -104,7 +134,11 @@ def _attend_variant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: to
         w = torch.where(keep, s, torch.zeros_like(s))
         mx = torch.zeros_like(s[..., :1])
     total = w.sum(dim=-1, keepdim=True)  # (B, H, M, 1)
-    acc = torch.einsum("bhml,blhd->bhmd", w, vh)
+    if mask.shape[1] == 1 and mask.shape[2] == 1:  # one mask for every head and query
+        acc = torch.einsum("bhml,blhd->bhmd", w, vh.masked_fill(~mask[:, 0, 0, :, None, None], 0.0))
+    else:
+        acc = torch.einsum("bhml,blhd->bhmd", w, _finite(vh))
+        acc = _with_nonfinite(acc, torch.einsum("bhml,blhd->bhmd", keep.to(vh.dtype), _nonfinite_flags(vh)))
     if var.torch_output_mod is not None:
         out = var.torch_output_mod(acc, total, mx, head, batch, args).to(acc.dtype)
     elif var.softmax:
@@ -457,12 +491,17 @@ def dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_bias: torch.Te
         keep = keep & attn_bias
     elif attn_bias is not None:
         s = s + attn_bias.to(acc)
+        keep = keep & (attn_bias != float("-inf"))  # a -inf bias masks its position like False in a mask
     s = s.masked_fill(~keep, float("-inf"))
     mx = s.amax(dim=-1, keepdim=True)
     e = torch.exp(s - torch.where(torch.isfinite(mx), mx, torch.zeros_like(mx)))
     total = e.sum(dim=-1, keepdim=True)
-    out = torch.einsum("bhml,bhld->bhmd", e / torch.where(total > 0, total, torch.ones_like(total)), vh)
-    return out.to(q.dtype)
+    w = e / torch.where(total > 0, total, torch.ones_like(total))
+    if not p.causal and attn_bias is None:  # nothing masked
+        return torch.einsum("bhml,bhld->bhmd", w, vh).to(q.dtype)
+    out = torch.einsum("bhml,bhld->bhmd", w, _finite(vh))
+    hits = torch.einsum("bhml,bhld->bhmd", keep.expand(s.shape).to(acc), _nonfinite_flags(vh))
+    return _with_nonfinite(out, hits).to(q.dtype)
 
 
 class PrefillPlanRunner:

@@ -45,6 +45,38 @@ def append(k: torch.Tensor, v: torch.Tensor, cache: PagedKVCache, table: PageTab
     v_nhd[pages, slots] = quantize(v, cache.dtype, cache.v_scale)
 
 
+def append_slots(k: torch.Tensor, v: torch.Tensor, cache: PagedKVCache, slot_mapping: torch.Tensor) -> None:
+    """Write k (T, Hkv, D), v (T, Hkv, Dv) at slots ``slot_mapping`` (T,) of the paged cache; a negative slot
+    writes nothing.
+
+    Without a host read (capturable): each padding token repeats the write of a real token next to it (the
+    same slot, the same value), so no index is written with two different values; when no token is real,
+    every write puts back what slot 0 of page 0 holds."""
+    tokens = k.shape[0]
+    if tokens == 0:
+        return
+    slots = slot_mapping.long()
+    t = torch.arange(tokens, device=slots.device)
+    real = slots >= 0
+    before = torch.cummax(torch.where(real, t, -1), 0).values  # last real token at or before t, else -1
+    after = torch.where(real, t, tokens).flip(0).cummin(0).values.flip(0)  # first at or after t, else T
+    src = torch.where(before >= 0, before, after)
+    any_real = src < tokens
+    src = src.clamp(max=tokens - 1)
+    target = torch.where(any_real, slots[src], 0)
+    pages, offsets = target // cache.page_size, target % cache.page_size
+    keep = any_real[:, None, None]
+    k_nhd, v_nhd = cache.nhd()  # views: writes land in the cache's own layout
+    for x, pages_nhd, scale in ((k, k_nhd, cache.k_scale), (v, v_nhd, cache.v_scale)):
+        new = quantize(x, cache.dtype, scale)[src]
+        old = pages_nhd[pages, offsets]
+        if cache.is_fp8:  # torch.where has no fp8 kernels: select the bytes
+            chosen = torch.where(keep, new.view(torch.uint8), old.view(torch.uint8)).view(cache.dtype)
+        else:
+            chosen = torch.where(keep, new, old)
+        pages_nhd[pages, offsets] = chosen
+
+
 def append_mla(ckv: torch.Tensor, kpe: torch.Tensor, ckv_pages: torch.Tensor, kpe_pages: torch.Tensor,
                table: PageTable, batch_indices: torch.Tensor, positions: torch.Tensor) -> None:
     """Write ckv (T, Dc), kpe (T, Dr) at (batch_indices[t], positions[t]) of the MLA pages (P, S, D)."""
@@ -56,5 +88,7 @@ def append_mla(ckv: torch.Tensor, kpe: torch.Tensor, ckv_pages: torch.Tensor, kp
 KERNELS = [
     # a token's stored values depend on that token alone (copies, or an exact divide and round for fp8): batch invariant
     Kernel("kv_cache.append", "append", "reference", INVARIANT_CAPTURABLE, append, priority=PRIORITY),
+    Kernel("kv_cache.append_slots", "append_slots", "reference", INVARIANT_CAPTURABLE, append_slots,
+           priority=PRIORITY),
     Kernel("kv_cache.append_mla", "append_mla", "reference", INVARIANT_CAPTURABLE, append_mla, priority=PRIORITY),
 ]

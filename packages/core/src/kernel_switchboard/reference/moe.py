@@ -1,8 +1,10 @@
 """Reference MoE kernels (see :mod:`kernel_switchboard.ops.moe` for signatures and semantics).
 
 Routing in float32 with ``torch.topk``; experts as one float32 GEMM pair per expert that has tokens
-(fp8 weights dequantized block by block, one expert at a time). The expert loop reads the token
-counts on the host, so the experts kernel is not CUDA-graph capturable.
+(fp8 weights dequantized block by block, one expert at a time), in true float32 on every device: TF32 is
+never used, whatever ``torch.backends.cuda.matmul.allow_tf32`` says, so the GPU and CPU results differ only by
+float32 summation order. The expert loop reads the token counts on the host, so the experts kernel is not
+CUDA-graph capturable.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import torch
 from ..registry import Kernel
 from ._cap import INVARIANT_CAPTURABLE, INVARIANT_REFERENCE, PRIORITY
 from ._rows import rowwise
+from .gemm import _mm32
 
 BLOCK = 128
 
@@ -64,9 +67,9 @@ def fused_moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tenso
         if count == 0:
             continue
         rows = tokens[start:start + count]
-        gate_up = x32[rows] @ dequantize_block(w13[expert], None if w13_scale is None else w13_scale[expert]).T
+        gate_up = _mm32(x32[rows], dequantize_block(w13[expert], None if w13_scale is None else w13_scale[expert]).T)
         act = torch.nn.functional.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-        out = act @ dequantize_block(w2[expert], None if w2_scale is None else w2_scale[expert]).T
+        out = _mm32(act, dequantize_block(w2[expert], None if w2_scale is None else w2_scale[expert]).T)
         y.index_add_(0, rows, out * weights[start:start + count, None])
         start += count
     return y.to(x.dtype)

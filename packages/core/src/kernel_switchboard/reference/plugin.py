@@ -5,9 +5,8 @@ from __future__ import annotations
 import importlib
 
 from ..hookspecs import hookimpl
+from ..ops import FAMILIES
 from ..registry import Backend, Kernel
-
-FAMILIES = ("attention", "kv_cache", "sampling", "norm", "rope", "activation", "gemm", "moe", "comm")
 
 
 def kernels() -> list[Kernel]:

@@ -28,15 +28,20 @@ def _column(v: ParamArg, like: torch.Tensor) -> torch.Tensor | float | None:
 
 
 def probabilities(x: torch.Tensor, is_logits: bool, temperature: ParamArg) -> torch.Tensor:
-    """(B, V) float32 probabilities: softmax(x / temperature) for logits, else x itself (as float32)."""
+    """(B, V) float32 probabilities: softmax(x / temperature) for logits, else x itself (as float32).
+
+    The logits are shifted by their row maximum before the division, ``softmax((x - max) / t)``, which is the
+    same distribution without overflow: every positive temperature, however small, gives finite shifted logits
+    ``<= 0`` whose maximum is exactly 0, so as ``t -> 0`` the mass goes to the argmax (shared by tied maxima)
+    instead of overflowing to ``inf - inf = NaN``.
+    """
     x32 = x.float()
     if not is_logits:
         return x32.clamp_min(0).nan_to_num(0.0)
     t = _column(temperature, x32)
-    if isinstance(t, torch.Tensor):
-        x32 = x32 / t.clamp_min(1e-30)
-    elif t is not None:
-        x32 = x32 / t
+    if t is not None:
+        mx = x32.amax(dim=-1, keepdim=True)
+        x32 = (x32 - torch.where(torch.isfinite(mx), mx, torch.zeros_like(mx))) / t
     return torch.softmax(x32, dim=-1).nan_to_num(0.0)
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -12,16 +14,14 @@ import torch
 from ..dispatch import explain
 from ..errors import KernelUnavailableError
 from ..registry import Kernel, registry
+from ..spec import spec_of
 from .case import Case
-
-#: case family modules, ``kernel_switchboard.testing.cases.<family>``; each has ``cases(op, device, size)``
-FAMILIES = ("attention", "kv_cache", "sampling", "norm", "rope", "activation", "gemm", "moe", "comm")
 
 
 def op_cases(op: str, device: torch.device, size: str = "small") -> list[Case]:
-    """Every case of ``op`` (fixed seeds) at ``size`` ("small" for CPU/interpreter, "large" for GPU)."""
-    family = op.partition(".")[0]
-    module = importlib.import_module(f"{__package__}.cases.{family}")
+    """Every case of ``op`` (fixed seeds) at ``size`` ("small" for CPU/interpreter, "large" for GPU), from the
+    module its spec names (``kernel_switchboard.testing.cases.<module>``, with ``cases(op, device, size)``)."""
+    module = importlib.import_module(f"{__package__}.cases.{spec_of(op).cases}")
     return list(module.cases(op, device, size))
 
 
@@ -43,12 +43,72 @@ def _default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+@dataclass(frozen=True)
+class LazyCase:
+    """A case that is built when its test runs, not when tests are collected: collection keeps no tensor (on a
+    GPU, a suite's model-sized cases would otherwise all sit in GPU memory from import to exit).
+
+    ``build()`` returns the list the case is ``index`` of (deterministic: fixed seeds); the lists of one ``key``
+    are built once while tests that use them run back to back (one list is kept at a time).
+    """
+
+    key: tuple[Any, ...]
+    build: Callable[[], list[Case]] = field(compare=False, repr=False)
+    index: int = 0
+    id: str = ""
+
+    def load(self) -> Case:
+        cases = _built.get(self.key)
+        if cases is None:
+            _built.clear()  # one list at a time: the previous op's tensors are freed before these are built
+            cases = _built[self.key] = self.build()
+        case = cases[self.index]
+        if case.id != self.id:
+            raise RuntimeError(f"case {self.index} of {self.key} is {case.id!r} now, {self.id!r} at collection: "
+                               "case builders must be deterministic")
+        return case
+
+
+_built: dict[tuple[Any, ...], list[Case]] = {}
+
+
+def lazy_kernel_cases(kernels: list[Kernel], device: torch.device, size: str = "small",
+                      extra: Callable[[], list[Case]] | None = None) -> dict[str, list[LazyCase]]:
+    """For each kernel (by id), its eligible cases as :class:`LazyCase` s: the cases of ``kernel.op`` (plus
+    ``extra()``, cases of the same op) that lie inside its declared capability. The cases of each op are built
+    once here, checked against every kernel of that op, and dropped (GPU memory released)."""
+    out: dict[str, list[LazyCase]] = {k.id: [] for k in kernels}
+    for op in dict.fromkeys(k.op for k in kernels):
+        key = (op, str(device), size, extra)
+        build = functools.partial(_op_cases_plus, op, device, size, extra)
+        cases = build()
+        for kernel in (k for k in kernels if k.op == op):
+            out[kernel.id] = [LazyCase(key, build, i, c.id) for i, c in enumerate(cases) if declares(kernel, c)]
+        del cases
+    _release(device)
+    return out
+
+
+def _op_cases_plus(op: str, device: torch.device, size: str, extra: Callable[[], list[Case]] | None) -> list[Case]:
+    return op_cases(op, device, size) + (extra() if extra is not None else [])
+
+
+def _release(device: torch.device) -> None:
+    """Give the GPU memory that collection used back to the driver (other processes may need it)."""
+    import gc
+
+    if device.type == "cuda" and torch.cuda.is_initialized():
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
 def conformance_test(backend: str, device: str | None = None, size: str | None = None,
                      ops: tuple[str, ...] | None = None) -> Callable[..., None]:
     """A pytest test function parametrized over every (kernel of ``backend``, eligible case).
 
     ``device`` defaults to ``KSB_TEST_DEVICE`` or the GPU when there is one; ``size`` to
-    ``KSB_TEST_SIZE`` or "small" on the CPU and "large" on a GPU.
+    ``KSB_TEST_SIZE`` or "small" on the CPU and "large" on a GPU. Cases are built when their test runs
+    (:class:`LazyCase`): collection holds no tensor.
     """
     import os
 
@@ -59,30 +119,35 @@ def conformance_test(backend: str, device: str | None = None, size: str | None =
     backends = registry.all_backends()
     if backend not in backends:
         raise LookupError(f"backend {backend!r} is not registered; registered: {sorted(backends)}")
-    for kernel in backends[backend].kernels:
-        if ops is not None and kernel.op not in ops:
-            continue
+    kernels = [k for k in backends[backend].kernels if ops is None or k.op in ops]
+    available = [k for k in kernels if k.unavailable is None]
+    eligible = lazy_kernel_cases(available, dev, size)
+    # grouped by op, so that each op's cases are built once when the tests run
+    op_order = list(dict.fromkeys(k.op for k in kernels))
+    for kernel in sorted(kernels, key=lambda k: op_order.index(k.op)):
         if kernel.unavailable is not None:
             params.append(pytest.param(kernel, None, id=f"{kernel.id}-unavailable",
                                        marks=[pytest.mark.skip(reason=f"{kernel.id}: {kernel.unavailable}")]))
             continue
-        cases = kernel_cases(kernel, dev, size)
+        cases = eligible[kernel.id]
         if not cases:
             params.append(pytest.param(kernel, None, id=f"{kernel.id}-nocase", marks=marks))
-        for case in cases:
-            params.append(pytest.param(kernel, case, id=f"{kernel.id}-{case.id}", marks=marks))
+        for lazy in cases:
+            params.append(pytest.param(kernel, lazy, id=f"{kernel.id}-{lazy.id}", marks=marks))
 
     @pytest.mark.parametrize(("kernel", "case"), params)
-    def test_conformance(kernel: Kernel, case: Case | None) -> None:
+    def test_conformance(kernel: Kernel, case: LazyCase | None) -> None:
         if case is None:
             pytest.fail(f"{kernel.id}: no conformance case of {kernel.op} on {dev} lies inside its declared "
                         f"capability, so the declaration is untested")
-        computes_in = None
-        if kernel.math_dtype is not None and case.check is None:
-            from ..dispatch import explain
-
-            computes_in = kernel.math_dtype(explain(case.op, *case.args, **case.kwargs).problem)
-        case.compare(kernel.id, computes_in=computes_in, finite_stale_slots=kernel.reads_stale_slots)
+        run_conformance(kernel, case.load())
 
     return test_conformance
 
+
+def run_conformance(kernel: Kernel, case: Case) -> None:
+    """Compare ``kernel`` with the reference on ``case`` (the body of every conformance test)."""
+    computes_in = None
+    if kernel.math_dtype is not None and case.check is None:
+        computes_in = kernel.math_dtype(explain(case.op, *case.args, **case.kwargs).problem)
+    case.compare(kernel.id, computes_in=computes_in, finite_stale_slots=kernel.reads_stale_slots)

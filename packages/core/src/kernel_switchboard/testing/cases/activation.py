@@ -1,4 +1,4 @@
-"""Conformance cases for the gated activations (silu / gelu / gelu_tanh and mul)."""
+"""Conformance cases for the gated activations (silu / gelu / gelu_tanh and mul, gpt-oss's clamped SwiGLU)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,10 @@ import torch
 
 from ..case import Case
 
-OPS = ("activation.silu_and_mul", "activation.gelu_and_mul", "activation.gelu_tanh_and_mul")
+OPS = ("activation.silu_and_mul", "activation.gelu_and_mul", "activation.gelu_tanh_and_mul",
+       "activation.swiglu_oai_and_mul")
+#: the clamped SwiGLU's (alpha, limit): gpt-oss's, and a tighter clamp that more values cross
+SWIGLU_PARAMS = ((1.702, 7.0), (1.0, 3.0))
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: (shape of x, dtypes); the last dim is 2d
 _SMALL: tuple[tuple[tuple[int, ...], tuple[torch.dtype, ...]], ...] = (
@@ -24,17 +27,25 @@ _LARGE: tuple[tuple[tuple[int, ...], tuple[torch.dtype, ...]], ...] = (
 )
 
 
-def _case(op: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, g: torch.Generator) -> Case:
+def _case(op: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, g: torch.Generator,
+          swiglu: tuple[float, float] = SWIGLU_PARAMS[0]) -> Case:
     if op not in OPS:
         raise ValueError(f"unknown activation op {op!r}")
+    tag = f"{str(dtype)[6:]}-{'x'.join(map(str, shape))}"
+    if op == "activation.swiglu_oai_and_mul":  # wide enough that some gates and ups cross the clamp
+        x = (4 * torch.randn(shape, generator=g, device=device)).to(dtype)
+        alpha, limit = swiglu
+        return Case(op, f"{tag}-a{alpha}-l{limit}", (x,), {"alpha": alpha, "limit": limit}, dtype)
     x = (2 * torch.randn(shape, generator=g, device=device)).to(dtype)
-    return Case(op, f"{str(dtype)[6:]}-{'x'.join(map(str, shape))}", (x,), {}, dtype)
+    return Case(op, tag, (x,), {}, dtype)
 
 
 def cases(op: str, device: torch.device, size: str) -> list[Case]:
     g = torch.Generator(device=device).manual_seed(0)
     table = _SMALL if size == "small" else _LARGE
-    return [_case(op, shape, dtype, device, g) for shape, dtypes in table for dtype in dtypes]
+    params = SWIGLU_PARAMS if op == "activation.swiglu_oai_and_mul" else SWIGLU_PARAMS[:1]
+    return [_case(op, shape, dtype, device, g, swiglu) for shape, dtypes in table for dtype in dtypes
+            for swiglu in params]
 
 
 def example(op: str, device: torch.device, tokens: int = 8192, hidden: int = 14336, dtype: str = "bfloat16") -> Case:

@@ -505,6 +505,15 @@ def _dtype(value: Any) -> torch.dtype:
     return DTYPES[key]
 
 
+#: the parameters :func:`example` reads, with their types (``switchboard explain`` / ``bench`` / ``tune`` check them)
+EXAMPLE_PARAMS: dict[str, type] = {
+    "batch": int, "kv_len": int, "q_len": int, "tokens": int, "q_heads": int, "num_q_heads": int, "num_heads": int,
+    "kv_heads": int, "num_kv_heads": int, "head_dim": int, "head_dim_v": int, "head_dim_pe": int, "page_size": int,
+    "dtype": str, "kv_dtype": str, "layout": str, "causal": bool, "soft_cap": float, "window": int, "lse": bool,
+    "seed": int, "variant": str, "bias": str,
+}
+
+
 def example(op: str, device: torch.device | str = "cpu", **shape: Any) -> Case:
     """One case of ``op`` from CLI-style parameters, every request of equal length:
 

@@ -34,6 +34,10 @@ def cases(op: str, device: torch.device, size: str) -> list[Case]:
     return [_case(op, rows, hidden, dtype, device, g) for dtype in DTYPES for rows, hidden in shapes]
 
 
+#: the parameters :func:`example` reads, with their types (``switchboard explain`` / ``bench`` / ``tune`` check them)
+EXAMPLE_PARAMS: dict[str, type] = {"rows": int, "hidden": int, "dtype": str, "seed": int}
+
+
 def example(op: str, device: torch.device, **shape: Any) -> Case:
     """One case from CLI-style parameters: rows (256), hidden (8192), dtype ("bfloat16")."""
     from .sampling import _dtype

@@ -1,4 +1,4 @@
-"""Conformance cases for the gemm family: mm (every layout), fp8 mm in three scale modes, grouped mm."""
+"""Conformance cases for the gemm family: mm (every layout, and with a bias), fp8 mm in three scale modes, grouped mm."""
 
 from __future__ import annotations
 
@@ -91,6 +91,13 @@ def _mm_case(m: int, n: int, k: int, layout: str, dtype: torch.dtype, g: torch.G
     return Case("gemm.mm", f"{_dtag(dtype)}-{m}x{n}x{k}-{layout}", (a, b), {}, dtype)
 
 
+def _mm_bias_case(m: int, n: int, k: int, layout: str, dtype: torch.dtype, g: torch.Generator,
+                  device: torch.device) -> Case:
+    case = _mm_case(m, n, k, layout, dtype, g, device)
+    bias = torch.randn(n, generator=g, device=device).to(dtype)
+    return Case("gemm.mm", f"bias-{case.id}", case.args, {"bias": bias}, dtype)
+
+
 def _fp8_case(m: int, n: int, k: int, layout: str, mode: str, out: torch.dtype, g: torch.Generator,
               device: torch.device) -> Case:
     qa, qb, sa, sb = _fp8_operands(m, n, k, layout, mode, g, device)
@@ -116,7 +123,8 @@ def cases(op: str, device: torch.device, size: str) -> list[Case]:
     g = torch.Generator(device=device).manual_seed(0)
     small = size == "small"
     if op == "gemm.mm":
-        return [_mm_case(*shape, dtype, g, device) for shape in (_MM_SMALL if small else _MM_LARGE) for dtype in DTYPES]
+        plain = [_mm_case(*shape, dtype, g, device) for shape in (_MM_SMALL if small else _MM_LARGE) for dtype in DTYPES]
+        return plain + [_mm_bias_case(*(_MM_SMALL if small else _MM_LARGE)[1], dtype, g, device) for dtype in DTYPES]
     if op == "gemm.mm_fp8":
         return [_fp8_case(*spec, g, device) for spec in (_FP8_SMALL if small else _FP8_LARGE)]
     if op == "gemm.grouped_mm":

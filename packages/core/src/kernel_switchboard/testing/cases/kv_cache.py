@@ -11,7 +11,7 @@ from ...paged import PagedKVCache, PageTable
 from ..case import Case
 from .attention import _SHORT, generator, page_table, random_pages
 
-OPS = ("kv_cache.append", "kv_cache.append_mla")
+OPS = ("kv_cache.append", "kv_cache.append_slots", "kv_cache.append_mla")
 
 
 def _pages_of(args: tuple[Any, ...], _: Any) -> list[torch.Tensor]:
@@ -68,6 +68,34 @@ def append_case(dtype: torch.dtype, layout: str, page_size: int, kv_heads: int, 
     return Case("kv_cache.append", tag, args, {}, page_dtype, outputs=_pages_of)
 
 
+def slots_of(block_table: torch.Tensor, rows: list[int], positions: list[int], page_size: int) -> list[int]:
+    """The slot (page * page_size + offset) of each (request, position) through ``block_table``."""
+    return [int(block_table[b, p // page_size]) * page_size + p % page_size for b, p in zip(rows, positions)]
+
+
+def append_slots_case(dtype: torch.dtype, layout: str, page_size: int, kv_heads: int, head_dim: int,
+                      kv_lens: tuple[int, ...], new: tuple[int, ...] | None, device: torch.device | str,
+                      kv_dtype: torch.dtype | None = None, head_dim_v: int | None = None, padding: int = 0,
+                      slot_dtype: torch.dtype = torch.int64, seed: int | torch.Generator = 0) -> Case:
+    """As :func:`append_case`, addressed by slot mapping, with ``padding`` tokens (slot -1) mixed in."""
+    base = append_case(dtype, layout, page_size, kv_heads, head_dim, kv_lens, new, device, kv_dtype, head_dim_v, seed)
+    k, v, cache, table, positions = base.args[:5]
+    rows = base.args[5].tolist() if len(base.args) > 5 else list(range(len(kv_lens)))
+    slots = slots_of(table.block_table.cpu(), rows, positions.tolist(), page_size)
+    g = generator(10_000 + padding)
+    pad_k = torch.randn(padding, kv_heads, k.shape[2], generator=g) * 4  # would be seen if written
+    pad_v = torch.randn(padding, kv_heads, v.shape[2], generator=g) * 4
+    order = torch.randperm(len(slots) + padding, generator=g)  # padding tokens at random places
+    k = torch.cat((k, pad_k.to(k.device, k.dtype)))[order.to(k.device)]
+    v = torch.cat((v, pad_v.to(v.device, v.dtype)))[order.to(v.device)]
+    slot_list = [(slots + [-1] * padding)[i] for i in order.tolist()]
+    slot_mapping = torch.tensor(slot_list, dtype=slot_dtype, device=device)
+    tag = base.id.replace("decode", "slots-decode").replace("prefill", "slots-prefill") + (
+        f"-pad{padding}" if padding else "") + ("-i32" if slot_dtype == torch.int32 else "")
+    return Case("kv_cache.append_slots", tag, (k, v, cache, slot_mapping), {},
+                base.dtype, outputs=_pages_of)
+
+
 def append_mla_case(dtype: torch.dtype, page_size: int, kv_lens: tuple[int, ...], new: tuple[int, ...] | None,
                     device: torch.device | str, dc: int = 512, dr: int = 64, seed: int | torch.Generator = 0) -> Case:
     g = generator(seed)
@@ -112,6 +140,31 @@ def cases(op: str, device: torch.device, size: str) -> list[Case]:
             new = None if i % 2 == 0 else tuple(min(n, rng.randint(1, 256)) for n in lens)
             out.append(append_case(dt, layout, ps, 8, 128, lens, new, device, kvd, seed=i))
         return out
+    if op == "kv_cache.append_slots":
+        if size == "small":
+            slot_specs: list[tuple[Any, ...]] = [  # dtype, layout, page size, heads, dim, lens, new, kv dtype, pad, slots
+                (f16, "NHD", 16, 2, 64, (1, 17, 40), None, None, 2, torch.int64),
+                (bf16, "HND", 1, 2, 64, (5, 9), (5, 2), None, 3, torch.int32),
+                (f32, "NHD", 16, 1, 64, (33, 16, 1), (3, 16, 1), None, 0, torch.int64),
+                (f16, "HND", 16, 2, 64, (12, 30), None, e4m3, 1, torch.int64),
+                (bf16, "NHD", 1, 4, 64, (7, 3, 20), (7, 1, 4), e4m3, 4, torch.int32),
+            ]
+            out = [append_slots_case(dt, layout, ps, heads, dim, lens, new, device, kvd, padding=pad, slot_dtype=sd,
+                                     seed=i) for i, (dt, layout, ps, heads, dim, lens, new, kvd, pad, sd)
+                   in enumerate(slot_specs)]
+            out.append(append_slots_case(f16, "NHD", 16, 1, 192, (9, 20), (9, 1), device, head_dim_v=128, padding=1,
+                                         seed=9))
+            out.append(append_slots_case(f32, "NHD", 4, 2, 16, (3, 5), None, device, padding=0, seed=10))
+            return out
+        out = []
+        for i, (dt, layout, ps, kvd) in enumerate([(bf16, "NHD", 16, None), (f16, "HND", 64, None),
+                                                  (bf16, "HND", 1, e4m3), (bf16, "NHD", 16, e4m3)]):
+            batch = rng.choice((16, 32, 64))
+            lens = tuple(rng.randint(1, 4096) for _ in range(batch))
+            new = None if i % 2 == 0 else tuple(min(n, rng.randint(1, 256)) for n in lens)
+            out.append(append_slots_case(dt, layout, ps, 8, 128, lens, new, device, kvd, padding=rng.randint(0, 64),
+                                         seed=i))
+        return out
     if op == "kv_cache.append_mla":
         if size == "small":
             return [append_mla_case(f16, 16, (1, 17, 40), None, device),
@@ -120,6 +173,13 @@ def cases(op: str, device: torch.device, size: str) -> list[Case]:
         return [append_mla_case(bf16, 64, lens, None, device),
                 append_mla_case(bf16, 64, lens[:16], tuple(min(n, 512) for n in lens[:16]), device, seed=1)]
     return []
+
+
+#: the parameters :func:`example` reads, with their types (``switchboard explain`` / ``bench`` / ``tune`` check them)
+EXAMPLE_PARAMS: dict[str, type] = {
+    "batch": int, "kv_len": int, "q_len": int, "kv_heads": int, "num_kv_heads": int, "head_dim": int,
+    "head_dim_v": int, "head_dim_pe": int, "page_size": int, "dtype": str, "kv_dtype": str, "layout": str, "seed": int,
+}
 
 
 def example(op: str, device: torch.device | str = "cpu", **shape: Any) -> Case:
@@ -136,11 +196,12 @@ def example(op: str, device: torch.device | str = "cpu", **shape: Any) -> Case:
     if op == "kv_cache.append_mla":
         return append_mla_case(dtype, int(shape.get("page_size", 64)), (kv_len,) * batch, new, device,
                                int(shape.get("head_dim", 512)), int(shape.get("head_dim_pe", 64)), seed)
-    if op == "kv_cache.append":
+    if op in ("kv_cache.append", "kv_cache.append_slots"):
         kv_dtype = shape.get("kv_dtype")
         kvd = _dtype(kv_dtype) if kv_dtype is not None else None
-        return append_case(dtype, str(shape.get("layout", "NHD")), int(shape.get("page_size", 16)),
-                           int(shape.get("kv_heads", shape.get("num_kv_heads", 8))),
-                           int(shape.get("head_dim", 128)), (kv_len,) * batch, new,
-                           device, kvd if kvd != dtype else None, shape.get("head_dim_v"), seed)
+        build = append_case if op == "kv_cache.append" else append_slots_case
+        return build(dtype, str(shape.get("layout", "NHD")), int(shape.get("page_size", 16)),
+                     int(shape.get("kv_heads", shape.get("num_kv_heads", 8))),
+                     int(shape.get("head_dim", 128)), (kv_len,) * batch, new,
+                     device, kvd if kvd != dtype else None, shape.get("head_dim_v"), seed=seed)
     raise ValueError(f"no example builder for op {op!r}; known: {', '.join(OPS)}")

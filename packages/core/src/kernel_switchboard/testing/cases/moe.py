@@ -166,6 +166,12 @@ def cases(op: str, device: torch.device, size: str) -> list[Case]:
     return out
 
 
+#: the parameters :func:`example` reads, with their types (``switchboard explain`` / ``bench`` / ``tune`` check them)
+EXAMPLE_PARAMS: dict[str, type] = {
+    "tokens": int, "hidden": int, "inter": int, "experts": int, "top_k": int, "dtype": str, "fp8": bool, "grouped": bool,
+}
+
+
 def example(op: str, device: torch.device, **shape: Any) -> Case:
     """One case from CLI-style parameters (strings accepted), for benchmarks and demos.
 

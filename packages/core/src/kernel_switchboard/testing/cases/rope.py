@@ -1,4 +1,5 @@
-"""Conformance cases for the rope family: both layouts, partial rotary, Llama-3.1 scaling, in place."""
+"""Conformance cases for the rope family: both layouts, partial rotary, Llama-3.1 scaling, in place; tables built
+with linear and YaRN scaling (YaRN's attention factor scales the table)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ...ops.rope import Llama3Scaling, cos_sin_cache
+from ...ops.rope import LinearScaling, Llama3Scaling, Scaling, YarnScaling, cos_sin_cache
 from ..case import Case
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -19,7 +20,7 @@ class _Config(NamedTuple):
     head_dim: int
     rotary_dim: int | None
     interleaved: bool
-    scaling: Llama3Scaling | None
+    scaling: Scaling | None
     inplace: bool
     positions_dtype: torch.dtype
     head_major: bool  # q, k stored (H, T, D) and viewed as (T, H, D): strided rows, unit last stride
@@ -31,6 +32,12 @@ _SMALL = (
     _Config(6, 2, 2, 80, 40, False, Llama3Scaling(), False, torch.int64, True),
     _Config(5, 4, 2, 128, None, True, Llama3Scaling(factor=32.0), True, torch.int32, False),
     _Config(4, 2, 1, 64, 48, False, None, True, torch.int64, True),
+)
+#: scalings only the table builder takes (rope.apply_cos_sin_cache)
+_TABLE_SMALL = (
+    _Config(6, 4, 2, 64, None, False, YarnScaling(40.0, 64, mscale=1.0, mscale_all_dim=0.5), False, torch.int64, False),
+    _Config(5, 2, 1, 64, 32, True, YarnScaling(4.0, 128), True, torch.int32, True),
+    _Config(7, 3, 3, 128, None, False, LinearScaling(8.0), False, torch.int64, False),
 )
 _LARGE = (
     _Config(8192, 32, 8, 128, None, False, Llama3Scaling(), False, torch.int64, False),
@@ -57,7 +64,8 @@ def _tag(cfg: _Config, dtype: torch.dtype) -> str:
     bits = [str(dtype)[6:], f"T{cfg.tokens}", f"h{cfg.q_heads}-{cfg.kv_heads}", f"d{cfg.head_dim}", f"r{rot}",
             "gptj" if cfg.interleaved else "neox"]
     if cfg.scaling is not None:
-        bits.append(f"llama3x{cfg.scaling.factor:g}")
+        name = {Llama3Scaling: "llama3", LinearScaling: "linear", YarnScaling: "yarn"}[type(cfg.scaling)]
+        bits.append(f"{name}x{cfg.scaling.factor:g}")
     if cfg.inplace:
         bits.append("inplace")
     if cfg.positions_dtype == torch.int32:
@@ -90,7 +98,10 @@ def _case(op: str, cfg: _Config, dtype: torch.dtype, device: torch.device, g: to
 
 def cases(op: str, device: torch.device, size: str) -> list[Case]:
     g = torch.Generator(device=device).manual_seed(0)
-    configs, max_position = (_SMALL, 512) if size == "small" else (_LARGE, 131072)
+    configs: tuple[_Config, ...] = _SMALL if size == "small" else _LARGE
+    max_position = 512 if size == "small" else 131072
+    if op == "rope.apply_cos_sin_cache" and size == "small":
+        configs = configs + _TABLE_SMALL
     out: list[Case] = []
     for i, cfg in enumerate(configs):
         theta = 1e4 if i % 2 == 0 else 5e5

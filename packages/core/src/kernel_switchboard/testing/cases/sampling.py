@@ -411,6 +411,13 @@ def cases(op: str, device: torch.device, size: str) -> list[Case]:
     return []
 
 
+#: the parameters :func:`example` reads, with their types (``switchboard explain`` / ``bench`` / ``tune`` check them)
+EXAMPLE_PARAMS: dict[str, type] = {
+    "batch": int, "vocab": int, "dtype": str, "top_k": int, "top_p": float, "min_p": float, "logits": bool,
+    "check_nan": bool, "draft": int, "seed": int,
+}
+
+
 def example(op: str, device: torch.device, **shape: Any) -> Case:
     """One case from CLI-style parameters (strings accepted), for benchmarks and demos.
 

@@ -1,0 +1,77 @@
+"""Records of the Triton GEMM kernels (launchers in :mod:`..gemm`): bf16/fp16/fp32 ``mm``, fp8 ``mm_fp8``
+(per-tensor, row/column and 128x128 block scales) and ``grouped_mm`` over row segments."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from kernel_switchboard import Capability, Kernel
+from kernel_switchboard.availability import triton_interpreting
+
+from .._common import BACKEND, DEVICES, PRIORITY, gluon_findable
+from .._perf import compute_bound, on_gpu
+from . import launcher
+
+DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
+FP8 = frozenset({torch.float8_e4m3fn})
+FP8_OUT = frozenset({torch.bfloat16, torch.float16, torch.float32})
+#: sustained rates of these kernels on the H200 at 8192^3 (notes/gpu-runs.md runs 10-18): bf16 mm 684-798 TFLOP/s
+#: (CUTLASS 660-680), grouped DeepSeek-V3 experts 229-247 (CUTLASS 286-293); fp8 rates by scale mode below
+RATE = {"mm": 720e12, "grouped_mm": 240e12}
+#: fp8 by scale mode (H200 8192^3, runs 19-21: per-tensor 1060-1187 TFLOP/s, block scales 803-868 on the Triton
+#: kernels and 847-1175 on the sm_90 Gluon kernel: 1042-1175 in run 20's Triton benchmark, 847-1026 in run 21's
+#: calls, 847-893 of them with scale_b (K/128, N/128) row-major, ~1000 with a checkpoint's transposed view; CUTLASS
+#: ran 1088-1123 in those calls)
+FP8_RATE = {"tensor": 1050e12, "row_col": 1050e12, "block": 830e12, "block_gluon": 1000e12}
+_FEATURES = frozenset({"cuda_graph", "deterministic"})
+#: mm and mm_fp8: a row's result does not depend on the other rows (fixed tiles in the batch-invariant scope)
+_ROWS_FEATURES = _FEATURES | {"batch_invariant"}
+
+
+def _gluon_block_fp8(problem: Any) -> bool:
+    """Whether a block-scaled fp8 call on this problem's GPU would take the sm_90 Gluon kernel (as
+    ``gemm.mm_fp8`` decides with :func:`.._common.gluon_hopper`, here without importing Triton)."""
+    cc = getattr(problem, "cc", None)
+    return (problem.scale_mode == "block" and on_gpu(problem) and cc is not None and cc[0] == 9
+            and not triton_interpreting() and gluon_findable())
+
+
+def _rate(name: str, problem: Any) -> float | None:
+    """The rate kernel ``name`` reaches on ``problem`` (None: the shared table's, by dtype)."""
+    if problem.dtype == torch.float32:
+        return None
+    if name != "mm_fp8":
+        return RATE[name]
+    return FP8_RATE["block_gluon" if _gluon_block_fp8(problem) else problem.scale_mode]
+
+
+def _cost(name: str) -> Callable[[Any], float]:
+    """The cost estimate of kernel ``name``: a roofline at its measured rate (``_rate``)."""
+    def cost(problem: Any) -> float:
+        m, n, k = problem.m, problem.n, problem.k
+        size_in = problem.dtype.itemsize
+        nbytes = (m * k + k * n * (problem.groups or 1)) * size_in + m * n * problem.out_dtype.itemsize
+        return compute_bound(problem, 2.0 * m * n * k, nbytes, problem.dtype, rate=_rate(name, problem))
+
+    return cost
+
+
+def kernels() -> list[Kernel]:
+    return [
+        Kernel("gemm.mm", "mm", BACKEND, Capability(devices=DEVICES, dtypes=DTYPES, features=_ROWS_FEATURES),
+               launcher("gemm:mm"), priority=PRIORITY, cost=_cost("mm"),
+               doc="grouped-order tiled matmul, fixed tiles by shape, fp32 accumulation"),
+        Kernel("gemm.mm_fp8", "mm_fp8", BACKEND,
+               Capability(devices=DEVICES, min_cc=(8, 9), dtypes=FP8, out_dtypes=FP8_OUT, features=_ROWS_FEATURES,
+                          allowed={"scale_mode": frozenset({"tensor", "row_col", "block"})}),
+               launcher("gemm:mm_fp8"), priority=PRIORITY, cost=_cost("mm_fp8"),
+               doc="e4m3 matmul; block scales applied per 128-wide K step in the accumulation loop (sm_90: the "
+                   "warp-specialised Gluon kernel)"),
+        Kernel("gemm.grouped_mm", "grouped_mm", BACKEND,
+               Capability(devices=DEVICES, dtypes=DTYPES, features=_FEATURES), launcher("gemm:grouped_mm"),
+               priority=PRIORITY, cost=_cost("grouped_mm"),
+               doc="row-segment grouped matmul; group of each tile found in-kernel (no host sync)"),
+    ]

@@ -1,0 +1,46 @@
+"""Collecting the conformance tests keeps no tensor: the cases are built when their tests run, one op's list at a
+time (on a GPU, every module's model-sized cases used to sit in GPU memory from import to exit)."""
+
+from __future__ import annotations
+
+import torch
+
+from kernel_switchboard.testing import Case
+from kernel_switchboard.testing import conformance as conf
+
+
+def _params(test: object) -> list[object]:
+    (mark,) = [m for m in test.pytestmark if m.name == "parametrize"]  # type: ignore[attr-defined]
+    return list(mark.args[1])
+
+
+def test_collected_conformance_params_hold_no_tensor() -> None:
+    conf._built.clear()
+    test = conf.conformance_test("reference", device="cpu", size="small", ops=("norm.rms_norm", "rope.apply"))
+    params = _params(test)
+    lazy = [p.values[1] for p in params]  # type: ignore[attr-defined]
+    assert lazy and all(isinstance(c, conf.LazyCase) for c in lazy)
+    assert not conf._built  # nothing built survives collection
+    for c in lazy:
+        assert not any(isinstance(v, torch.Tensor) for v in vars(c).values())
+
+
+def test_lazy_cases_are_built_once_per_op_and_one_op_at_a_time() -> None:
+    conf._built.clear()
+    test = conf.conformance_test("reference", device="cpu", size="small", ops=("norm.rms_norm", "rope.apply"))
+    lazy = [p.values[1] for p in _params(test)]  # type: ignore[attr-defined]
+    ops = [c.key[0] for c in lazy]
+    assert ops == sorted(ops, key=ops.index)  # grouped by op: each list is built once while its tests run
+    first, second = lazy[0], lazy[1]
+    case = first.load()
+    assert isinstance(case, Case) and case.id == first.id and case.op == first.key[0]
+    assert second.load() is conf._built[first.key][second.index]  # the same list, not built again
+    other = next(c for c in lazy if c.key != first.key)
+    other.load()
+    assert list(conf._built) == [other.key]  # the previous op's list (its tensors) is dropped
+
+
+def test_a_conformance_case_runs_from_its_lazy_form() -> None:
+    test = conf.conformance_test("reference", device="cpu", size="small", ops=("activation.silu_and_mul",))
+    for p in _params(test)[:2]:
+        test(*p.values)  # type: ignore[attr-defined, operator]
