@@ -31,7 +31,8 @@ Pick = Callable[[tuple[Any, ...], Any], list[_Tensor]]
 OPS = ("attention.decode", "attention.prefill", "attention.prefill_ragged", "attention.mla_decode",
        "attention.mla_prefill", "attention.pod", "attention.dense", "attention.merge_states", "norm.rms_norm",
        "norm.fused_add_rms_norm", "norm.layer_norm", "gemm.mm", "gemm.mm_fp8", "moe.route", "moe.fused_moe",
-       "sampling.renorm", "rope.apply", "activation.silu_and_mul", "kv_cache.append")
+       "sampling.renorm", "rope.apply", "activation.silu_and_mul", "activation.swiglu_oai_and_mul",
+       "kv_cache.append", "kv_cache.append_slots")
 
 
 @dataclass
@@ -410,8 +411,12 @@ def invariance_cases(op: str, device: torch.device | str, size: str = "small",
         return [_rowwise_case(op, f"silu-{str(dtype)[6:]}-H{s.hidden}", s, device,
                               lambda data: (data.randn(1, 2 * s.hidden, dtype=dtype, scale=3.0),),
                               lambda r: ((r[0],), {}))]
-    if op == "kv_cache.append":
-        return [_append_case(s, dtype, device)]
+    if op == "activation.swiglu_oai_and_mul":
+        return [_rowwise_case(op, f"swiglu-oai-{str(dtype)[6:]}-H{s.hidden}", s, device,
+                              lambda data: (data.randn(1, 2 * s.hidden, dtype=dtype, scale=3.0),),
+                              lambda r: ((r[0],), {"alpha": 1.702, "limit": 7.0}))]
+    if op in ("kv_cache.append", "kv_cache.append_slots"):
+        return [_append_case(op, s, dtype, device)]
     raise ValueError(f"no invariance cases for {op!r}; known: {', '.join(OPS)}")
 
 
@@ -456,12 +461,12 @@ def _moe_case(op: str, s: _Sizes, dtype: torch.dtype, device: torch.device | str
                          lambda r: ((r[0], r[1], w13, w2, top_k), {}))
 
 
-def _append_case(s: _Sizes, dtype: torch.dtype, device: torch.device | str) -> InvarianceCase:
-    """kv_cache.append of one new token per request into an fp8 cache: the request's stored bits (a divide by the
-    scale and a rounding) in every batch."""
+def _append_case(op: str, s: _Sizes, dtype: torch.dtype, device: torch.device | str) -> InvarianceCase:
+    """kv_cache.append (through the table) or append_slots (to slot ``page * S + 2``) of one new token per request
+    into an fp8 cache: the request's stored bits (a divide by the scale and a rounding) in every batch."""
     e4m3 = torch.float8_e4m3fn
     hkv, d, ps = s.kv_heads, s.head_dim, s.page_size
-    case = InvarianceCase("kv_cache.append", f"append-fp8-{str(dtype)[6:]}")
+    case = InvarianceCase(op, f"{op.partition('.')[2].replace('_', '-')}-fp8-{str(dtype)[6:]}")
     for label, rows, pos in _row_batches(s, lambda data: (data.randn(1, hkv, d, dtype=dtype, scale=20.0),
                                                           data.randn(1, hkv, d, dtype=dtype, scale=20.0)), device):
         b = rows[0].shape[0]
@@ -471,5 +476,9 @@ def _append_case(s: _Sizes, dtype: torch.dtype, device: torch.device | str) -> I
                              torch.zeros(b, ps, hkv, d, dtype=e4m3, device=device), "NHD", k_scale=0.37, v_scale=1.9)
         positions = torch.full((b,), 2, dtype=torch.int32, device=device)
         pick = (lambda p: lambda a, r: [a[2].k_pages[p, 2], a[2].v_pages[p, 2]])(pos)
-        case.batches.append(Batch(label, (rows[0], rows[1], cache, table, positions), {}, pick))
+        if op == "kv_cache.append":
+            case.batches.append(Batch(label, (rows[0], rows[1], cache, table, positions), {}, pick))
+        else:
+            slots = torch.arange(b, dtype=torch.int64, device=device) * ps + 2
+            case.batches.append(Batch(label, (rows[0], rows[1], cache, slots), {}, pick))
     return case
