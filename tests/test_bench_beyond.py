@@ -46,3 +46,12 @@ def test_each_point_runs_its_comparison(point: RunPoint, monkeypatch: pytest.Mon
     elif "fp8" in point.label:
         fp8 = next(r for r in rows if r.kernel.startswith("fp8"))
         assert fp8.extra["max_err"] < 0.2 and any(k.startswith("tflops_over") for k in fp8.extra)
+
+
+def test_build_and_tune_skip_points_that_run_their_own_comparison(capsys: pytest.CaptureFixture[str]) -> None:
+    from kernel_switchboard.bench import _explained_points, _points_parser
+
+    args = _points_parser("switchboard build").parse_args(["--preset", "beyond"])
+    failed: list[str] = []
+    assert list(_explained_points("build", args, torch.device("cpu"), failed)) == [] and failed == []
+    assert capsys.readouterr().err.count("runs its own comparison") == len(SMALL)

@@ -705,6 +705,10 @@ def _explained_points(prog: str, args: argparse.Namespace, device: torch.device,
     if args.op:
         points.append(_adhoc_point(args))
     for point in points:
+        if isinstance(point, RunPoint):  # its comparison is its own: nothing here to build or tune
+            print(f"{prog}: {point.op} {point.label}: runs its own comparison (switchboard bench only); skipped",
+                  file=sys.stderr)
+            continue
         try:
             case = _example(point.op, device, point.params)
             sel = explain(point.op, *case.args, **case.kwargs)
