@@ -132,7 +132,8 @@ def _build(session: nox.Session, outdir: Path) -> None:
 def wheels(session: nox.Session) -> None:
     """Build every package into dist/, install only from there into a fresh venv and use it as a user would:
     twine check, `switchboard doctor --strict` (real causes named), the demo, examples/quickstart.py, and the
-    example third-party backend with its conformance test. Runs outside the source tree."""
+    example third-party backend with its conformance test: every command the README shows for a CPU machine.
+    Runs outside the source tree."""
     dist = ROOT / "dist"
     shutil.rmtree(dist, ignore_errors=True)
     _build(session, dist)
@@ -158,6 +159,8 @@ def wheels(session: nox.Session) -> None:
             run("switchboard", "doctor")
             _check_strict_doctor(session, bindir, work, env)
             run("switchboard", "doctor", "--require", "reference,triton", TRITON_INTERPRET="1")
+            run("switchboard", "explain", "attention.decode", "batch=16", "kv_len=2048", "page_size=16", "dtype=bfloat16")
+            run("switchboard", "bench", "--preset", "dispatch")
             run("switchboard", "demo")
             run("python", str(ROOT / "examples" / "quickstart.py"))
             example = ROOT / "examples" / "ksb-example-backend"
