@@ -150,8 +150,9 @@ def wheels(session: nox.Session) -> None:
         session.run(*pip, "--find-links", str(dist), *wheel_files, "kernel-switchboard[engine]", external=True)
         env = {"PYTHONPATH": "", "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"}
 
-        def run(*args: str, **extra: str) -> None:
-            session.run(*args, env={**env, **extra}, external=True)
+        def run(program: str, *args: str, **extra: str) -> None:
+            """``program`` from the fresh venv (nox would find its own session's first)."""
+            session.run(str(bindir / program), *args, env={**env, **extra}, external=True)
 
         with session.chdir(work):
             run("python", "-c", "import kernel_switchboard as k, sys; p = k.__file__; print(p); "
