@@ -242,6 +242,8 @@ def expected_project(version: str) -> dict[str, Any]:
 
 def write_pyproject(path: Path, version: str, names: set[str]) -> None:
     text = path.read_text()
+    if _section(text.splitlines(), "build-system") is None:
+        text = '[build-system]\nrequires = []\nbuild-backend = "setuptools.build_meta"\n\n' + text
     text = set_key(text, "build-system", "requires", BUILD_REQUIRES)
     text = set_key(text, "project", "version", version, after="name")
     anchor = "version"
