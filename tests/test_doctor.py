@@ -149,3 +149,17 @@ def test_cuda_problem_names_hidden_gpus_and_a_missing_driver(monkeypatch) -> Non
     monkeypatch.setattr(device, "driver_version", lambda: None)
     reason, fix = availability.cuda_problem()
     assert "no NVIDIA driver answers" in reason and ">= 580.65" in fix
+
+
+def test_cuda_problem_names_a_gpu_the_torch_build_has_no_kernels_for(monkeypatch) -> None:
+    monkeypatch.setattr(torch.version, "cuda", "12.4")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (12, 0))
+    monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: ["sm_80", "sm_86", "sm_90"])
+    reason, fix = availability.cuda_problem()
+    assert "no kernels for this GPU (sm_120)" in reason and "sm_90" in reason and "sm_120" in fix
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 9))  # sm_86 code runs on sm_89
+    assert availability.cuda_problem() is None
+    monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: ["sm_80", "compute_90"])
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (10, 0))  # PTX for 9.0 JIT-compiles for 10.0
+    assert availability.cuda_problem() is None

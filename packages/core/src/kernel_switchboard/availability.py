@@ -80,7 +80,7 @@ def cuda_problem() -> tuple[str, str] | None:
                 f'install a CUDA build of torch: pip install --force-reinstall "torch=={release}" from PyPI (its Linux '
                 f"x86_64 wheels are CUDA builds) or from the index for your CUDA release ({TORCH_INSTALL})")
     if torch.cuda.is_available():
-        return None
+        return _arch_problem()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None and visible.strip() in ("", "-1", "none", "NoDevFiles"):
         return (f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU", "unset CUDA_VISIBLE_DEVICES or list GPU indices in it")
@@ -103,6 +103,20 @@ def cuda_problem() -> tuple[str, str] | None:
         return (f"CUDA initialisation failed: {type(exc).__name__}: {str(exc)[:300]}",
                 f"check the driver ({driver}) against torch's CUDA {torch.version.cuda}: `nvidia-smi` must list the GPU")
     return ("no CUDA GPU is visible (torch.cuda.is_available() is False)", "check `nvidia-smi` lists a GPU")
+
+
+def _arch_problem() -> tuple[str, str] | None:
+    """(reason, fix) when this torch build carries no kernels the GPU can run (too new a GPU for its CUDA release)."""
+    major, minor = torch.cuda.get_device_capability()
+    archs = torch.cuda.get_arch_list()
+    runs = any(a.startswith("sm_") and a[3:].isdigit() and int(a[3:]) // 10 == major and int(a[3:]) % 10 <= minor
+               for a in archs)
+    runs = runs or any(a.startswith("compute_") and a[8:].isdigit() and int(a[8:]) <= major * 10 + minor for a in archs)
+    if runs or not archs:
+        return None
+    return (f"this torch build ({torch.__version__}, CUDA {torch.version.cuda}) has no kernels for this GPU "
+            f"(sm_{major}{minor}); it carries {', '.join(archs)}",
+            f"install a torch built for a CUDA release that supports sm_{major}{minor} ({TORCH_INSTALL})")
 
 
 def missing_cuda(min_cc: tuple[int, int] | None = None, max_cc: tuple[int, int] | None = None) -> str | None:
