@@ -72,12 +72,28 @@ TESTS = {
 nox.options.sessions = ["lint", "typecheck", *TESTS, "wheels", "pins"]
 
 
+def _shared_torch(session: nox.Session) -> None:
+    """Make ``TORCH`` importable in this session's environment from one shared install (``.nox/_torch/<key>``,
+    made by the first session that needs it) through a ``.pth`` file: each session skips a 1-5 GB install. pip sees
+    the shared torch as installed; a package a session upgrades lands in the session's own site-packages, first on
+    the path."""
+    python = session.run("python", "-c", "import sys; print(sys.version)", silent=True)
+    shared = ROOT / ".nox" / "_torch" / hashlib.sha256(f"{TORCH}|{python}".encode()).hexdigest()[:16]
+    if not (shared / ".complete").is_file():
+        shutil.rmtree(shared, ignore_errors=True)
+        session.install("--target", str(shared), TORCH)
+        (shared / ".complete").write_text(TORCH)
+    purelib = session.run("python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", silent=True)
+    (Path(str(purelib).strip()) / "_ksb_shared_torch.pth").write_text(f"{shared}\n")
+
+
 def _install(session: nox.Session, packages: tuple[str, ...], installs: tuple[tuple[str, ...], ...] = ()) -> None:
-    """torch, pytest, the folders editable and the further installs; skipped when this environment already holds
-    exactly these (same lists, same pyproject.toml files)."""
-    calls = [(TORCH,), ("pytest>=8", "numpy"), tuple(a for p in packages for a in ("-e", p)), *installs]
+    """torch (shared), pytest, the folders editable and the further installs; skipped when this environment already
+    holds exactly these (same lists, same pyproject.toml files)."""
+    _shared_torch(session)
+    calls = [("pytest>=8", "numpy"), tuple(a for p in packages for a in ("-e", p)), *installs]
     metadata = [(ROOT / p.split("[")[0] / "pyproject.toml").read_text() for p in packages]
-    key = hashlib.sha256(json.dumps([calls, metadata]).encode()).hexdigest()
+    key = hashlib.sha256(json.dumps([TORCH, calls, metadata]).encode()).hexdigest()
     stamp = Path(session.virtualenv.location) / ".ksb-installed"
     if stamp.is_file() and stamp.read_text() == key:
         session.log("environment up to date: installs skipped (nox --reuse-venv=no rebuilds it)")
