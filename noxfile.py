@@ -7,8 +7,9 @@
 
 Environments are kept between runs (``.nox/``): a session whose install list and package metadata are unchanged
 skips its installs, so a second run only runs the tests (packages are installed editable). ``nox --reuse-venv=no``
-rebuilds them. ``KSB_TORCH_SPEC`` chooses the torch install (default ``torch==2.13.0``, the CPU build this
-project's machines carry on disk; an unpinned ``torch`` would pull a multi-GB CUDA build).
+rebuilds them; the test sessions share one torch install (``.nox/_torch``, one per torch spec and Python).
+``KSB_TORCH_SPEC`` chooses the torch install (default ``torch==2.13.0``, the CPU build this project's machines carry
+on disk; an unpinned ``torch`` would pull a multi-GB CUDA build).
 
 A test session is one row of ``TESTS``; adding a package's tests is adding a row.
 """
