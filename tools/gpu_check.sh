@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# One-call GPU check on a lent H100 or H200 (see ../shared/DEVICE.md): install the project offline, run every
-# GPU test (one folder at a time), run the benchmarks, write logs and tables under $OUT. Usage, from the project root:
-#   source .gpu/core/setup.sh && bash tools/gpu_check.sh [stage ...]
+# GPU check in one command on an H100 or H200 (sm_90): install the project offline, run every GPU test (one folder
+# at a time), run the benchmarks, write logs and tables under $OUT. Usage, from the project root, in an environment
+# that already has torch, Triton and the vendor libraries to test:
+#   bash tools/gpu_check.sh [stage ...]
 # Stages, run in this order whatever the order given (default: install smoke tests backend-bench bench pack;
-# also moe-build, tune, sweep, trt-decode, trt-moe; pack makes one archive of $OUT). Each stage has its own time limit so one
-# hang cannot eat the whole call. KSB_TUNE_CACHE may point outside $OUT (e.g. /tmp/gpu-stash/tune.json) so
-# that a later call on the same warm machine benches with the winners a previous call's tune stage stored.
+# also moe-build, tune, trt-decode, trt-moe; pack makes one archive of $OUT). Each stage has its own time limit so one
+# hang cannot eat the whole check. KSB_TUNE_CACHE may point outside $OUT (e.g. /tmp/gpu-stash/tune.json) so
+# that a later check on the same machine benches with the winners an earlier check's tune stage stored.
 set -u
 OUT=${OUT:-/tmp/ksb-out}
 mkdir -p "$OUT"
@@ -29,9 +30,10 @@ if [[ " $stages " == *" install "* ]]; then
 fi
 
 if [[ " $stages " == *" moe-build "* ]]; then
-  # flashinfer's sm_90 CUTLASS fused-MoE module outlasts one call: build it detached (the machine stays warm
-  # between calls) with FAST_BUILD on host and device code (one tile, 128x128x128, instead of every tactic),
-  # then copy it to the AOT path, where flashinfer loads it without a build. Log: /tmp/gpu-stash/moe-build.log.
+  # flashinfer's sm_90 CUTLASS fused-MoE module takes longer to build than one check runs: build it detached
+  # (a later check on the same machine uses it) with FAST_BUILD on host and device code (one tile, 128x128x128,
+  # instead of every tactic), then copy it to the AOT path, where flashinfer loads it without a build.
+  # Log: /tmp/gpu-stash/moe-build.log.
   mkdir -p /tmp/gpu-stash
   if pgrep -f gen_cutlass_fused_moe_sm90 > /dev/null; then log "moe-build already running"; else
     log "moe-build: started in the background"
@@ -97,13 +99,6 @@ if [[ " $stages " == *" bench "* ]]; then
   log "bench exit $?"; tail -60 "$OUT/bench.txt"
 fi
 
-if [[ " $stages " == *" sweep "* ]]; then
-  log "sweep (Triton prefill and MLA tiles)"
-  timeout -s INT -k 10 ${KSB_SWEEP_TIMEOUT:-240} python3 tools/gpu_sweep.py "$OUT/sweep.json" ${KSB_SWEEP_PARTS:-} \
-    > "$OUT/sweep.txt" 2>&1
-  log "sweep exit $?"; grep -v "^\s*$" "$OUT/sweep.txt" | tail -70
-fi
-
 if [[ " $stages " == *" trt-decode "* ]]; then
   log "trtllm decode points (XQA eager and CUDA-graph rows; not its MoE compile)"
   (cd packages/backend-trtllm/benchmarks && timeout ${KSB_TRT_TIMEOUT:-200} python3 -c "import torch, decode as d
@@ -118,12 +113,12 @@ if [[ " $stages " == *" trt-moe "* ]]; then
 d._bench_moe(*d.FULL['moe'], torch.device('cuda'))") > "$OUT/trt-moe.txt" 2>&1
     log "trt-moe exit $?"; tail -10 "$OUT/trt-moe.txt"
   else
-    log "trt-moe skipped: the module is not built yet (a JIT build here would outlast the call)"
+    log "trt-moe skipped: the module is not built yet (a JIT build here would outlast the stage's time limit)"
   fi
 fi
 
 if [[ " $stages " == *" pack "* ]]; then
-  # The device tool returns at most 8 files: pack everything into one archive.
+  # one archive of everything under $OUT, to copy back from the GPU machine in one file
   [ -f "$KSB_TUNE_CACHE" ] && cp "$KSB_TUNE_CACHE" "$OUT/tune-cache.json" 2>/dev/null
   tar czf /tmp/results.tgz -C "$OUT" . 2>/dev/null && find "$OUT" -mindepth 1 -delete && mv /tmp/results.tgz "$OUT/results.tgz"
   log "done: $OUT/results.tgz"

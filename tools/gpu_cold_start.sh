@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
-# Cold start on a lent H100 / H200 in one call (see ../shared/DEVICE.md): the first result of every op family in a
-# fresh process with cold, warm and `switchboard build` caches, FlashInfer's first calls beside them, and the
-# import time of kernel_switchboard. Usage, from the project root (the vendor wheels of ../shared/tools/device-wheels;
-# with FA4 / CuTe DSL, first the two calls carrying .gpu/dsl1 and .gpu/dsl2 that the head of .gpu/core/setup.sh
-# describes):
-#   source .gpu/core/setup.sh && bash tools/gpu_cold_start.sh
+# Cold start on an H100 / H200 in one command: the first result of every op family in a fresh process with cold,
+# warm and `switchboard build` caches, FlashInfer's first calls beside them, and the import time of
+# kernel_switchboard. Usage, from the project root, in an environment that already has torch, Triton, FlashInfer
+# and the vendor libraries to time:
+#   bash tools/gpu_cold_start.sh
 # Each step has its own time budget; the whole stays under ~9 minutes. Results under $OUT: first-call-*/first-call.json
 # and the tables (*.txt), importtime.txt, summary.txt; packed into $OUT/results.tgz at the end.
 set -u

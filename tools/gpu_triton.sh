@@ -1,6 +1,6 @@
-# source tools/gpu_triton.sh -- on the device, after `source .gpu/core/setup.sh`: install the project, unpack the
-# Triton bundles stashed by earlier calls (tools/triton_bundle.sh), and define `tv NN cmd ...`, which runs cmd on
-# Triton NN (36: the image's own; 37, 39, ...: a bundle) with its own kernel cache. Example, run 24:
+# source tools/gpu_triton.sh -- on the GPU machine: install the project, unpack the Triton bundles copied to
+# /tmp/gpu-stash (tools/triton_bundle.sh), and define `tv NN cmd ...`, which runs cmd on Triton NN (36: the
+# installed one; 37, 39, ...: a bundle) with its own kernel cache. Example, the Triton GPU tests on Triton 3.7:
 #   tv 37 python3 -m pytest -m gpu packages/backend-triton/tests
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e packages/core -e packages/backend-triton \
   > /dev/null 2>&1
@@ -11,7 +11,7 @@ for _b in /tmp/gpu-stash/t*/t*.tar.xz; do
 done
 PTXAS13=$(command -v ptxas || echo /usr/local/cuda/bin/ptxas)
 export KSB_TEST_DEVICE=cuda PYTHONUNBUFFERED=1
-tv() {  # tv NN cmd...: the bundle's triton ahead of the image's; in-tree backends only (the image's 3.6 registers AMD)
+tv() {  # tv NN cmd...: the bundle's triton ahead of the installed one; in-tree backends only (an installed 3.6 registers AMD)
   local v=$1; shift
   local pp=$PYTHONPATH
   if [ "$v" != 36 ]; then

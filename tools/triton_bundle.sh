@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Pack a Triton release for the lent H200 (whose image has torch 2.11's Triton 3.6), small enough to travel with
-# one device call (64 MiB): .gpu/t<MAJOR><MINOR>/t<MAJOR><MINOR>.tar.xz, the cp312 wheel's `triton` package with
-# libtriton.so stripped of debug info, and without the AMD backend, CUPTI, Proton, plugins and ptxas-blackwell
-# (sm_90 takes the bundled ptxas, or the image's CUDA 13.0 ptxas where a release uses ptxas-blackwell for every arch).
+# Pack a Triton release to test on an offline GPU machine whose torch ships another Triton (torch 2.11: Triton 3.6),
+# small enough to copy over in one file (under 64 MiB): .gpu/t<MAJOR><MINOR>/t<MAJOR><MINOR>.tar.xz, the cp312
+# wheel's `triton` package with libtriton.so stripped of debug info, and without the AMD backend, CUPTI, Proton,
+# plugins and ptxas-blackwell (sm_90 takes the bundled ptxas, or the machine's CUDA 13.0 ptxas where a release uses
+# ptxas-blackwell for every arch).
 #
 #   tools/triton_bundle.sh 3.7.1 3.9.0     from the project root; needs the wheels from pip's index (or its cache)
 #
-# On the device: carry [".gpu/tNN"] with `mkdir -p /tmp/gpu-stash && cp -r .gpu/tNN /tmp/gpu-stash/`, one call per
-# bundle, then `source tools/gpu_triton.sh` in the next call (within 30 s) and run commands as `tv NN cmd ...`.
+# On the GPU machine: copy .gpu/tNN to /tmp/gpu-stash/tNN, then `source tools/gpu_triton.sh` and run commands as
+# `tv NN cmd ...`.
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude

@@ -1,4 +1,4 @@
-"""Benchmark: the cuDNN attention kernels on Llama-3-8B shapes (H200 targets in issue 5).
+"""Benchmark: the cuDNN attention kernels on Llama-3-8B shapes.
 
     python packages/backend-cudnn/benchmarks/attention.py [--out rows.json]
 

@@ -1,4 +1,4 @@
-"""Benchmark: the CUTLASS GEMMs against cuBLAS (torch) and our Triton kernels (H200 targets in issue 10).
+"""Benchmark: the CUTLASS GEMMs against cuBLAS (torch) and our Triton kernels.
 
     python packages/backend-cutlass/benchmarks/gemm.py            # prints one dict per row
     python packages/backend-cutlass/benchmarks/gemm.py out.jsonl  # and writes them as JSON lines
@@ -13,7 +13,7 @@ timed; a failure becomes a row with ``error``, never an exception. Rows:
   (KSB_CUTLASS_SWIZZLE), Triton;
 - fp8 8192^3: torch._scaled_mm per-tensor (cuBLAS), CUTLASS per-tensor, CUTLASS 1x128/128x128
   block scales (the default tile and each of ``FP8_BLOCK_CANDIDATES``), Triton block scales;
-- the issue's target ratios measured in turn (``_in_turn``): CUTLASS against cuBLAS (bf16), CUTLASS block scales
+- speed ratios measured in turn (``_in_turn``): CUTLASS against cuBLAS (bf16), CUTLASS block scales
   against ``torch._scaled_mm`` per-tensor and against Triton block scales, CUTLASS grouped against Triton;
 - grouped mm, DeepSeek-V3 experts (256 x 7168 -> 2048, 4096 tokens top-8 routed uniformly at random):
   CUTLASS, Triton, torch._grouped_mm when this torch has it;
@@ -95,10 +95,10 @@ def _env(env: dict[str, str] | None) -> Iterator[None]:
 
 def _in_turn(workload: str, impl: str, run: Callable[[], Any], anchor: str, anchor_run: Callable[[], Any],
              rounds: int = 7, window_ms: float = 50.0, env: dict[str, str] | None = None) -> None:
-    """A target ratio of issue 10 measured in turn: ``run`` and ``anchor_run`` alternate for ``rounds`` rounds of
-    ``window_ms`` each, and the row's ``ratio`` is the median of the rounds' anchor ms / ms (with the lowest and
-    highest). Clocks drift during a long GEMM run: timed minutes apart, one fp8 kernel measured 0.84-0.97x of its
-    anchor over runs 21-23; timed in turn, a drift moves both alike. ``env`` is set for both (a forced tile)."""
+    """A kernel's speed ratio to an anchor, measured in turn: ``run`` and ``anchor_run`` alternate for ``rounds``
+    rounds of ``window_ms`` each, and the row's ``ratio`` is the median of the rounds' anchor ms / ms (with the lowest
+    and highest). Clocks drift during a long GEMM run: timed minutes apart, one kernel's ratio to its anchor moves by
+    more than 10%; timed in turn, a drift moves both alike. ``env`` is set for both (a forced tile)."""
     row: dict[str, Any] = {"workload": workload, "impl": f"{impl} / {anchor}", "config": f"in turn, {rounds} rounds"}
     try:
         ratios = []

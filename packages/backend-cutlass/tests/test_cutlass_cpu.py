@@ -75,8 +75,8 @@ def test_missing_headers_reason_names_the_package_and_install_command(monkeypatc
     toolchain.reset()
     reason, install = plugin.unavailable_reason()
     assert "include/cutlass/cutlass.h is missing" in reason and str(tmp_path) in reason
-    assert install == 'pip install "kernel-switchboard[cutlass]"'
-    with pytest.raises(RuntimeError, match=r"kernel-switchboard\[cutlass\]"):
+    assert install == 'pip install --no-deps "nvidia-cutlass>=4.2,<5"'
+    with pytest.raises(RuntimeError, match=r"pip install --no-deps \"nvidia-cutlass"):
         toolchain.headers()
 
 

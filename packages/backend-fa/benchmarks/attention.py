@@ -1,4 +1,4 @@
-"""Benchmark: the FlashAttention kernels on Llama-3-8B shapes (H200 targets in issue 6).
+"""Benchmark: the FlashAttention kernels on Llama-3-8B shapes.
 
     python packages/backend-fa/benchmarks/attention.py [--out rows.json]
 

@@ -1,4 +1,4 @@
-"""Benchmark: the Triton attention kernels on Llama-3-8B / DeepSeek shapes (H200 targets in issue 3).
+"""Benchmark: the Triton attention kernels on Llama-3-8B / DeepSeek shapes.
 
     python packages/backend-triton/benchmarks/attention.py            # default configs
     python packages/backend-triton/benchmarks/attention.py --sweep    # also try other tiles / splits
@@ -194,10 +194,9 @@ def _prefill_point(batch: int, length: int, dev: torch.device, g: torch.Generato
     pages = {page: paged_views(page) for page in (PAGE, 128) if length % page == 0}
     cfgs: list[PrefillConfig | None] = [None]
     if sweep:
-        # pointer-load tiles lost to TMA tiles in runs 8-11 (default 128x128, 8 warps, 3 stages, TMA; ptxas sm_90: 212
-        # registers, no stack; pointer loads 255 registers and 632 B (ragged) / 1224 B (paged) of stack). Swept now:
-        # narrower tiles at the causal diagonal (diag_n), which skip keys past it; paged only where pages hold whole tiles
-        # (session 8: diag_n 64 became the default, 547 / 419 TFLOP/s ragged 1x8192 / 8x2048 against 502 / 394)
+        # pointer-load tiles lose to TMA tiles (default 128x128, 8 warps, 3 stages, TMA; ptxas sm_90: 212 registers,
+        # no stack; pointer loads 255 registers and 632 B (ragged) / 1224 B (paged) of stack). Swept: narrower tiles at
+        # the causal diagonal (diag_n, 64 by default), which skip keys past it; paged only where pages hold whole tiles
         for bm, bn, warps, stages, diag, tma in ((128, 128, 8, 3, 0, True), (128, 128, 8, 3, 32, True),
                                                  (128, 128, 8, 3, 0, False), (128, 128, 8, 3, 64, False)):
             cfgs.append(PrefillConfig(bm, bn, warps, stages, False, tma=tma, diag_n=diag))
@@ -242,8 +241,8 @@ def _mla_point(dev: torch.device, g: torch.Generator, sweep: bool, batch: int = 
     cfgs = [base]
     if sweep:
         # the Triton kernels (the warp-specialised Gluon one is the Hopper default), the Gluon kernel without warp
-        # specialisation, the default with one split; older sweeps (BLOCK_N 32, one stage, 32-head tiles: all
-        # slower) are in notes/gpu-runs.md
+        # specialisation, the default with one split (BLOCK_N 32, one stage and 32-head tiles are all slower and
+        # are not swept)
         for stages, tma in ((2, False), (2, True)):
             for n_splits in sorted({1, base.num_splits}):
                 cfgs.append(MLAConfig(64, 64, n_splits, 8, stages, False, tma))

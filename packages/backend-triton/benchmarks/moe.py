@@ -30,10 +30,10 @@ SHAPES: tuple[tuple[str, int, int, int, int, bool, dict[str, Any]], ...] = (
 )
 
 #: tiles tried besides the default, by shape name: (block_m, block_n, block_k, warps, stages[, down block_n]).
-#: Run 15 (H200) also measured, and dropped, with the fp8 weights converted to bf16 tile by tile (245.1 TFLOP/s):
-#: the weights as the MMA's first operand (212.7 / 236.4 with BLOCK_K 64 / 128) and each expert's rest in 32- / 64-row
-#: blocks through a second launch (173.3 / 227.6). Run 16, fp8 MMAs: 128-row blocks 352.9, with 128 gate/up columns
-#: 160.8 (spills), with 4 stages 352.3; 64-row blocks with 8 warps 327.6, with a 64-column down GEMM 348.2.
+#: Left out after timing on the H200, all slower than the defaults: fp8 weights converted to bf16 tile by tile (as
+#: the MMA's first operand or second, and with each expert's rest in 32- / 64-row blocks through a second launch);
+#: on fp8 MMAs, 128 gate/up columns (they spill), 4 stages on 128-row blocks, 8 warps on 64-row blocks and a
+#: 64-column down GEMM.
 SWEEP: dict[str, tuple[tuple[int, ...], ...]] = {
     "mixtral 8x7B bf16": ((128, 128, 64, 8, 4),),
     "deepseek-v3 fp8-block": ((128, 64, 128, 8, 3, 128), (64, 64, 128, 4, 4, 128)),

@@ -25,10 +25,10 @@ from kernel_switchboard.bench import median_ms
 
 BATCH, VOCAB = 128, 128256
 WORKLOADS = (("top-p 0.9", None, 0.9), ("top-k 50 + top-p 0.9", 50, 0.9))
-#: walks (chunk width, load pipeline stages, most warps) besides the default launch. Run 14 also tried, and
-#: dropped: top-p 8192 with 3 stages and 16 warps (236 s to compile, 55 ms to run); search 2048 with 2 / 3
-#: stages (0.75 / 0.87 ms), 4096 with 2 stages and 16 warps (0.53), 1024 with 4 stages (2.46) (search walks with
-#: the pivot search, before the slice-maxima bound). Run 16: see sampling.SEARCH_WALK.
+#: walks (chunk width, load pipeline stages, most warps) besides the default launch. Left out after timing on the
+#: H200, all slower: top-p 8192 with 3 stages and 16 warps (also minutes to compile), search walks on 1024- or
+#: 2048-wide chunks with 2 to 4 stages, and 4096 with 2 stages and 16 warps; sampling.SEARCH_WALK says why its
+#: default wins.
 SWEEP = {"top_p": ((8192, 4, 8),), "search": ((4096, 1, 8), (4096, 2, 8))}
 
 

@@ -176,7 +176,7 @@ def test_mla_decode_fewer_heads_than_a_tile_on_gluon(heads: int, splits: int | N
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon MLA kernels use Hopper's wgmma (sm_90 only)")
     default = _mla.mla_config(torch.device("cuda"), 5, heads, 8192, 64)
-    assert (default.block_h, default.gluon_ws) == (64, True), default  # the default on 64-token pages since run 26
+    assert (default.block_h, default.gluon_ws) == (64, True), default  # the default on 64-token pages
     real_config = _mla.mla_config
     monkeypatch.setattr(_mla, "mla_config", lambda *a: real_config(*a, splits))
     _check_mla_on_deepseek_pages(64, BF16, heads)

@@ -1,5 +1,5 @@
-"""Benchmark: TensorRT-LLM's XQA decode and CUTLASS fused MoE (through flashinfer-python) on the
-H200 targets of issue 12, beside cuDNN and our Triton kernels in the same run.
+"""Benchmark: TensorRT-LLM's XQA decode and CUTLASS fused MoE (through flashinfer-python) on
+Llama-3-8B / Mixtral shapes, beside cuDNN and our Triton kernels in the same run.
 
     python packages/backend-trtllm/benchmarks/decode.py            # prints one dict per row
     python packages/backend-trtllm/benchmarks/decode.py out.jsonl  # and writes them as JSON lines

@@ -2,9 +2,9 @@
 capability (skipped with the reason when unavailable: no GPU, no flashinfer, no tensorrt_llm,
 or a GPU the kernel is not built for).
 
-flashinfer's fused-MoE module takes longer to compile than a lent H200 is held (over 7 minutes on
-16 cores, notes/gpu-runs.md): its cases run once the module is built and are skipped, saying so,
-until then, so an unbuilt module cannot hang the GPU suite."""
+flashinfer's fused-MoE module takes over 7 minutes to compile on 16 cores: its cases run once the
+module is built (``switchboard build --preset moe``) and are skipped, saying so, until then, so an
+unbuilt module cannot hang the GPU suite."""
 
 import pytest
 

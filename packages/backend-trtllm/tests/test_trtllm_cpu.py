@@ -96,7 +96,7 @@ def test_flashinfer_version_window_is_passed(monkeypatch) -> None:
     monkeypatch.setattr(providers, "missing_cuda", lambda **kw: None)
     monkeypatch.setattr(providers, "missing_module", lambda *a: seen.setdefault("args", a) and None)
     assert providers.missing_flashinfer() == (None, None)
-    assert seen["args"] == ("flashinfer", "flashinfer-python", "0.6.18", "0.7")
+    assert seen["args"] == ("flashinfer", "flashinfer-python", "0.6.18", "0.8")
 
 
 def test_discovery_with_flashinfer_installed_imports_none_of_it(monkeypatch, tmp_path) -> None:

@@ -1,8 +1,10 @@
 """Cost estimates (seconds) of the cuDNN kernels, from bytes moved (decode) or flops done (prefill).
 
-Fitted on the H200 (``../shared/DEVICE.md``, Llama-3-8B heads, bf16) as ``fixed + work / rate``:
-paged decode 2.71 TB/s at B=16 L=2048 and 4.50 TB/s at B=128 L=8192 give a 4.6 TB/s rate and a
-20 us fixed cost; causal prefill 550 TFLOP/s (1x8192) and 500 (8x2048) give 569 TFLOP/s and 34 us.
+Each estimate is ``fixed + work / rate``, fitted on the H200 (Llama-3-8B heads, bf16): paged decode is
+19.5 us + K/V bytes / 4.25 TB/s, fitted to the GPU time of the planned decode (CUDA-graph replays) over
+B 1-256, L 1024-8192 with HND pages of 16 and 128, within 14% of every point; causal prefill is
+34 us + flops / 569 TFLOP/s, which gives the 550 TFLOP/s measured at 1x8192 (torch SDPA's cuDNN backend) and
+532 at 8x2048, where 500 was measured.
 Estimates only rank kernels against each other's estimates made the same way.
 """
 
@@ -13,8 +15,7 @@ from typing import Any
 
 import torch
 
-#: paged decode GPU time (CUDA-graph replays of our plan) fitted on the H200 issue 7 grid (HND, pages 16 and 128,
-#: B 1-256, L 1024-8192; notes/gpu-runs.md run 6): 19.5 us + bytes / 4.25 TB/s, within 14% of every point
+#: paged decode: fixed + K/V bytes / bandwidth; causal prefill: fixed + flops / rate (see the module docstring)
 DECODE_BANDWIDTH = 4.25e12
 DECODE_FIXED = 19.5e-6
 PREFILL_RATE = 569e12

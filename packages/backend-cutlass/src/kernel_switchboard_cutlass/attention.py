@@ -21,8 +21,8 @@ HEAD_DIMS = frozenset(range(8, 513, 8))
 CAPABILITY = Capability(devices=frozenset({"cuda"}), min_cc=(5, 0), head_dims=HEAD_DIMS, head_dims_v=HEAD_DIMS,
                         features=frozenset({"causal", "attn_bias", "qk_v_dims_differ", "cuda_graph"}))
 INSTALL = "pip install torch  (a CUDA build, on a machine with an NVIDIA GPU)"
-#: H200 (run 11, ``switchboard bench --preset dense``, head dim 64): the efficient kernel ran at 67-72 TFLOP/s with
-#: or without a mask; the causal 1x8192 anchor at head dim 128 is 165 TFLOP/s (../shared/DEVICE.md)
+#: the efficient kernel's rate by head dim on the H200: head dim 64 from ``switchboard bench --preset dense`` (about
+#: the same with or without a mask), head dim 128 from causal prefill at 1x8192
 EFFICIENT_FLOPS = {64: 7.0e13, 128: 1.65e14}
 #: causal with a bias: folding the causal mask into a copy of the bias, then finding the dead rows, moves ~16
 #: bytes per (query, key) pair (1x4096 causal + bias, 16 heads: 2.2 ms against 1.0 ms of attention)

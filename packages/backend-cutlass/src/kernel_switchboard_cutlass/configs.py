@@ -103,11 +103,10 @@ def mm_config(dtype: str, layout_a: str, layout_b: str, m: int, n: int, sm_count
 #: fp8 block-scaled tiles by role: ``small_m`` (M <= 64), ``coop`` (M <= 128: one tile row, which a 2x1 cluster
 #: would leave half idle) and ``coop_c2x1_ovl`` (larger M) are the defaults; ``coop_c1x1`` and ``coop_c2x1`` are
 #: candidates the benchmark measures (``KSB_CUTLASS_FP8_BLOCK_TILE`` forces one). ``coop_c2x1_ovl`` is coop_c2x1 with
-#: the promotion overlapped (``overlap_promotion.hpp``). H200 8192^3 with swizzle 8, timed in turn against
-#: torch._scaled_mm per-tensor (run 26, two calls): coop_c2x1_ovl 0.943 and 0.948x (1121-1150 TFLOP/s), coop_c2x1
-#: 0.867 and 0.849x (runs 21-23: 0.84-0.97x, median 0.89). Both passed GPU conformance with clusters cut by the
-#: problem's edge (M = 333, 1100; runs 20 and 26). Dropped after run 14: 64x128x128 pingpong with a 1x2 cluster
-#: (672) and 128x256x128 cooperative (nvcc rejects it).
+#: the promotion overlapped (``overlap_promotion.hpp``): on the H200 at 8192^3 (swizzle 8, timed in turn against
+#: torch._scaled_mm per-tensor) it is the faster of the two and comes close to torch's per-tensor kernel. Both pass
+#: GPU conformance with clusters cut by the problem's edge (M = 333, 1100). Not offered: 64x128x128 pingpong with a
+#: 1x2 cluster (slower) and 128x256x128 cooperative (nvcc rejects it).
 FP8_BLOCK_TILES: dict[str, tuple[tuple[int, int, int], tuple[int, int, int], str, bool]] = {
     "small_m": ((64, 128, 128), (1, 1, 1), "pingpong", False),
     "coop": ((128, 128, 128), (1, 2, 1), "cooperative", False),
@@ -135,9 +134,9 @@ def fp8_block_config(out_dtype: str, m: int, role: str | None = None) -> GemmCon
 
 #: fp8 per-tensor tiles by role, as ``FP8_BLOCK_TILES`` (``KSB_CUTLASS_FP8_TENSOR_TILE`` forces one). CUTLASS's fp8
 #: mainloop keeps a second accumulator to promote into every 128 of K, so the large-M tile is 128x128, as for block
-#: scales: at 128x256 (runs 10-21: 484-497 TFLOP/s at 8192^3) the two 128-float accumulators spilled 1,412 bytes a
-#: thread (ptxas). ``coop_c2x1_ovl``, the large-M default, overlaps the promotion (``overlap_promotion.hpp``): H200
-#: 8192^3 (run 26) 1166-1187 TFLOP/s, 0.957-0.958x torch._scaled_mm timed in turn, where ``coop_c2x1`` ran 1067-1078.
+#: scales: at 128x256 the two 128-float accumulators spill 1,412 bytes a thread (ptxas), which makes that tile
+#: slow. ``coop_c2x1_ovl``, the large-M default, overlaps the promotion (``overlap_promotion.hpp``): on the H200 at
+#: 8192^3 it is faster than ``coop_c2x1`` and close to torch._scaled_mm, timed in turn.
 FP8_TENSOR_TILES: dict[str, tuple[tuple[int, int, int], tuple[int, int, int], str, bool]] = {
     "small_m": ((64, 128, 128), (1, 1, 1), "pingpong", False),
     "coop_c2x1": ((128, 128, 128), (2, 1, 1), "cooperative", False),

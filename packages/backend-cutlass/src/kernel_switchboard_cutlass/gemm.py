@@ -26,11 +26,9 @@ WORD = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", to
 HALF = frozenset({torch.float16, torch.bfloat16})
 FP8_OUT = frozenset({torch.bfloat16, torch.float16, torch.float32})
 LAYOUT_WORD = {"R": "row", "C": "col"}
-#: rough sustained rates on an H100/H200 (flop/s) and HBM bandwidth; they only rank kernels. fp8 by scale mode,
-#: H200 8192^3 with the overlapped promotion (notes/gpu-runs.md run 26): 128x128 block scales 1121-1150 TFLOP/s
-#: (Triton's sm_90 Gluon kernel 954-965 in the same calls; 847-1026 before), per-tensor 1166-1187 (Triton's
-#: per-tensor kernel 938-1158 in runs 10-21; torch._scaled_mm 1263-1271); bf16 mm 660-690 (Triton 684-798);
-#: grouped DeepSeek-V3 experts 286-306 (Triton 227-248)
+#: rough sustained rates on an H100/H200 (flop/s) and HBM bandwidth; they only rank kernels. Each is near what the
+#: kernel sustains on the H200 at 8192^3 (fp8 by scale mode, with the overlapped promotion; grouped: DeepSeek-V3's
+#: experts)
 RATE = {"mm": 650e12, "mm_fp8": 1130e12, "mm_fp8_tensor": 1150e12, "grouped_mm": 290e12}
 BANDWIDTH = 3.3e12
 #: host work per call: ctypes, CUTLASS initialize (TMA descriptors), launch
@@ -43,11 +41,10 @@ def _sm_count(index: int) -> int:
     return int(torch.cuda.get_device_properties(index).multi_processor_count)
 
 
-#: rasterisation swizzle per GEMM kind where it is not 1. fp8 block-scaled 8192^3 on the H200 (run 21, TFLOP/s), the 2x1
-#: cluster at swizzle 1 / 2 / 4 / 8: 1005-1009 / 944-1068 / 1072-1097 / 1098-1103, and 1088-1123 in five later timings
-#: at 8 (the scheduler's raster order, along M or N, made no difference); bf16 mm's large tile gained 2-4% at 8 (runs
-#: 10 and 19), within those runs' spread, so it keeps 1. fp8 per-tensor takes 8 too: the same 128x128x128 tile, cluster
-#: and problem as block scales (not measured on its own; the benchmark has a swizzle 1 row beside it).
+#: rasterisation swizzle per GEMM kind where it is not 1. fp8 block-scaled 8192^3 on the H200 with the 2x1 cluster
+#: runs fastest at swizzle 8, about 9% over swizzle 1 (the scheduler's raster order, along M or N, makes no
+#: difference); bf16 mm's large tile gains no more than the timing spread at 8, so it keeps 1. fp8 per-tensor takes 8
+#: too: the same 128x128x128 tile, cluster and problem as block scales (the benchmark has a swizzle 1 row beside it).
 SWIZZLE = {"mm_fp8_block": 8, "mm_fp8_tensor": 8}
 
 

@@ -23,7 +23,9 @@ from pathlib import Path
 
 #: nvcc releases before this lack what CUTLASS 3.x Hopper kernels need (wgmma / TMA / sm_90a)
 MIN_NVCC = (12, 3)
-INSTALL = 'pip install "kernel-switchboard[cutlass]"'
+#: the CUTLASS C++ headers ship in the nvidia-cutlass wheel; its own dependencies (cuda-python, scipy, ...) serve
+#: its Python kernel generator, which this backend does not use, hence --no-deps
+INSTALL = 'pip install --no-deps "nvidia-cutlass>=4.2,<5"'
 NVCC_INSTALL = "install the CUDA toolkit >= 12.3 (nvcc) and put it on PATH, or set KSB_NVCC / CUDA_HOME"
 #: where nvcc is looked for last
 DEFAULT_NVCC = "/usr/local/cuda/bin/nvcc"

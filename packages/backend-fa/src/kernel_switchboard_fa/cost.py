@@ -3,9 +3,9 @@
 ``max(host, fixed + work / rate)``: ``work`` is the K/V bytes a decode reads or the flops a
 prefill does; ``host`` is the Python time one eager call spends before the GPU is the bottleneck, which a
 captured call (feature ``cuda_graph``: a capturable plan, or a call inside capture) does not pay at replay.
-Fitted on the H200 (``../shared/DEVICE.md``, Llama-3-8B heads, bf16):
+Fitted on the H200 (Llama-3-8B heads, bf16):
 
-- FA4 paged decode, GPU time over the issue 7 grid (CUDA-graph replays; notes/gpu-runs.md run 6): 34 us
+- FA4 paged decode, GPU time over B 1-256, L 1024-8192, pages 16 and 128 (CUDA-graph replays): 34 us
   plus 3.65 TB/s at page 16, 4.3 TB/s at page 128; an eager call has a ~130 us floor (its interface is
   Python-heavy; sm_90 has no split-KV), which ranks it below the others for small batches;
 - FA4 causal prefill 614 TFLOP/s (1x8192) and 529 (8x2048): 649 TFLOP/s plus 48 us;

@@ -196,9 +196,8 @@ class RaggedPrefillPlan:
         kv_lens = {b - a for a, b in itertools.pairwise(kv)}
         self.dense = (self.batch > 0 and qo[0] == 0 and kv[0] == 0 and len(q_lens) == 1 and len(kv_lens) == 1
                       and min(q_lens) > 0 and min(kv_lens) > 0)
-        # FA4 packs the query heads of a KV head into one tile by default; unpacked tiles ran causal prefill faster
-        # up to 4096 queries per request on the H200 (8x2048 513 against 496 TFLOP/s, 4x4096 568 / 565), packed
-        # ones beyond (1x8192 637 against 626; session 8)
+        # FA4 packs the query heads of a KV head into one tile by default; unpacked tiles run causal prefill faster
+        # up to 4096 queries per request on the H200, packed ones beyond
         self.pack_gqa = False if p.causal and self.dense and max(q_lens) <= PACK_GQA_ABOVE else None
 
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor | None,

@@ -9,17 +9,16 @@ TMA. The consumers drift apart, so one's MMAs run while the other scales, and th
 this tile's epilogue. Programs are persistent (one per SM, tiles in grouped order).
 
 ``gemm.mm_fp8`` routes 128x128 block-scaled problems with TMA-ready operands on sm_90 here (``gemm.GLUON_FP8``).
-H200 8192^3 (run 20, five runs): 1042-1175 TFLOP/s with 4 stages, 0.72-0.96x torch._scaled_mm per-tensor in the
-same run (median 0.88x; other stage counts and tile-row groups within that spread), against Triton's block kernel's
-803-864; 128x256 tiles (two 128-column accumulators) spilled and ran 434-438. Run 21: 847-1026, 847-893 of it with
-scale_b (K/128, N/128) row-major and ~1000 with the transposed view a checkpoint's (N/128, K/128) scales give;
-loading the next step's scales a step early did not change either (852-991). The SASS of both (session 21,
-nvdisasm) was the same loop: the three scale loads, then ``FMUL`` of their product, then the first ``QGMMA``; so
-each K step's MMAs were issued only once its scales had arrived, and a row-major scale_b is a new 128-byte line
-every step (an L1 miss) where the transposed view stays in one line for 32 steps. The loads now follow the MMAs'
-issue (the ``FMUL`` after the four ``QGMMA``, Triton 3.6 and 3.9): not yet measured. Host ptxas sm_90 (Triton 3.6):
-168 registers at launch, no spills, 164 KB of shared memory with 4 stages.
-The previous Gluon kernel (one partition, ``wgmma.wait_group 1`` overlap) ran 683-706 TFLOP/s (run 19; history: commit e9866a6).
+On the H200 at 8192^3 it runs faster than Triton's block-scaled kernel and below torch._scaled_mm per-tensor; other
+stage counts and tile-row groups than the default 4 stages time within the run-to-run spread, and 128x256 tiles (two
+128-column accumulators) spill and run at under half the rate. A one-partition kernel (a ``wgmma.wait_group 1``
+overlap instead of warp specialisation) ran about a third slower.
+
+A K step's scale loads are issued after its MMAs (in the SASS, the ``FMUL`` of the three scales follows the four
+``QGMMA``, Triton 3.6 and 3.9): issued before them, each step's MMAs waited for its scales to arrive, and a
+row-major scale_b (K/128, N/128) is a new 128-byte line every step (an L1 miss), where the transposed view a
+checkpoint's (N/128, K/128) scales give stays in one line for 32 steps. Host ptxas sm_90 (Triton 3.6): 168
+registers at launch, no spills, 164 KB of shared memory with 4 stages.
 """
 
 from __future__ import annotations

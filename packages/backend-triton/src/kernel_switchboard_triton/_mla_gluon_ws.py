@@ -1,8 +1,8 @@
 """Absorbed MLA decode in Gluon with warp-specialised partitions (FlashMLA's "seesaw"), Hopper, 64 heads per CTA.
 
 Why a third kernel: in ``_mla_gluon`` both warpgroups compute half of every score tile (m64n32 wgmma, which reads
-three bytes of shared memory per 32 MACs: 0.64-0.66x the tensor-core rate, ``tools/wgmma_rate.py``, run 28) and meet
-at two CTA barriers per tile. Here the two consumer warpgroups take the score tiles in turn: warpgroup ``t % 2``
+three bytes of shared memory per 32 MACs and runs at about two-thirds of the tensor-core rate on Hopper) and meet at
+two CTA barriers per tile. Here the two consumer warpgroups take the score tiles in turn: warpgroup ``t % 2``
 computes tile ``t``'s whole 64 x 64 scores (m64n64), its online softmax, and publishes P and the row statistics
 through shared memory; both then multiply P by their half of the 512 latent columns (the owner with P in registers).
 While one runs its softmax the other's MMAs run. A one-warp loader partition fills a two-slot TMA ring (and zeroes
@@ -20,16 +20,13 @@ serves every tile: warpgroup 0's first tile folds in a stand-in for "the other's
 step further when the split's last tile is the other's (a copy of the body less to compile).
 
 The default MLA decode on Hopper where TMA can load the pages (``_mla.mla_config`` sets ``MLAConfig.gluon_ws``).
-H200 (B=128 L=8192 H=128 page 64, notes/gpu-runs.md run 22), medians of seven timings of 20 calls: 2.28-2.35 TB/s
-(L2-resident 2.52) where run 21's kernel (64-column pieces, one barrier allocation and one release per slot,
-separate first and last tiles) ran 2.22, each step timed against the previous one in the same call;
-``switchboard bench`` 2.15-2.16 against FlashInfer's 2.20 (0.98x, runs 22-23); CUDA graphs replayed back to back
-2.50 against 2.53 (run 23). All 19 MLA GPU tests pass. First call in a fresh process: compile 3.2-4.8 s + load
-0.26-0.41 s (run 21's: 5.1 + 0.3). Host ptxas sm_90 (Triton 3.6): 168 registers at launch, 232 per consumer
-warpgroup, no spills, no injected wgmma wait, 225 KB of shared memory.
+On the H200 (B=128 L=8192 H=128 page 64) it runs within a few percent of FlashInfer's MLA decode, eager and in CUDA
+graphs; the per-piece barriers and the single loop body made it faster than one barrier allocation and one release
+per slot with separate first and last tiles. Host ptxas sm_90 (Triton 3.6): 168 registers at launch, 232 per
+consumer warpgroup, no spills, no injected wgmma wait, 225 KB of shared memory.
 
-What bounds it (run 23): not DRAM (as fast with the tiles L2-resident); the two head-block programs of a request each
-read every tile from L2 (~4.6 TB/s of L2 reads at 2.3 TB/s of KV), and the loop still waits ~20% of its time for
+What bounds it: not DRAM (it is as fast with the tiles L2-resident); the two head-block programs of a request each
+read every tile from L2 (twice the KV bytes in L2 reads), and the loop still waits about a fifth of its time for
 tile pieces. Issuing each warpgroup's scores before the other's P (so a softmax never idles the tensor cores) is
 faster only when loads are short: on a two-slot ring it delays the next tile's loads.
 
@@ -39,9 +36,9 @@ latent box is loaded once into both CTAs by a TMA multicast that CTA 0 issues. T
 CTA 0, where both CTAs' consumers arrive; each CTA's loader posts the bytes of its own ready barriers, the other
 CTA's after its consumers have seen the slot's previous tile (the bytes may land first: the phase stays open until
 then). Host ptxas sm_90 (Triton 3.9): 168 registers, no spills, 225 KB of shared memory per CTA, as with one CTA.
-H200 (run 26, Triton 3.9): its six GPU tests pass, but B=128 L=8192 H=128 runs 2.18 TB/s against the one-CTA
-kernel's 2.24 in the same process, and its first call takes 10.8 s against 5.9: the one-CTA kernel is not waiting on
-L2. Off by default; kept for experiments (``MLAConfig(cluster=True)``).
+On the H200 (Triton 3.9) it is correct but slightly slower than the one-CTA kernel at B=128 L=8192 H=128, and its
+first call compiles for about twice as long: the one-CTA kernel is not waiting on L2. Off by default; kept for
+experiments (``MLAConfig(cluster=True)``).
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ Two providers:
 
 - ``flashinfer-python`` ships TensorRT-LLM's XQA decode kernels and its CUTLASS fused-MoE kernels
   as C++/CUDA source that it compiles on first use (its JIT cache). The argument conventions used
-  here were read from flashinfer-python 0.6.18.post1; the window below is what was read and tested.
+  here were read from flashinfer-python 0.6.18.post1 and tested with it on an H200; the entry points
+  called here have the same signatures in 0.7.2.post1 and 0.7.4 (keyword arguments added only), the
+  releases current vLLM and SGLang pin, so the window admits 0.7.x.
 - ``tensorrt_llm`` (its torch ops) for users who can install it. PyPI's ``tensorrt-llm`` is a stub
   that downloads the real wheel from NVIDIA's index at install time.
 
@@ -21,7 +23,7 @@ from kernel_switchboard.availability import missing_cuda, missing_module
 from kernel_switchboard.device import package_version
 
 FLASHINFER_DIST = "flashinfer-python"
-FLASHINFER_MIN, FLASHINFER_BELOW = "0.6.18", "0.7"
+FLASHINFER_MIN, FLASHINFER_BELOW = "0.6.18", "0.8"
 INSTALL = 'pip install "kernel-switchboard[trtllm]"'
 TRTLLM_INSTALL = "pip install tensorrt-llm --extra-index-url https://pypi.nvidia.com"
 GPU_NEEDED = "an NVIDIA GPU with a CUDA build of torch (XQA: sm_90 / sm_100 / sm_120; fused MoE: sm_89+)"

@@ -30,10 +30,9 @@ PAGE_SIZES = frozenset({16, 32, 64, 128})
 XQA_MAJORS = (9, 10, 12)
 #: bytes of workspace per (device, stream): 8 MB of semaphores + multi-block scratch
 WORKSPACE_BYTES = 128 << 20
-#: ``fixed + K/V bytes / rate`` fitted to XQA on the H200 (Llama-3-8B heads, bf16; ../shared/DEVICE.md):
-#: 2.83 TB/s at B=16 L=2048 and 4.30 at B=128 L=8192 with pages of 64, 3.90 with pages of 16
-#: GPU time of XQA's paged decode fitted on the H200 issue 7 grid (notes/gpu-runs.md run 6, CUDA-graph replays):
-#: 22 us + bytes / rate, rate by page size (3.8 TB/s at 16, 4.22 at 128; 32 and 64 interpolated), within 10%
+#: GPU time of XQA's paged decode as ``fixed + K/V bytes / rate``, fitted on the H200 (Llama-3-8B heads, bf16;
+#: CUDA-graph replays over B 1-256, L 1024-8192, pages 16 and 128): 22 us + bytes / rate, rate by page size
+#: (3.8 TB/s at 16, 4.22 at 128; 32 and 64 interpolated), within 10% of every point
 DECODE_FIXED_S = 22e-6
 DECODE_RATE = {16: 3.8e12, 32: 3.95e12, 64: 4.1e12}  # by page size; 4.22e12 for pages of 128 and more
 

@@ -104,12 +104,73 @@ def import_vendor(module: str, install: str | None = None) -> ModuleType:
         raise KernelUnavailableError(f"import of {module!r} failed: {type(exc).__name__}: {str(exc)[:300]}{hint}") from exc
 
 
-def missing_cuda(min_cc: tuple[int, int] | None = None, max_cc: tuple[int, int] | None = None) -> str | None:
-    """Reason no suitable CUDA GPU is here (torch without CUDA, no device, or compute capability out of range)."""
+
+#: the oldest Linux driver each CUDA major release runs on (NVIDIA's minor-version compatibility table)
+MIN_DRIVER = {11: (450, 80), 12: (525, 60), 13: (580, 65)}
+TORCH_INSTALL = "https://pytorch.org/get-started/locally/"
+
+
+def cuda_problem() -> tuple[str, str] | None:
+    """(reason, fix) this torch cannot use a CUDA GPU here, or None when it can.
+
+    Names the first cause that holds: a CPU-only torch build, GPUs hidden by ``CUDA_VISIBLE_DEVICES``, no
+    NVIDIA driver, a driver older than the CUDA release torch was built for, or CUDA's own initialisation
+    error. Reads the driver through NVML and may initialise CUDA: call it on demand, never at import time.
+    """
+    import os
+
+    from .device import driver_version
+
     if torch.version.cuda is None:
-        return f"this torch build ({torch.__version__}) has no CUDA support"
-    if not torch.cuda.is_available():
-        return "no CUDA GPU is visible (torch.cuda.is_available() is False)"
+        release = torch.__version__.split("+")[0]
+        return (f"this torch build ({torch.__version__}) has no CUDA support: it is a CPU-only build",
+                f'install a CUDA build of torch: pip install --force-reinstall "torch=={release}" from PyPI (its Linux '
+                f"x86_64 wheels are CUDA builds) or from the index for your CUDA release ({TORCH_INSTALL})")
+    if torch.cuda.is_available():
+        return _arch_problem()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1", "none", "NoDevFiles"):
+        return (f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU", "unset CUDA_VISIBLE_DEVICES or list GPU indices in it")
+    driver = driver_version()
+    cuda_major = int(torch.version.cuda.split(".")[0])
+    if driver is None:
+        return (f"no NVIDIA driver answers (libnvidia-ml.so.1 cannot be loaded or initialised); torch is built for "
+                f"CUDA {torch.version.cuda}",
+                "on a machine with an NVIDIA GPU, install the NVIDIA driver "
+                + (f">= {'.'.join(map(str, MIN_DRIVER[cuda_major]))} " if cuda_major in MIN_DRIVER else "")
+                + "(https://www.nvidia.com/drivers); in a container, start it with the GPUs (--gpus all)")
+    needed = MIN_DRIVER.get(cuda_major)
+    if needed is not None and _version_tuple(driver)[:2] < needed:
+        return (f"the NVIDIA driver {driver} is older than CUDA {torch.version.cuda} (torch {torch.__version__}) needs: "
+                f">= {needed[0]}.{needed[1]}",
+                f"upgrade the driver to >= {needed[0]}.{needed[1]}, or install a torch built for an older CUDA ({TORCH_INSTALL})")
+    try:
+        torch.cuda.init()
+    except Exception as exc:
+        return (f"CUDA initialisation failed: {type(exc).__name__}: {str(exc)[:300]}",
+                f"check the driver ({driver}) against torch's CUDA {torch.version.cuda}: `nvidia-smi` must list the GPU")
+    return ("no CUDA GPU is visible (torch.cuda.is_available() is False)", "check `nvidia-smi` lists a GPU")
+
+
+def _arch_problem() -> tuple[str, str] | None:
+    """(reason, fix) when this torch build carries no kernels the GPU can run (too new a GPU for its CUDA release)."""
+    major, minor = torch.cuda.get_device_capability()
+    archs = torch.cuda.get_arch_list()
+    runs = any(a.startswith("sm_") and a[3:].isdigit() and int(a[3:]) // 10 == major and int(a[3:]) % 10 <= minor
+               for a in archs)
+    runs = runs or any(a.startswith("compute_") and a[8:].isdigit() and int(a[8:]) <= major * 10 + minor for a in archs)
+    if runs or not archs:
+        return None
+    return (f"this torch build ({torch.__version__}, CUDA {torch.version.cuda}) has no kernels for this GPU "
+            f"(sm_{major}{minor}); it carries {', '.join(archs)}",
+            f"install a torch built for a CUDA release that supports sm_{major}{minor} ({TORCH_INSTALL})")
+
+
+def missing_cuda(min_cc: tuple[int, int] | None = None, max_cc: tuple[int, int] | None = None) -> str | None:
+    """Reason no suitable CUDA GPU is here (see :func:`cuda_problem`), or the compute capability is out of range."""
+    problem = cuda_problem()
+    if problem is not None:
+        return problem[0]
     cc = torch.cuda.get_device_capability()
     if min_cc is not None and cc < min_cc:
         return f"GPU compute capability {cc[0]}.{cc[1]} is below the required {min_cc[0]}.{min_cc[1]}"

@@ -9,62 +9,25 @@ import sys
 from typing import Any
 
 
-def _gpus() -> dict[str, Any]:
-    """The GPUs here and the pairs that cannot map each other's memory (the one-shot all-reduce needs none)."""
-    import torch
-
-    from .device import pairs_without_peer_access
-
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return {"count": count, "peer_access_missing": pairs_without_peer_access(count)}
-
-
 def _doctor(args: argparse.Namespace) -> int:
-    from .device import fingerprint
-    from .registry import registry
+    from .doctor import failures, render, report, requested
 
-    backends = registry.all_backends()
-    report: dict[str, Any] = {"environment": fingerprint(), "gpus": _gpus(), "backends": {}}
-    for name, b in backends.items():
-        report["backends"][name] = {
-            "version": b.version,
-            "available": b.available,
-            "reason": b.unavailable,
-            "install": b.install,
-            "providers": b.providers,
-            "kernels": [
-                {"id": k.id, "op": k.op, "available": k.unavailable is None, "reason": k.unavailable,
-                 "install": k.install}
-                for k in b.kernels
-            ],
-        }
+    rep = report()
+    names = requested(rep, args.strict, [n.strip() for n in (args.require or "").split(",") if n.strip()])
+    failed = failures(rep, names)
     if args.json:
-        print(json.dumps(report, indent=2, default=str))
-        return 0
-    env = report["environment"]
-    print("environment")
-    for key, value in env.items():
-        print(f"  {key:<20} {value}")
-    gpus = report["gpus"]
-    if gpus["count"] > 1:
-        missing = gpus["peer_access_missing"]
-        peers = f"no peer access {', '.join(missing)}" if missing else "peer access between every pair"
-        print(f"  {'gpus':<20} {gpus['count']} ({peers})")
-    print("backends")
-    for name, b in report["backends"].items():
-        state = "available" if b["available"] else "unavailable"
-        print(f"  {name:<10} {b['version']:<8} {state}: {len(b['kernels'])} kernels")
-        if b["reason"]:
-            print(f"      reason:  {b['reason']}")
-        if b["install"] and not b["available"]:
-            print(f"      install: {b['install']}")
-        for prov, ver in b["providers"].items():
-            print(f"      provider {prov}: {ver or 'not installed'}")
-        if args.verbose:
-            for k in b["kernels"]:
-                mark = "ok " if k["available"] else "-- "
-                print(f"      {mark}{k['id']:<45} {k['op']}{'' if k['available'] else '  (' + str(k['reason']) + ')'}")
-    return 0
+        rep["check"] = {"requested": names, "failed": [{"backend": n, "cause": c, "fix": f} for n, c, f in failed]}
+        print(json.dumps(rep, indent=2, default=str))
+    else:
+        print(render(rep, args.verbose))
+    grouped: dict[tuple[str, str | None], list[str]] = {}
+    for name, cause, fix in failed:
+        grouped.setdefault((cause, fix), []).append(name)
+    for (cause, fix), group in grouped.items():
+        print(f"switchboard doctor: {', '.join(group)} {cause}" + (f"\n  fix: {fix}" if fix else ""), file=sys.stderr)
+    if names and not failed:
+        print(f"switchboard doctor: {len(names)} requested backend(s) usable: {', '.join(names)}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def _parse_params(items: list[str], op: str | None = None) -> dict[str, Any]:
@@ -262,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("doctor", help="device, versions, every backend and kernel with availability and reasons")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("-v", "--verbose", action="store_true", help="list every kernel")
+    p.add_argument("--strict", action="store_true", help="exit 1 unless every installed backend package is usable here")
+    p.add_argument("--require", metavar="NAMES", help="exit 1 unless these backends (comma-separated) are usable here")
     p.set_defaults(fn=_doctor)
 
     p = sub.add_parser("explain", help="rank the candidates for one op and shape, with reasons",

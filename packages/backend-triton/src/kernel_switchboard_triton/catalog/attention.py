@@ -39,7 +39,7 @@ TENSOR_FLOPS = 4.5e14
 #: fixed cost of one launch, seconds
 LAUNCH_S = 6e-6
 #: paged decode, GPU time (CUDA-graph replays of plan.run), fitted on the H200 over the decode grid (B 1-256,
-#: L 1024-8192, pages 16 and 128, NHD and HND, Llama-3-8B heads; notes/gpu-runs.md run 6): fixed + bytes / rate,
+#: L 1024-8192, pages 16 and 128, NHD and HND, Llama-3-8B heads): fixed + bytes / rate,
 #: 13 us + 4.3 TB/s, within 14% of every point. Every backend's decode cost is fitted on the same grid.
 DECODE_FIXED_S = 13e-6
 DECODE_BYTES_PER_S = 4.3e12
@@ -81,8 +81,8 @@ DECODE = Capability(
     features=_COMMON | {"paged", "fp8_kv", "kv_scale_tensor"}, limits={"group_size": 64}, check=fp8_needs_sm89,
 )
 def _no_variant_at_d80(problem: Any) -> list[str]:
-    """Prefill splits head dim 80 into 64 + 16; with a custom variant's hooks, ptxas (Triton 3.6's, on the H200)
-    crashed compiling two of five such kernels (notes/gpu-runs.md). Without a variant all d80 runs passed."""
+    """Prefill splits head dim 80 into 64 + 16; with a custom variant's hooks, ptxas (Triton 3.6's, for sm_90)
+    crashes compiling some such kernels. Without a variant every d80 kernel compiles and passes."""
     if getattr(problem, "head_dim", None) == 80 and "custom_variant" in getattr(problem, "features", ()):
         return ["head_dim=80 with a custom variant: ptxas crashed compiling such prefill kernels (use 64, 96 or 128)"]
     return []
@@ -185,7 +185,7 @@ def _mla_prefill_cost(pr: Any) -> float:
     return cost_seconds(kv, flops, pr)
 
 
-#: ``attention.dense`` on the H200 (run 11, ``switchboard bench --preset dense``, head dim 64): the kernel reads
+#: ``attention.dense`` on the H200 (``switchboard bench --preset dense``, head dim 64): the kernel reads
 #: a mask or bias tile per score tile at ~0.25e12 (bool) / 0.3e12 (float) elements per second, which bounds it
 #: well below the tensor cores; an eager call costs ~0.19 ms of host time at least (no plan: it packs the
 #: inputs and launches every call; cross-attention 16x77x1024 measured 0.196 ms)

@@ -18,13 +18,12 @@ from . import launcher
 DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
 FP8 = frozenset({torch.float8_e4m3fn})
 FP8_OUT = frozenset({torch.bfloat16, torch.float16, torch.float32})
-#: sustained rates of these kernels on the H200 at 8192^3 (notes/gpu-runs.md runs 10-18): bf16 mm 684-798 TFLOP/s
-#: (CUTLASS 660-680), grouped DeepSeek-V3 experts 229-247 (CUTLASS 286-293); fp8 rates by scale mode below
+#: rounded sustained rates of these kernels on the H200 at 8192^3 (grouped: DeepSeek-V3's experts); fp8 by scale
+#: mode below
 RATE = {"mm": 720e12, "grouped_mm": 240e12}
-#: fp8 by scale mode (H200 8192^3, runs 19-21: per-tensor 1060-1187 TFLOP/s, block scales 803-868 on the Triton
-#: kernels and 847-1175 on the sm_90 Gluon kernel: 1042-1175 in run 20's Triton benchmark, 847-1026 in run 21's
-#: calls, 847-893 of them with scale_b (K/128, N/128) row-major, ~1000 with a checkpoint's transposed view; CUTLASS
-#: ran 1088-1123 in those calls)
+#: fp8 by scale mode, as RATE; the sm_90 Gluon kernel's block-scaled rate depends on scale_b's layout (a checkpoint's
+#: transposed (N/128, K/128) view runs faster than a row-major (K/128, N/128) one), and ``block_gluon`` sits near
+#: the faster
 FP8_RATE = {"tensor": 1050e12, "row_col": 1050e12, "block": 830e12, "block_gluon": 1000e12}
 _FEATURES = frozenset({"cuda_graph", "deterministic"})
 #: mm and mm_fp8: a row's result does not depend on the other rows (fixed tiles in the batch-invariant scope)
