@@ -145,7 +145,7 @@ def test_capability_accepts(name: str, problem: GemmProblem) -> None:
 
 @pytest.mark.parametrize(("mode", "low", "high"), [("block", 1050e12, 1250e12), ("tensor", 1100e12, 1250e12)])
 def test_fp8_cost_matches_the_h200_rates(mode: str, low: float, high: float) -> None:
-    # H200 8192^3 with the overlapped promotion (run 26): block scales 1121-1150 TFLOP/s, per-tensor 1166-1187; both
+    # H200 8192^3 with the overlapped promotion: block scales 1121-1150 TFLOP/s, per-tensor 1166-1187; both
     # above Triton's (block 954-965 in the same calls, estimate 1000; per-tensor 938-1158, estimate 1050)
     problem = _problem(dtype=FP8, layout="RC", scale_mode=mode, m=8192, n=8192, k=8192)
     rate = 2.0 * 8192**3 / _kernels()["mm_fp8"].cost(problem)
@@ -453,7 +453,7 @@ def test_dense_attention_wrapper_on_random_shapes_and_broadcast_biases() -> None
                                                            f"bias {None if bias is None else tuple(bias.shape)}")
 
 
-#: ``cutlass:sdpa_efficient`` on the H200, ``switchboard bench --preset dense`` (notes/gpu-runs.md run 11), ms
+#: ``cutlass:sdpa_efficient`` on the H200, ``switchboard bench --preset dense``, ms
 DENSE_H200_MS = {"encoder 8x1024 mask": 0.500, "encoder 8x1024 bias": 0.479, "1x4096 causal + bias": 2.200,
                  "cross-attention 77x1024": 0.077}
 

@@ -532,7 +532,7 @@ def test_dense_on_random_shapes_and_broadcast_biases(wide: bool, monkeypatch: py
         _close(got, want, q.dtype)
 
 
-#: ``triton:dense`` on the H200, ``switchboard bench --preset dense`` (notes/gpu-runs.md run 11), ms
+#: ``triton:dense`` on the H200, ``switchboard bench --preset dense``, ms
 DENSE_H200_MS = {"encoder 8x1024 mask": 0.547, "encoder 8x1024 bias": 0.457, "1x4096 causal + bias": 0.369,
                  "cross-attention 77x1024": 0.196}
 

@@ -449,7 +449,7 @@ def test_benchmark_smoke() -> None:
 
 
 def test_decode_cost_follows_the_h200_measurements() -> None:
-    """XQA's GPU time on the H200 grid (run 6, page 128): 3.09 TB/s at B=16 L=4096, 4.28 at B=128 L=8192; page 16
+    """XQA's GPU time on the H200 (CUDA-graph replays, page 128): 3.09 TB/s at B=16 L=4096, 4.28 at B=128 L=8192; page 16
     is slower (3.82 at B=128 L=8192): the estimates agree within 5%."""
     (dec,) = _by_op()["attention.decode"]
     small = _decode_problem(batch=16, max_kv_len=4096, page_size=128)

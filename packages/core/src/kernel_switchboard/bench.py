@@ -109,7 +109,7 @@ PRESETS: dict[str, Callable[[], list[Point]]] = {
         Point("moe.fused_moe", {"tokens": 4096, "experts": 256, "top_k": 8, "hidden": 7168, "inter": 2048,
                                 "dtype": "bfloat16"}, "deepseek-v3 4096 tok"),
     ],
-    # from probabilities, no data check (one host sync): the FlashInfer anchors of ../shared/DEVICE.md
+    # from probabilities, no data check (one host sync): the shapes FlashInfer's sampling is usually compared on
     "sampling": lambda: [Point("sampling.top_k_top_p", {"batch": 128, "vocab": v, "top_p": 0.9, "top_k": k, "logits": 0,
                                                         "check_nan": 0}, f"vocab {v} {tag}")
                          for v in (128256, 152064) for tag, k in (("top-p", 0), ("top-k+top-p", 50))],
@@ -161,7 +161,7 @@ def time_ms(fn: Callable[[], Any], device: torch.device, reps_ms: float = 200.0)
 def fastest_of_rounds(calls: dict[str, Callable[[], Any]], device: torch.device, reps_ms: float,
                       rounds: int = 3) -> dict[str, float]:
     """Each call's fastest median ms over ``rounds`` rounds that time the calls in turn. Clocks drift over a
-    run (run 11: one kernel timed 10% apart minutes later), so kernels timed one after the other can swap
+    run (one kernel can time 10% apart minutes later), so kernels timed one after the other can swap
     places; timed in turn, a drift moves them alike. A call that raises is reported on stderr and dropped."""
     best: dict[str, float] = {}
     live = dict(calls)
@@ -365,12 +365,11 @@ RETIME_ABOVE = 1.03
 def _regrets(rows: list[Row], calls: dict[str, Callable[[], Any]], device: torch.device, reps_ms: float,
              units: float | None) -> None:
     """Set each auto row's regret: its time over the best kernel row's of the same call kind (eager, plan,
-    graph). Rows are timed one after another, minutes apart on a big grid, and clocks drift (run 11: the same
-    kernel timed 10% apart at the end of a run of full-bandwidth kernels), so an auto row above
+    graph). Rows are timed one after another, minutes apart on a big grid, and clocks drift (the same kernel can
+    time 10% apart at the end of a run of full-bandwidth kernels), so an auto row above
     :data:`RETIME_ABOVE` and its best row are timed again in turn by :func:`fastest_of_rounds`, and both take
-    those times: keeping the first time of the best row would keep its luck (run 16: one Triton plan timed
-    11.55 us once, and 11.90-12.00 us in five alternating rounds, where the automatic plan of the same kernel
-    timed 12.00). Should another row then be the best, it is timed against the auto row in turn too (at most
+    those times: keeping the first time of the best row would keep its luck (a lucky first timing can be 3% under
+    every later one). Should another row then be the best, it is timed against the auto row in turn too (at most
     three rows). ``extra['retimed']`` records the first times."""
     for r in rows:
         kind = _call_kind(r.kernel)

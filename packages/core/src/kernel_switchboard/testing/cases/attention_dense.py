@@ -95,7 +95,7 @@ def dense_random_cases(count: int, seed: int, dtypes: tuple[torch.dtype, ...], h
 
 def bench_problems(cc: tuple[int, int] = (9, 0)) -> dict[str, object]:
     """The ``switchboard bench --preset dense`` points as eager GPU problems with exact lengths (no tensors): what the
-    backends' cost-model tests compare with the times measured on the H200 (notes/gpu-runs.md run 11)."""
+    backends' cost-model tests compare with the times measured on the H200 (``switchboard bench --preset dense``)."""
     from ...bench import PRESETS
     from ...ops.attention_dense import DenseProblem
 
