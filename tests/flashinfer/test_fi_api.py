@@ -49,6 +49,31 @@ SIGNATURES: dict[str, tuple[list[str], dict[str, Any]]] = {
          "num_qo_heads", "num_kv_heads", "head_dim", "page_size", "causal", "pos_encoding_mode",
          "use_fp16_qk_reduction", "sm_scale", "window_left", "logits_soft_cap", "rope_scale", "rope_theta",
          "q_data_type", "kv_data_type"], {"causal": False}),
+    "PODWithPagedKVCacheWrapper.__init__": (
+        ["self", "float_workspace_buffer", "kv_layout", "use_cuda_graph", "paged_kv_indptr_buffer",
+         "paged_kv_indices_buffer", "paged_kv_last_page_len_buffer", "jit_args"],
+        {"kv_layout": "NHD", "use_cuda_graph": False}),
+    "PODWithPagedKVCacheWrapper.plan": (
+        ["self", "indptr", "indices", "last_page_len", "num_qo_heads", "num_kv_heads", "head_dim", "page_size",
+         "pos_encoding_mode", "window_left", "q_data_type", "kv_data_type", "data_type", "sm_scale", "rope_scale",
+         "rope_theta", "non_blocking"], {"pos_encoding_mode": "NONE", "window_left": -1, "q_data_type": "float16"}),
+    "PODWithPagedKVCacheWrapper.run": (
+        ["self", "q_p", "k_p", "v_p", "q_d", "paged_kv_cache_d", "custom_mask_p", "packed_custom_mask_p", "causal_p",
+         "kv_layout_p", "pos_encoding_mode_p", "sm_scale_p", "window_left_p", "rope_scale_p", "rope_theta_p",
+         "return_lse_p", "custom_mask_d", "packed_custom_mask_d", "causal_d", "kv_layout_d", "pos_encoding_mode_d",
+         "sm_scale_d", "window_left_d", "rope_scale_d", "rope_theta_d", "q_scale", "k_scale", "v_scale",
+         "return_lse_d", "use_fp16_qk_reduction", "enable_pdl", "args"],
+        {"causal_p": False, "kv_layout_p": "NHD", "window_left_p": -1, "window_left_d": -1}),
+    "BatchPODWithPagedKVCacheWrapper.__init__": (["self", "float_workspace_buffer", "kv_layout"], {"kv_layout": "NHD"}),
+    "BatchPODWithPagedKVCacheWrapper.plan": (
+        ["self", "qo_indptr_p", "kv_indptr_p", "kv_indices_p", "last_page_len_p", "qo_indptr_d", "kv_indptr_d",
+         "kv_indices_d", "last_page_len_d", "num_qo_heads", "num_kv_heads", "head_dim", "page_size",
+         "pos_encoding_mode", "window_left", "q_data_type", "kv_data_type", "data_type", "sm_scale", "rope_scale",
+         "rope_theta", "non_blocking"], {"window_left": -1, "q_data_type": "float16", "non_blocking": True}),
+    "BatchPODWithPagedKVCacheWrapper.run": (
+        ["self", "q_p", "paged_kv_cache_p", "q_d", "paged_kv_cache_d", "custom_mask_p", "packed_custom_mask_p",
+         "causal_p", "q_scale", "k_scale", "v_scale", "return_lse", "use_fp16_qk_reduction", "enable_pdl"],
+        {"causal_p": False, "return_lse": False}),
     "apply_llama31_rope_pos_ids": (
         ["q", "k", "pos_ids", "rotary_dim", "interleave", "rope_scale", "rope_theta", "low_freq_factor",
          "high_freq_factor", "old_context_len"],
@@ -171,6 +196,8 @@ def test_install_as_flashinfer() -> None:
             "from flashinfer.decode import fast_decode_plan\n"
             "from flashinfer.cascade import merge_state\n"
             "from flashinfer.mla import BatchMLAPagedAttentionWrapper\n"
+            "from flashinfer.pod import BatchPODWithPagedKVCacheWrapper\n"
+            "assert BatchPODWithPagedKVCacheWrapper is compat.BatchPODWithPagedKVCacheWrapper\n"
             "assert flashinfer is compat and fast_decode_plan is compat.fast_decode_plan\n"
             "assert BatchMLAPagedAttentionWrapper is compat.BatchMLAPagedAttentionWrapper\n"
             "print(flashinfer.__version__)\n")
