@@ -243,6 +243,8 @@ def test_remembered_split_goes_without_gc() -> None:
     q = torch.randn(2, 4, 64)
     combined = paged.combined()
     wrapper.run(q, combined)
+    wrapper.run(q, combined)
+    assert any(owner.splits for owner in wrapper._kv._owners.values())
     storage = weakref.ref(combined.untyped_storage())
     gc.disable()
     try:
@@ -261,7 +263,8 @@ def test_combined_tensor_changed_in_place_is_validated_again() -> None:
     wrapper.plan(paged.indptr, paged.indices, paged.last_page_len, 4, 2, 64, 16, q_data_type=torch.float32)
     q = torch.randn(2, 4, 64)
     combined = paged.combined()
-    first = wrapper.run(q, combined)
+    wrapper.run(q, combined)
+    first = wrapper.run(q, combined)  # the second sight of its memory keeps the split
     old = weakref.ref(combined.untyped_storage())
     layer2 = other_layer(paged)
     combined.set_(layer2.combined())  # new memory, same shape
@@ -287,8 +290,11 @@ def test_remembered_pages_equal_a_validated_cache() -> None:
     for pages, (k, v) in (((paged.k_pages, paged.v_pages), (paged.k_pages, paged.v_pages)),
                           (combined, (combined[:, 0], combined[:, 1]))):
         forms.cache(pages, 0.5, 2.0)
-        fast = forms.cache(pages, 0.5, 2.0)
+        forms.cache(pages, 0.5, 2.0)
+        fast = forms.cache(pages, 0.5, 2.0)  # the remembered path (a combined tensor's split from its second sight)
         full = PagedKVCache(k, v, "HND", 0.5, 2.0)
+        if pages is combined:  # the split's views share the storage without referencing the caller's tensor
+            assert fast.k_pages._base is None and fast.v_pages._base is None
         for field in PagedKVCache.__slots__:
             got, want = getattr(fast, field), getattr(full, field)
             if isinstance(want, torch.Tensor):

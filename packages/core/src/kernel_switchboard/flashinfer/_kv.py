@@ -10,10 +10,11 @@ remembered paths, neither of which keeps the caller's tensors alive:
   (``resize_``, ``set_``) must be passed as a new object.
 - a combined tensor, by its address, shape, strides, dtype and device, which also serves an engine that passes a
   fresh view of the same memory at every call. Splitting it into K and V costs more than the rest of a ``run``, so
-  the split is kept: K and V views made over the tensor's storage without referencing the tensor (a view made by
-  indexing would keep its base, the caller's tensor, alive). They are remembered for as long as the tensor that owns
-  the memory (its ``_base``, or itself) lives, through a weak reference to it; a tensor reshaped in place no longer
-  matches what was remembered and is validated again, and memory it gave up in place is released then.
+  the split is kept from the second call on: K and V views made over the tensor's storage without referencing the
+  tensor (a view made by indexing would keep its base, the caller's tensor, alive). They are remembered for as long
+  as the tensor that owns the memory (its ``_base``, or itself) lives, through a weak reference to it; a tensor
+  reshaped in place no longer matches what was remembered and is validated again, and memory it gave up in place is
+  released then.
 """
 
 from __future__ import annotations
@@ -44,13 +45,15 @@ class _Split:
 
 
 class _Owner:
-    """The remembered splits of the tensors whose memory one tensor owns, dropped when it goes (weak reference)."""
+    """The remembered splits of the tensors whose memory one tensor owns, dropped when it goes (weak reference); and
+    the addresses seen once (a split is made at the second sight: memory passed once is not worth its views)."""
 
-    __slots__ = ("device", "ref", "splits")
+    __slots__ = ("device", "ref", "seen", "splits")
 
     def __init__(self, ref: weakref.ref[torch.Tensor], device: int) -> None:
         self.ref, self.device = ref, device
         self.splits: dict[int, _Split] = {}
+        self.seen: set[int] = set()
 
 
 class KVForms:
@@ -142,11 +145,17 @@ class KVForms:
         stale = [ptr for ptr, split in owner.splits.items() if split.storage is not storage]
         for ptr in stale:  # memory the owner gave up in place (resize_, set_): released now
             del owner.splits[ptr]
+        address = kv.data_ptr()
+        if address not in owner.seen:
+            if len(owner.seen) >= _MAX_PER_OWNER:
+                owner.seen.clear()
+            owner.seen.add(address)
+            return
         if len(owner.splits) >= _MAX_PER_OWNER:
             owner.splits.clear()
         k, v = (_storage_view(t) for t in (cache.k_pages, cache.v_pages))
         kept = rebound(k, v, self.layout, (cache.k_scale, cache.v_scale), cache._dims)  # type: ignore[arg-type]
-        owner.splits[kv.data_ptr()] = _Split(kv, kept, scales)
+        owner.splits[address] = _Split(kv, kept, scales)
 
     def _split(self, paged_kv_cache: Any, pair: bool) -> tuple[torch.Tensor, torch.Tensor]:
         if pair:
