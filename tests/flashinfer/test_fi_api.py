@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from fi_oracle import make_paged, qo_indptr, workspace
+from fi_oracle import attention, close, make_paged, other_layer, qo_indptr, workspace
 
 import kernel_switchboard.flashinfer as flashinfer
 from kernel_switchboard import InvalidArgumentError
@@ -49,6 +49,31 @@ SIGNATURES: dict[str, tuple[list[str], dict[str, Any]]] = {
          "num_qo_heads", "num_kv_heads", "head_dim", "page_size", "causal", "pos_encoding_mode",
          "use_fp16_qk_reduction", "sm_scale", "window_left", "logits_soft_cap", "rope_scale", "rope_theta",
          "q_data_type", "kv_data_type"], {"causal": False}),
+    "PODWithPagedKVCacheWrapper.__init__": (
+        ["self", "float_workspace_buffer", "kv_layout", "use_cuda_graph", "paged_kv_indptr_buffer",
+         "paged_kv_indices_buffer", "paged_kv_last_page_len_buffer", "jit_args"],
+        {"kv_layout": "NHD", "use_cuda_graph": False}),
+    "PODWithPagedKVCacheWrapper.plan": (
+        ["self", "indptr", "indices", "last_page_len", "num_qo_heads", "num_kv_heads", "head_dim", "page_size",
+         "pos_encoding_mode", "window_left", "q_data_type", "kv_data_type", "data_type", "sm_scale", "rope_scale",
+         "rope_theta", "non_blocking"], {"pos_encoding_mode": "NONE", "window_left": -1, "q_data_type": "float16"}),
+    "PODWithPagedKVCacheWrapper.run": (
+        ["self", "q_p", "k_p", "v_p", "q_d", "paged_kv_cache_d", "custom_mask_p", "packed_custom_mask_p", "causal_p",
+         "kv_layout_p", "pos_encoding_mode_p", "sm_scale_p", "window_left_p", "rope_scale_p", "rope_theta_p",
+         "return_lse_p", "custom_mask_d", "packed_custom_mask_d", "causal_d", "kv_layout_d", "pos_encoding_mode_d",
+         "sm_scale_d", "window_left_d", "rope_scale_d", "rope_theta_d", "q_scale", "k_scale", "v_scale",
+         "return_lse_d", "use_fp16_qk_reduction", "enable_pdl", "args"],
+        {"causal_p": False, "kv_layout_p": "NHD", "window_left_p": -1, "window_left_d": -1}),
+    "BatchPODWithPagedKVCacheWrapper.__init__": (["self", "float_workspace_buffer", "kv_layout"], {"kv_layout": "NHD"}),
+    "BatchPODWithPagedKVCacheWrapper.plan": (
+        ["self", "qo_indptr_p", "kv_indptr_p", "kv_indices_p", "last_page_len_p", "qo_indptr_d", "kv_indptr_d",
+         "kv_indices_d", "last_page_len_d", "num_qo_heads", "num_kv_heads", "head_dim", "page_size",
+         "pos_encoding_mode", "window_left", "q_data_type", "kv_data_type", "data_type", "sm_scale", "rope_scale",
+         "rope_theta", "non_blocking"], {"window_left": -1, "q_data_type": "float16", "non_blocking": True}),
+    "BatchPODWithPagedKVCacheWrapper.run": (
+        ["self", "q_p", "paged_kv_cache_p", "q_d", "paged_kv_cache_d", "custom_mask_p", "packed_custom_mask_p",
+         "causal_p", "q_scale", "k_scale", "v_scale", "return_lse", "use_fp16_qk_reduction", "enable_pdl"],
+        {"causal_p": False, "return_lse": False}),
     "apply_llama31_rope_pos_ids": (
         ["q", "k", "pos_ids", "rotary_dim", "interleave", "rope_scale", "rope_theta", "low_freq_factor",
          "high_freq_factor", "old_context_len"],
@@ -171,6 +196,8 @@ def test_install_as_flashinfer() -> None:
             "from flashinfer.decode import fast_decode_plan\n"
             "from flashinfer.cascade import merge_state\n"
             "from flashinfer.mla import BatchMLAPagedAttentionWrapper\n"
+            "from flashinfer.pod import BatchPODWithPagedKVCacheWrapper\n"
+            "assert BatchPODWithPagedKVCacheWrapper is compat.BatchPODWithPagedKVCacheWrapper\n"
             "assert flashinfer is compat and fast_decode_plan is compat.fast_decode_plan\n"
             "assert BatchMLAPagedAttentionWrapper is compat.BatchMLAPagedAttentionWrapper\n"
             "print(flashinfer.__version__)\n")
@@ -180,7 +207,8 @@ def test_install_as_flashinfer() -> None:
 
 
 def test_kv_pages_are_not_kept_alive() -> None:
-    """The wrapper remembers page tensors by weak reference: once the caller drops them, nothing of them remains."""
+    """The wrapper remembers page tensors by weak reference (a pair) or keeps the split of a combined tensor in views
+    over its storage that do not reference it: once the caller drops them, nothing of them remains, memory included."""
     import gc
     import weakref
 
@@ -192,25 +220,88 @@ def test_kv_pages_are_not_kept_alive() -> None:
     first = wrapper.run(q, (k, v))
     assert torch.equal(wrapper.run(q, (k, v)), first)  # the second call takes the remembered path
     assert torch.equal(wrapper.run(q, combined), first)
+    assert torch.equal(wrapper.run(q, combined), first)
+    assert torch.equal(wrapper.run(q, combined.permute(0, 1, 2, 3, 4)), first)  # a fresh view: remembered too
+    assert wrapper._kv._owners
     refs = [weakref.ref(t) for t in (k, v, combined)]
+    storage = weakref.ref(combined.untyped_storage())
     del k, v, combined, paged
     gc.collect()
     assert all(r() is None for r in refs)
-    assert not wrapper._kv._known
+    assert storage() is None  # the remembered K/V views have gone with the tensor
+    assert not wrapper._kv._known and not wrapper._kv._owners
+
+
+def test_remembered_split_goes_without_gc() -> None:
+    """The remembered split of a combined tensor is released as soon as the tensor's last reference goes (no cycle
+    waits for the garbage collector), with the wrapper alive."""
+    import gc
+    import weakref
+
+    wrapper, paged = _decode_wrapper()
+    wrapper.plan(paged.indptr, paged.indices, paged.last_page_len, 4, 2, 64, 16, q_data_type=torch.float32)
+    q = torch.randn(2, 4, 64)
+    combined = paged.combined()
+    wrapper.run(q, combined)
+    wrapper.run(q, combined)
+    assert any(owner.splits for owner in wrapper._kv._owners.values())
+    storage = weakref.ref(combined.untyped_storage())
+    gc.disable()
+    try:
+        del combined
+        assert storage() is None and not wrapper._kv._owners
+    finally:
+        gc.enable()
+
+
+def test_combined_tensor_changed_in_place_is_validated_again() -> None:
+    """A combined tensor reshaped or moved to new memory in place is not served from what was remembered of it; the
+    memory it gave up is released."""
+    import weakref
+
+    wrapper, paged = _decode_wrapper()
+    wrapper.plan(paged.indptr, paged.indices, paged.last_page_len, 4, 2, 64, 16, q_data_type=torch.float32)
+    q = torch.randn(2, 4, 64)
+    combined = paged.combined()
+    wrapper.run(q, combined)
+    first = wrapper.run(q, combined)  # the second sight of its memory keeps the split
+    old = weakref.ref(combined.untyped_storage())
+    layer2 = other_layer(paged)
+    combined.set_(layer2.combined())  # new memory, same shape
+    assert old() is not None  # still held by the remembered split until the next call sees the change
+    second = wrapper.run(q, combined)
+    want = torch.cat([attention(q[b:b + 1], layer2.keys[b], layer2.values[b], causal=True)[0] for b in range(2)])
+    close(second, want, torch.float32)
+    assert not torch.equal(first, second)
+    assert old() is None
+    combined.set_(combined.untyped_storage(), 0, (combined.shape[0] - 1, *combined.shape[1:]), combined.stride())
+    with pytest.raises(InvalidArgumentError, match="cache"):  # fewer pages than the table uses: checked again
+        wrapper.run(q, combined)
 
 
 def test_remembered_pages_equal_a_validated_cache() -> None:
-    """The fast path builds the same PagedKVCache a full construction does."""
-    from kernel_switchboard.flashinfer._common import KVForms
+    """The remembered paths build the same PagedKVCache a full construction does."""
+    from kernel_switchboard.flashinfer._kv import KVForms
     from kernel_switchboard.paged import PagedKVCache
 
     paged = make_paged([5, 9], 16, 2, 64, layout="HND", dtype=torch.float8_e4m3fn)
     forms = KVForms("HND")
-    forms.cache((paged.k_pages, paged.v_pages), 0.5, 2.0)
-    fast = forms.cache((paged.k_pages, paged.v_pages), 0.5, 2.0)
-    full = PagedKVCache(paged.k_pages, paged.v_pages, "HND", 0.5, 2.0)
-    for field in PagedKVCache.__slots__:
-        assert getattr(fast, field) is getattr(full, field) or getattr(fast, field) == getattr(full, field), field
+    combined = paged.combined()
+    for pages, (k, v) in (((paged.k_pages, paged.v_pages), (paged.k_pages, paged.v_pages)),
+                          (combined, (combined[:, 0], combined[:, 1]))):
+        forms.cache(pages, 0.5, 2.0)
+        forms.cache(pages, 0.5, 2.0)
+        fast = forms.cache(pages, 0.5, 2.0)  # the remembered path (a combined tensor's split from its second sight)
+        full = PagedKVCache(k, v, "HND", 0.5, 2.0)
+        if pages is combined:  # the split's views share the storage without referencing the caller's tensor
+            assert fast.k_pages._base is None and fast.v_pages._base is None
+        for field in PagedKVCache.__slots__:
+            got, want = getattr(fast, field), getattr(full, field)
+            if isinstance(want, torch.Tensor):
+                assert (got.data_ptr(), got.shape, got.stride(), got.dtype) == \
+                    (want.data_ptr(), want.shape, want.stride(), want.dtype), field
+            else:
+                assert got == want, field
 
 
 def test_bench_preset_host_overhead_runs_on_cpu() -> None:

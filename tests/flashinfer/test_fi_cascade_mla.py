@@ -106,21 +106,32 @@ def _mla_pages(kv_lens: list[int], page_size: int) -> tuple:
 
 
 def _mla_expected(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv: torch.Tensor, kpe: torch.Tensor,
-                  indptr: torch.Tensor, indices: torch.Tensor, kv_lens: list[int], q_len: int, sm_scale: float
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    outs, lses = [], []
-    for b, n in enumerate(kv_lens):
+                  indptr: torch.Tensor, indices: torch.Tensor, kv_lens: list[int], qo_lens: list[int] | int,
+                  sm_scale: float, causal: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """MLA in float64, request by request: qo_lens[b] query rows (packed), K = [ckv, kpe], V = ckv over the request's
+    kv_lens[b] latent tokens; query i of a request sits at position kv_len - qo_len + i. Rows with nothing to attend:
+    out 0, lse -inf. LSE in base 2."""
+    qo_lens = [qo_lens] * len(kv_lens) if isinstance(qo_lens, int) else qo_lens
+    outs, lses, at = [], [], 0
+    for b, (n, t) in enumerate(zip(kv_lens, qo_lens)):
         pages = indices[indptr[b]:indptr[b + 1]].tolist()
-        c = torch.cat([ckv[p] for p in pages])[:n].double()
-        r = torch.cat([kpe[p] for p in pages])[:n].double()
-        qn, qp = q_nope[b * q_len:(b + 1) * q_len].double(), q_pe[b * q_len:(b + 1) * q_len].double()
+        c = torch.cat([ckv[p] for p in pages])[:n].double() if pages else torch.zeros(0, CKV, dtype=torch.float64)
+        r = torch.cat([kpe[p] for p in pages])[:n].double() if pages else torch.zeros(0, KPE, dtype=torch.float64)
+        qn, qp = q_nope[at:at + t].double(), q_pe[at:at + t].double()
+        at += t
         s = (torch.einsum("thd,nd->thn", qn, c) + torch.einsum("thd,nd->thn", qp, r)) * sm_scale
-        pos = torch.arange(q_len)[:, None, None] + n - q_len
-        s = s.masked_fill(torch.arange(n)[None, None, :] > pos, float("-inf"))
+        if causal:
+            pos = torch.arange(t)[:, None, None] + n - t
+            s = s.masked_fill(torch.arange(n)[None, None, :] > pos, float("-inf"))
         lse = torch.logsumexp(s, -1)
-        outs.append(torch.einsum("thn,nd->thd", torch.exp(s - lse[..., None]), c))
+        w = torch.where(torch.isfinite(lse)[..., None], torch.exp(s - lse[..., None]), torch.zeros_like(s))
+        outs.append(torch.einsum("thn,nd->thd", w, c))
         lses.append(lse * LOG2E)
     return torch.cat(outs), torch.cat(lses)
+
+
+def _plan_kind(wrapper: object) -> str:
+    return type(next(iter(wrapper._plans.values()))).__name__  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(("q_len", "page_size"), [(1, 1), (1, 64), (2, 16)])
@@ -133,12 +144,63 @@ def test_mla_decode(q_len: int, page_size: int) -> None:
     wrapper = flashinfer.BatchMLAPagedAttentionWrapper(workspace())
     wrapper.plan(qo_indptr([q_len] * len(kv_lens)), indptr, indices, lens, HEADS, CKV, KPE, page_size, q_len > 1,
                  sm_scale, torch.float32, torch.float32)
+    assert _plan_kind(wrapper) == "MLADecodePlan"  # one token per request, or T causal ones: decode rows
     out, lse = wrapper.run(q_nope, q_pe, ckv, kpe, return_lse=True)
     want_out, want_lse = _mla_expected(q_nope, q_pe, ckv, kpe, indptr, indices, kv_lens, q_len, sm_scale)
     close(out, want_out, torch.float32)
     close(lse, want_lse, torch.float32)
     _, lse_e = wrapper.run(q_nope, q_pe, ckv, kpe, return_lse=True, return_lse_base_on_e=True)
     close(lse_e, want_lse / LOG2E, torch.float32)
+
+
+# uneven query counts (FlashInfer's qo_indptr), requests without new tokens or without cached tokens, non-causal
+MLA_PREFILL_CASES = [
+    ([3, 17, 0, 40], [2, 5, 0, 1], 1, True),
+    ([70, 9, 130], [0, 9, 4], 64, True),
+    ([33, 5, 0], [4, 1, 0], 16, True),
+    ([5, 12, 0], [3, 3, 3], 16, False),
+    ([20, 64, 1], [7, 0, 2], 64, False),
+]
+
+
+@pytest.mark.parametrize(("kv_lens", "qo_lens", "page_size", "causal"), MLA_PREFILL_CASES)
+def test_mla_uneven_query_counts(kv_lens: list[int], qo_lens: list[int], page_size: int, causal: bool) -> None:
+    """Chunked prefill / mixed batches through ``attention.plan_mla_prefill``, with ``out`` / ``lse`` given."""
+    ckv, kpe, indptr, indices, lens = _mla_pages(kv_lens, page_size)
+    rows = sum(qo_lens)
+    q_nope, q_pe = torch.randn(rows, HEADS, CKV), torch.randn(rows, HEADS, KPE)
+    sm_scale = 0.07
+    wrapper = flashinfer.BatchMLAPagedAttentionWrapper(workspace())
+    wrapper.plan(qo_indptr(qo_lens), indptr, indices, lens, HEADS, CKV, KPE, page_size, causal, sm_scale,
+                 torch.float32, torch.float32)
+    assert _plan_kind(wrapper) == "MLAPrefillPlan"
+    want_out, want_lse = _mla_expected(q_nope, q_pe, ckv, kpe, indptr, indices, kv_lens, qo_lens, sm_scale, causal)
+    out, lse = torch.full((rows, HEADS, CKV), float("nan")), torch.full((rows, HEADS), float("nan"))
+    got_out, got_lse = wrapper.run(q_nope, q_pe, ckv, kpe, out=out, lse=lse, return_lse=True)
+    assert got_out.data_ptr() == out.data_ptr() and got_lse.data_ptr() == lse.data_ptr()
+    close(out, want_out, torch.float32)
+    close(lse, want_lse, torch.float32)
+    close(wrapper.run(q_nope, q_pe, ckv, kpe), want_out, torch.float32)
+    _, lse_e = wrapper.run_return_lse(q_nope, q_pe, ckv, kpe, return_lse_base_on_e=True)
+    close(lse_e, want_lse / LOG2E, torch.float32)
+    # another layer of the same step: the same plan over its own latent pages
+    ckv2, kpe2 = torch.randn_like(ckv), torch.randn_like(kpe)
+    close(wrapper.run(q_nope, q_pe, ckv2, kpe2),
+          _mla_expected(q_nope, q_pe, ckv2, kpe2, indptr, indices, kv_lens, qo_lens, sm_scale, causal)[0],
+          torch.float32)
+
+
+def test_mla_uneven_query_counts_bf16() -> None:
+    kv_lens, qo_lens = [9, 30], [3, 1]
+    ckv, kpe, indptr, indices, lens = _mla_pages(kv_lens, 16)
+    ckv, kpe = ckv.bfloat16(), kpe.bfloat16()
+    q_nope, q_pe = torch.randn(4, HEADS, CKV).bfloat16(), torch.randn(4, HEADS, KPE).bfloat16()
+    wrapper = flashinfer.BatchMLAPagedAttentionWrapper(workspace())
+    wrapper.plan(qo_indptr(qo_lens), indptr, indices, lens, HEADS, CKV, KPE, 16, True, 0.1, torch.bfloat16,
+                 torch.bfloat16)
+    out = wrapper.run(q_nope, q_pe, ckv, kpe)
+    assert out.dtype == torch.bfloat16
+    close(out, _mla_expected(q_nope, q_pe, ckv, kpe, indptr, indices, kv_lens, qo_lens, 0.1)[0], torch.bfloat16)
 
 
 def test_mla_cuda_graph_buffers() -> None:
@@ -163,14 +225,23 @@ def test_mla_cuda_graph_buffers() -> None:
     bufs[3].copy_(torch.tensor(lens2, dtype=torch.int32))
     wrapper.run(q_nope, q_pe, ckv, kpe, out=out)
     close(out, _mla_expected(q_nope, q_pe, ckv, kpe, indptr2, order, lens2, 1, sm_scale)[0], torch.float32)
+    # uneven query counts are served without CUDA graphs only: refused by name here
+    with pytest.raises(InvalidArgumentError, match="qo_indptr"):
+        wrapper.plan(torch.tensor([0, 2, 3, 3], dtype=torch.int32), indptr, indices, lens, HEADS, CKV, KPE,
+                     page_size, True, sm_scale, torch.float32, torch.float32)
 
 
-def test_mla_refuses_ragged_query_counts_and_fp8() -> None:
+def test_mla_refusals() -> None:
     _, _, indptr, indices, lens = _mla_pages([4, 8], 16)
     wrapper = flashinfer.BatchMLAPagedAttentionWrapper(workspace())
-    with pytest.raises(InvalidArgumentError, match="qo_indptr"):
-        wrapper.plan(qo_indptr([1, 2]), indptr, indices, lens, HEADS, CKV, KPE, 16, True, 0.1, torch.float32,
+    with pytest.raises(InvalidArgumentError, match="qo_indptr"):  # causal queries are the last tokens
+        wrapper.plan(qo_indptr([5, 2]), indptr, indices, lens, HEADS, CKV, KPE, 16, True, 0.1, torch.float32,
                      torch.float32)
     with pytest.raises(InvalidArgumentError, match="kv_data_type"):
         wrapper.plan(qo_indptr([1, 1]), indptr, indices, lens, HEADS, CKV, KPE, 16, False, 0.1, torch.bfloat16,
                      torch.float8_e4m3fn)
+    wrapper.plan(qo_indptr([1, 3]), indptr, indices, lens, HEADS, CKV, KPE, 16, True, 0.1, torch.float32,
+                 torch.float32)
+    with pytest.raises(InvalidArgumentError, match="q_nope"):  # 4 packed rows planned
+        wrapper.run(torch.randn(3, HEADS, CKV), torch.randn(3, HEADS, KPE), torch.randn(2, 16, CKV),
+                    torch.randn(2, 16, KPE))

@@ -167,6 +167,95 @@ def test_mla_decode(fi: Any, ws: torch.Tensor) -> None:
     _near(outs[1][1], outs[0][1], 1e-2)
 
 
+def test_mla_uneven_query_counts(fi: Any, ws: torch.Tensor) -> None:
+    """Chunked prefill of DeepSeek-style MLA: uneven new-token counts per request (one without), causal."""
+    heads, ckv_dim, kpe_dim, page = 128, 512, 64, 64
+    qo_lens, kv_lens = [1, 7, 0, 64, 300], [64, 300, 5, 1024, 300]
+    lens = torch.tensor(kv_lens, dtype=torch.int32, device=DEV)
+    counts = (lens + page - 1) // page
+    indptr = torch.cat((torch.zeros(1, dtype=torch.int32, device=DEV), counts.cumsum(0).to(torch.int32)))
+    pool = int(indptr[-1]) + 5
+    indices = torch.randperm(pool, device=DEV)[: int(indptr[-1])].to(torch.int32)
+    ckv = torch.randn(pool, page, ckv_dim, dtype=BF16, device=DEV)
+    kpe = torch.randn(pool, page, kpe_dim, dtype=BF16, device=DEV)
+    rows = sum(qo_lens)
+    q_nope = torch.randn(rows, heads, ckv_dim, dtype=BF16, device=DEV)
+    q_pe = torch.randn(rows, heads, kpe_dim, dtype=BF16, device=DEV)
+    outs = []
+    for mod in (fi.mla, compat):
+        w = mod.BatchMLAPagedAttentionWrapper(torch.zeros_like(ws))
+        w.plan(qo_indptr(qo_lens).to(DEV), indptr, indices, lens, heads, ckv_dim, kpe_dim, page, True,
+               1 / math.sqrt(192), BF16, BF16)
+        outs.append(w.run(q_nope, q_pe, ckv, kpe, return_lse=True))
+    _near(outs[1][0], outs[0][0])
+    _near(outs[1][1], outs[0][1], 1e-2)
+
+
+def _pod_parts(pool: Any, prefill: int) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    cut = int(pool.indptr[prefill])
+    return ((pool.indptr[:prefill + 1], pool.indices[:cut], pool.last_page_len[:prefill]),
+            (pool.indptr[prefill:] - cut, pool.indices[cut:], pool.last_page_len[prefill:]))
+
+
+@pytest.mark.slow
+def test_batch_pod(fi: Any, ws: torch.Tensor) -> None:
+    """Paged prefill and decode requests of one cache: FlashInfer's batch POD and the compat wrapper (plan_pod)."""
+    qo_lens, kv_p, kv_d = [512, 40, 3], [1024, 40, 300], [17, 2048, 1, 999, 64, 300, 5, 4000]
+    pool = _paged(kv_p + kv_d, 16, "NHD")
+    (ip, xp, lp), (idp, xd, ld) = _pod_parts(pool, len(kv_p))
+    q_p = torch.randn(sum(qo_lens), HQ, D, dtype=BF16, device=DEV)
+    q_d = torch.randn(len(kv_d), HQ, D, dtype=BF16, device=DEV)
+    kv = pool.combined()
+    outs = []
+    for mod in (fi, compat):
+        w = mod.BatchPODWithPagedKVCacheWrapper(torch.zeros_like(ws), "NHD")
+        w.plan(qo_indptr(qo_lens).to(DEV), ip, xp, lp, torch.arange(len(kv_d) + 1, dtype=torch.int32, device=DEV),
+               idp, xd, ld, HQ, HKV, D, 16, q_data_type=BF16, kv_data_type=BF16)
+        outs.append(w.run(q_p, kv, q_d, kv, causal_p=True, return_lse=True))
+    for part in range(2):
+        _near(outs[1][0][part], outs[0][0][part])
+        _near(outs[1][1][part], outs[0][1][part], 1e-2)
+
+
+@pytest.mark.slow
+def test_pod(fi: Any, ws: torch.Tensor) -> None:
+    """FlashInfer's POD test sequence: one prefill request over its own K/V beside paged decode requests."""
+    kv_d = [127, 2048, 1, 300]
+    p = _paged(kv_d, 16, "NHD")
+    q_p = torch.randn(127, HQ, D, dtype=BF16, device=DEV)
+    k_p = torch.randn(300, HKV, D, dtype=BF16, device=DEV)
+    v_p = torch.randn(300, HKV, D, dtype=BF16, device=DEV)
+    q_d = torch.randn(len(kv_d), HQ, D, dtype=BF16, device=DEV)
+    outs = []
+    for mod in (fi, compat):
+        w = mod.PODWithPagedKVCacheWrapper(torch.zeros_like(ws), "NHD")
+        w.plan(p.indptr, p.indices, p.last_page_len, HQ, HKV, D, 16, data_type=BF16, q_data_type=BF16)
+        outs.append(w.run(q_p, k_p, v_p, q_d, p.combined(), causal_p=True))
+    _near(outs[1][0], outs[0][0])
+    _near(outs[1][1], outs[0][1])
+
+
+def test_decode_tensor_scales_equal_float_scales(ws: torch.Tensor) -> None:
+    """fp8 pages read with k_scale / v_scale tensors (per tensor and per KV head) on the GPU kernels: equal to the
+    same scales as floats (per head: to each head's float scale), and an in-place update is read by the next run."""
+    p = _paged(LENS, 16, "NHD", dtype=torch.float8_e4m3fn)
+    q = torch.randn(len(LENS), HQ, D, dtype=BF16, device=DEV)
+    w = compat.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+    w.plan(p.indptr, p.indices, p.last_page_len, HQ, HKV, D, 16, q_data_type=BF16, kv_data_type=torch.float8_e4m3fn)
+    kv = p.combined()
+    want = w.run(q, kv, k_scale=0.5, v_scale=2.0)
+    ks, vs = torch.tensor(0.5, device=DEV), torch.tensor([2.0], device=DEV)
+    _near(w.run(q, kv, k_scale=ks, v_scale=vs), want, 1e-2)
+    ks.fill_(1.5)
+    _near(w.run(q, kv, k_scale=ks, v_scale=vs), w.run(q, kv, k_scale=1.5, v_scale=2.0), 1e-2)
+    heads_k = torch.tensor([0.5 + h / 8 for h in range(HKV)], device=DEV)
+    got = w.run(q, kv, k_scale=heads_k, v_scale=vs)
+    group = HQ // HKV
+    for h in range(HKV):
+        ref = w.run(q, kv, k_scale=float(heads_k[h]), v_scale=2.0)
+        _near(got[:, h * group:(h + 1) * group], ref[:, h * group:(h + 1) * group], 1e-2)
+
+
 def test_merge_state(fi: Any) -> None:
     v_a, v_b = (torch.randn(100, HQ, D, dtype=BF16, device=DEV) for _ in range(2))
     s_a, s_b = (torch.randn(100, HQ, device=DEV) * 3 for _ in range(2))
@@ -336,6 +425,30 @@ def test_decode_wrapper_in_a_cuda_graph(ws: torch.Tensor) -> None:
         graph.replay()
         eager.plan(indptr, indices, last, HQ, HKV, D, page, q_data_type=BF16)
         _near(out, eager.run(q, kv), 1e-2)
+
+
+def test_decode_combined_cache_in_a_cuda_graph(ws: torch.Tensor) -> None:
+    """vLLM passes a fresh view of its (pages, 2, ...) layer cache at every call: after the first run the compat
+    layer serves it from the remembered split, allocating nothing, and a captured run replays correctly."""
+    batch, page = 4, 16
+    p = _paged([5, 100, 33, 1000], page, "NHD")
+    kv = p.combined()
+    w = compat.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+    w.plan(p.indptr, p.indices, p.last_page_len, HQ, HKV, D, page, q_data_type=BF16)
+    q = torch.randn(batch, HQ, D, dtype=BF16, device=DEV)
+    out = torch.empty(batch, HQ, D, dtype=BF16, device=DEV)
+    w.run(q, kv.permute(0, 1, 2, 3, 4), out=out)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()["allocation.all.allocated"]
+    w.run(q, kv.permute(0, 1, 2, 3, 4), out=out)
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_stats()["allocation.all.allocated"] == before, "run allocated device memory"
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        w.run(q, kv.permute(0, 1, 2, 3, 4), out=out)
+    kv.copy_(torch.randn_like(kv, dtype=torch.float32).to(BF16))  # the next step's cache contents, in place
+    graph.replay()
+    _near(out, w.run(q, (kv[:, 0], kv[:, 1])), 1e-2)
 
 
 def _step(lens: list[int], page: int, pool: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

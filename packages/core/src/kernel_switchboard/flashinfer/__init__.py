@@ -23,7 +23,7 @@ from __future__ import annotations
 import sys
 
 from ..errors import fail
-from . import activation, cascade, decode, gemm, mla, norm, page, prefill, rope, sampling
+from . import activation, cascade, decode, gemm, mla, norm, page, pod, prefill, rope, sampling
 from .activation import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul
 from .cascade import MultiLevelCascadeAttentionWrapper, merge_state, merge_state_in_place, merge_states
 from .decode import (
@@ -36,6 +36,7 @@ from .gemm import SegmentGEMMWrapper, bmm_fp8
 from .mla import BatchMLAPagedAttentionWrapper
 from .norm import fused_add_rmsnorm, gemma_fused_add_rmsnorm, gemma_rmsnorm, layernorm, rmsnorm
 from .page import append_paged_kv_cache, append_paged_mla_kv_cache, get_batch_indices_positions, get_seq_lens
+from .pod import BatchPODWithPagedKVCacheWrapper, PODWithPagedKVCacheWrapper
 from .prefill import (
     BatchPrefillWithPagedKVCacheWrapper,
     BatchPrefillWithRaggedKVCacheWrapper,
@@ -74,7 +75,7 @@ __version__ = "0.6.18"
 
 #: FlashInfer's module names served here, for :func:`install_as_flashinfer`
 MODULES = {"activation": activation, "cascade": cascade, "decode": decode, "gemm": gemm, "mla": mla, "norm": norm,
-           "page": page, "prefill": prefill, "rope": rope, "sampling": sampling}
+           "page": page, "pod": pod, "prefill": prefill, "rope": rope, "sampling": sampling}
 
 
 def install_as_flashinfer() -> None:
@@ -94,10 +95,12 @@ def install_as_flashinfer() -> None:
 __all__ = [
     "BatchDecodeWithPagedKVCacheWrapper",
     "BatchMLAPagedAttentionWrapper",
+    "BatchPODWithPagedKVCacheWrapper",
     "BatchPrefillWithPagedKVCacheWrapper",
     "BatchPrefillWithRaggedKVCacheWrapper",
     "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
     "MultiLevelCascadeAttentionWrapper",
+    "PODWithPagedKVCacheWrapper",
     "SegmentGEMMWrapper",
     "__version__",
     "activation",
@@ -135,6 +138,7 @@ __all__ = [
     "mla",
     "norm",
     "page",
+    "pod",
     "prefill",
     "rmsnorm",
     "rope",

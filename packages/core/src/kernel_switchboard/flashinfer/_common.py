@@ -1,24 +1,27 @@
-"""Pieces every module of :mod:`kernel_switchboard.flashinfer` shares: refusals, dtype names, FlashInfer's paged-KV
-forms, base-2 log-sum-exp, and page tables built from FlashInfer's CSR description (once per plan, or rewritten in
-place at every run for CUDA graphs)."""
+"""Pieces every module of :mod:`kernel_switchboard.flashinfer` shares: refusals, dtype names, base-2 log-sum-exp,
+and page tables built from FlashInfer's CSR description (once per plan, or rewritten in place at every run for CUDA
+graphs). FlashInfer's paged KV forms are in :mod:`._kv`."""
 
 from __future__ import annotations
 
 import itertools
 import math
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from ..errors import InvalidArgumentError, fail
-from ..paged import FP8_DTYPES, PagedKVCache, PageTable
+from ..paged import PageTable
 
 #: FlashInfer's log-sum-exp is base 2 (``log2(sum(exp2(...)))``), the switchboard's natural: ``lse2 = lse * LOG2E``
 LOG2E = 1.0 / math.log(2.0)
 #: and back: ``lse = lse2 * LN2``
 LN2 = math.log(2.0)
+#: ``LOG2E`` as a 0-d float32 CPU tensor, for converting an LSE in place: ``lse.mul_(LOG2E_TENSOR)``. It multiplies a
+#: tensor on any device as a scalar (a captured graph keeps its value), in float32 as the Python float would, with
+#: half the host work of wrapping a Python float at every call. Never written.
+LOG2E_TENSOR = torch.tensor(LOG2E, dtype=torch.float32, device="cpu")
 
 #: implementation backends FlashInfer's wrappers accept; whichever is named, the switchboard ranks its own kernels
 BACKENDS = ("auto", "fa2", "fa3", "cudnn", "cutlass", "trtllm-gen", "cute-dsl")
@@ -73,12 +76,14 @@ def to_dtype(value: Any, name: str) -> torch.dtype:
 
 
 def scale_value(value: Any, name: str) -> float:
-    """A calibration scale as a host float (1.0 for None); a tensor scale would need a device read per call."""
+    """A calibration scale as a host float (1.0 for None). Tensor scales are served only where the cache can carry
+    them (k_scale / v_scale of fp8 pages in the batch wrappers): elsewhere they would need a device read per call."""
     if value is None:
         return 1.0
     if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf:
         return float(value)
-    raise fail(name, _shown(value), "a positive Python float or None (tensor scales are not served)")
+    raise fail(name, _shown(value), "a positive Python float or None (a tensor scale is served only as k_scale / "
+                                     "v_scale of fp8 pages in the batch wrappers' run)")
 
 
 def window_of(window_left: Any) -> int | None:
@@ -109,106 +114,6 @@ def merge_legacy_args(api: str, names: Sequence[str], args: tuple[Any, ...], kwa
 
 def _shown(value: Any) -> Any:
     return f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else value
-
-
-# -- paged KV forms ---------------------------------------------------------------------------------------------
-class KVForms:
-    """:class:`PagedKVCache` objects for FlashInfer's paged KV forms: a ``(k, v)`` pair of 4-d tensors, or one 5-d
-    tensor holding K at ``[:, 0]`` and V at ``[:, 1]``, in ``layout``.
-
-    The full validation runs once per tensor geometry (shapes, strides, dtypes, devices, scales); later calls only
-    rebind the tensors. A one-tensor cache is recognised by its own geometry (an engine passes a fresh view of it at
-    every call); a (k, v) pair by the identity of its tensors, through weak references (an engine passes the same
-    per-layer tensors at every step). Nothing keeps the caller's tensors alive. A pair tensor whose shape or strides
-    are changed in place (``resize_``, ``set_``) must be passed as a new object.
-    """
-
-    __slots__ = ("__weakref__", "_known", "_page_dim", "_seen", "layout")
-
-    def __init__(self, layout: str) -> None:
-        self.layout = layout
-        self._page_dim = -3 if layout == "NHD" else -2
-        self._seen: dict[tuple[Any, ...], tuple[int, ...]] = {}
-        #: id of a pair's K seen before -> (weak ref to it, weak ref to its V, scales, dims, fp8)
-        self._known: dict[int, tuple[Any, Any, tuple[float, float], tuple[int, ...], bool]] = {}
-
-    def cache(self, paged_kv_cache: Any, k_scale: float = 1.0, v_scale: float = 1.0) -> PagedKVCache:
-        """The cache of these pages; fp8 pages dequantise as ``stored * scale`` (scales are ignored otherwise).
-        As in FlashInfer, pages without their page dim (a 3-d pair, a 4-d combined tensor) have page size 1."""
-        if type(paged_kv_cache) is tuple or type(paged_kv_cache) is list:
-            if len(paged_kv_cache) == 2:
-                k = paged_kv_cache[0]
-                entry = self._known.get(id(k))
-                if entry is not None and entry[0]() is k and entry[1]() is paged_kv_cache[1] \
-                        and entry[2] == (k_scale, v_scale):
-                    k, v = self._split(paged_kv_cache, True)
-                    return _rebound(k, v, self.layout, entry[2] if entry[4] else (None, None), entry[3])
-            return self._validated(paged_kv_cache, True, k_scale, v_scale)
-        if isinstance(paged_kv_cache, torch.Tensor):  # one tensor: its own geometry fixes K's and V's
-            key = (paged_kv_cache.shape, paged_kv_cache.stride(), paged_kv_cache.dtype, paged_kv_cache.get_device(),
-                   k_scale, v_scale)
-            dims = self._seen.get(key)
-            if dims is not None:
-                k, v = self._split(paged_kv_cache, False)
-                fp8 = paged_kv_cache.dtype in FP8_DTYPES
-                return _rebound(k, v, self.layout, (k_scale, v_scale) if fp8 else (None, None), dims)
-            cache = self._validated(paged_kv_cache, False, k_scale, v_scale)
-            self._seen[key] = cache._dims
-            return cache
-        return self._validated(paged_kv_cache, False, k_scale, v_scale)
-
-    def _split(self, paged_kv_cache: Any, pair: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        if pair:
-            k, v = paged_kv_cache
-            if k.dim() == 3:
-                return k.unsqueeze(self._page_dim), v.unsqueeze(self._page_dim)
-            return k, v
-        kv = paged_kv_cache if paged_kv_cache.dim() != 4 else paged_kv_cache.unsqueeze(self._page_dim)
-        return kv.unbind(1)  # type: ignore[no-any-return]
-
-    def _validated(self, paged_kv_cache: Any, pair: bool, k_scale: float, v_scale: float) -> PagedKVCache:
-        """The full checks (once per geometry); a (k, v) pair is then remembered by identity."""
-        if isinstance(paged_kv_cache, torch.Tensor):
-            kv = paged_kv_cache if paged_kv_cache.dim() != 4 else paged_kv_cache.unsqueeze(self._page_dim)
-            if kv.dim() != 5 or kv.shape[1] != 2:
-                raise fail("paged_kv_cache", _shown(paged_kv_cache),
-                           f"a (k, v) pair of 4-d tensors or one 5-d tensor (pages, 2, ...) in {self.layout} layout")
-        elif not (pair and len(paged_kv_cache) == 2):
-            raise fail("paged_kv_cache", type(paged_kv_cache).__name__,
-                       "a (k, v) pair of 4-d tensors or one 5-d tensor (pages, 2, ...)")
-        elif not all(isinstance(t, torch.Tensor) for t in paged_kv_cache):
-            raise fail("paged_kv_cache", tuple(type(t).__name__ for t in paged_kv_cache), "a (k, v) pair of tensors")
-        k, v = self._split(paged_kv_cache, pair)
-        key = (k.shape, v.shape, k.stride(), v.stride(), k.dtype, v.dtype, k.get_device(), v.get_device(),
-               k_scale, v_scale)
-        dims: tuple[int, ...] | None = self._seen.get(key)
-        fp8 = k.dtype in FP8_DTYPES
-        scales = (k_scale, v_scale) if fp8 else (None, None)
-        if dims is None:
-            dims = PagedKVCache(k, v, self.layout, *scales)._dims
-            if len(self._seen) >= 1024:
-                self._seen.clear()
-            self._seen[key] = dims
-        if pair:
-            if len(self._known) >= 4096:
-                self._known.clear()
-            first = paged_kv_cache[0]
-            known, ident = self._known, id(first)
-            forget = lambda _: known.pop(ident, None)  # the tensor is gone: so is its entry
-            known[ident] = (weakref.ref(first, forget), weakref.ref(paged_kv_cache[1]), (k_scale, v_scale), dims, fp8)
-        return _rebound(k, v, self.layout, scales, dims)
-
-
-def _rebound(k: torch.Tensor, v: torch.Tensor, layout: str, scales: tuple[float | None, float | None],
-             dims: tuple[int, ...]) -> PagedKVCache:
-    """A :class:`PagedKVCache` of pages whose geometry a full construction has already validated (same shapes,
-    strides, dtypes, devices and scales): the same fields without repeating the checks."""
-    cache = object.__new__(PagedKVCache)
-    cache.k_pages, cache.v_pages, cache.layout = k, v, layout
-    cache.k_scale, cache.v_scale = scales
-    cache.scale_tensors = False  # FlashInfer's scales are floats
-    cache._dims = dims  # type: ignore[assignment]
-    return cache
 
 
 # -- page tables from FlashInfer's CSR form ------------------------------------------------------------------------

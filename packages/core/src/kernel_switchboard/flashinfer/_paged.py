@@ -18,9 +18,8 @@ import torch
 from ..errors import fail
 from ..paged import FP8_DTYPES, PageTable
 from ._common import (
-    LOG2E,
+    LOG2E_TENSOR,
     GraphTable,
-    KVForms,
     check_backend,
     check_jit_args,
     check_layout,
@@ -31,6 +30,7 @@ from ._common import (
     to_dtype,
     window_of,
 )
+from ._kv import KVForms
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -114,8 +114,9 @@ class PagedWrapper:
         self._step: Step | None = None
         self._graph: GraphTable | None = None
         self._plans: dict[tuple[Any, ...], Any] = {}
-        #: the plans of the current step and parameters, by (scale factor, return_lse): the run path's lookup
-        self._current: dict[tuple[float | None, bool], Any] = {}
+        #: the plans of the current step and parameters, by (scale factor, return_lse, scale tensors): the run path's
+        #: lookup
+        self._current: dict[tuple[float | None, bool, bool], Any] = {}
         # FlashInfer's per-plan state, read by engines (vLLM checks _sm_scale, _window_left, _logits_soft_cap)
         self._pos_encoding_mode = "NONE"
         self._window_left = -1
@@ -161,26 +162,27 @@ class PagedWrapper:
         self._current = {}
         if not self._use_cuda_graph:
             self._plans.clear()
-        self._plan_for(None, False)  # the plan the step's runs use: made now, outside any capture
+        self._plan_for(None, False, False)  # the plan the step's runs use: made now, outside any capture
 
     def _native(self, step: Step, sm_scale: float, cap: float | None, window: int | None, causal: bool,
-                return_lse: bool) -> Any:
-        """The switchboard plan of ``step`` with these parameters (decode or prefill)."""
+                return_lse: bool, kv_scale_tensor: bool) -> Any:
+        """The switchboard plan of ``step`` with these parameters (decode or prefill); ``kv_scale_tensor``: for caches
+        whose fp8 scales are tensors."""
         raise NotImplementedError
 
-    def _plan_for(self, factor: float | None, return_lse: bool) -> Any:
+    def _plan_for(self, factor: float | None, return_lse: bool, scale_tensors: bool = False) -> Any:
         step = self._step
         assert step is not None
-        key = (step.signature, self._params, factor, return_lse)
+        key = (step.signature, self._params, factor, return_lse, scale_tensors)
         plan = self._plans.get(key)
         if plan is None:
             sm_scale, cap, window, causal = self._params
             sm = (1.0 / math.sqrt(step.head_dim) if sm_scale is None else float(sm_scale)) * (factor or 1.0)
-            plan = self._native(step, sm, cap, window, causal, return_lse)
+            plan = self._native(step, sm, cap, window, causal, return_lse, scale_tensors)
             if len(self._plans) >= self._MAX_PLANS and not self._use_cuda_graph:
                 self._plans.clear()
             self._plans[key] = plan
-        self._current[(factor, return_lse)] = plan
+        self._current[(factor, return_lse, scale_tensors)] = plan
         return plan
 
     # -- run -------------------------------------------------------------------------------------------------------
@@ -188,36 +190,31 @@ class PagedWrapper:
                 out: torch.Tensor | None, lse: torch.Tensor | None, return_lse: bool,
                 base2: bool = True) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """The attention of one run: FlashInfer's scale handling (k/q scales fold into the softmax scale; fp8 pages
-        dequantise by their scales; v_scale multiplies the output), LSE in base 2 unless ``base2`` is False."""
+        dequantise by their scales, which may be tensors; v_scale multiplies the output), LSE in base 2 unless
+        ``base2`` is False. ``out`` / ``lse`` are checked by the switchboard plan (shape, dtype, device) and here for
+        a unit last stride."""
         step = self._step
         if step is None:
             raise fail("plan", "not called", "plan() before run()")
         if q_scale is None and k_scale is None and v_scale is None:  # the common call: no scales
             factor = post = None
+            tensors = False
             cache = self._kv.cache(paged_kv_cache)
         else:
-            factor, post = _factor(q_scale, "q_scale"), None
-            if step.fp8:
-                ks, vs = _factor(k_scale, "k_scale"), _factor(v_scale, "v_scale")
-                cache = self._kv.cache(paged_kv_cache, ks or 1.0, vs or 1.0)
-            else:
-                cache = self._kv.cache(paged_kv_cache)
-                ks, post = _factor(k_scale, "k_scale"), _factor(v_scale, "v_scale")
-                if ks is not None:
-                    factor = ks * (factor or 1.0)
-        plan = self._current.get((factor, return_lse))
+            factor, post, cache, tensors = self._scaled(step, paged_kv_cache, q_scale, k_scale, v_scale)
+        plan = self._current.get((factor, return_lse, tensors))
         if plan is None:
-            plan = self._plan_for(factor, return_lse)
+            plan = self._plan_for(factor, return_lse, tensors)
         if self._graph is not None:
             self._graph.refresh()
-        if out is not None:
+        if out is not None and not (isinstance(out, torch.Tensor) and out.stride(-1) == 1):
             _check_out(out, "out", step.out_shape, step.q_dtype, q)
         if return_lse:
-            if lse is not None:
+            if lse is not None and not (isinstance(lse, torch.Tensor) and lse.stride(-1) == 1):
                 _check_out(lse, "lse", step.out_shape[:2], torch.float32, q)
             o, s = plan.run(q, cache, out=out, lse=lse)
             if base2:
-                s.mul_(LOG2E)
+                s.mul_(LOG2E_TENSOR)
             if post is not None:
                 o.mul_(post)
             return o, s
@@ -226,8 +223,25 @@ class PagedWrapper:
             o.mul_(post)
         return o
 
+    def _scaled(self, step: Step, paged_kv_cache: Any, q_scale: Any, k_scale: Any, v_scale: Any
+                ) -> tuple[float | None, float | None, Any, bool]:
+        """(softmax scale factor, output factor, cache, whether its scales are tensors) of a run given scales."""
+        factor, post = _factor(q_scale, "q_scale"), None
+        if isinstance(k_scale, torch.Tensor) or isinstance(v_scale, torch.Tensor):  # carried by the fp8 cache
+            scales = [s if isinstance(s, torch.Tensor) else _factor(s, name)
+                      for s, name in ((k_scale, "k_scale"), (v_scale, "v_scale"))]
+            return factor, None, self._kv.with_scale_tensors(self._kv.cache(paged_kv_cache), *scales), True
+        if step.fp8:
+            ks, vs = _factor(k_scale, "k_scale"), _factor(v_scale, "v_scale")
+            return factor, None, self._kv.cache(paged_kv_cache, ks or 1.0, vs or 1.0), False
+        ks, post = _factor(k_scale, "k_scale"), _factor(v_scale, "v_scale")
+        if ks is not None:
+            factor = ks * (factor or 1.0)
+        return factor, post, self._kv.cache(paged_kv_cache), False
+
 
 def _check_out(t: Any, name: str, shape: tuple[int, ...], dtype: torch.dtype, q: torch.Tensor) -> None:
+    """Raise naming ``t`` unless it is a tensor of this shape, dtype and q's device with a unit last stride."""
     if not (isinstance(t, torch.Tensor) and t.shape == shape and t.dtype == dtype and t.stride(-1) == 1
             and t.get_device() == q.get_device()):
         got = f"{tuple(t.shape)} {t.dtype} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__

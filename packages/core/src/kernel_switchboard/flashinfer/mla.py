@@ -1,9 +1,12 @@
-"""``flashinfer.mla`` over the switchboard: :class:`BatchMLAPagedAttentionWrapper` through
-``attention.plan_mla_decode`` (absorbed multi-head latent attention, one latent KV head).
+"""``flashinfer.mla`` over the switchboard: :class:`BatchMLAPagedAttentionWrapper` (absorbed multi-head latent
+attention, one latent KV head).
 
-Requests have the same number of new query tokens (``qo_indptr`` uniform: 1 for decode, T for multi-token
-prediction / speculative verification, causal among themselves); ragged query counts are refused. The latent cache
-is in q's dtype (fp8 latent caches are refused).
+The step's query counts (``qo_indptr``) pick the switchboard plan: one new token per request runs
+``attention.plan_mla_decode``; the same T > 1 new tokens per request with ``causal`` (multi-token prediction,
+speculative verification) run as its B * T decode rows; any other layout (uneven counts, requests without new tokens,
+non-causal attention of several tokens) runs ``attention.plan_mla_prefill``. Causal as FlashInfer defines it: query i
+of a request with qo_len new tokens and kv_len cached ones (the new included) sits at position kv_len - qo_len + i.
+The latent cache is in q's dtype (fp8 latent caches are refused).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import torch
 from ..errors import fail
 from ..ops import attention
 from ._common import (
-    LOG2E,
+    LOG2E_TENSOR,
     GraphTable,
     check_backend,
     check_graph_buffers,
@@ -59,6 +62,7 @@ class BatchMLAPagedAttentionWrapper:
         self._table: Any = None
         self._plans: dict[tuple[Any, ...], Any] = {}
         self._key: tuple[Any, ...] | None = None
+        self._qo: torch.Tensor | None = None
         self._q_len = 1
         self._causal = False
         self._sm_scale: float | None = None
@@ -71,8 +75,8 @@ class BatchMLAPagedAttentionWrapper:
              kv_len_arr: torch.Tensor, num_heads: int, head_dim_ckv: int, head_dim_kpe: int, page_size: int,
              causal: bool, sm_scale: float, q_data_type: torch.dtype, kv_data_type: torch.dtype,
              use_profiler: bool = False) -> None:
-        """Plan one step: ``qo_indptr`` (B+1,) the new query tokens of each request (uniform), ``kv_indptr`` /
-        ``kv_indices`` its pages and ``kv_len_arr`` (B,) its KV length (the new tokens included)."""
+        """Plan one step: ``qo_indptr`` (B+1,) the new query tokens of each request, ``kv_indptr`` / ``kv_indices``
+        its pages and ``kv_len_arr`` (B,) its KV length (the new tokens included)."""
         if use_profiler:
             raise fail("use_profiler", use_profiler, "False: FlashInfer's intra-kernel profiler is not served")
         q_dtype, kv_dtype = to_dtype(q_data_type, "q_data_type"), to_dtype(kv_data_type, "kv_data_type")
@@ -88,23 +92,26 @@ class BatchMLAPagedAttentionWrapper:
             raise fail("qo_indptr", type(qo_indptr).__name__, "a 1-d int32 tensor")
         lens = page_counts(qo_indptr)
         q_len = lens[0] if lens else 1
-        if any(n != q_len for n in lens) or q_len < 1:
-            raise fail("qo_indptr", f"query counts {sorted(set(lens))}",
-                       "the same number (>= 1) of new tokens for every request")
-        if q_len > 1 and not causal:
-            raise fail("causal", causal, "True when requests have several new tokens (they attend causally)")
+        rows = q_len >= 1 and all(n == q_len for n in lens) and (q_len == 1 or causal)  # decode rows serve it
         batch = len(lens)
         if self._use_cuda_graph:
+            if not rows:
+                raise fail("qo_indptr", f"query counts {sorted(set(lens))} (causal={causal})",
+                           "the same number (>= 1) of new tokens for every request, causal when several, with "
+                           "use_cuda_graph=True (other layouts are served without CUDA graphs)")
             table, max_kv = self._graph_step(qo_indptr, kv_indptr, kv_indices, kv_len_arr, batch, page_size, q_len)
+            qo = None
         else:
             table = csr_table(kv_indptr, kv_indices, page_size, self.device, seq_lens=kv_len_arr,
                               names=("kv_indptr", "kv_indices", "kv_len_arr"))
             max_kv = None
+            qo = None if rows else qo_indptr.to(self.device, torch.int32, non_blocking=True).contiguous()
             self._plans.clear()
-        self._table, self._q_len, self._causal, self._sm_scale = table, q_len, bool(causal), sm_scale
+        self._table, self._qo, self._causal, self._sm_scale = table, qo, bool(causal), sm_scale
+        self._q_len = q_len if rows else 0  # 0: packed rows of the mla_prefill plan
         self._page_size, self._head_dim_ckv = page_size, head_dim_ckv
         self._q_data_type, self._kv_data_type = q_dtype, kv_dtype
-        self._key = (batch, num_heads, head_dim_ckv, head_dim_kpe, page_size, q_dtype, q_len, sm_scale)
+        self._key = (batch, num_heads, head_dim_ckv, head_dim_kpe, page_size, q_dtype, self._q_len, sm_scale)
         self._dims = (num_heads, head_dim_ckv, head_dim_kpe, max_kv)
         self._plan_for(False)
 
@@ -134,10 +141,14 @@ class BatchMLAPagedAttentionWrapper:
         plan = self._plans.get(key)
         if plan is None:
             num_heads, ckv, kpe, max_kv = self._dims
-            plan = attention.plan_mla_decode(self._table, num_heads=num_heads, head_dim_ckv=ckv, head_dim_kpe=kpe,
-                                             dtype=self._q_data_type, page_size=self._page_size,
-                                             sm_scale=self._sm_scale, return_lse=return_lse, q_len=self._q_len,
-                                             max_kv_len=max_kv, capturable=self._use_cuda_graph)
+            common: dict[str, Any] = {"num_heads": num_heads, "head_dim_ckv": ckv, "head_dim_kpe": kpe,
+                                      "dtype": self._q_data_type, "page_size": self._page_size,
+                                      "sm_scale": self._sm_scale, "return_lse": return_lse, "max_kv_len": max_kv,
+                                      "capturable": self._use_cuda_graph}
+            if self._qo is None:
+                plan = attention.plan_mla_decode(self._table, q_len=self._q_len, **common)
+            else:
+                plan = attention.plan_mla_prefill(self._table, self._qo, causal=self._causal, **common)
             self._plans[key] = plan
         return plan
 
@@ -147,8 +158,9 @@ class BatchMLAPagedAttentionWrapper:
             page_table: torch.Tensor | None = None, return_lse_base_on_e: bool = False, o_scale: float | None = None,
             *, ckv_scale: float | None = None, ckv_scale_arr: torch.Tensor | None = None,
             kpe_scale: float | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """MLA attention of q_nope (B*T, H, Dc), q_pe (B*T, H, Dr) over ckv_cache (P, S, Dc), kpe_cache (P, S, Dr):
-        out (B*T, H, Dc) in q's dtype [, lse (B*T, H) float32, base 2 unless ``return_lse_base_on_e``]."""
+        """MLA attention of q_nope (Tq, H, Dc), q_pe (Tq, H, Dr) packed by the planned ``qo_indptr`` over ckv_cache
+        (P, S, Dc), kpe_cache (P, S, Dr): out (Tq, H, Dc) in q's dtype [, lse (Tq, H) float32, base 2 unless
+        ``return_lse_base_on_e``]."""
         if (profiler_buffer is not None or kv_len is not None or page_table is not None or o_scale is not None
                 or ckv_scale is not None or ckv_scale_arr is not None or kpe_scale is not None):
             check_unserved(profiler_buffer=profiler_buffer, kv_len=kv_len, page_table=page_table, o_scale=o_scale,
@@ -167,11 +179,11 @@ class BatchMLAPagedAttentionWrapper:
             lse = None if lse is None else _tokens(lse, "lse", t)
         res = plan.run(q_nope, q_pe, ckv_cache, kpe_cache, out=out, lse=lse)
         if not return_lse:
-            return res if t == 1 else res.flatten(0, 1)  # type: ignore[no-any-return]
+            return res if t <= 1 else res.flatten(0, 1)  # type: ignore[no-any-return]
         o, s = res
         if not return_lse_base_on_e:
-            s.mul_(LOG2E)
-        return (o, s) if t == 1 else (o.flatten(0, 1), s.flatten(0, 1))
+            s.mul_(LOG2E_TENSOR)
+        return (o, s) if t <= 1 else (o.flatten(0, 1), s.flatten(0, 1))
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
 

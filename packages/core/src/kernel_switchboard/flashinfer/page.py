@@ -10,7 +10,8 @@ import torch
 
 from ..errors import fail
 from ..ops import kv_cache
-from ._common import KVForms, check_layout, csr_table
+from ._common import check_layout, csr_table
+from ._kv import KVForms
 
 
 def get_seq_lens(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_size: int) -> torch.Tensor:
@@ -58,7 +59,7 @@ def append_paged_kv_cache(append_key: torch.Tensor, append_value: torch.Tensor, 
     ``positions[t]``. The pages (``kv_indices`` / ``kv_indptr`` / ``kv_last_page_len``) already count the new
     tokens; fp8 pages store the values cast to fp8."""
     check_layout(kv_layout)
-    cache = KVForms(kv_layout).cache(paged_kv_cache)
+    cache = KVForms(kv_layout, remember=False).cache(paged_kv_cache)
     table = csr_table(kv_indptr, kv_indices, cache.page_size, cache.device, last_page_len=kv_last_page_len,
                       names=("kv_indptr", "kv_indices", "kv_last_page_len"))
     kv_cache.append(append_key, append_value, cache, table, _int32(positions, "positions"),

@@ -19,7 +19,7 @@ import torch
 from ..errors import fail
 from ..ops import attention
 from ._common import (
-    LOG2E,
+    LOG2E_TENSOR,
     GraphTable,
     check_graph_buffers,
     check_layout,
@@ -159,13 +159,14 @@ class BatchPrefillWithPagedKVCacheWrapper(PagedWrapper):
         return graph.table, graph.max_kv_len, self._qo_indptr_buf
 
     def _native(self, step: Step, sm_scale: float, cap: float | None, window: int | None, causal: bool,
-                return_lse: bool) -> Any:
+                return_lse: bool, kv_scale_tensor: bool) -> Any:
         assert step.table is not None and step.qo_indptr is not None
         return attention.plan_prefill(
             step.table, step.qo_indptr, num_q_heads=step.num_qo_heads, num_kv_heads=step.num_kv_heads,
             head_dim=step.head_dim, head_dim_v=step.head_dim_v, dtype=step.q_dtype, kv_dtype=step.kv_dtype,
             layout=self._kv_layout, page_size=step.page_size, causal=causal, sm_scale=sm_scale, logits_soft_cap=cap,
-            window_left=window, return_lse=return_lse, max_kv_len=step.max_kv_len, capturable=self._use_cuda_graph)
+            window_left=window, return_lse=return_lse, max_kv_len=step.max_kv_len, capturable=self._use_cuda_graph,
+            kv_scale_tensor=kv_scale_tensor)
 
     def run(self, q: torch.Tensor, paged_kv_cache: Any, *args: Any, q_scale: float | None = None,
             k_scale: float | None = None, v_scale: float | None = None, out: torch.Tensor | None = None,
@@ -290,7 +291,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(PagedWrapper):
         self._graph_shape = first or shape
 
     def _native(self, step: Step, sm_scale: float, cap: float | None, window: int | None, causal: bool,
-                return_lse: bool) -> Any:
+                return_lse: bool, kv_scale_tensor: bool) -> Any:
         assert step.qo_indptr is not None and step.kv_indptr is not None
         return attention.plan_prefill_ragged(
             step.qo_indptr, step.kv_indptr, num_q_heads=step.num_qo_heads, num_kv_heads=step.num_kv_heads,
@@ -318,9 +319,9 @@ class BatchPrefillWithRaggedKVCacheWrapper(PagedWrapper):
         if ks is not None:
             factor = ks * (factor or 1.0)
         post = _factor(v_scale, "v_scale")
-        plan = self._current.get((factor, return_lse))
+        plan = self._current.get((factor, return_lse, False))
         if plan is None:
-            plan = self._plan_for(factor, return_lse)
+            plan = self._plan_for(factor, return_lse, False)
         res = plan.run(q, k, v)
         o, s = res if return_lse else (res, None)
         if post is not None:
@@ -329,7 +330,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(PagedWrapper):
             o = out.copy_(o)
         if s is not None:
             if base2:
-                s = s.mul_(LOG2E)
+                s = s.mul_(LOG2E_TENSOR)
             if lse is not None:
                 s = lse.copy_(s)
             return o, s
