@@ -212,6 +212,21 @@ def test_chain_invalid_rows_get_the_sentinel_and_leave_the_others_alone() -> Non
     assert torch.equal(ksb.sampling.speculative_invalid_rows(bad_d, bad_ids, bad_t), ~ok)
 
 
+def test_flashinfer_layer_gives_invalid_rows_id_zero() -> None:
+    """FlashInfer's contract for a row it cannot sample: id 0 (valid False); the layer maps the sentinel to it."""
+    from kernel_switchboard import flashinfer
+
+    _, bad = _bad_probs()
+    g = torch.Generator().manual_seed(6)
+    tokens, valid = flashinfer.top_p_sampling_from_probs(bad, 0.9, return_valid=True, generator=g)
+    assert tokens.dtype == torch.int32 and valid.tolist() == [True] + [False] * 5 + [True, True]
+    assert tokens[1:6].tolist() == [0] * 5 and bool((tokens >= 0).all())
+    ids = flashinfer.top_k_top_p_sampling_from_probs(bad, 3, 0.5, indices=torch.arange(8), filter_apply_order="joint")
+    assert ids.dtype == torch.int64 and ids[1:6].tolist() == [0] * 5
+    with pytest.raises(ksb.InvalidArgumentError, match=r"bad data in row 1"):
+        flashinfer.sampling_from_probs(bad, check_nan=True)
+
+
 def _checked_raises(fn: object, *args: object, **kwargs: object) -> bool:
     try:
         fn(*args, check_nan=True, **kwargs)  # type: ignore[operator]
