@@ -204,7 +204,7 @@ def invalid_rows(x: torch.Tensor, is_logits: bool = False, top_k: Any = None, to
                  temperature: Any = None) -> torch.Tensor:
     """(B,) bool: the rows of x (B, V) that ``top_k_top_p`` answers with :data:`INVALID` and ``renorm`` with NaN.
 
-    A row is invalid when its data is (probabilities: an entry NaN, infinite or negative, or no positive mass;
+    A row is invalid when its data is no distribution (probabilities: an entry NaN, infinite or negative, or no positive mass;
     logits: NaN or +inf, or no finite entry) or when a per-row parameter tensor holds an out-of-range entry for it
     (top_k < 0; top_p outside (0, 1]; min_p outside [0, 1]; temperature not finite and > 0). Parameters in the
     canonical forms kernels receive; computed on x's device without a host read (every kernel applies this
