@@ -44,8 +44,9 @@ def test_int64_top_k_past_int32_keeps_its_meaning_instead_of_wrapping(k: int) ->
 @pytest.mark.parametrize("k", [-1, -(2**32) + 2, -(2**63)])
 def test_negative_int64_top_k_is_refused_not_wrapped(k: int) -> None:
     probs = torch.softmax(torch.randn(4, 50), -1)
+    assert bool(ksb.sampling.renorm(probs, torch.full((4,), k, dtype=torch.int64)).isnan().all())  # invalid rows
     with pytest.raises(InvalidArgumentError, match=r"^top_k="):
-        ksb.sampling.renorm(probs, torch.full((4,), k, dtype=torch.int64))
+        ksb.sampling.renorm(probs, torch.full((4,), k, dtype=torch.int64), check_nan=True)
 
 
 # -- found by the sweep (tests/test_sweep.py); each reproduced directly -----------------------------

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import kernel_switchboard as ksb
 from kernel_switchboard.testing import conformance_test
@@ -144,17 +146,168 @@ def test_conveniences_call_the_same_op() -> None:
                        ksb.sampling.top_k_top_p(probs, generator=g.manual_seed(2)))
 
 
-def test_unchecked_bad_rows_still_give_in_range_tokens() -> None:
-    probs = _random_rows(4, 16, seed=7)
-    probs[1] = float("nan")
-    probs[2] = 0.0
-    probs[3, 5] = -1.0
-    for kwargs in ({}, {"top_k": 3, "top_p": 0.5, "min_p": 0.1}):
-        tokens = ksb.sampling.top_k_top_p(probs, check_nan=False, **kwargs)
-        assert bool(((tokens >= 0) & (tokens < 16)).all())
-    logits = torch.full((2, 16), float("nan"))
-    tokens = ksb.sampling.top_k_top_p(logits, 4, 0.9, is_logits=True, check_nan=False)
-    assert bool(((tokens >= 0) & (tokens < 16)).all())
+# -- invalid rows --------------------------------------------------------------------------------
+def _bad_probs() -> tuple[torch.Tensor, torch.Tensor]:
+    """(clean rows, the same rows with rows 1-5 made invalid in each way probabilities can be)."""
+    clean = _random_rows(8, 16, seed=7)
+    bad = clean.clone()
+    bad[1, 4] = float("nan")
+    bad[2, 5] = float("inf")
+    bad[3, 6] = float("-inf")
+    bad[4, 7] = -1e-3
+    bad[5] = 0.0
+    return clean, bad
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"top_k": 3}, {"top_p": 0.5}, {"top_k": 3, "top_p": 0.5, "min_p": 0.1}])
+def test_invalid_rows_get_the_sentinel_and_leave_the_others_alone(kwargs: dict[str, object]) -> None:
+    clean, bad = _bad_probs()
+    g = torch.Generator()
+    tokens = ksb.sampling.top_k_top_p(bad, **kwargs, generator=g.manual_seed(5))
+    want = ksb.sampling.top_k_top_p(clean, **kwargs, generator=g.manual_seed(5))
+    assert tokens.tolist() == [want[0].item(), -1, -1, -1, -1, -1, *want[6:].tolist()]
+    assert ksb.sampling.INVALID == -1
+    renormed = ksb.sampling.renorm(bad, kwargs.get("top_k"), kwargs.get("top_p"), kwargs.get("min_p"))
+    assert bool(renormed[1:6].isnan().all())
+    torch.testing.assert_close(renormed[[0, 6, 7]], ksb.sampling.renorm(clean[[0, 6, 7]], kwargs.get("top_k"),
+                                                                       kwargs.get("top_p"), kwargs.get("min_p")))
+
+
+def test_invalid_logit_rows_and_parameters() -> None:
+    logits = torch.randn(9, 16, generator=torch.Generator().manual_seed(3))
+    logits[1, 2] = float("nan")
+    logits[2, 3] = float("inf")
+    logits[3] = float("-inf")
+    logits[4, :15] = float("-inf")  # one finite logit: valid, and that token is certain
+    temperature = torch.tensor([1.0, 1.0, 1.0, 1.0, 1.0, 0.0, -1.0, float("inf"), float("nan")])
+    tokens = ksb.sampling.top_k_top_p(logits, is_logits=True, temperature=temperature)
+    assert tokens[1:4].tolist() == [-1, -1, -1] and int(tokens[4]) == 15 and tokens[5:].tolist() == [-1] * 4
+    assert 0 <= int(tokens[0]) < 16
+    probs = _random_rows(4, 16, seed=8)
+    for name, values in (("top_k", torch.tensor([2, -1, -5, -(2**40)])), ("top_p", torch.tensor([0.5, 0.0, 1.5, -1.0])),
+                         ("min_p", torch.tensor([0.1, -0.1, 1.5, float("nan")]))):
+        tokens = ksb.sampling.top_k_top_p(probs, **{name: values})
+        assert tokens[1:].tolist() == [-1, -1, -1] and int(tokens[0]) >= 0, name
+        assert bool(ksb.sampling.renorm(probs, **{name: values})[1:].isnan().all()), name
+
+
+def test_chain_invalid_rows_get_the_sentinel_and_leave_the_others_alone() -> None:
+    g = torch.Generator().manual_seed(4)
+    b, n, v = 8, 3, 12
+    draft = torch.softmax(torch.randn(b, n, v, generator=g), -1)
+    target = torch.softmax(torch.randn(b, n + 1, v, generator=g), -1)
+    ids = torch.multinomial(draft.view(-1, v), 1, generator=g).view(b, n)
+    bad_d, bad_t, bad_ids = draft.clone(), target.clone(), ids.clone()
+    bad_d[1, 2, 0] = float("nan")
+    bad_t[2, n, 5] = -0.5  # the bonus position counts, reached or not
+    bad_t[3, 0] = 0.0
+    bad_ids[4, 1] = v
+    bad_ids[5, 0] = -1
+    got = ksb.sampling.chain_speculative(bad_d, bad_ids, bad_t, generator=g.manual_seed(1))
+    want = ksb.sampling.chain_speculative(draft, ids, target, generator=g.manual_seed(1))
+    ok = torch.tensor([True, False, False, False, False, False, True, True])
+    for t, w in zip(got, want):
+        assert torch.equal(t[ok], w[ok])
+    assert bool((got[0][~ok] == -1).all()) and not bool(got[1][~ok].any()) and not bool(got[2][~ok].any())
+    assert torch.equal(ksb.sampling.speculative_invalid_rows(bad_d, bad_ids, bad_t), ~ok)
+
+
+def test_flashinfer_layer_gives_invalid_rows_id_zero() -> None:
+    """FlashInfer's contract for a row it cannot sample: id 0 (valid False); the layer maps the sentinel to it."""
+    from kernel_switchboard import flashinfer
+
+    _, bad = _bad_probs()
+    g = torch.Generator().manual_seed(6)
+    tokens, valid = flashinfer.top_p_sampling_from_probs(bad, 0.9, return_valid=True, generator=g)
+    assert tokens.dtype == torch.int32 and valid.tolist() == [True] + [False] * 5 + [True, True]
+    assert tokens[1:6].tolist() == [0] * 5 and bool((tokens >= 0).all())
+    ids = flashinfer.top_k_top_p_sampling_from_probs(bad, 3, 0.5, indices=torch.arange(8), filter_apply_order="joint")
+    assert ids.dtype == torch.int64 and ids[1:6].tolist() == [0] * 5
+    with pytest.raises(ksb.InvalidArgumentError, match=r"bad data in row 1"):
+        flashinfer.sampling_from_probs(bad, check_nan=True)
+
+
+def _checked_raises(fn: object, *args: object, **kwargs: object) -> bool:
+    try:
+        fn(*args, check_nan=True, **kwargs)  # type: ignore[operator]
+    except ksb.InvalidArgumentError:
+        return True
+    return False
+
+
+def test_check_nan_raises_exactly_where_the_default_gives_sentinels() -> None:
+    """One definition: ``check_nan=True`` refuses a call iff the default call answers some row with the sentinel."""
+    clean, bad = _bad_probs()
+    for i in range(8):
+        x = clean.clone()
+        x[i] = bad[i]
+        for kwargs in ({}, {"top_p": torch.full((8,), 0.7)}):
+            sentinel = bool((ksb.sampling.top_k_top_p(x, **kwargs) < 0).any())
+            assert sentinel == _checked_raises(ksb.sampling.top_k_top_p, x, **kwargs) == (1 <= i <= 5)
+            assert sentinel == bool(ksb.sampling.renorm(x, **kwargs).isnan().any())
+    top_p = torch.tensor([0.5] * 7 + [0.0])
+    assert bool((ksb.sampling.top_p(clean, top_p) < 0).any()) and _checked_raises(ksb.sampling.top_p, clean, top_p)
+
+
+class _HostReads(TorchDispatchMode):
+    """Records the aten calls that read a tensor's data back to the host (a synchronisation on a GPU)."""
+
+    READS = ("aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::unique", "aten::_unique2")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = func._schema.name
+        boolean_index = name == "aten::index" and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool
+                                                      for i in (args[1] if len(args) > 1 else ()) if i is not None)
+        if name in self.READS or boolean_index:
+            self.reads.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def _host_reads(monkeypatch: pytest.MonkeyPatch, fn: Any) -> list[str]:
+    with _HostReads() as mode:
+        for method in ("tolist", "numpy", "item"):
+            original = getattr(torch.Tensor, method)
+
+            def read(self: torch.Tensor, *a: Any, _m: str = method, _f: Any = original, **k: Any) -> Any:
+                mode.reads.append(f"Tensor.{_m}")
+                return _f(self, *a, **k)
+
+            monkeypatch.setattr(torch.Tensor, method, read)
+        try:
+            fn()
+        finally:
+            monkeypatch.undo()
+    return mode.reads
+
+
+def test_default_calls_read_nothing_back_to_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default path of every sampling op, invalid rows included, makes no device-to-host read (checked on the
+    CPU through the dispatcher); ``check_nan=True`` does, which shows the detector sees one."""
+    clean, bad = _bad_probs()
+    logits = bad.log()
+    d = torch.softmax(torch.randn(8, 2, 16), -1)
+    t = torch.softmax(torch.randn(8, 3, 16), -1)
+    ids = torch.randint(0, 16, (8, 2))
+    ids[3, 1] = 99
+    k_rows = torch.tensor([3, 0, -1, 5, 2, 2, 7, 1])
+    p_rows = torch.full((8,), 0.8)
+    calls = {
+        "top_k_top_p": lambda: ksb.sampling.top_k_top_p(bad, k_rows, p_rows, min_p=0.05),
+        "top_k": lambda: ksb.sampling.top_k(bad, 3),
+        "top_p": lambda: ksb.sampling.top_p(bad, 0.9),
+        "min_p": lambda: ksb.sampling.min_p(bad, 0.1),
+        "sample": lambda: ksb.sampling.sample(logits, is_logits=True, temperature=torch.full((8,), 0.7)),
+        "renorm": lambda: ksb.sampling.renorm(bad, k_rows, 0.9),
+        "chain_speculative": lambda: ksb.sampling.chain_speculative(d, ids, t),
+    }
+    for name, call in calls.items():
+        assert _host_reads(monkeypatch, call) == [], name
+    assert _host_reads(monkeypatch, lambda: ksb.sampling.top_p(clean, 0.9, check_nan=True)) != []
+    assert _host_reads(monkeypatch, lambda: clean.sum().item()) == ["Tensor.item", "aten::_local_scalar_dense"]
 
 
 # -- chain speculative ---------------------------------------------------------------------------
@@ -207,14 +360,18 @@ def test_bad_inputs_name_the_argument() -> None:
     bad = probs.clone()
     bad[2, 3] = float("nan")
     err = ksb.InvalidArgumentError
+    with pytest.raises(err, match=r"^x='bad data in row 2 \(1 of 4 rows bad\)' is invalid: expected probabilities"):
+        ksb.sampling.top_k_top_p(bad, 3, check_nan=True)
     with pytest.raises(err, match=r"^x="):
-        ksb.sampling.top_k_top_p(bad, 3)
+        ksb.sampling.top_p(probs - 0.5, 0.9, check_nan=True)
     with pytest.raises(err, match=r"^x="):
-        ksb.sampling.top_p(probs - 0.5, 0.9)
-    with pytest.raises(err, match=r"^x="):
-        ksb.sampling.top_p(torch.full((2, 5), float("inf")), 0.9, is_logits=True)
+        ksb.sampling.top_p(torch.full((2, 5), float("inf")), 0.9, is_logits=True, check_nan=True)
     with pytest.raises(err, match=r"^probs="):
-        ksb.sampling.renorm(bad, top_p=0.5)
+        ksb.sampling.renorm(bad, top_p=0.5, check_nan=True)
+    with pytest.raises(err, match=r"^top_k="):
+        ksb.sampling.renorm(probs, torch.tensor([1, 2, -3, 4]), check_nan=True)
+    with pytest.raises(err, match=r"^temperature="):
+        ksb.sampling.sample(probs, is_logits=True, temperature=torch.tensor([1.0, 0.0, 1.0, 1.0]), check_nan=True)
     for kwargs, name in (({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"), ({"top_k": -1}, "top_k"),
                          ({"top_k": 2.5}, "top_k"), ({"min_p": 2.0}, "min_p"), ({"top_p": float("nan")}, "top_p"),
                          ({"temperature": 0.5}, "temperature"), ({"top_p": torch.tensor([0.5, 0.5])}, r"top_p\.shape"),
@@ -222,7 +379,7 @@ def test_bad_inputs_name_the_argument() -> None:
                          ({"top_p": torch.tensor([0.5, 0.5, 2.0, 0.5])}, "top_p"),
                          ({"generator": 3}, "generator")):
         with pytest.raises(err, match=rf"^{name}"):
-            ksb.sampling.top_k_top_p(probs, **kwargs)
+            ksb.sampling.top_k_top_p(probs, **kwargs, check_nan=True)
     with pytest.raises(err, match=r"^temperature"):
         ksb.sampling.top_k_top_p(probs, is_logits=True, temperature=0.0)
     with pytest.raises(err, match=r"^x\.shape"):
@@ -245,11 +402,11 @@ def test_chain_bad_inputs_name_the_argument() -> None:
     with pytest.raises(err, match=r"^draft_token_ids\.dtype"):
         ksb.sampling.chain_speculative(d, ids.float(), t)
     with pytest.raises(err, match=r"^draft_token_ids="):
-        ksb.sampling.chain_speculative(d, ids + 8, t)
+        ksb.sampling.chain_speculative(d, ids + 8, t, check_nan=True)
     bad = t.clone()
     bad[1, 2, 0] = float("nan")
-    with pytest.raises(err, match=r"^target_probs="):
-        ksb.sampling.chain_speculative(d, ids, bad)
+    with pytest.raises(err, match=r"^target_probs='bad data in row 1 \(1 of 2 rows bad\)'"):
+        ksb.sampling.chain_speculative(d, ids, bad, check_nan=True)
 
 
 # -- torch.compile and custom ops ----------------------------------------------------------------
@@ -309,6 +466,48 @@ def test_speculative_check_rejects_wrong_rules() -> None:
 
     with pytest.raises(AssertionError, match="accepted total"):
         case.check(prefix_as_accepted)
+
+
+def test_invalid_row_checks_reject_kernels_that_sample_invalid_rows() -> None:
+    """The conformance cases with invalid rows fail a kernel that answers them with a token, or that answers a valid
+    row with the sentinel."""
+    case = next(c for c in cases.cases("sampling.top_k_top_p", torch.device("cpu"), "small")
+                if c.id == "probs-fp16-topp-invalid-rows")
+    assert case.check is not None
+    case.check(lambda backend=None: ksb.sampling.top_k_top_p(*case.args, **case.kwargs))  # the reference passes
+    with pytest.raises(AssertionError, match="invalid rows must give token -1"):
+        case.check(lambda backend=None: ksb.sampling.top_k_top_p(*case.args, **case.kwargs).clamp_min(0))
+    with pytest.raises(AssertionError, match="out of range"):
+        case.check(lambda backend=None: torch.full((case.args[0].shape[0],), -1))
+    chain = next(c for c in cases.cases("sampling.chain_speculative", torch.device("cpu"), "small")
+                 if c.id == "fp32-invalid-rows")
+    assert chain.check is not None
+    chain.check(lambda backend=None: ksb.sampling.chain_speculative(*chain.args))
+
+    def accepts_bad_rows(backend: object = None) -> tuple[torch.Tensor, ...]:
+        tokens, accepted, emitted = ksb.sampling.chain_speculative(*chain.args)
+        return tokens.clamp_min(0), accepted, emitted
+
+    with pytest.raises(AssertionError, match="tokens all -1"):
+        chain.check(accepts_bad_rows)
+
+
+@pytest.mark.gpu
+def test_reference_default_call_is_captured_in_a_cuda_graph() -> None:
+    probs = _random_rows(16, 1000, seed=14).cuda()
+    ksb.sampling.top_k_top_p(probs, 50, 0.9, backend="reference")
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tokens = ksb.sampling.top_k_top_p(probs, 50, 0.9, backend="reference")
+    fresh = _random_rows(16, 1000, seed=15).cuda()
+    fresh[3] = float("nan")
+    probs.copy_(fresh)
+    graph.replay()
+    keep = ksb.sampling.renorm(fresh, 50, 0.9) > 0
+    assert int(tokens[3]) == -1
+    rows = torch.tensor([i for i in range(16) if i != 3], device="cuda")
+    assert bool(keep[rows].gather(1, tokens[rows][:, None]).all())
 
 
 @pytest.mark.parametrize("op", ["sampling.top_k_top_p", "sampling.renorm", "sampling.chain_speculative"])

@@ -151,25 +151,75 @@ def test_column_strided_input_is_accepted() -> None:
     assert bool(keep.gather(1, tok[:, None]).all())
 
 
-def test_bad_rows_still_give_in_range_tokens() -> None:
-    x = torch.rand(4, 40)
-    x[0] = float("nan")
-    x[1] = 0.0
-    x[2, 3] = float("inf")
-    x[3] = -1.0
-    for kw in ({}, {"top_p": 0.5}, {"top_k": 3, "top_p": 0.7, "min_p": 0.1}):
-        tok = ksb.sampling.top_k_top_p(x.to(DEVICE), kw.get("top_k"), kw.get("top_p"), min_p=kw.get("min_p"),
-                                       check_nan=False, backend="triton").cpu()
-        assert bool(((tok >= 0) & (tok < 40)).all()), (kw, tok)
+def _with_invalid_rows(vocab: int, logits: bool) -> torch.Tensor:
+    """8 Zipf rows of which rows 1-4 are invalid, the bad entry in a late chunk (the whole row must be walked)."""
+    x = _zipf_rows(8, vocab, seed=21, logits=logits)
+    last = vocab - 3
+    x[1, last] = float("nan")
+    x[2, last] = float("inf")
+    x[3] = float("-inf") if logits else 0.0
+    x[4, vocab // 2] = float("-inf") if logits else -0.5  # logits: a masked token, so row 4 stays valid
+    return x
 
 
-def test_chain_speculative_matches_the_reference_draw_for_draw() -> None:
-    # the kernel consumes torch.rand like the reference: same seed, same tokens (barring float32 CDF ties)
+#: filters per path: top-k search (its own launch) or not, min-p, per-row parameters with an out-of-range entry
+_INVALID_PATHS = [{}, {"top_p": 0.7}, {"min_p": 0.05}, {"top_k": 25, "top_p": 0.8},
+                  {"top_k": torch.tensor([5, 0, 7, 9, 3, -1, 4, 40])},
+                  {"top_p": torch.tensor([0.9, 0.5, 0.5, 0.8, 0.7, 0.6, float("nan"), 1.0])},
+                  {"top_k": 30, "min_p": torch.tensor([0.01, 0.1, 0.0, 0.2, 1.5, 0.05, 0.0, 0.3])}]
+
+
+@pytest.mark.parametrize("logits", [False, True])
+@pytest.mark.parametrize("kw", _INVALID_PATHS)
+def test_invalid_rows_get_the_sentinel_on_every_path(tiny_blocks: None, kw: dict[str, object], logits: bool) -> None:
+    x = _with_invalid_rows(300, logits)
+    args = {k: (v.to(DEVICE) if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+    if logits:
+        args["temperature"] = torch.tensor([0.7, 1.0, 1.0, 1.0, 1.3, 0.9, 1.1, 0.0], device=DEVICE)  # row 7: t = 0
+    tok = ksb.sampling.top_k_top_p(x.to(DEVICE), args.pop("top_k", None), args.pop("top_p", None), is_logits=logits,
+                                   backend="triton", **args).cpu()
+    t = args.get("temperature")
+    canon = {k: (v.to(torch.int32) if k == "top_k" and isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+    want = ksb.sampling.invalid_rows(x, logits, canon.get("top_k"), canon.get("top_p"), canon.get("min_p"),
+                                     t.cpu() if t is not None else None)
+    assert bool(want[1:4].all()) and not bool(want[0]) and (logits or bool(want[4])) and (bool(want[7]) or not logits)
+    assert torch.equal(tok == ksb.sampling.INVALID, want), (tok, want)
+    assert bool(((tok[~want] >= 0) & (tok[~want] < 300)).all())
+    ok = ~want
+    target = target_distribution(x[ok], *(v[ok] if isinstance(v, torch.Tensor) else v for v in
+                                          (canon.get("top_k"), canon.get("top_p"), canon.get("min_p"))),
+                                 is_logits=logits, temperature=t.cpu()[ok] if t is not None else None)
+    assert bool((target.gather(1, tok[ok][:, None]) > 0).all()), "a valid row sampled a filtered-out token"
+
+
+@pytest.mark.parametrize("kw", [{}, {"top_p": 0.6}, {"top_k": torch.tensor([5, 0, 7, 9, 3, -1, 4, 40]), "top_p": 0.9},
+                                {"min_p": torch.tensor([0.01, 0.1, 0.0, 0.2, 1.5, 0.05, 0.0, 0.3])}])
+def test_renorm_invalid_rows_are_nan_as_the_reference(tiny_blocks: None, kw: dict[str, object]) -> None:
+    x = _with_invalid_rows(300, False)
+    args = tuple(kw.get(k) for k in ("top_k", "top_p", "min_p"))
+    got = ksb.sampling.renorm(x.to(DEVICE), *(v.to(DEVICE) if isinstance(v, torch.Tensor) else v for v in args),
+                              backend="triton").cpu()
+    want = ksb.sampling.renorm(x, *args, backend="reference")
+    assert bool(want[1:4].isnan().all()) and not bool(want[0].isnan().any())
+    assert_close(got, want, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("blocks", ["one chunk", "many chunks"])
+def test_chain_speculative_matches_the_reference_draw_for_draw(blocks: str, request: pytest.FixtureRequest) -> None:
+    # the kernel consumes torch.rand like the reference: same seed, same tokens (barring float32 CDF ties);
+    # rows 5-9 are invalid (bad entries at the first, last and bonus positions, a zero row, a draft id out of range)
+    if blocks == "many chunks":
+        request.getfixturevalue("tiny_blocks")
     g = torch.Generator().manual_seed(0)
-    b, n, v = 64, 3, 40
+    b, n, v = 64, 3, 40 if blocks == "one chunk" else 300
     draft = torch.softmax(torch.randn(b, n, v, generator=g), -1)
     target = torch.softmax(torch.randn(b, n + 1, v, generator=g), -1)
     ids = torch.multinomial(draft.view(-1, v), 1, generator=g).view(b, n)
+    draft[5, 0, v - 1] = float("nan")
+    draft[6, n - 1, 2] = -0.1
+    target[7, n, v - 2] = float("inf")
+    target[8, 1] = 0.0
+    ids[9, 2] = v
     gen = torch.Generator(device=DEVICE)
     out = []
     for backend in ("triton", "reference"):
@@ -178,6 +228,56 @@ def test_chain_speculative_matches_the_reference_draw_for_draw() -> None:
                                                   backend=backend))
     for got, want in zip(out[0], out[1]):
         assert torch.equal(got.cpu(), want.cpu())
+    tokens, accepted, emitted = (t.cpu() for t in out[0])
+    assert bool((tokens[5:10] == -1).all()) and not bool(accepted[5:10].any()) and not bool(emitted[5:10].any())
+    assert bool((tokens[:5, 0] >= 0).all()) and bool((tokens[10:, 0] >= 0).all())
+
+
+@pytest.mark.gpu
+def test_gpu_default_calls_do_not_synchronize() -> None:
+    """The default path reads nothing back to the host: torch's sync debug mode raises on any synchronising call."""
+    probs = torch.softmax(torch.randn(64, 32000, device="cuda"), -1)
+    probs[3] = float("nan")
+    draft = torch.softmax(torch.randn(64, 3, 32000, device="cuda"), -1)
+    target = torch.softmax(torch.randn(64, 4, 32000, device="cuda"), -1)
+    ids = torch.randint(0, 32000, (64, 3), device="cuda")
+    top_k = torch.full((64,), 50, dtype=torch.int32, device="cuda")
+    calls = [lambda: ksb.sampling.top_p(probs, 0.9, backend="triton"),
+             lambda: ksb.sampling.top_k_top_p(probs, top_k, 0.9, backend="triton"),
+             lambda: ksb.sampling.top_k_top_p(probs.log(), 50, 0.9, is_logits=True, temperature=0.7, backend="triton"),
+             lambda: ksb.sampling.renorm(probs, 50, 0.9, backend="triton"),
+             lambda: ksb.sampling.chain_speculative(draft, ids, target, backend="triton")]
+    for call in calls:
+        call()  # compile outside the checked region
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        results = [call() for call in calls]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert int(results[0][3]) == -1 and int(results[1][3]) == -1 and bool(results[3][3].isnan().all())
+
+
+@pytest.mark.gpu
+def test_gpu_default_top_k_top_p_is_captured_in_a_cuda_graph() -> None:
+    """Declared capturable: the default call records into a CUDA graph, and replays follow new data, invalid rows
+    included (the sentinel is computed in the kernel, not decided on the host)."""
+    probs = torch.softmax(torch.randn(32, 32000, device="cuda"), -1)
+    ksb.sampling.top_k_top_p(probs, 50, 0.9, backend="triton")  # compile before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tokens = ksb.sampling.top_k_top_p(probs, 50, 0.9, backend="triton")
+    fresh = torch.softmax(torch.randn(32, 32000, device="cuda") * 3, -1)
+    fresh[7] = float("nan")
+    probs.copy_(fresh)
+    graph.replay()
+    torch.cuda.synchronize()
+    keep = ksb.sampling.renorm(fresh, 50, 0.9, backend="reference") > 0
+    ok = torch.ones(32, dtype=torch.bool, device="cuda")
+    ok[7] = False
+    assert int(tokens[7]) == -1
+    assert bool(keep[ok].gather(1, tokens[ok][:, None]).all())
 
 
 @pytest.mark.gpu

@@ -20,6 +20,12 @@ Candidates are drawn in one pass by a chunk-level weighted reservoir (a chunk re
 pick with probability chunk mass / mass so far), then inside the chosen chunk by inverse CDF.
 Uniforms come from Philox (``tl.rand4x``: four per evaluation) keyed by a seed that torch draws from
 the caller's generator: the same seed gives the same tokens, and nothing in the reduction path uses atomics.
+
+Invalid rows (the core's ``ops.sampling.invalid_rows``) are found inside the walks the kernels make anyway: logits
+by their row maximum (NaN counts as +inf; a row is invalid when the maximum is not finite), probabilities by a
+count of their NaN / infinite / negative entries and their total, summed in the first candidate pass, and per-row
+parameters as they are loaded. Such a row gets the sentinel token -1 (renorm: a row of NaN; chain speculative:
+tokens -1, nothing accepted), with no host synchronisation.
 """
 
 from __future__ import annotations
@@ -33,6 +39,23 @@ LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
+def _weigh(
+    x,  # (ROWS, BLOCK) float32 probabilities or logits as loaded
+    valid,  # (ROWS, BLOCK) mask of real (row, column) pairs
+    m,  # (ROWS,) row max of the logits (unused for probabilities)
+    c,  # (ROWS,) log2(e) / temperature (unused for probabilities)
+    IS_LOGITS: tl.constexpr,  # x holds logits
+):
+    """The weights of loaded values: the probabilities themselves, or exp2((x - m) * c) for logits."""
+    if IS_LOGITS:
+        w = tl.exp2((x - m[:, None]) * c[:, None])
+    else:
+        w = x
+    # masked, negative and NaN entries weigh nothing
+    return tl.where(valid & (w > 0), w, 0.0)
+
+
+@triton.jit
 def _weights(
     x_ptr,  # (B, V) probabilities or logits
     row_off,  # (ROWS, 1) int64 element offset of each row
@@ -43,12 +66,27 @@ def _weights(
     IS_LOGITS: tl.constexpr,  # x holds logits
 ):
     x = tl.load(x_ptr + row_off + cols, mask=valid, other=0.0).to(tl.float32)
-    if IS_LOGITS:
-        w = tl.exp2((x - m[:, None]) * c[:, None])
-    else:
-        w = x
-    # masked, negative and NaN entries weigh nothing
-    return tl.where(valid & (w > 0), w, 0.0)
+    return _weigh(x, valid, m, c, IS_LOGITS)
+
+
+@triton.jit
+def _chunk_values(
+    x_ptr,  # (B, V) probabilities or logits
+    row_off,  # (ROWS, 1) int64 element offset of each row
+    rmask,  # (ROWS,) real rows
+    V,  # vocabulary size
+    m,  # (ROWS,) row max of the logits (unused for probabilities)
+    c,  # (ROWS,) log2(e) / temperature (unused for probabilities)
+    start,  # first column of the chunk
+    IS_LOGITS: tl.constexpr,  # x holds logits
+    BLOCK: tl.constexpr,  # chunk width
+):
+    """One chunk of a walk over the vocabulary: its columns (BLOCK,), the mask of real (row, column) pairs, the
+    values as loaded (float32, for the validity check) and the weights, (ROWS, BLOCK) each."""
+    cols = start + tl.arange(0, BLOCK)
+    valid = rmask[:, None] & (cols[None, :] < V)
+    x = tl.load(x_ptr + row_off + cols[None, :], mask=valid, other=0.0).to(tl.float32)
+    return cols, valid, x, _weigh(x, valid, m, c, IS_LOGITS)
 
 
 @triton.jit
@@ -65,9 +103,32 @@ def _chunk(
 ):
     """One chunk of a walk over the vocabulary: its columns (BLOCK,), the mask of real (row, column) pairs and
     the weights, (ROWS, BLOCK) each."""
-    cols = start + tl.arange(0, BLOCK)
-    valid = rmask[:, None] & (cols[None, :] < V)
-    return cols, valid, _weights(x_ptr, row_off, cols[None, :], valid, m, c, IS_LOGITS)
+    cols, valid, _x, w = _chunk_values(x_ptr, row_off, rmask, V, m, c, start, IS_LOGITS, BLOCK)
+    return cols, valid, w
+
+
+@triton.jit
+def _bad_entries(
+    x,  # (ROWS, BLOCK) float32 probabilities as loaded
+    valid,  # (ROWS, BLOCK) mask of real (row, column) pairs
+):
+    """1.0 where a real entry is no probability (NaN, infinite or negative), else 0.0: a row with any is invalid."""
+    return tl.where(valid & ~((x >= 0) & (x < float("inf"))), 1.0, 0.0)
+
+
+@triton.jit
+def _out_of(
+    v,  # (ROWS,) float32 per-row parameter
+    lo,  # lowest allowed value
+    hi,  # highest allowed value
+    LO_OPEN: tl.constexpr,  # lo itself is not allowed
+):
+    """Rows whose parameter lies outside [lo, hi] ((lo, hi] when LO_OPEN; NaN is outside): the row is invalid."""
+    if LO_OPEN:
+        inside = (v > lo) & (v <= hi)
+    else:
+        inside = (v >= lo) & (v <= hi)
+    return ~inside
 
 
 @triton.jit
@@ -85,8 +146,18 @@ def _row_max(
         cols = start + tl.arange(0, BLOCK)
         valid = rmask[:, None] & (cols[None, :] < V)
         x = tl.load(x_ptr + row_off + cols[None, :], mask=valid, other=float("-inf")).to(tl.float32)
-        acc = tl.maximum(acc, tl.where(x == x, x, float("-inf")))
+        acc = tl.maximum(acc, tl.where(x == x, x, float("inf")))  # NaN counts as +inf: the row is invalid
     return tl.max(acc, axis=1)
+
+
+@triton.jit
+def _checked_max(
+    m,  # (ROWS,) float32 row max of the logits from _row_max
+):
+    """(m with 0 in invalid rows, invalid rows): a logits row is invalid when its max is not finite (NaN or +inf
+    present, or every entry -inf). The 0 keeps the weights of such a row finite until its sentinel replaces them."""
+    bad = ~((m > float("-inf")) & (m < float("inf")))
+    return tl.where(bad, 0.0, m), bad
 
 
 @triton.jit
@@ -139,6 +210,20 @@ def _chunk_sums(ws, w, t0, t1, t2, t3):
 @triton.jit
 def _add2(a0, a1, b0, b1):
     return a0 + b0, a1 + b1
+
+
+@triton.jit
+def _add3(a0, a1, a2, b0, b1, b2):
+    return a0 + b0, a1 + b1, a2 + b2
+
+
+@triton.jit
+def _triple_sums(a, b, d):
+    """Row sums of three (ROWS, BLOCK) tiles: one reduction compiled, apart in the interpreter."""
+    if COMPILED:
+        return tl.reduce((a, b, d), 1, _add3)
+    else:
+        return tl.sum(a, 1), tl.sum(b, 1), tl.sum(d, 1)
 
 
 @triton.jit
@@ -490,15 +575,18 @@ def _logit_scale(
     HAS_T: tl.constexpr, T_ROWS: tl.constexpr,  # temperature given; per row
     ROWS: tl.constexpr,  # rows per program
 ):
-    """log2(e) / temperature per row, (ROWS,) float32: the factor of every logit weight."""
+    """(log2(e) / temperature, rows whose temperature is out of range), (ROWS,) each: the factor of every logit
+    weight, and the rows a per-row temperature makes invalid (not finite and > 0)."""
     c = tl.full((ROWS,), LOG2E, tl.float32)
+    bad = rows < 0
     if HAS_T:
         if T_ROWS:
             t = tl.load(t_ptr + rows, mask=rmask, other=1.0)
+            bad = ~((t > 0) & (t < float("inf")))
         else:
             t = tl.full((ROWS,), 1.0, tl.float32) * t_val
         c = LOG2E / tl.maximum(t, 1e-30)
-    return c
+    return c, bad
 
 
 @triton.jit
@@ -511,12 +599,13 @@ def _top_k_of_rows(
     K_ROWS: tl.constexpr,  # top-k per row
     ROWS: tl.constexpr,  # rows per program
 ):
-    """(k as float32 clamped to [1, V] with k <= 0 meaning V, rows where top-k filters anything), (ROWS,) each."""
+    """(k as float32 clamped to [1, V] with k <= 0 meaning V, rows where top-k filters anything, rows a negative
+    per-row k makes invalid), (ROWS,) each."""
     if K_ROWS:
         k = tl.load(k_ptr + rows, mask=rmask, other=0)
     else:
         k = tl.zeros((ROWS,), tl.int32) + k_val
-    return tl.minimum(tl.where(k > 0, k, V), V).to(tl.float32), (k > 0) & (k < V) & rmask
+    return tl.minimum(tl.where(k > 0, k, V), V).to(tl.float32), (k > 0) & (k < V) & rmask, k < 0
 
 
 @triton.jit
@@ -527,7 +616,7 @@ def _top_k_threshold_kernel(
     k_val,  # scalar top-k (when not K_ROWS)
     t_val,  # scalar temperature (when not T_ROWS)
     scratch_ptr,  # (B, SCRATCH) float32 workspace of the search
-    stats_ptr,  # (4, B) float32 out: logit max, top-k threshold, top-k mass, max weight
+    stats_ptr,  # (5, B) float32 out: logit max, top-k threshold, top-k mass, max weight, 1 for an invalid row
     B,  # rows
     V,  # vocabulary size
     stride_x,  # row stride of x, elements
@@ -549,10 +638,11 @@ def _top_k_threshold_kernel(
     rmask = rows < B
     row_off = rows.to(tl.int64)[:, None] * stride_x
     m = tl.zeros((ROWS,), tl.float32)
-    c = _logit_scale(rows, rmask, t_ptr, t_val, HAS_T, T_ROWS, ROWS)
+    c, _t_bad = _logit_scale(rows, rmask, t_ptr, t_val, HAS_T, T_ROWS, ROWS)  # the sampling kernel checks t
+    bad = rows < 0
     if IS_LOGITS:
-        m = _row_max(x_ptr, row_off, rmask, V, ROWS, BLOCK, STAGES)
-    kf, k_on = _top_k_of_rows(rows, rmask, k_ptr, k_val, V, K_ROWS, ROWS)
+        m, bad = _checked_max(_row_max(x_ptr, row_off, rmask, V, ROWS, BLOCK, STAGES))
+    kf, k_on, k_bad = _top_k_of_rows(rows, rmask, k_ptr, k_val, V, K_ROWS, ROWS)
     tau, mass_k, _total, wmax = _top_k_select(x_ptr, row_off, rmask, V, m, c, kf, k_on, scratch_ptr,
                                               rows.to(tl.int64) * SCRATCH, IS_LOGITS, ROWS, BLOCK, STAGES, NP, SCRATCH,
                                               MAX_PASSES, SORT)
@@ -560,13 +650,14 @@ def _top_k_threshold_kernel(
     tl.store(stats_ptr + B + rows, tau, mask=rmask)
     tl.store(stats_ptr + 2 * B + rows, mass_k, mask=rmask)
     tl.store(stats_ptr + 3 * B + rows, wmax, mask=rmask)
+    tl.store(stats_ptr + 4 * B + rows, (bad | k_bad).to(tl.float32), mask=rmask)
 
 
 @triton.jit
 def _top_k_top_p_kernel(
     x_ptr,  # (B, V) probabilities or logits, unit stride in V
-    out_ptr,  # (B,) int64 sampled tokens
-    stats_ptr,  # (4, B) float32 from _top_k_threshold_kernel (when HAS_K)
+    out_ptr,  # (B,) int64 sampled tokens, -1 for an invalid row
+    stats_ptr,  # (5, B) float32 from _top_k_threshold_kernel (when HAS_K)
     p_ptr,  # (B,) float32 per-row top-p (when P_ROWS)
     minp_ptr,  # (B,) float32 per-row min-p (when MINP_ROWS)
     t_ptr,  # (B,) float32 per-row temperature (when T_ROWS)
@@ -597,7 +688,8 @@ def _top_k_top_p_kernel(
     nch = tl.cdiv(V, BLOCK)
 
     m = tl.zeros((ROWS,), tl.float32)
-    c = _logit_scale(rows, rmask, t_ptr, t_val, HAS_T, T_ROWS, ROWS)
+    # bad: the invalid rows found so far (a per-row temperature out of range, here)
+    c, bad = _logit_scale(rows, rmask, t_ptr, t_val, HAS_T, T_ROWS, ROWS)
     # filters that are thresholds known before sampling: top-k (exact search, in its own kernel) and min-p
     floor = tl.zeros((ROWS,), tl.float32)
     mass_k = tl.zeros((ROWS,), tl.float32)  # top-k mass (the whole row without top-k: from the first pass)
@@ -608,11 +700,14 @@ def _top_k_top_p_kernel(
         mass_k = tl.load(stats_ptr + 2 * B + rows, mask=rmask, other=0.0)
         if not IS_LOGITS:
             wmax = tl.load(stats_ptr + 3 * B + rows, mask=rmask, other=0.0)
+        bad = bad | (tl.load(stats_ptr + 4 * B + rows, mask=rmask, other=0.0) > 0)  # a bad k or logits max
     elif IS_LOGITS:
-        m = _row_max(x_ptr, row_off, rmask, V, ROWS, BLOCK, STAGES)
+        m, m_bad = _checked_max(_row_max(x_ptr, row_off, rmask, V, ROWS, BLOCK, STAGES))
+        bad = bad | m_bad
     if HAS_MINP:
         if MINP_ROWS:
             mp = tl.load(minp_ptr + rows, mask=rmask, other=0.0)
+            bad = bad | _out_of(mp, 0.0, 1.0, False)
         else:
             mp = tl.zeros((ROWS,), tl.float32) + minp_val
         if not IS_LOGITS:
@@ -622,6 +717,7 @@ def _top_k_top_p_kernel(
     if HAS_P:
         if P_ROWS:
             pp = tl.load(p_ptr + rows, mask=rmask, other=1.0)
+            bad = bad | _out_of(pp, 0.0, 1.0, True)
         else:
             pp = tl.zeros((ROWS,), tl.float32) + p_val
         pp = tl.minimum(tl.maximum(pp, 1e-30), 1.0)
@@ -640,6 +736,7 @@ def _top_k_top_p_kernel(
             check = r > 0
             acc = tl.zeros((ROWS,), tl.float32)
             tot = tl.zeros((ROWS,), tl.float32)
+            n_bad = tl.zeros((ROWS,), tl.float32)  # probabilities: entries that are none (the first round)
             mass_gt = tl.zeros((ROWS, NUM_CAND), tl.float32)
             chunk_of = tl.full((ROWS, NUM_CAND), -1, tl.int32)
             # Philox offsets: one per (row, round, chunk) for the reservoir, one more for the in-chunk draws
@@ -647,18 +744,30 @@ def _top_k_top_p_kernel(
             u1 = _uniform4(seed, rbase + nch, jj)
             cw0, cw1, cw2, cw3 = _pick(cand_w, jj, 0), _pick(cand_w, jj, 1), _pick(cand_w, jj, 2), _pick(cand_w, jj, 3)
             for ci in tl.range(0, nch, num_stages=STAGES):
-                _cols, _valid, w = _chunk(x_ptr, row_off, rmask, V, m, c, ci * BLOCK, IS_LOGITS, BLOCK)
+                _cols, valid, xv, w = _chunk_values(x_ptr, row_off, rmask, V, m, c, ci * BLOCK, IS_LOGITS, BLOCK)
                 ws = tl.where((w >= floor[:, None]) & (w > above[:, None]), w, 0.0)
                 if check:  # the previous candidates' masses beside the reservoir's
                     mc, _mw, g0, g1, g2, g3 = _chunk_sums(ws, w, cw0, cw1, cw2, cw3)
                     mass_gt += _columns4(g0, g1, g2, g3, jj)
                 elif HAS_K:  # the first round with top-k: the reservoir's mass (the row's is top-k's)
-                    mc = tl.sum(ws, 1)
+                    if IS_LOGITS:
+                        mc = tl.sum(ws, 1)
+                    else:  # and the entries that are no probabilities
+                        mc, nb = _pair_sums(ws, _bad_entries(xv, valid))
+                        n_bad += nb
                 elif HAS_MINP:  # the first round: the reservoir's mass and the row's
-                    mc, mw = _pair_sums(ws, w)
+                    if IS_LOGITS:
+                        mc, mw = _pair_sums(ws, w)
+                    else:
+                        mc, mw, nb = _triple_sums(ws, w, _bad_entries(xv, valid))
+                        n_bad += nb
                     tot += mw
                 else:  # the first round, nothing filtered yet: the two are one
-                    mc = tl.sum(ws, 1)
+                    if IS_LOGITS:
+                        mc = tl.sum(ws, 1)
+                    else:
+                        mc, nb = _pair_sums(ws, _bad_entries(xv, valid))
+                        n_bad += nb
                     tot += mc
                 acc += mc
                 # chunk-level weighted reservoir, one uniform per candidate
@@ -666,6 +775,9 @@ def _top_k_top_p_kernel(
                 chunk_of = tl.where(take, ci, chunk_of)
             if not HAS_K:
                 mass_k = tl.where(check, mass_k, tot)
+            # after the first round every check is in: bad entries, or no positive mass, make the row invalid
+            bad = bad | (n_bad > 0) | ~(mass_k > 0)
+            done = done | bad
             # check the previous candidates: the first one inside the nucleus wins
             if HAS_P:
                 if check:
@@ -694,13 +806,14 @@ def _top_k_top_p_kernel(
         token = tl.where(token < 0, _pick_rows(cand_tok, jj, best), token)
     token = tl.where(token < 0, V - 1, token)
     token = tl.minimum(tl.maximum(token, 0), V - 1)
+    token = tl.where(bad, -1, token)  # the sentinel of an invalid row
     tl.store(out_ptr + rows, token.to(tl.int64), mask=rmask)
 
 
 @triton.jit
 def _renorm_kernel(
     x_ptr,  # (B, V) probabilities, unit stride in V
-    out_ptr,  # (B, V) float32 renormalised filtered distribution
+    out_ptr,  # (B, V) float32 renormalised filtered distribution, NaN across an invalid row
     k_ptr, p_ptr, minp_ptr,  # per-row top-k (int32), top-p, min-p (when *_ROWS)
     k_val, p_val, minp_val,  # scalar parameters (otherwise)
     scratch_ptr,  # (B, SCRATCH) float32 workspace
@@ -725,16 +838,20 @@ def _renorm_kernel(
     m = tl.zeros((ROWS,), tl.float32)
     c = tl.zeros((ROWS,), tl.float32)
     tau = tl.zeros((ROWS,), tl.float32)
+    bad = rows < 0  # the invalid rows: a per-row parameter out of range, bad entries or no positive mass
     if HAS_K:
-        kf, k_on = _top_k_of_rows(rows, rmask, k_ptr, k_val, V, K_ROWS, ROWS)
+        kf, k_on, k_bad = _top_k_of_rows(rows, rmask, k_ptr, k_val, V, K_ROWS, ROWS)
+        bad = bad | k_bad
         tau, mass_k, total, wmax = _top_k_select(x_ptr, row_off, rmask, V, m, c, kf, k_on, scratch_ptr, scr_off,
                                                  False, ROWS, BLOCK, STAGES, NP, SCRATCH, MAX_PASSES, SORT)
     else:
         wmax, total = _stats(x_ptr, row_off, rmask, V, m, c, False, ROWS, BLOCK, STAGES)
         mass_k = total
+    bad = bad | ~(total > 0)
     if HAS_P:
         if P_ROWS:
             pp = tl.load(p_ptr + rows, mask=rmask, other=1.0)
+            bad = bad | _out_of(pp, 0.0, 1.0, True)
         else:
             pp = tl.zeros((ROWS,), tl.float32) + p_val
         pp = tl.minimum(tl.maximum(pp, 1e-30), 1.0)
@@ -745,17 +862,21 @@ def _renorm_kernel(
     if HAS_MINP:
         if MINP_ROWS:
             mp = tl.load(minp_ptr + rows, mask=rmask, other=0.0)
+            bad = bad | _out_of(mp, 0.0, 1.0, False)
         else:
             mp = tl.zeros((ROWS,), tl.float32) + minp_val
         tau = tl.maximum(tau, tl.minimum(tl.maximum(mp, 0.0), 1.0) * wmax)
     kept = tl.zeros((ROWS, BLOCK), tl.float32)
+    n_bad = tl.zeros((ROWS, BLOCK), tl.float32)
     for start in tl.range(0, V, BLOCK, num_stages=STAGES):
-        cols, valid, w = _chunk(x_ptr, row_off, rmask, V, m, c, start, False, BLOCK)
+        cols, valid, xv, w = _chunk_values(x_ptr, row_off, rmask, V, m, c, start, False, BLOCK)
         kept += tl.where(w >= tau[:, None], w, 0.0)
-    inv = 1.0 / tl.maximum(tl.sum(kept, axis=1), 1e-30)
+        n_bad += _bad_entries(xv, valid)
+    bad = bad | (tl.sum(n_bad, axis=1) > 0)
+    inv = tl.where(bad, float("nan"), 1.0 / tl.maximum(tl.sum(kept, axis=1), 1e-30))  # an invalid row: all NaN
     for start in tl.range(0, V, BLOCK, num_stages=STAGES):
         cols, valid, w = _chunk(x_ptr, row_off, rmask, V, m, c, start, False, BLOCK)
-        y = tl.where(w >= tau[:, None], w * inv[:, None], 0.0)
+        y = tl.where((w >= tau[:, None]) | bad[:, None], w * inv[:, None], 0.0)
         tl.store(out_ptr + rows.to(tl.int64)[:, None] * V + cols[None, :], y, mask=valid)
 
 
@@ -765,7 +886,7 @@ def _chain_speculative_kernel(
     ids_ptr,  # (B, n) int64 draft tokens
     target_ptr,  # (B, n+1, V) target probabilities, contiguous
     u_ptr,  # (B, n+1) float64 uniforms drawn by torch: n acceptance tests, then the final draw
-    tokens_ptr,  # (B, n+1) int64 out: accepted drafts, the drawn token, -1 padding
+    tokens_ptr,  # (B, n+1) int64 out: accepted drafts, the drawn token, -1 padding (all -1: an invalid row)
     accepted_ptr,  # (B,) int32 out: drafts whose test passes, each on its own
     emitted_ptr,  # (B,) int32 out: drafts emitted (the accepted prefix)
     B,  # rows
@@ -780,9 +901,11 @@ def _chain_speculative_kernel(
     r64 = rows.to(tl.int64)
     accepted = tl.zeros((ROWS,), tl.int32)
     emitted = tl.zeros((ROWS,), tl.int32)
+    bad = rows < 0  # the invalid rows: a draft id out of range, a distribution with bad entries or no mass
     going = rmask
     for i in range(0, N):
         d = tl.load(ids_ptr + r64 * N + i, mask=rmask, other=0)
+        bad = bad | (d < 0) | (d >= V)
         d = tl.minimum(tl.maximum(d, 0), V - 1)
         pd = tl.load(draft_ptr + (r64 * N + i) * V + d, mask=rmask, other=0.0).to(tl.float32)
         pt = tl.load(target_ptr + (r64 * (N + 1) + i) * V + d, mask=rmask, other=0.0).to(tl.float32)
@@ -791,32 +914,42 @@ def _chain_speculative_kernel(
         accepted += ok.to(tl.int32)
         going = going & ok
         emitted += going.to(tl.int32)
-    # residual at the first rejected position e: max(0, target - draft) (the target itself at e = n)
+    # one walk over every distribution of the row: the validity checks, and the mass of the residual at the first
+    # rejected position e, max(0, target - draft) (the target itself at e = n), and of the target there
+    offs = tl.arange(0, BLOCK)
+    res_acc = tl.zeros((ROWS, BLOCK), tl.float32)
+    tgt_acc = tl.zeros((ROWS, BLOCK), tl.float32)
+    n_bad = tl.zeros((ROWS, BLOCK), tl.float32)
+    for i in range(0, N + 1):
+        t_i = target_ptr + (r64 * (N + 1) + i) * V
+        d_i = draft_ptr + (r64 * N + i) * V
+        has_d = (rows * 0 + i) < N  # (ROWS,): a tensor, so the interpreter's masks stay boolean arrays
+        at_e = (emitted == i)[:, None]
+        t_sum = tl.zeros((ROWS, BLOCK), tl.float32)
+        d_sum = tl.zeros((ROWS, BLOCK), tl.float32)
+        for start in tl.range(0, V, BLOCK, num_stages=STAGES):
+            cols = start + offs
+            valid = rmask[:, None] & (cols[None, :] < V)
+            pt = tl.load(t_i[:, None] + cols[None, :], mask=valid, other=0.0).to(tl.float32)
+            pd = tl.load(d_i[:, None] + cols[None, :], mask=valid & has_d[:, None], other=0.0).to(tl.float32)
+            n_bad += _bad_entries(pt, valid) + _bad_entries(pd, valid & has_d[:, None])
+            pt = tl.maximum(pt, 0.0)
+            pd = tl.maximum(pd, 0.0)
+            t_sum += pt
+            d_sum += pd
+            res_acc += tl.where(at_e, tl.maximum(pt - pd, 0.0), 0.0)
+            tgt_acc += tl.where(at_e, pt, 0.0)
+        bad = bad | ~(tl.sum(t_sum, axis=1) > 0) | (has_d & ~(tl.sum(d_sum, axis=1) > 0))
+    bad = bad | (tl.sum(n_bad, axis=1) > 0)
+    res_mass = tl.sum(res_acc, axis=1)
+    use_res = res_mass > 0
     e64 = emitted.to(tl.int64)
     t_row = target_ptr + (r64 * (N + 1) + e64) * V
     d_row = draft_ptr + (r64 * N + e64) * V
     has_draft = emitted < N
-    offs = tl.arange(0, BLOCK)
-    res_acc = tl.zeros((ROWS, BLOCK), tl.float32)
-    for start in tl.range(0, V, BLOCK, num_stages=STAGES):
-        cols = start + offs
-        valid = rmask[:, None] & (cols[None, :] < V)
-        pt = tl.maximum(tl.load(t_row[:, None] + cols[None, :], mask=valid, other=0.0).to(tl.float32), 0.0)
-        pd = tl.maximum(tl.load(d_row[:, None] + cols[None, :], mask=valid & has_draft[:, None], other=0.0).to(tl.float32),
-                        0.0)
-        res_acc += tl.maximum(pt - pd, 0.0)
-    use_res = tl.sum(res_acc, axis=1) > 0
     # inverse CDF over the residual (or the target when the residual is all zero), float32 running sum
     u_last = tl.load(u_ptr + r64 * (N + 1) + N, mask=rmask, other=0.0).to(tl.float32)
-    tot_acc = tl.zeros((ROWS, BLOCK), tl.float32)
-    for start in tl.range(0, V, BLOCK, num_stages=STAGES):
-        cols = start + offs
-        valid = rmask[:, None] & (cols[None, :] < V)
-        pt = tl.maximum(tl.load(t_row[:, None] + cols[None, :], mask=valid, other=0.0).to(tl.float32), 0.0)
-        pd = tl.maximum(tl.load(d_row[:, None] + cols[None, :], mask=valid & has_draft[:, None], other=0.0).to(tl.float32),
-                        0.0)
-        tot_acc += tl.where(use_res[:, None], tl.maximum(pt - pd, 0.0), pt)
-    tgt = u_last * tl.sum(tot_acc, axis=1)
+    tgt = u_last * tl.where(use_res, res_mass, tl.sum(tgt_acc, axis=1))
     run = tl.zeros((ROWS,), tl.float32)
     tok = tl.full((ROWS,), -1, tl.int32)
     last_pos = tl.full((ROWS,), -1, tl.int32)
@@ -837,6 +970,6 @@ def _chain_speculative_kernel(
     for i in range(0, N + 1):
         d = tl.load(ids_ptr + r64 * N + i, mask=rmask & ((rows * 0 + i) < N), other=-1)
         out = tl.where(i < emitted, d, tl.where(i == emitted, tok, -1))
-        tl.store(tokens_ptr + r64 * (N + 1) + i, out, mask=rmask)
-    tl.store(accepted_ptr + rows, accepted, mask=rmask)
-    tl.store(emitted_ptr + rows, emitted, mask=rmask)
+        tl.store(tokens_ptr + r64 * (N + 1) + i, tl.where(bad, -1, out), mask=rmask)  # an invalid row: all -1
+    tl.store(accepted_ptr + rows, tl.where(bad, 0, accepted), mask=rmask)
+    tl.store(emitted_ptr + rows, tl.where(bad, 0, emitted), mask=rmask)

@@ -4,8 +4,9 @@ chain speculative verification, without sorting the vocabulary (see :mod:`._samp
 Signatures and semantics: :mod:`kernel_switchboard.ops.sampling`. Randomness: ``top_k_top_p`` draws
 one Philox seed per call from ``generator`` (torch's default generator when None) and derives every
 uniform from it in-kernel; ``chain_speculative`` draws its (B, n+1) uniforms with ``torch.rand``. Both
-are reproducible for a seeded generator and deterministic (no atomics). A row with NaN / inf / no
-positive mass (possible only with ``check_nan=False``) still gets an in-range token.
+are reproducible for a seeded generator and deterministic (no atomics). Invalid rows (NaN / inf / negative
+entries, no positive mass, an out-of-range per-row parameter) are found inside the kernels and get the op's
+sentinel (token -1, a NaN renorm row, a chain row of -1): no launch reads anything back to the host.
 """
 
 from __future__ import annotations
@@ -91,14 +92,15 @@ def _seed(generator: torch.Generator | None, device: torch.device) -> torch.Tens
 
 
 def top_k_threshold(x: torch.Tensor, top_k: Any, is_logits: bool, temperature: Any) -> torch.Tensor:
-    """The first of top_k_top_p's two launches: per row of x (B, V) with unit column stride, float32 (4, B):
-    the logit max (0 for probabilities), the top-k threshold on the weights, the top-k mass, the max weight."""
+    """The first of top_k_top_p's two launches: per row of x (B, V) with unit column stride, float32 (5, B):
+    the logit max (0 for probabilities and invalid rows), the top-k threshold on the weights, the top-k mass, the
+    max weight, and 1 where the row is invalid by its logits or its top-k (the second launch checks the rest)."""
     batch, vocab = x.shape
     _, k_rows, k_t, k_v = _split(top_k, torch.int32, x.device)
     has_t, t_rows, t_t, t_v = _split(temperature if is_logits else None, torch.float32, x.device)
     search = _config(batch, vocab, SEARCH_WALK)
     scratch = torch.empty((batch, search.scratch), dtype=torch.float32, device=x.device)
-    stats = torch.empty((4, batch), dtype=torch.float32, device=x.device)
+    stats = torch.empty((5, batch), dtype=torch.float32, device=x.device)
     K._top_k_threshold_kernel[(triton.cdiv(batch, search.rows),)](
         x, k_t if k_rows else stats, t_t if t_rows else stats, int(k_v), float(t_v) if has_t else 1.0, scratch, stats,
         batch, vocab, x.stride(0), IS_LOGITS=is_logits, K_ROWS=k_rows, HAS_T=has_t, T_ROWS=t_rows, ROWS=search.rows,

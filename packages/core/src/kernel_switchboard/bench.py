@@ -124,6 +124,7 @@ PRESETS: dict[str, Callable[[], list[Point]]] = {
                                                (16, 77, 1024, "none", False, "cross-attention 77x1024"))],
     "beyond": lambda: importlib.import_module(".bench_beyond", __package__).points(),  # POD, invariance, fp8, MLA
     "flashinfer-compat": lambda: importlib.import_module(".bench_flashinfer", __package__).points(),
+    "flashinfer-ops": lambda: importlib.import_module(".bench_flashinfer", __package__).op_points(),  # norm ... sampling
     # one op per family, each in a fresh process (bench_first_call.py); here for `switchboard build --preset first-call`
     "first-call": lambda: importlib.import_module("kernel_switchboard.bench_first_call").points(),
     "gemm": lambda: [Point("gemm.mm", {"m": 8192, "n": 8192, "k": 8192, "dtype": "bfloat16"}, "8192^3 bf16"),

@@ -5,6 +5,9 @@ Draws follow the same distribution as FlashInfer's, not the same random stream. 
 gives the same draw); tensor seeds are refused. ``filter_apply_order="joint"`` (top-k and top-p both on the
 original distribution) is served as top-p renormalisation followed by top-k sampling, which keeps the same tokens.
 ``softmax`` and ``top_k_mask_logits`` are composed in torch; ``enable_pdl`` is a launch hint and changes nothing.
+A row that cannot be sampled (probabilities NaN, infinite, negative or all zero; logits NaN, +inf or all -inf) gets
+id 0, as FlashInfer gives its all-zero rows, and ``valid`` False with ``return_valid=True``; the check runs on the
+device (``check_nan=True`` raises instead, after one host read).
 """
 
 from __future__ import annotations
@@ -58,12 +61,11 @@ def _draw(x: torch.Tensor, name: str, *, is_logits: bool = False, top_k: _Param 
     pool = rows
     if joint:
         pool, top_p = sampling.renorm(rows, top_p=top_p, check_nan=bool(check_nan)), None
-    tokens = sampling.top_k_top_p(pool, top_k, top_p, min_p=min_p, is_logits=is_logits, generator=gen,
-                                  deterministic=bool(deterministic), check_nan=bool(check_nan)).to(id_dtype)
-    if not return_valid:
-        return tokens
-    valid = (rows > 0).any(-1)  # FlashInfer's valid row: some token with positive probability; else id 0
-    return torch.where(valid, tokens, 0), valid
+    drawn = sampling.top_k_top_p(pool, top_k, top_p, min_p=min_p, is_logits=is_logits, generator=gen,
+                                 deterministic=bool(deterministic), check_nan=bool(check_nan))
+    valid = drawn >= 0 if return_valid else None  # the switchboard answers a row it cannot sample with -1
+    tokens = drawn.to(id_dtype).clamp_min_(0)  # and FlashInfer with id 0
+    return tokens if valid is None else (tokens, valid)
 
 
 def _order(filter_apply_order: Any) -> bool:

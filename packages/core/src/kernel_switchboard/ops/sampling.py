@@ -3,11 +3,13 @@
 Kernel ``run`` signatures (arguments validated and canonical, see docs/ops.md):
 
 - ``sampling.top_k_top_p``: ``run(x, top_k, top_p, min_p, is_logits, temperature, generator, deterministic)``
-  -> tokens (B,) int64. x (B, V); top_k: int >= 1 | (B,) int32 tensor | None; top_p, min_p, temperature:
-  float | (B,) float32 tensor | None; tensors live on x's device.
-- ``sampling.renorm``: ``run(probs, top_k, top_p, min_p) -> (B, V) float32``, the filtered distribution.
+  -> tokens (B,) int64, :data:`INVALID` for an invalid row. x (B, V); top_k: int >= 1 | (B,) int32 tensor | None;
+  top_p, min_p, temperature: float | (B,) float32 tensor | None; tensors live on x's device.
+- ``sampling.renorm``: ``run(probs, top_k, top_p, min_p) -> (B, V) float32``, the filtered distribution (a row of
+  NaN for an invalid row).
 - ``sampling.chain_speculative``: ``run(draft_probs, draft_token_ids, target_probs, generator, deterministic)``
-  -> (tokens (B, n+1) int64 padded with -1, accepted (B,) int32, emitted (B,) int32).
+  -> (tokens (B, n+1) int64 padded with -1, accepted (B,) int32, emitted (B,) int32); an invalid row
+  (:func:`speculative_invalid_rows`) gets tokens all -1, accepted 0, emitted 0.
 
 Filter semantics, applied in this order (ties at a threshold are kept together, so the filtered
 distribution is well defined):
@@ -24,12 +26,20 @@ top_k 0 (or >= V), top_p 1.0, min_p 0.0, temperature 1.0; a per-row ``top_k`` of
 top-k for that row, so kernels receive per-row k in [0, 2^31) (an int64 entry past that range saturates: it
 keeps every token, as any k >= V does) and scalar k in [1, V). Temperature -> 0 is the argmax (ties share the
 mass), however small a positive temperature is.
+
+Invalid rows (:func:`invalid_rows`): a row whose data is not a distribution (probabilities NaN, infinite,
+negative or all zero; logits NaN, +inf or all -inf) or whose per-row parameter is out of range is never sampled.
+Every kernel checks each row on the device, inside the op, and answers an invalid row with the sentinel
+:data:`INVALID` (-1) as its token (``renorm``: a row of NaN; ``chain_speculative``: tokens all -1, accepted and
+emitted 0), so the default call does no host synchronisation and can be captured in a CUDA graph; the caller finds
+the invalid rows later as ``tokens < 0``. ``check_nan=True`` adds a host check before the launch (one device-to-host
+read) that raises :class:`~kernel_switchboard.errors.InvalidArgumentError` naming the first bad argument and row.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -154,13 +164,19 @@ def _check_generator(generator: Any, x: torch.Tensor) -> None:
         raise fail("generator.device", generator.device, f"the device of x ({x.device})")
 
 
-# -- data checks (one host sync) -----------------------------------------------------------------
-#: (argument name, 0-d bool "bad" flag, per-element bad mask for the message, what is allowed)
-Check = tuple[str, torch.Tensor, Callable[[], torch.Tensor], str]
+# -- invalid rows ----------------------------------------------------------------------------------
+#: the token a sampler returns for a row it cannot sample (and ``chain_speculative`` writes across such a row)
+INVALID = -1
+
+#: (argument name, (B,) bool mask of the rows it makes invalid, what is allowed)
+RowCheck = tuple[str, torch.Tensor, str]
+
+_PROBS = "probabilities: finite, >= 0, a positive sum in every row"
+_LOGITS = "logits without NaN or +inf and a finite value in every row (-inf = masked)"
 
 
 def _bad_prob_rows(p: torch.Tensor) -> torch.Tensor:
-    """Per row (over the last dim): some entry negative / NaN / inf, or no positive mass."""
+    """Per row (over the last dim): some entry negative / NaN / inf, or no positive mass (float32 sum)."""
     return (~((p >= 0) & (p < math.inf))).any(-1) | ~(p.sum(-1, dtype=torch.float32) > 0)
 
 
@@ -169,48 +185,61 @@ def _bad_logit_rows(x: torch.Tensor) -> torch.Tensor:
     return ~torch.isfinite(x.amax(-1))
 
 
-def _prob_check(name: str, p: torch.Tensor) -> Check:
-    ok = ((p >= 0) & (p < math.inf)).all() & (p.sum(-1, dtype=torch.float32) > 0).all()
-    return (name, ~ok, lambda: _bad_prob_rows(p), "probabilities: finite, >= 0, a positive sum in every row")
-
-
-def _logit_check(name: str, x: torch.Tensor) -> Check:
-    bad = _bad_logit_rows(x)
-    return (name, bad.any(), lambda: bad, "logits without NaN or +inf and a finite value in every row (-inf = masked)")
-
-
-def _range_check(name: str, bad: torch.Tensor, allowed: str) -> Check:
-    return (name, bad.any(), lambda: bad, allowed)
-
-
-def _param_checks(p: _Params) -> list[Check]:
-    out: list[Check] = []
-    if isinstance(p.top_k, torch.Tensor):
-        out.append(_range_check("top_k", p.top_k < 0, "entries >= 0 (0 = off for that row)"))
-    if isinstance(p.top_p, torch.Tensor):
-        out.append(_range_check("top_p", ~((p.top_p > 0) & (p.top_p <= 1)), "entries in (0, 1]"))
-    if isinstance(p.min_p, torch.Tensor):
-        out.append(_range_check("min_p", ~((p.min_p >= 0) & (p.min_p <= 1)), "entries in [0, 1]"))
-    if isinstance(p.temperature, torch.Tensor):
-        t = p.temperature
-        out.append(_range_check("temperature", ~((t > 0) & (t < math.inf)), "finite entries > 0"))
+def _row_checks(x: torch.Tensor, is_logits: bool, top_k: Any, top_p: Any, min_p: Any, temperature: Any,
+                name: str = "x") -> list[RowCheck]:
+    """The per-row validity checks of a sampling / renorm call on its canonical arguments (as kernels get them)."""
+    out = [(name, _bad_logit_rows(x), _LOGITS) if is_logits else (name, _bad_prob_rows(x), _PROBS)]
+    if isinstance(top_k, torch.Tensor):
+        out.append(("top_k", top_k < 0, "entries >= 0 (0 = off for that row)"))
+    if isinstance(top_p, torch.Tensor):
+        out.append(("top_p", ~((top_p > 0) & (top_p <= 1)), "entries in (0, 1]"))
+    if isinstance(min_p, torch.Tensor):
+        out.append(("min_p", ~((min_p >= 0) & (min_p <= 1)), "entries in [0, 1]"))
+    if is_logits and isinstance(temperature, torch.Tensor):
+        out.append(("temperature", ~((temperature > 0) & (temperature < math.inf)), "finite entries > 0"))
     return out
 
 
-def _raise_first_bad(checks: list[Check]) -> None:
-    """Evaluate every flag with one host sync; raise naming the first bad argument and where it is bad."""
+def invalid_rows(x: torch.Tensor, is_logits: bool = False, top_k: Any = None, top_p: Any = None, min_p: Any = None,
+                 temperature: Any = None) -> torch.Tensor:
+    """(B,) bool: the rows of x (B, V) that ``top_k_top_p`` answers with :data:`INVALID` and ``renorm`` with NaN.
+
+    A row is invalid when its data is no distribution (probabilities: an entry NaN, infinite or negative, or no positive mass;
+    logits: NaN or +inf, or no finite entry) or when a per-row parameter tensor holds an out-of-range entry for it
+    (top_k < 0; top_p outside (0, 1]; min_p outside [0, 1]; temperature not finite and > 0). Parameters in the
+    canonical forms kernels receive; computed on x's device without a host read (every kernel applies this
+    definition on the device)."""
+    bad = [b for _, b, _ in _row_checks(x, is_logits, top_k, top_p, min_p, temperature)]
+    return functools.reduce(torch.logical_or, bad)
+
+
+def _speculative_checks(draft_probs: torch.Tensor, draft_token_ids: torch.Tensor, target_probs: torch.Tensor
+                        ) -> list[RowCheck]:
+    v = draft_probs.shape[-1]
+    ids = draft_token_ids
+    return [("draft_probs", _bad_prob_rows(draft_probs).any(-1), _PROBS),
+            ("target_probs", _bad_prob_rows(target_probs).any(-1), _PROBS),
+            ("draft_token_ids", ((ids < 0) | (ids >= v)).any(-1), f"token ids in [0, {v})")]
+
+
+def speculative_invalid_rows(draft_probs: torch.Tensor, draft_token_ids: torch.Tensor, target_probs: torch.Tensor
+                             ) -> torch.Tensor:
+    """(B,) bool: the rows that ``chain_speculative`` answers with tokens all :data:`INVALID`, accepted 0 and
+    emitted 0: some draft or target distribution of the row is not valid probabilities (as :func:`invalid_rows`
+    defines them) or a draft token id lies outside [0, V). No host read."""
+    return functools.reduce(torch.logical_or, [b for _, b, _ in _speculative_checks(draft_probs, draft_token_ids,
+                                                                                    target_probs)])
+
+
+def _raise_first_bad(checks: list[RowCheck]) -> None:
+    """``check_nan=True``: evaluate every check with one host read; raise naming the first bad argument and row."""
     if not checks:
         return
-    flags = torch.stack([c[1] for c in checks]).tolist()
-    for (name, _, locate, allowed), bad in zip(checks, flags):
-        if bad:
-            where = locate().nonzero()
-            raise fail(name, f"bad data at index {tuple(where[0].tolist())} ({len(where)} bad)", allowed)
-
-
-def _data_check(x: torch.Tensor, is_logits: bool, p: _Params | None, name: str = "x") -> None:
-    first = _logit_check(name, x) if is_logits else _prob_check(name, x)
-    _raise_first_bad([first] + (_param_checks(p) if p is not None else []))
+    flags = torch.stack([bad.any() for _, bad, _ in checks]).tolist()
+    for (name, bad, allowed), flagged in zip(checks, flags):
+        if flagged:
+            rows = bad.nonzero().flatten()
+            raise fail(name, f"bad data in row {int(rows[0])} ({len(rows)} of {bad.shape[0]} rows bad)", allowed)
 
 
 def _problem(x: torch.Tensor, is_logits: bool, p: _Params, extra: frozenset[str]) -> SamplingProblem:
@@ -233,18 +262,20 @@ def _run_features(generator: Any, deterministic: bool) -> frozenset[str]:
 # -- top_k_top_p ---------------------------------------------------------------------------------
 def top_k_top_p(x: torch.Tensor, top_k: Param = None, top_p: Param = None, *, min_p: Param = None,
                 is_logits: bool = False, temperature: Param = None, generator: torch.Generator | None = None,
-                deterministic: bool = False, check_nan: bool = True, backend: BackendArg = None) -> torch.Tensor:
+                deterministic: bool = False, check_nan: bool = False, backend: BackendArg = None) -> torch.Tensor:
     """Sample one token per row after temperature / top-k / top-p / min-p filtering.
 
     x: (B, V) probabilities (``is_logits=False``) or logits, fp32/fp16/bf16. top_k: int or (B,) int
     tensor; top_p, min_p: float or (B,) float tensor; temperature (logits only): float or (B,) tensor.
-    Returns (B,) int64 token ids, always in range and never a filtered-out token.
+    Returns (B,) int64 token ids: for a valid row a token in [0, V) that survives the filters, for an invalid
+    row (:func:`invalid_rows`: NaN / inf / negative / all-zero data, or an out-of-range per-row parameter)
+    :data:`INVALID` (-1), decided on the device: the call does no host synchronisation.
 
     ``generator`` makes the draw reproducible (eager only: it cannot enter a torch.compile graph);
     ``deterministic`` asks for bitwise reproducible results with the same generator state.
-    ``check_nan=True`` validates the data of x and of per-row parameter tensors (NaN / inf / negative
-    probabilities, out-of-range parameters) with one host sync; it is skipped while a CUDA graph is
-    captured. ``check_nan=False`` skips it: a bad row then gives an unspecified but in-range token.
+    ``check_nan=True`` also checks the rows on the host before the launch (one device-to-host read) and raises
+    :class:`~kernel_switchboard.errors.InvalidArgumentError` naming the first bad argument and row; it is skipped
+    while a CUDA graph is captured.
     """
     if torch.compiler.is_compiling():
         if generator is not None:
@@ -256,15 +287,15 @@ def top_k_top_p(x: torch.Tensor, top_k: Param = None, top_p: Param = None, *, mi
 
 def top_k_top_p_call(x: torch.Tensor, top_k: Param = None, top_p: Param = None, min_p: Param = None,
                      is_logits: bool = False, temperature: Param = None, generator: torch.Generator | None = None,
-                     deterministic: bool = False, check_nan: bool = True) -> tuple[SamplingProblem, _Params]:
-    """Validate a :func:`top_k_top_p` call (``check_nan``: the data, one host read): its problem and canonical
+                     deterministic: bool = False, check_nan: bool = False) -> tuple[SamplingProblem, _Params]:
+    """Validate a :func:`top_k_top_p` call (``check_nan``: also the data, one host read): its problem and canonical
     parameters."""
     _check_x(x, "x")
     p = _params(x, top_k, top_p, min_p, temperature, bool(is_logits))
     _check_generator(generator, x)
     problem = _problem(x, bool(is_logits), p, _run_features(generator, deterministic))
     if check_nan and x.shape[0] and "cuda_graph" not in problem.features:
-        _data_check(x, bool(is_logits), p)
+        _raise_first_bad(_row_checks(x, bool(is_logits), *p))
     return problem, p
 
 
@@ -298,11 +329,12 @@ def sample(x: torch.Tensor, **kwargs: Any) -> torch.Tensor:
 
 # -- renorm --------------------------------------------------------------------------------------
 def renorm(probs: torch.Tensor, top_k: Param = None, top_p: Param = None, min_p: Param = None, *,
-           check_nan: bool = True, backend: BackendArg = None) -> torch.Tensor:
+           check_nan: bool = False, backend: BackendArg = None) -> torch.Tensor:
     """The filtered, renormalised distribution: (B, V) probabilities -> (B, V) float32 (rows sum to 1).
 
-    Same filters and parameter forms as :func:`top_k_top_p` (no temperature: probabilities only).
-    ``check_nan`` as there (one host sync).
+    Same filters and parameter forms as :func:`top_k_top_p` (no temperature: probabilities only). An invalid row
+    (:func:`invalid_rows`) comes back as a row of NaN, decided on the device (no host synchronisation);
+    ``check_nan=True`` raises instead, as there (one host read).
     """
     if torch.compiler.is_compiling():
         return RENORM.compiled(probs, top_k, top_p, min_p, bool(check_nan), backend)  # type: ignore[no-any-return]
@@ -310,14 +342,14 @@ def renorm(probs: torch.Tensor, top_k: Param = None, top_p: Param = None, min_p:
 
 
 def renorm_call(probs: torch.Tensor, top_k: Param = None, top_p: Param = None, min_p: Param = None,
-                check_nan: bool = True) -> tuple[SamplingProblem, _Params]:
-    """Validate a :func:`renorm` call (``check_nan``: the data, one host read): its problem and canonical
+                check_nan: bool = False) -> tuple[SamplingProblem, _Params]:
+    """Validate a :func:`renorm` call (``check_nan``: also the data, one host read): its problem and canonical
     parameters."""
     _check_x(probs, "probs")
     p = _params(probs, top_k, top_p, min_p, None, False)
     problem = _problem(probs, False, p, frozenset())
     if check_nan and probs.shape[0] and "cuda_graph" not in problem.features:
-        _data_check(probs, False, p, "probs")
+        _raise_first_bad(_row_checks(probs, False, *p, name="probs"))
     return problem, p
 
 
@@ -330,7 +362,7 @@ def _renorm_eager(probs: torch.Tensor, top_k: Any, top_p: Any, min_p: Any, check
 
 # -- chain_speculative ---------------------------------------------------------------------------
 def chain_speculative(draft_probs: torch.Tensor, draft_token_ids: torch.Tensor, target_probs: torch.Tensor, *,
-                      generator: torch.Generator | None = None, deterministic: bool = False, check_nan: bool = True,
+                      generator: torch.Generator | None = None, deterministic: bool = False, check_nan: bool = False,
                       backend: BackendArg = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Chain speculative sampling (Leviathan et al. / Chen et al.; FlashInfer's and vLLM's rule).
 
@@ -342,8 +374,10 @@ def chain_speculative(draft_probs: torch.Tensor, draft_token_ids: torch.Tensor, 
     Returns ``(tokens, accepted, emitted)``: tokens (B, n+1) int64 = the accepted drafts then the drawn
     token, padded with -1; accepted (B,) int32 = positions whose test passes, each considered on its own
     (an acceptance-rate metric, FlashInfer's ``accepted_token_num``); emitted (B,) int32 = accepted
-    drafts actually emitted (the tokens written minus one). ``check_nan`` validates probabilities and
-    token ids with one host sync.
+    drafts actually emitted (the tokens written minus one). A row with an invalid distribution (NaN, inf, negative
+    or all zero, at any of its n + n+1 positions) or a draft id outside [0, V) (:func:`speculative_invalid_rows`)
+    gets tokens all -1 (``tokens[:, 0] < 0`` finds it), accepted 0 and emitted 0, decided on the device (no host
+    synchronisation); ``check_nan=True`` raises instead, naming the argument and row (one host read).
     """
     if torch.compiler.is_compiling():
         if generator is not None:
@@ -355,9 +389,9 @@ def chain_speculative(draft_probs: torch.Tensor, draft_token_ids: torch.Tensor, 
 
 def chain_speculative_call(draft_probs: torch.Tensor, draft_token_ids: torch.Tensor, target_probs: torch.Tensor,
                            generator: torch.Generator | None = None, deterministic: bool = False,
-                           check_nan: bool = True) -> tuple[SpeculativeProblem, torch.Tensor]:
-    """Validate a :func:`chain_speculative` call (``check_nan``: the data, one host read): its problem and the draft
-    token ids as int64."""
+                           check_nan: bool = False) -> tuple[SpeculativeProblem, torch.Tensor]:
+    """Validate a :func:`chain_speculative` call (``check_nan``: also the data, one host read): its problem and the
+    draft token ids as int64."""
     _check_x(draft_probs, "draft_probs", dims=3)
     b, n, v = draft_probs.shape
     if n < 1:
@@ -377,9 +411,7 @@ def chain_speculative_call(draft_probs: torch.Tensor, draft_token_ids: torch.Ten
     dev, cc = device_key(draft_probs)
     features = graph_features(dev) | _run_features(generator, deterministic)
     if check_nan and b and "cuda_graph" not in features:
-        ids = draft_token_ids
-        _raise_first_bad([_prob_check("draft_probs", draft_probs), _prob_check("target_probs", target_probs),
-                          _range_check("draft_token_ids", (ids < 0) | (ids >= v), f"token ids in [0, {v})")])
+        _raise_first_bad(_speculative_checks(draft_probs, draft_token_ids, target_probs))
     ids64 = draft_token_ids if draft_token_ids.dtype == torch.int64 else draft_token_ids.to(torch.int64)
     return SpeculativeProblem(dev, cc, draft_probs.dtype, v, n, bucket(b), features), ids64
 

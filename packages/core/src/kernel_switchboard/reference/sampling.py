@@ -2,8 +2,9 @@
 
 Sort-based filtering in float32 and inverse-CDF sampling with one uniform per row drawn from
 ``generator`` (or the default generator): reproducible for a seeded generator, deterministic on
-every device, no host sync (CUDA-graph capturable). Out-of-range parameters (possible only with
-``check_nan=False``) are clamped, so the result is always an in-range token with positive filtered probability.
+every device, no host sync (CUDA-graph capturable). Invalid rows (:func:`~kernel_switchboard.ops.sampling.invalid_rows`)
+are answered with the sentinel the op defines (token -1, a NaN renorm row, a chain row of -1 with nothing accepted),
+selected on the device; their draws are computed on clamped values and discarded.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import dataclasses
 import torch
 
 from ..invariance import one_request_draws
+from ..ops.sampling import INVALID, invalid_rows, speculative_invalid_rows
 from ..registry import Kernel
 from ._cap import INVARIANT_CAPTURABLE, PRIORITY
 from ._rows import rowwise
@@ -100,12 +102,14 @@ def _uniform(shape: tuple[int, ...], generator: torch.Generator | None, device: 
 def top_k_top_p(x: torch.Tensor, top_k: ParamArg, top_p: ParamArg, min_p: ParamArg, is_logits: bool,
                 temperature: ParamArg, generator: torch.Generator | None, deterministic: bool) -> torch.Tensor:
     w = filtered(x, top_k, top_p, min_p, is_logits, temperature)
-    return sample_rows(w, _uniform((x.shape[0],), generator, x.device))
+    tokens = sample_rows(w, _uniform((x.shape[0],), generator, x.device))
+    return torch.where(invalid_rows(x, is_logits, top_k, top_p, min_p, temperature), INVALID, tokens)
 
 
 def renorm(probs: torch.Tensor, top_k: ParamArg, top_p: ParamArg, min_p: ParamArg) -> torch.Tensor:
     w = filtered(probs, top_k, top_p, min_p)
-    return w / w.sum(-1, keepdim=True).clamp_min(1e-30)
+    out = w / w.sum(-1, keepdim=True).clamp_min(1e-30)
+    return out.masked_fill(invalid_rows(probs, False, top_k, top_p, min_p).unsqueeze(-1), float("nan"))
 
 
 def chain_speculative(draft_probs: torch.Tensor, draft_token_ids: torch.Tensor, target_probs: torch.Tensor,
@@ -131,7 +135,9 @@ def chain_speculative(draft_probs: torch.Tensor, draft_token_ids: torch.Tensor, 
     padded_ids = torch.cat([draft_token_ids, draft_token_ids.new_full((b, 1), -1)], dim=1)
     tokens = torch.where(pos < emitted.unsqueeze(-1), padded_ids, -1)
     tokens = torch.where(pos == emitted.unsqueeze(-1), last.unsqueeze(-1), tokens)
-    return tokens, accepted, emitted.to(torch.int32)
+    bad = speculative_invalid_rows(draft_probs, draft_token_ids, target_probs)
+    tokens = tokens.masked_fill(bad.unsqueeze(-1), INVALID)
+    return tokens, accepted.masked_fill(bad, 0), emitted.to(torch.int32).masked_fill(bad, 0)
 
 
 #: draws: batch invariant for a batch of one request (see :func:`kernel_switchboard.invariance.one_request_draws`)

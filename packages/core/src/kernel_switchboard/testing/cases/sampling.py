@@ -8,6 +8,11 @@ support may ever appear. Inputs are drawn so that no token sits within ``MARGIN`
 threshold (float32 and float64 filtering then agree). ``sampling.chain_speculative`` is checked the
 same way on the joint law of (tokens emitted, last token) given the draft tokens, plus a z-test
 on ``accepted`` and exact checks of the structure (accepted drafts copied, -1 padding).
+
+Invalid rows (``ops.sampling.invalid_rows``: NaN / inf / negative / all-zero data, out-of-range per-row
+parameters) are mixed into some batches: the samplers must answer each of them with exactly -1 (chain
+speculative: tokens all -1, nothing accepted or emitted) while the valid rows of the same batch keep passing
+the checks above; renorm's invalid rows (NaN) are compared with the reference like the rest.
 """
 
 from __future__ import annotations
@@ -279,6 +284,125 @@ SAMPLER_SPECS = (
 )
 
 
+# -- invalid rows --------------------------------------------------------------------------------
+INVALID = -1
+_NAN, _INF = float("nan"), float("inf")
+
+#: (what makes the row invalid, its data or None (a valid row), the per-row parameter values that differ)
+_DATA_PROBS = (("a NaN entry", lambda r: _set(r, 1, _NAN)), ("a +inf entry", lambda r: _set(r, 2, _INF)),
+               ("a -inf entry", lambda r: _set(r, 0, -_INF)), ("a negative entry", lambda r: _set(r, 3, -0.25)),
+               ("all zero", lambda r: torch.zeros_like(r)))
+_DATA_LOGITS = (("a NaN logit", lambda r: _set(r, 1, _NAN)), ("a +inf logit", lambda r: _set(r, 2, _INF)),
+                ("every logit -inf", lambda r: torch.full_like(r, -_INF)))
+#: out-of-range per-row parameter entries, by parameter
+_BAD_PARAMS: dict[str, tuple[Any, ...]] = {"top_k": (-1, -7), "top_p": (0.0, 1.5, _NAN, -0.5),
+                                           "min_p": (-0.1, 1.5, _NAN), "temperature": (0.0, -1.0, _INF, _NAN)}
+
+
+def _set(row: torch.Tensor, i: int, value: float) -> torch.Tensor:
+    row = row.clone()
+    row[i] = value
+    return row
+
+
+def _bad_rows(x: torch.Tensor, params: dict[str, Any], is_logits: bool, g: torch.Generator
+              ) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Invalid rows for a batch like x: one per kind of bad data, one per out-of-range value of each per-row
+    parameter (on otherwise valid data), with per-row parameters (valid ones where a row's data makes it invalid)."""
+    base = x[torch.randint(0, x.shape[0], (1,), generator=g)].squeeze(0).float()
+    rows: list[torch.Tensor] = []
+    values: dict[str, list[Any]] = {k: [] for k, v in params.items() if isinstance(v, torch.Tensor)}
+
+    def add(row: torch.Tensor, bad_param: tuple[str, Any] | None = None) -> None:
+        rows.append(row)
+        for name in values:
+            ok = params[name][0].item()
+            values[name].append(bad_param[1] if bad_param is not None and bad_param[0] == name else ok)
+
+    for _, make in (_DATA_LOGITS if is_logits else _DATA_PROBS):
+        add(make(base))
+    for name in values:
+        if name == "temperature" and not is_logits:
+            continue
+        for bad in _BAD_PARAMS[name]:
+            add(base, (name, bad))
+    out = {name: torch.tensor(v, dtype=params[name].dtype) for name, v in values.items()}
+    return torch.stack(rows).to(x.dtype), out
+
+
+def _with_bad_rows(x: torch.Tensor, params: dict[str, Any], is_logits: bool, g: torch.Generator
+                   ) -> tuple[torch.Tensor, dict[str, Any], torch.Tensor]:
+    """x (n, V) with invalid rows scattered among its rows: (x, per-row parameters, (n + bad,) bool invalid mask)."""
+    bad_x, bad_params = _bad_rows(x, params, is_logits, g)
+    n = x.shape[0]
+    perm = _interleave(n, bad_x.shape[0], g)
+    out = {k: (torch.cat([v, bad_params[k]])[perm] if isinstance(v, torch.Tensor) else v) for k, v in params.items()}
+    return torch.cat([x, bad_x])[perm], out, perm >= n
+
+
+def _interleave(n: int, extra: int, g: torch.Generator) -> torch.Tensor:
+    """A permutation of n + extra rows that scatters the last ``extra`` among the first n and keeps those in order."""
+    keys = torch.cat([torch.arange(n, dtype=torch.float64), torch.rand(extra, generator=g, dtype=torch.float64) * n])
+    return torch.argsort(keys, stable=True)
+
+
+def with_invalid_rows(check: Callable[[Callable[..., Any]], None], invalid: torch.Tensor
+                      ) -> Callable[[Callable[..., Any]], None]:
+    """A Case.check for a batch whose rows ``invalid`` (bool, (B,)) are invalid: each call must answer those rows
+    with the sentinel (tokens -1; chain speculative: a row of -1, accepted and emitted 0); the valid rows' results
+    go to ``check``, which was built for them alone."""
+
+    def wrapped(run: Callable[..., Any]) -> None:
+        def valid_part() -> Any:
+            result = run()
+            if isinstance(result, torch.Tensor):
+                tok = result.cpu()
+                assert tuple(tok.shape) == tuple(invalid.shape), f"tokens {tuple(tok.shape)}, want {tuple(invalid.shape)}"
+                wrong = invalid & (tok != INVALID)
+                assert not wrong.any(), (f"invalid rows must give token {INVALID}: rows {wrong.nonzero().flatten()[:5].tolist()} "
+                                         f"gave {tok[wrong][:5].tolist()}")
+                return result[~invalid.to(result.device)]
+            tokens, accepted, emitted = (t.cpu() for t in result)
+            wrong = invalid & ((tokens != INVALID).any(-1) | (accepted != 0) | (emitted != 0))
+            assert not wrong.any(), (f"invalid rows must give tokens all {INVALID}, accepted 0, emitted 0: rows "
+                                     f"{wrong.nonzero().flatten()[:5].tolist()}")
+            keep = ~invalid.to(result[0].device)
+            return tuple(t[keep] for t in result)
+
+        check(valid_part)
+
+    return wrapped
+
+
+def _invalid_sampler_case(spec: _Spec, device: torch.device, size: str, g: torch.Generator) -> Case:
+    """:func:`_sampler_case` with invalid rows scattered through the batch."""
+    cfg = SIZES[size]
+    rows, replicas, vocab = cfg["rows"], cfg["replicas"], cfg["vocab"]
+    params = _row_params(spec, rows, vocab, g)
+    x = _distinct_rows(spec, rows, vocab, g, params)
+    target = target_distribution(x, params["top_k"], params["top_p"], params["min_p"], spec.is_logits,
+                                 params["temperature"] if spec.is_logits else None)
+    rep = {k: (v.repeat_interleave(replicas, 0) if isinstance(v, torch.Tensor) else v) for k, v in params.items()}
+    big, rep, invalid = _with_bad_rows(x.repeat_interleave(replicas, 0), rep, spec.is_logits, g)
+    kwargs: dict[str, Any] = {"min_p": _rep(rep["min_p"], 1, device), "is_logits": spec.is_logits}
+    if spec.is_logits:
+        kwargs["temperature"] = _rep(rep["temperature"], 1, device)
+    args = (big.to(device), _rep(rep["top_k"], 1, device), _rep(rep["top_p"], 1, device))
+    check = with_invalid_rows(sampler_check(target, replicas, cfg["calls"]), invalid)
+    return Case("sampling.top_k_top_p", spec.id, args, kwargs, spec.dtype, check=check)
+
+
+#: batches with invalid rows, one per path the kernels take (top-k search or not, min-p, logits or not)
+INVALID_SPECS = (
+    _Spec("probs-fp32-per-row-invalid-rows", torch.float32, False, top_k=8, top_p=0.8, min_p=0.05, per_row=True),
+    _Spec("probs-fp16-topp-invalid-rows", torch.float16, False, top_p=0.9),
+    _Spec("probs-fp32-minp-per-row-invalid-rows", torch.float32, False, min_p=0.1, per_row=True),
+    _Spec("logits-bf16-per-row-invalid-rows", torch.bfloat16, True, top_k=6, top_p=0.8, min_p=0.05, temperature=1.0,
+          per_row=True),
+    _Spec("logits-fp32-temperature-rows-invalid-rows", torch.float32, True, top_p=0.9, temperature=0.8, per_row=True),
+)
+
+
 def _greedy_case(device: torch.device, size: str, g: torch.Generator) -> Case:
     vocab = SIZES[size]["vocab"]
     x = torch.randn(16, vocab, generator=g).to(device)
@@ -296,6 +420,13 @@ def _renorm_cases(device: torch.device, size: str, g: torch.Generator) -> list[C
         x = _distinct_rows(spec, rows, vocab, g, params)
         args = tuple(_rep(v, 1, device) for v in (x, params["top_k"], params["top_p"], params["min_p"]))
         out.append(Case("sampling.renorm", spec.id, args, {}, torch.float32))
+    for spec in (_Spec("fp32-per-row-invalid-rows", torch.float32, False, top_k=9, top_p=0.9, min_p=0.05, per_row=True),
+                 _Spec("bf16-topp-invalid-rows", torch.bfloat16, False, top_p=0.7),
+                 _Spec("fp32-plain-invalid-rows", torch.float32, False)):
+        params = _row_params(spec, rows, vocab, g)
+        x, params, _ = _with_bad_rows(_distinct_rows(spec, rows, vocab, g, params), params, False, g)
+        args = tuple(_rep(v, 1, device) for v in (x, params["top_k"], params["top_p"], params["min_p"]))
+        out.append(Case("sampling.renorm", spec.id, args, {}, torch.float32))  # invalid rows: NaN, as the reference
     return out
 
 
@@ -391,19 +522,53 @@ def _spec_case(name: str, device: torch.device, size: str, g: torch.Generator, d
     return Case("sampling.chain_speculative", name, args, kwargs, dtype, check=check)
 
 
+def _spec_invalid_case(device: torch.device, size: str, g: torch.Generator) -> Case:
+    """:func:`_spec_case` ("random") with invalid rows scattered through the batch: one per kind of bad draft or
+    target distribution (at the first, a middle and the bonus position) and per out-of-range draft id."""
+    valid = _spec_case("fp32-invalid-rows", torch.device("cpu"), size, g, torch.float32)
+    draft, ids, target = valid.args
+    n = ids.shape[1]
+    pick = int(torch.randint(0, draft.shape[0], (1,), generator=g))
+    bad_d, bad_t, bad_i = [], [], []
+    data = ((True, 0, _DATA_PROBS[0][1]), (True, n - 1, _DATA_PROBS[3][1]), (False, n, _DATA_PROBS[1][1]),
+            (False, 0, _DATA_PROBS[4][1]), (False, n // 2, _DATA_PROBS[2][1]))  # (in the draft, position, damage)
+    for in_draft, pos, make in data:
+        d, t = draft[pick].clone(), target[pick].clone()
+        if in_draft:
+            d[pos] = make(d[pos])
+        else:
+            t[pos] = make(t[pos])
+        bad_d.append(d)
+        bad_t.append(t)
+        bad_i.append(ids[pick])
+    for pos, token in ((0, -1), (n - 1, draft.shape[-1])):
+        bad_d.append(draft[pick])
+        bad_t.append(target[pick])
+        bad_i.append(_set(ids[pick], pos, token))
+    b = draft.shape[0]
+    perm = _interleave(b, len(bad_d), g)
+    args = (torch.cat([draft, torch.stack(bad_d)])[perm].to(device), torch.cat([ids, torch.stack(bad_i)])[perm].to(device),
+            torch.cat([target, torch.stack(bad_t)])[perm].to(device))
+    assert valid.check is not None
+    return Case("sampling.chain_speculative", valid.id, args, {}, torch.float32,
+                check=with_invalid_rows(valid.check, perm >= b))
+
+
 def _spec_cases(device: torch.device, size: str, g: torch.Generator) -> list[Case]:
     return [
         _spec_case("fp32-random", device, size, g, torch.float32),
         _spec_case("fp32-draft-equals-target", device, size, g, torch.float32, mode="equal"),
         _spec_case("fp32-target-rejects-drafts", device, size, g, torch.float32, mode="reject_all"),
         _spec_case("bf16-generator", device, size, g, torch.bfloat16, use_generator=True),
+        _spec_invalid_case(device, size, g),
     ]
 
 
 def cases(op: str, device: torch.device, size: str) -> list[Case]:
     g = torch.Generator().manual_seed(0)
     if op == "sampling.top_k_top_p":
-        return [_sampler_case(s, device, size, g) for s in SAMPLER_SPECS] + [_greedy_case(device, size, g)]
+        return ([_sampler_case(s, device, size, g) for s in SAMPLER_SPECS] + [_greedy_case(device, size, g)]
+                + [_invalid_sampler_case(s, device, size, g) for s in INVALID_SPECS])
     if op == "sampling.renorm":
         return _renorm_cases(device, size, g)
     if op == "sampling.chain_speculative":
@@ -422,7 +587,8 @@ def example(op: str, device: torch.device, **shape: Any) -> Case:
     """One case from CLI-style parameters (strings accepted), for benchmarks and demos.
 
     top_k_top_p / renorm: batch (128), vocab (128256), dtype ("float32"), top_k (50), top_p (0.9),
-    min_p (0), logits (1 = logits input), check_nan (1). chain_speculative: batch (64), draft (4), vocab (32000), dtype.
+    min_p (0), logits (1 = logits input), check_nan (0: the default, invalid rows answered on the device; 1: the host
+    check). chain_speculative: batch (64), draft (4), vocab (32000), dtype.
     The case compares with the reference (renorm) or checks output shapes and ranges (samplers).
     """
     g = torch.Generator().manual_seed(int(shape.get("seed", 0)))
@@ -444,7 +610,7 @@ def example(op: str, device: torch.device, **shape: Any) -> Case:
     tag = f"{batch}x{vocab}-{str(dtype)[6:]}-k{top_k}-p{top_p}-minp{min_p}"
     if op == "sampling.renorm":
         return Case(op, tag, (torch.softmax(logits, -1).to(device, dtype), top_k, top_p, min_p), {}, torch.float32)
-    kwargs = {"min_p": min_p, "is_logits": is_logits, "check_nan": bool(int(shape.get("check_nan", 1)))}
+    kwargs = {"min_p": min_p, "is_logits": is_logits, "check_nan": bool(int(shape.get("check_nan", 0)))}
     return Case(op, tag, (x, top_k, top_p), kwargs, dtype, check=_shape_check(batch, vocab))
 
 

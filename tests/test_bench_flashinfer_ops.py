@@ -1,0 +1,48 @@
+"""The ``flashinfer-compat`` bench points of the ops beside attention: they build anywhere and their runners run on a
+CPU at small sizes (the reference kernels; FlashInfer, absent here, simply gives no row)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from kernel_switchboard import bench, bench_flashinfer
+
+#: each point's params shrunk to CPU sizes
+SMALL = {"flashinfer.fused_add_rmsnorm": {"rows": 4, "hidden": 64}, "flashinfer.rope": {"tokens": 8},
+         "flashinfer.append_kv": {"batch": 2, "new": 3, "kv_len": 40},
+         "flashinfer.fp8_block_gemm": {"m": 8, "n": 256, "k": 256},
+         "flashinfer.sampling_defaults": {"batch": 4, "vocab": 64}}
+
+
+def test_op_points_are_in_the_preset_on_a_gpu_and_build_anywhere() -> None:
+    points = bench_flashinfer.op_points()
+    assert {p.op for p in points} == set(SMALL)
+    assert all(isinstance(p, bench.RunPoint) and p.runner is bench_flashinfer._RUNNERS[p.op] for p in points)
+    labels = [p.label for p in points]
+    assert len(set(labels)) == len(labels)
+    assert {"8192x8192 bf16", "8192x8192x8192 fp8 block", "128x128256 top-p, default arguments"} <= set(labels)
+    assert [p.label for p in bench.PRESETS["flashinfer-ops"]()] == labels
+    if torch.cuda.is_available():
+        assert {p.label for p in bench.PRESETS["flashinfer-compat"]()} >= set(labels)
+
+
+@pytest.mark.parametrize("point", bench_flashinfer.op_points(), ids=lambda p: f"{p.op}-{p.label}")
+def test_op_point_runs_on_cpu(point: bench.RunPoint) -> None:
+    small = dataclasses.replace(point, params={**point.params, **SMALL[point.op]})
+    rows = bench.run_point("flashinfer-compat", small, torch.device("cpu"), 1.0)
+    errors = [(r.kernel, r.error) for r in rows if r.error and not r.kernel.startswith("torch._scaled_mm")]
+    assert not errors, errors
+    ours = [r for r in rows if r.kernel.startswith("kernel_switchboard")]
+    assert len(ours) == 1 and ours[0].ms is not None and ours[0].ms > 0 and "->" in ours[0].kernel
+    assert f"ksb kernel {ours[0].kernel.split('-> ')[-1]}" in {r.kernel for r in rows}  # the chosen one, forced
+    auto = next(r for r in rows if r.kernel == "auto vs best kernel")
+    assert auto.metric is not None and auto.metric > 0
+    extra = {k: v for r in rows for k, v in r.extra.items()}
+    if point.op == "flashinfer.fp8_block_gemm":
+        assert extra["rel_err kernel_switchboard"] < 1e-2
+    if point.op == "flashinfer.sampling_defaults":
+        assert extra["tokens_in_support"] is True
+        assert any(r.kernel == "ksb check_nan=True (host check)" and r.ms for r in rows)
