@@ -228,6 +228,21 @@ def experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
     return _call("moe.experts", ksb.moe.experts, x, topk_weights, topk_ids, w13, w2)
 
 
+class InvalidLogitsError(RuntimeError):
+    """A model step produced logits the sampler cannot draw from (NaN, +inf, or no finite entry): the sampling
+    ops mark such a row instead of synchronising to check it, and the engine raises here on the host copy it reads
+    anyway."""
+
+
+def check_sampled(tokens: list[int], what: str) -> list[int]:
+    """``tokens`` (the host copy of a sampling op's output) unless a row came back marked invalid."""
+    if ksb.sampling.INVALID in tokens:
+        rows = [i for i, t in enumerate(tokens) if t == ksb.sampling.INVALID]
+        raise InvalidLogitsError(f"{what}: rows {rows} of {len(tokens)} had logits with NaN or +inf or no finite "
+                                 "entry; the model's output is not finite")
+    return tokens
+
+
 def top_k_top_p(logits: torch.Tensor, top_k: Any, top_p: Any, temperature: Any,
                 generator: torch.Generator | None) -> torch.Tensor:
     return _call("sampling.top_k_top_p", ksb.sampling.top_k_top_p, logits, top_k, top_p, is_logits=True,

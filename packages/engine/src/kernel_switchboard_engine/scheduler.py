@@ -27,6 +27,7 @@ import torch
 
 from kernel_switchboard.errors import fail
 
+from . import calls
 from .cache import BlockTables, OutOfPagesError, build_batch
 from .graphs import DecodeRunner
 from .sampling import SamplingParams, sample
@@ -245,7 +246,7 @@ class Engine:
             req.computed += n
         if not sampled:
             return
-        tokens = sample(logits, [r.params for r in sampled], self.generator).tolist()
+        tokens = calls.check_sampled(sample(logits, [r.params for r in sampled], self.generator).tolist(), "sampling")
         for req, tok in zip(sampled, tokens):
             req.output.append(int(tok))
             if tok in req.params.stop_token_ids:

@@ -114,6 +114,8 @@ class SpeculativeDecoder:
         out, accepted, emitted = calls.chain_speculative(draft_probs.to(t_logits.device), d_ids, target_probs,
                                                          self.generator)
         out_rows = out.tolist()
+        # a row of the chain with invalid distributions emits nothing (every token -1); a valid one emits at least one
+        calls.check_sampled([row[0] for row in out_rows], "speculative verification")
         for i, s in enumerate(seqs):
             new = [t for t in out_rows[i] if t >= 0]
             committed = len(s.tokens)
@@ -143,7 +145,7 @@ class SpeculativeDecoder:
             else:
                 tok = calls.top_k_top_p(logits.float(), None, None, self.temperature, self.generator)
             dists.append(q)
-            toks_host = tok.tolist()
+            toks_host = calls.check_sampled(tok.tolist(), "draft sampling")
             for i, t in enumerate(toks_host):
                 drafts[i].append(int(t))
             feed = [[int(t)] for t in toks_host]
