@@ -41,13 +41,10 @@ MIN_WARPS = 4
 #: (chunk, load pipeline stages, most warps) of the walks over the vocabulary. Stages > 1 issue the next
 #: chunks' loads (cp.async into shared memory) while this chunk's reductions run. The top-p walk (the
 #: candidate passes, with or without top-k) gains from stages and wide chunks; the threshold-search walk
-#: (top-k's own kernel, renorm) spills once pipelined or widened. H200, 128 x 128256 fp32 probs
-#: (notes/gpu-runs.md runs 10, 13, 14): top-p, 8 warps 3 stages, chunk 2048 / 4096 / 8192: 0.285 / 0.152 /
-#: 0.093 ms. Top-k 50 + top-p: 0.438 ms with one kernel on the search walk; 0.348 with the search in its own
-#: kernel; 0.330 with its pivot counts and masses in one reduction; 0.274 with the slice-maxima bound (run 15).
-#: Search walks with the bound (run 16, ms of the whole top-k + top-p call): chunk 4096 with 16 warps 0.234, with
-#: 8 warps 0.269, 8 warps and 2 stages 0.244; 8192 with 8 warps 0.292. Top-p walk 8192 with 4 stages: 0.0949.
-#: Run 17, a first candidate pass that sums only what it needs: top-p 0.087, top-k 50 + top-p 0.228.
+#: (top-k's own kernel, renorm) spills once pipelined or widened. On the H200 (128 x 128256 fp32 probs) the top-p
+#: walk runs fastest on 8192-wide chunks with 3 stages and 8 warps, and the search walk on 4096-wide chunks with 16
+#: warps and one stage; top-k runs its threshold search in its own kernel, with its pivot counts and masses in one
+#: reduction and the slice-maxima bound, and the first candidate pass sums only what it needs.
 TOP_P_WALK = (8192, 3, 8)
 SEARCH_WALK = (4096, 1, 16)
 #: finish threshold searches with tl.sort; the interpreter ranks pairwise instead (its sort is very slow)
