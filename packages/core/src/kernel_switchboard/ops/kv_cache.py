@@ -38,23 +38,8 @@ _IN_PLACE = frozenset({"paged", "in_place"})
 
 
 class AppendProblem(NamedTuple):
-    """Signature of a paged K/V append."""
-
-    device: str
-    cc: tuple[int, int] | None
-    dtype: torch.dtype  # k / v dtype
-    kv_dtype: torch.dtype  # page dtype
-    head_dim: int
-    head_dim_v: int
-    page_size: int
-    layout: str
-    num_kv_heads: int
-    tokens: int  # bucketed
-    features: frozenset[str]
-
-
-class AppendSlotsProblem(NamedTuple):
-    """Signature of a paged K/V append by slot mapping."""
+    """Signature of a paged K/V append, by positions (``kv_cache.append``) or by slot mapping
+    (``kv_cache.append_slots``): the two ops rank kernels on the same fields."""
 
     device: str
     cc: tuple[int, int] | None
@@ -264,7 +249,7 @@ def _check_slots(slot_mapping: _Tensor, num_slots: int) -> None:
 
 
 def append_slots_call(k: _Tensor, v: _Tensor, cache: PagedKVCache, slot_mapping: _Tensor,
-                      check_indices: bool = True) -> tuple[AppendSlotsProblem]:
+                      check_indices: bool = True) -> tuple[AppendProblem]:
     """Validate an :func:`append_slots` call (``check_indices``: the slots, one host read): its problem."""
     pages = _check_kv(k, v, cache)
     _check_slot_mapping(slot_mapping, k.shape[0], pages)
@@ -272,7 +257,7 @@ def append_slots_call(k: _Tensor, v: _Tensor, cache: PagedKVCache, slot_mapping:
         _check_slots(slot_mapping, cache.num_pages * cache.page_size)
     dev, cc = device_key(pages)
     feats = _kv_features(cache, dev)
-    return AppendSlotsProblem(dev, cc, k.dtype, cache.dtype, cache.head_dim, cache.head_dim_v, cache.page_size,
+    return AppendProblem(dev, cc, k.dtype, cache.dtype, cache.head_dim, cache.head_dim_v, cache.page_size,
                               cache.layout, cache.num_kv_heads, bucket(k.shape[0]), feats),
 
 
@@ -343,7 +328,7 @@ APPEND = define(OpSpec(
     returns="()", fake=lambda *_: None,
 ))
 APPEND_SLOTS = define(OpSpec(
-    "kv_cache.append_slots", append_slots, AppendSlotsProblem, append_slots_call, reference="append_slots",
+    "kv_cache.append_slots", append_slots, AppendProblem, append_slots_call, reference="append_slots",
     cases="kv_cache", op="kv_cache_append_slots",
     args=(Arg("k"), Arg("v"), Arg("cache", "cache", mutated=True), Arg("slot_mapping"), Arg("check_indices", "bool"),
           Arg("backend", "backend")),
