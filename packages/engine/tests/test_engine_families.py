@@ -19,13 +19,15 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from engine_hf_check import TOL, hf_logits, prefill_matches  # noqa: E402
+from engine_hf_check import prompts as _prompts  # noqa: E402
+
 import kernel_switchboard as ksb  # noqa: E402
 from kernel_switchboard_engine.cache import BlockTables, build_batch  # noqa: E402
 from kernel_switchboard_engine.families import SUPPORTED, from_hf, spec_from_config  # noqa: E402
 from kernel_switchboard_engine.graphs import DecodeRunner  # noqa: E402
 from kernel_switchboard_engine.tiny import FAMILIES, config, hf_greedy, tiny_model  # noqa: E402
 
-TOL = dict(rtol=1e-4, atol=1e-4)
 STEPS = 16
 
 
@@ -52,15 +54,6 @@ def model(hf: torch.nn.Module) -> Any:
     return from_hf(hf)
 
 
-@torch.no_grad()
-def hf_logits(hf: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
-    """(len(tokens), vocab) logits of transformers' eager forward over the whole sequence."""
-    return hf(torch.tensor([tokens])).logits[0]
-
-
-def _prompts(lengths: tuple[int, ...], seed: int) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, 128, (n,), generator=g).tolist() for n in lengths]
 
 
 # -- the features are on, and they matter -------------------------------------------------------------------
@@ -123,17 +116,7 @@ def test_features_bite(family: str, hf: torch.nn.Module) -> None:
 # -- the engine against transformers -------------------------------------------------------------------------
 @torch.no_grad()
 def test_prefill_logits_match(hf: torch.nn.Module, model: Any) -> None:
-    prompts = _prompts((21, 13, 30, 1), seed=2)
-    tables = BlockTables(num_pages=32, page_size=4)
-    cache = model.new_cache(32, 4)
-    rids = list(range(len(prompts)))
-    for r, p in zip(rids, prompts):
-        tables.extend(r, len(p))
-    logits = model.forward(build_batch(tables, rids, prompts, ["all"] * len(rids)), cache)
-    off = 0
-    for p in prompts:
-        torch.testing.assert_close(logits[off: off + len(p)], hf_logits(hf, p), **TOL)
-        off += len(p)
+    prefill_matches(hf, model, _prompts((21, 13, 30, 1), seed=2))
 
 
 @torch.no_grad()

@@ -7,12 +7,13 @@ import torch
 
 pytest.importorskip("transformers")
 
+from engine_hf_check import TOL, decode_steps_match, hf_logits, prefill_matches  # noqa: E402
+from engine_hf_check import prompts as _prompts  # noqa: E402
+
 from kernel_switchboard_engine.cache import BlockTables, build_batch  # noqa: E402
 from kernel_switchboard_engine.llama import LlamaModel  # noqa: E402
 from kernel_switchboard_engine.tiny import tiny_model  # noqa: E402
 from kernel_switchboard_engine.weights import llama_from_hf  # noqa: E402
-
-TOL = dict(rtol=1e-4, atol=1e-4)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -33,15 +34,6 @@ def model(hf: torch.nn.Module) -> LlamaModel:
     return LlamaModel(llama_from_hf(hf))
 
 
-@torch.no_grad()
-def hf_logits(hf: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
-    """(len(tokens), vocab) logits of transformers' eager forward over the whole sequence."""
-    return hf(torch.tensor([tokens])).logits[0]
-
-
-def _prompts(lengths: tuple[int, ...], seed: int) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, 128, (n,), generator=g).tolist() for n in lengths]
 
 
 def test_llama3_rope_scaling_is_exercised(hf: torch.nn.Module) -> None:
@@ -52,29 +44,9 @@ def test_llama3_rope_scaling_is_exercised(hf: torch.nn.Module) -> None:
 
 @torch.no_grad()
 def test_prefill_then_decode_logits_match(hf: torch.nn.Module, model: LlamaModel) -> None:
-    prompts = _prompts((5, 11, 1, 8), seed=2)
-    tables = BlockTables(num_pages=32, page_size=4)
-    cache = model.new_cache(32, 4)
-    rids = list(range(len(prompts)))
-    for r, p in zip(rids, prompts):
-        tables.extend(r, len(p))
-    logits = model.forward(build_batch(tables, rids, prompts, ["all"] * len(rids)), cache)
-    off = 0
-    for p in prompts:
-        torch.testing.assert_close(logits[off: off + len(p)], hf_logits(hf, p), **TOL)
-        off += len(p)
-    seqs = [list(p) for p in prompts]
-    g = torch.Generator().manual_seed(3)
-    for _ in range(6):
-        new = torch.randint(0, 128, (len(rids),), generator=g).tolist()
-        for r in rids:
-            tables.extend(r, 1)
-        batch = build_batch(tables, rids, [[t] for t in new], ["last"] * len(rids))
-        assert batch.is_decode
-        step = model.forward(batch, cache)
-        for r in rids:
-            seqs[r].append(new[r])
-            torch.testing.assert_close(step[r], hf_logits(hf, seqs[r])[-1], **TOL)
+    seqs = _prompts((5, 11, 1, 8), seed=2)
+    tables, cache = prefill_matches(hf, model, seqs)
+    decode_steps_match(hf, model, tables, cache, seqs, steps=6)
 
 
 @torch.no_grad()
