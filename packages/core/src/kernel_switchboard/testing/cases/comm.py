@@ -1,6 +1,6 @@
 """Conformance cases for the comm family, in one process (the all-reduce over one rank is the identity).
 
-Multi-rank behaviour is tested by the core test suite with gloo processes (tests/test_comm.py);
+Multi-rank behaviour is tested by the core test suite with gloo processes (packages/core/tests/test_comm.py);
 a backend that needs several ranks declares so in its capability (``world_size``), and its
 single-process cases are then reported as outside its declaration.
 """

@@ -186,7 +186,7 @@ def test_example_third_party_backend_registers_and_conforms(register) -> None:
     import pathlib
     import sys
 
-    path = pathlib.Path(__file__).parents[1] / "examples" / "ksb-example-backend" / "src"
+    path = pathlib.Path(__file__).parents[3] / "examples" / "ksb-example-backend" / "src"
     sys.path.insert(0, str(path))
     try:
         spec = importlib.util.find_spec("ksb_example_backend.plugin")
