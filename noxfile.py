@@ -57,7 +57,8 @@ BACKENDS = tuple(f"packages/backend-{b}" for b in ("triton", "cudnn", "fa", "cut
 TRANSFORMERS_ADAPTER = (*TRITON, "packages/integration-transformers")
 TESTS = {
     "tests-core": Tests("The core alone: ops, reference kernels, dispatch, registry, CLI, doctor, FlashInfer-compatible "
-                        "API, conformance, the property-based sweep.", (CORE,), ("packages/core/tests",), (("hypothesis>=6.100",),)),
+                        "API, conformance, the property-based sweep.", (CORE,), ("packages/core/tests",),
+                        (("hypothesis>=6.100",),)),
     "tests-triton": Tests("Core + Triton backend; kernels run by Triton's CPU interpreter.", TRITON, TRITON_PATHS,
                           env=INTERPRET),
     "tests-triton-3.7": Tests("As tests-triton on Triton 3.7.1, the release torch 2.13's CUDA build pins.", TRITON,
