@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kernel_switchboard import bench, bench_first_call
+from kernel_switchboard import bench
+from kernel_switchboard.bench import first_call as bench_first_call
 
 
 @pytest.fixture(scope="module")

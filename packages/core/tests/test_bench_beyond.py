@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from kernel_switchboard import bench_beyond
 from kernel_switchboard.bench import PRESETS, RunPoint, run_point
+from kernel_switchboard.bench import beyond as bench_beyond
 
 SMALL = {
     "1x4096 prefill + 64 decodes L=4096": {"prefill": 24, "decodes": 3, "kv_len": 40},
@@ -49,7 +49,7 @@ def test_each_point_runs_its_comparison(point: RunPoint, monkeypatch: pytest.Mon
 
 
 def test_build_and_tune_skip_points_that_run_their_own_comparison(capsys: pytest.CaptureFixture[str]) -> None:
-    from kernel_switchboard.bench import _explained_points, _points_parser
+    from kernel_switchboard.bench.cli import _explained_points, _points_parser
 
     args = _points_parser("switchboard build").parse_args(["--preset", "beyond"])
     failed: list[str] = []

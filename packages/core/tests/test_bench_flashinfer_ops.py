@@ -8,7 +8,8 @@ import dataclasses
 import pytest
 import torch
 
-from kernel_switchboard import bench, bench_flashinfer
+from kernel_switchboard import bench
+from kernel_switchboard.bench import flashinfer as bench_flashinfer
 
 #: each point's params shrunk to CPU sizes
 SMALL = {"flashinfer.fused_add_rmsnorm": {"rows": 4, "hidden": 64}, "flashinfer.rope": {"tokens": 8},

@@ -95,7 +95,7 @@ def test_bench_times_mla_decode_through_its_plan(tmp_path) -> None:
 def test_bench_times_a_high_regret_again_back_to_back_with_the_best(monkeypatch) -> None:
     import torch
 
-    from kernel_switchboard import bench
+    from kernel_switchboard.bench import cli as bench
 
     # first pass: the auto row 20% slower than the same kernel (clock drift); timed again in turn: 1.0 and 1.05 ms
     rows = [bench.Row("p", "op", "pt", "k", 1.0), bench.Row("p", "op", "pt", "k [graph]", 1.0),
@@ -117,7 +117,7 @@ def test_bench_times_a_high_regret_again_back_to_back_with_the_best(monkeypatch)
 def test_bench_retimes_the_next_best_row_when_the_first_was_luck(monkeypatch) -> None:
     import torch
 
-    from kernel_switchboard import bench
+    from kernel_switchboard.bench import cli as bench
 
     # k1's first time was luck (1.0, then 1.08 in turn with auto); k2 then leads at 1.02 and is timed in turn too
     rows = [bench.Row("p", "op", "pt", "k1", 1.0), bench.Row("p", "op", "pt", "k2", 1.02),
@@ -134,7 +134,7 @@ def test_bench_retimes_the_next_best_row_when_the_first_was_luck(monkeypatch) ->
 def test_fastest_of_rounds_times_the_calls_in_turn_and_drops_a_failing_one(monkeypatch, capsys) -> None:
     import torch
 
-    from kernel_switchboard import bench
+    from kernel_switchboard.bench import cli as bench
 
     clock = iter([3.0, 2.0, 9.0, 1.0, 4.0, 5.0, 6.0])  # a, b, c; a, b (c fails); a, b
     order: list[str] = []
@@ -160,7 +160,7 @@ def test_flashinfer_baselines_get_the_points_masking(monkeypatch) -> None:
 
     import torch
 
-    from kernel_switchboard import bench
+    from kernel_switchboard.bench import cli as bench
     from kernel_switchboard.testing.cases.attention import example
 
     calls: list[tuple[str, tuple, dict]] = []

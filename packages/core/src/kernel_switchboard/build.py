@@ -38,7 +38,7 @@ def _where() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .bench import _explained_points, _points_parser
+    from .bench.cli import _explained_points, _points_parser
     from .cli import unknown_op
     from .device import is_capturing
 

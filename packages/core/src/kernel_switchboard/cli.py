@@ -201,8 +201,8 @@ ENGINE_INSTALL = "pip install kernel-switchboard-engine (from a checkout: pip in
 #: sub-commands whose options their own parsers handle: name -> (module, function, help)
 PASSTHROUGH = {
     "demo": ("kernel_switchboard_engine.demo", "main", "run a tiny random-weight model end to end through the switchboard"),
-    "bench": ("kernel_switchboard.bench", "main", "benchmark kernels on workload presets (--help for options)"),
-    "tune": ("kernel_switchboard.bench", "tune_main", "measure eligible kernels and store winners in the autotune cache"),
+    "bench": ("kernel_switchboard.bench.cli", "main", "benchmark kernels on workload presets (--help for options)"),
+    "tune": ("kernel_switchboard.bench.cli", "tune_main", "measure eligible kernels and store winners in the autotune cache"),
     "build": ("kernel_switchboard.build", "main", "compile JIT kernels ahead of time into the persistent caches"),
 }
 

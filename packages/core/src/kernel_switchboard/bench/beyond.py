@@ -30,10 +30,10 @@ from typing import Any
 
 import torch
 
-from .bench import Point, Row, RunPoint, _captured, time_ms
-from .invariance import batch_invariant
-from .paged import PagedKVCache, PageTable
-from .testing.cases.attention import AttnSpec, decode_case, indptr, mla_prefill_case, pod_case, prefill_case
+from ..invariance import batch_invariant
+from ..paged import PagedKVCache, PageTable
+from ..testing.cases.attention import AttnSpec, decode_case, indptr, mla_prefill_case, pod_case, prefill_case
+from .cli import Point, Row, RunPoint, _captured, time_ms
 
 _Call = Callable[[], Any]
 BF16, E4M3 = torch.bfloat16, torch.float8_e4m3fn
@@ -120,7 +120,7 @@ def _ratio(rows: list[Row], num: str, den: str, key: str) -> None:
 
 # -- POD --------------------------------------------------------------------------------------------------
 def _pod(point: Point, preset: str, device: torch.device, reps_ms: float) -> list[Row]:
-    from .ops.attention import plan_decode, plan_pod, plan_prefill
+    from ..ops.attention import plan_decode, plan_pod, plan_prefill
 
     n, decodes, kv_len = point.params["prefill"], point.params["decodes"], point.params["kv_len"]
     spec = AttnSpec(BF16, "NHD", 16, 32, 8, 128, kv_lens=(n,), q_lens=(n,))
@@ -227,7 +227,7 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _invariant_decode(point: Point, preset: str, device: torch.device, reps_ms: float) -> list[Row]:
-    from .ops.attention import decode, plan_decode
+    from ..ops.attention import decode, plan_decode
 
     b, n = point.params["batch"], point.params["kv_len"]
     q, cache, table = decode_case(AttnSpec(BF16, "NHD", 16, 32, 8, 128, kv_lens=(n,) * b), device, seed=2).args
@@ -247,7 +247,7 @@ def _invariant_decode(point: Point, preset: str, device: torch.device, reps_ms: 
 
 
 def _invariant_prefill(point: Point, preset: str, device: torch.device, reps_ms: float) -> list[Row]:
-    from .ops.attention import plan_prefill, prefill
+    from ..ops.attention import plan_prefill, prefill
 
     n = point.params["q_len"]
     spec = AttnSpec(BF16, "NHD", 16, 32, 8, 128, kv_lens=(n, 4096), q_lens=(n, 1))
@@ -287,7 +287,7 @@ def _invariance_ratios(rows: list[Row]) -> None:
 
 # -- fp8 prefill --------------------------------------------------------------------------------------------
 def _fp8_prefill(point: Point, preset: str, device: torch.device, reps_ms: float) -> list[Row]:
-    from .ops.attention import plan_prefill, prefill
+    from ..ops.attention import plan_prefill, prefill
 
     b, n = point.params["batch"], point.params["q_len"]
     spec = AttnSpec(BF16, "NHD", 128, 32, 8, 128, kv_lens=(n,) * b, q_lens=(n,) * b)
@@ -315,7 +315,7 @@ def _fp8_prefill(point: Point, preset: str, device: torch.device, reps_ms: float
 
 # -- MLA prefill ----------------------------------------------------------------------------------------------
 def _mla_prefill(point: Point, preset: str, device: torch.device, reps_ms: float) -> list[Row]:
-    from .ops.attention import plan_mla_prefill
+    from ..ops.attention import plan_mla_prefill
 
     b, n, kv = point.params["batch"], point.params["q_len"], point.params["kv_len"]
     case = mla_prefill_case(BF16, (kv,) * b, (n,) * b, 128, 64, device, seed=5)

@@ -104,7 +104,7 @@ def points() -> list[Any]:
     """The preset's points as :class:`kernel_switchboard.bench.Point` (``switchboard build --preset first-call``)."""
     import torch
 
-    from .bench import Point
+    from .cli import Point
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     return [Point(p.op, p.params(device), p.label) for p in POINTS]
@@ -120,7 +120,7 @@ import torch
 t1 = time.perf_counter()
 import kernel_switchboard
 t2 = time.perf_counter()
-from kernel_switchboard.bench_first_call import child
+from kernel_switchboard.bench.first_call import child
 child(sys.argv[1], wall0, t0, t1, t2)
 """
 
@@ -278,8 +278,8 @@ def _case(spec: dict[str, Any], row: dict[str, Any]) -> Any:
 
 
 def _switchboard_first_call(spec: dict[str, Any], row: dict[str, Any], timer: _ImportTimer) -> None:
-    from .dispatch import explain
-    from .registry import registry
+    from ..dispatch import explain
+    from ..registry import registry
 
     case = _case(spec, row)
     start = time.perf_counter()
@@ -344,7 +344,7 @@ def _flashinfer_call(flashinfer: Any, op: str, case: Any) -> Callable[[], Any]:
     if op == "sampling.top_k_top_p":
         probs = args[0] if not case.kwargs.get("is_logits", False) else torch.softmax(args[0].float(), -1)
         return lambda: flashinfer.sampling.top_k_top_p_sampling_from_probs(probs, 50, 0.9)
-    from .bench import _flashinfer_externals
+    from .cli import _flashinfer_externals
 
     calls = _flashinfer_externals(op, args, case.kwargs)
     name = {"attention.decode": "flashinfer decode", "attention.prefill_ragged": "flashinfer prefill",
@@ -371,7 +371,7 @@ def _environment(base: Path | None) -> dict[str, str]:
 
 
 def _run_child(spec: dict[str, Any], base: Path | None, timeout_s: float) -> dict[str, Any]:
-    from .artefacts import root
+    from ..artefacts import root
 
     counted = base if base is not None else root()
     before = _count_files(counted) if counted is not None else 0

@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-from .cli import unknown_op
-from .device import fingerprint
+from ..cli import unknown_op
+from ..device import fingerprint
 
 
 @dataclass
@@ -122,11 +122,11 @@ PRESETS: dict[str, Callable[[], list[Point]]] = {
                                                (8, 1024, 1024, "float", False, "encoder 8x1024 bias"),
                                                (1, 4096, 4096, "float", True, "1x4096 causal + bias"),
                                                (16, 77, 1024, "none", False, "cross-attention 77x1024"))],
-    "beyond": lambda: importlib.import_module(".bench_beyond", __package__).points(),  # POD, invariance, fp8, MLA
-    "flashinfer-compat": lambda: importlib.import_module(".bench_flashinfer", __package__).points(),
-    "flashinfer-ops": lambda: importlib.import_module(".bench_flashinfer", __package__).op_points(),  # norm ... sampling
-    # one op per family, each in a fresh process (bench_first_call.py); here for `switchboard build --preset first-call`
-    "first-call": lambda: importlib.import_module("kernel_switchboard.bench_first_call").points(),
+    "beyond": lambda: importlib.import_module(".beyond", __package__).points(),  # POD, invariance, fp8, MLA
+    "flashinfer-compat": lambda: importlib.import_module(".flashinfer", __package__).points(),
+    "flashinfer-ops": lambda: importlib.import_module(".flashinfer", __package__).op_points(),  # norm ... sampling
+    # one op per family, each in a fresh process (first_call.py); here for `switchboard build --preset first-call`
+    "first-call": lambda: importlib.import_module("kernel_switchboard.bench.first_call").points(),
     "gemm": lambda: [Point("gemm.mm", {"m": 8192, "n": 8192, "k": 8192, "dtype": "bfloat16"}, "8192^3 bf16"),
                      Point("gemm.mm_fp8", {"m": 8192, "n": 8192, "k": 8192, "scale_mode": "block"}, "8192^3 fp8 block")],
 }
@@ -323,7 +323,7 @@ def _example(op: str, device: torch.device, params: dict[str, Any]) -> Any:
 
 
 def run_point(preset: str, point: Point, device: torch.device, reps_ms: float) -> list[Row]:
-    from .dispatch import explain
+    from ..dispatch import explain
 
     if isinstance(point, RunPoint):
         return point.run(preset, device, reps_ms)
@@ -420,8 +420,8 @@ def _measured(sel: Any, device: torch.device) -> list[Any]:
 def _adhoc_point(args: argparse.Namespace) -> Point:
     """The point ``--op`` and its ``--param key=value`` options name; a malformed option exits with status 2 and one
     line on stderr, as argparse does for its own options."""
-    from .cli import _parse_params
-    from .errors import SwitchboardError
+    from ..cli import _parse_params
+    from ..errors import SwitchboardError
 
     try:
         params = _parse_params(args.param, args.op)
@@ -461,7 +461,7 @@ def _timed_plans(timed: Callable[..., None], rows: list[Row], preset: str, point
 
 
 def _decode_plan(kernel_id: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Callable[[], Any]]:
-    from .ops.attention import plan_decode
+    from ..ops.attention import plan_decode
 
     q, cache, table = args
     plan = plan_decode(table, num_q_heads=q.shape[1], num_kv_heads=cache.num_kv_heads, head_dim=cache.head_dim,
@@ -471,7 +471,7 @@ def _decode_plan(kernel_id: str | None, args: tuple[Any, ...], kwargs: dict[str,
 
 
 def _prefill_plan(kernel_id: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Callable[[], Any]]:
-    from .ops.attention import plan_prefill
+    from ..ops.attention import plan_prefill
 
     q, qo_indptr, cache, table = args
     plan = plan_prefill(table, qo_indptr, num_q_heads=q.shape[1], num_kv_heads=cache.num_kv_heads,
@@ -481,7 +481,7 @@ def _prefill_plan(kernel_id: str | None, args: tuple[Any, ...], kwargs: dict[str
 
 
 def _ragged_plan(kernel_id: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Callable[[], Any]]:
-    from .ops.attention import plan_prefill_ragged
+    from ..ops.attention import plan_prefill_ragged
 
     q, k, v, qo_indptr, kv_indptr = args
     plan = plan_prefill_ragged(qo_indptr, kv_indptr, num_q_heads=q.shape[1], num_kv_heads=k.shape[1],
@@ -490,7 +490,7 @@ def _ragged_plan(kernel_id: str | None, args: tuple[Any, ...], kwargs: dict[str,
 
 
 def _mla_plan(kernel_id: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Callable[[], Any]]:
-    from .ops.attention import plan_mla_decode
+    from ..ops.attention import plan_mla_decode
 
     q_nope, q_pe, ckv, kpe, table = args
     plan = plan_mla_decode(table, num_heads=q_nope.shape[-2], head_dim_ckv=ckv.shape[2], head_dim_kpe=kpe.shape[2],
@@ -558,9 +558,9 @@ def dispatch_overhead(n: int = 5000, rounds: int = 9) -> list[Row]:
     Public and direct calls alternate in ``rounds`` rounds of ``n`` calls; the fastest round of each
     is kept, so load from other processes inflates neither side.
     """
-    from . import norm
-    from .dispatch import select_kernel
-    from .ops.norm import _problem
+    from .. import norm
+    from ..dispatch import select_kernel
+    from ..ops.norm import _problem
 
     x, w = torch.randn(4, 64), torch.randn(64)
     kernel = select_kernel("norm.rms_norm", _problem(x, False))
@@ -595,7 +595,7 @@ def _write_tables(out: Path, rows: list[Row], ceil: dict[str, float], environmen
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if "first-call" in argv or "--preset=first-call" in argv:  # fresh processes per point: its own runner
-        return int(importlib.import_module("kernel_switchboard.bench_first_call").main(argv))
+        return int(importlib.import_module("kernel_switchboard.bench.first_call").main(argv))
     p = argparse.ArgumentParser(prog="switchboard bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", action="append", help=f"one of {[*sorted(PRESETS), 'dispatch']} (repeatable)")
@@ -654,7 +654,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def tune_main(argv: list[str] | None = None) -> int:
     """Measure the eligible kernels of each preset point and store the winners in the autotune cache."""
-    from . import tuning
+    from .. import tuning
 
     p = _points_parser("switchboard tune")
     p.add_argument("--shortlist", type=int, default=4, help="measure at most this many top-ranked kernels")
@@ -699,7 +699,7 @@ def _explained_points(prog: str, args: argparse.Namespace, device: torch.device,
                       failed: list[str] | None = None) -> Iterator[tuple[Point, Any, Any]]:
     """(point, example case, selection) for each point ``args`` names; a point that cannot be made or has no
     eligible kernel is reported on stderr, added to ``failed`` and skipped."""
-    from .dispatch import explain
+    from ..dispatch import explain
 
     points = [pt for name in args.preset or ([] if args.op else ["attention"]) for pt in PRESETS[name]()]
     if args.op:

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from .bench import Point, Row, RunPoint, fastest_of_rounds
+from .cli import Point, Row, RunPoint, fastest_of_rounds
 
 LLAMA = {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128}
 WORKSPACE_BYTES = 256 * 1024 * 1024
@@ -90,7 +90,7 @@ def _flashinfer() -> Any:
 
 
 def _compat() -> Any:
-    from . import flashinfer
+    from .. import flashinfer
 
     return flashinfer
 
@@ -236,7 +236,7 @@ def _rmsnorm(point: Point, preset: str, device: torch.device, reps_ms: float) ->
 # -- the ops beside attention ---------------------------------------------------------------------------------------
 def _chosen(op: str, *args: Any, **kwargs: Any) -> str:
     """The kernel the switchboard picks for these arguments of ``op`` (its public ones)."""
-    from .dispatch import explain
+    from ..dispatch import explain
 
     return explain(op, *args, **kwargs).kernel.id
 
@@ -245,8 +245,8 @@ def _forced(op: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
             fresh: Callable[[], tuple[tuple[Any, ...], dict[str, Any]]] | None = None) -> dict[str, Callable[[], Any]]:
     """One call per eligible switchboard kernel of ``op``, forced by name (``ksb kernel <id>``; the reference only on
     a CPU). ``fresh()``: arguments of the kernel's own (for ops that write in place), else every call shares args."""
-    from .bench import _measured
-    from .dispatch import explain
+    from ..dispatch import explain
+    from .cli import _measured
 
     calls: dict[str, Callable[[], Any]] = {}
     for cand in _measured(explain(op, *args, **kwargs), device):
@@ -275,7 +275,7 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _fused_add_rmsnorm(point: Point, preset: str, device: torch.device, reps_ms: float) -> list[Row]:
-    from . import ops
+    from .. import ops
 
     rows_, hidden = point.params["rows"], point.params["hidden"]
     dtype = torch.bfloat16
@@ -305,7 +305,7 @@ def _fused_add_rmsnorm(point: Point, preset: str, device: torch.device, reps_ms:
 
 
 def _rope(point: Point, preset: str, device: torch.device, reps_ms: float) -> list[Row]:
-    from . import ops
+    from .. import ops
 
     tokens, form = point.params["tokens"], point.params["form"]
     hq, hkv, d, dtype, theta = LLAMA["num_q_heads"], LLAMA["num_kv_heads"], LLAMA["head_dim"], torch.bfloat16, 5e5
@@ -344,8 +344,8 @@ def _rope(point: Point, preset: str, device: torch.device, reps_ms: float) -> li
 
 
 def _append_kv(point: Point, preset: str, device: torch.device, reps_ms: float) -> list[Row]:
-    from . import ops
-    from .paged import PagedKVCache, PageTable
+    from .. import ops
+    from ..paged import PagedKVCache, PageTable
 
     b, new, kv_len, page = point.params["batch"], point.params["new"], point.params["kv_len"], 16
     hkv, d, dtype = LLAMA["num_kv_heads"], LLAMA["head_dim"], torch.bfloat16
@@ -401,7 +401,7 @@ def _rel_err(got: Any, want: torch.Tensor) -> float:
 
 
 def _fp8_block_gemm(point: Point, preset: str, device: torch.device, reps_ms: float) -> list[Row]:
-    from . import ops
+    from .. import ops
 
     m, n, k = point.params["m"], point.params["n"], point.params["k"]
     out = torch.bfloat16
@@ -446,7 +446,7 @@ def _fp8_block_gemm(point: Point, preset: str, device: torch.device, reps_ms: fl
 def _sampling_defaults(point: Point, preset: str, device: torch.device, reps_ms: float) -> list[Row]:
     """``ksb.sampling`` with its default arguments (invalid rows answered on the device, no host read) beside
     FlashInfer's defaults, and the opt-in host check (``check_nan=True``) for its cost."""
-    from . import ops
+    from .. import ops
 
     batch, vocab, k = point.params["batch"], point.params["vocab"], point.params["top_k"]
     probs = torch.softmax(torch.randn(batch, vocab, device=device), -1)
@@ -493,7 +493,7 @@ def host_overhead(device: torch.device) -> dict[str, float]:
     """Microseconds per call: the switchboard decode plan's ``run`` and the compat wrapper's ``run`` over it, both
     with a runner that launches nothing, for the pages as a (k, v) pair (SGLang), as one (pages, 2, ...) tensor
     (vLLM, writing a given ``out``) and with ``return_lse``."""
-    from .paged import PagedKVCache
+    from ..paged import PagedKVCache
 
     compat = _compat()
     b, hq, hkv, d, page = 4, 4, 2, 64, 16
