@@ -49,9 +49,9 @@ def test_each_point_runs_its_comparison(point: RunPoint, monkeypatch: pytest.Mon
 
 
 def test_build_and_tune_skip_points_that_run_their_own_comparison(capsys: pytest.CaptureFixture[str]) -> None:
-    from kernel_switchboard.bench.cli import _explained_points, _points_parser
+    from kernel_switchboard.bench.cli import explained_points, points_parser
 
-    args = _points_parser("switchboard build").parse_args(["--preset", "beyond"])
+    args = points_parser("switchboard build").parse_args(["--preset", "beyond"])
     failed: list[str] = []
-    assert list(_explained_points("build", args, torch.device("cpu"), failed)) == [] and failed == []
+    assert list(explained_points("build", args, torch.device("cpu"), failed)) == [] and failed == []
     assert capsys.readouterr().err.count("runs its own comparison") == len(SMALL)

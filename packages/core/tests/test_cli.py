@@ -95,17 +95,18 @@ def test_bench_times_mla_decode_through_its_plan(tmp_path) -> None:
 def test_bench_times_a_high_regret_again_back_to_back_with_the_best(monkeypatch) -> None:
     import torch
 
-    from kernel_switchboard.bench import cli as bench
+    from kernel_switchboard.bench import measure, timing
+    from kernel_switchboard.bench.points import Row
 
     # first pass: the auto row 20% slower than the same kernel (clock drift); timed again in turn: 1.0 and 1.05 ms
-    rows = [bench.Row("p", "op", "pt", "k", 1.0), bench.Row("p", "op", "pt", "k [graph]", 1.0),
-            bench.Row("p", "op", "pt", "auto -> k", 1.2, auto=True),
-            bench.Row("p", "op", "pt", "auto -> k [graph]", 1.01, auto=True)]
+    rows = [Row("p", "op", "pt", "k", 1.0), Row("p", "op", "pt", "k [graph]", 1.0),
+            Row("p", "op", "pt", "auto -> k", 1.2, auto=True),
+            Row("p", "op", "pt", "auto -> k [graph]", 1.01, auto=True)]
     again = {"k": 1.05, "auto -> k": 1.0}
     timed: list[str] = []
-    monkeypatch.setattr(bench, "time_ms", lambda call, device, reps: again[call()])
+    monkeypatch.setattr(timing, "time_ms", lambda call, device, reps: again[call()])
     calls = {name: (lambda name=name: timed.append(name) or name) for name in ("k", "auto -> k", "k [graph]")}
-    bench._regrets(rows, calls, torch.device("cpu"), 1.0, units=2e9)
+    measure._regrets(rows, calls, torch.device("cpu"), 1.0, units=2e9)
     eager, graph = rows[2], rows[3]
     assert eager.ms == 1.0 and rows[0].ms == 1.05 and eager.regret == 1.0 / 1.05  # both take the retimed times
     assert eager.extra["retimed"] == {"auto_ms": 1.2, "best_ms": 1.0} and rows[0].extra["retimed"]
@@ -117,15 +118,16 @@ def test_bench_times_a_high_regret_again_back_to_back_with_the_best(monkeypatch)
 def test_bench_retimes_the_next_best_row_when_the_first_was_luck(monkeypatch) -> None:
     import torch
 
-    from kernel_switchboard.bench import cli as bench
+    from kernel_switchboard.bench import measure, timing
+    from kernel_switchboard.bench.points import Row
 
     # k1's first time was luck (1.0, then 1.08 in turn with auto); k2 then leads at 1.02 and is timed in turn too
-    rows = [bench.Row("p", "op", "pt", "k1", 1.0), bench.Row("p", "op", "pt", "k2", 1.02),
-            bench.Row("p", "op", "pt", "auto -> k1", 1.1, auto=True)]
+    rows = [Row("p", "op", "pt", "k1", 1.0), Row("p", "op", "pt", "k2", 1.02),
+            Row("p", "op", "pt", "auto -> k1", 1.1, auto=True)]
     times = {"k1": [1.08] * 3, "auto -> k1": [1.08] * 3 + [1.07] * 3, "k2": [1.06] * 3}
-    monkeypatch.setattr(bench, "time_ms", lambda call, device, reps: times[call()].pop(0))
+    monkeypatch.setattr(timing, "time_ms", lambda call, device, reps: times[call()].pop(0))
     calls = {name: (lambda name=name: name) for name in times}
-    bench._regrets(rows, calls, torch.device("cpu"), 1.0, units=None)
+    measure._regrets(rows, calls, torch.device("cpu"), 1.0, units=None)
     auto = rows[2]
     assert (rows[0].ms, rows[1].ms, auto.ms) == (1.08, 1.06, 1.07)
     assert auto.regret == 1.07 / 1.06 and all(not t for t in times.values())  # every planned timing ran
@@ -134,7 +136,7 @@ def test_bench_retimes_the_next_best_row_when_the_first_was_luck(monkeypatch) ->
 def test_fastest_of_rounds_times_the_calls_in_turn_and_drops_a_failing_one(monkeypatch, capsys) -> None:
     import torch
 
-    from kernel_switchboard.bench import cli as bench
+    from kernel_switchboard.bench import timing
 
     clock = iter([3.0, 2.0, 9.0, 1.0, 4.0, 5.0, 6.0])  # a, b, c; a, b (c fails); a, b
     order: list[str] = []
@@ -146,9 +148,9 @@ def test_fastest_of_rounds_times_the_calls_in_turn_and_drops_a_failing_one(monke
             raise RuntimeError("launch failed")
         return next(clock)
 
-    monkeypatch.setattr(bench, "time_ms", fake_time)
+    monkeypatch.setattr(timing, "time_ms", fake_time)
     calls = {name: (lambda name=name: name) for name in ("a", "b", "c")}
-    best = bench.fastest_of_rounds(calls, torch.device("cpu"), 1.0, rounds=3)
+    best = timing.fastest_of_rounds(calls, torch.device("cpu"), 1.0, rounds=3)
     assert order == ["a", "b", "c", "a", "b", "c", "a", "b"]  # in turn; c dropped after it raised
     assert best["a"] == 1.0 and best["b"] == 2.0 and "c" not in best
     assert "timing c failed: RuntimeError: launch failed" in capsys.readouterr().err
@@ -160,7 +162,7 @@ def test_flashinfer_baselines_get_the_points_masking(monkeypatch) -> None:
 
     import torch
 
-    from kernel_switchboard.bench import cli as bench
+    from kernel_switchboard.bench import baselines
     from kernel_switchboard.testing.cases.attention import example
 
     calls: list[tuple[str, tuple, dict]] = []
@@ -182,18 +184,18 @@ def test_flashinfer_baselines_get_the_points_masking(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "flashinfer", fake)
     ragged = example("attention.prefill_ragged", "cpu", batch=2, kv_len=32, q_heads=4, kv_heads=2, head_dim=16,
                      window=8, soft_cap=30.0)
-    got = bench._flashinfer_externals(ragged.op, ragged.args, ragged.kwargs)
+    got = baselines.flashinfer_externals(ragged.op, ragged.args, ragged.kwargs)
     assert got["flashinfer prefill"]() == "ragged ran with 3 tensors"
     plan = next(kw for name, _a, kw in calls if name == "ragged.plan")
     assert plan["causal"] is True and plan["window_left"] == 8 and plan["logits_soft_cap"] == 30.0
     assert plan["q_data_type"] == torch.bfloat16
     decode = example("attention.decode", "cpu", batch=2, kv_len=32, q_heads=4, kv_heads=2, head_dim=16)
-    got = bench._flashinfer_externals(decode.op, decode.args, decode.kwargs)
+    got = baselines.flashinfer_externals(decode.op, decode.args, decode.kwargs)
     assert set(got) == {"flashinfer decode", "flashinfer decode (tensor cores)"}
     assert all(kw["window_left"] == -1 and kw["logits_soft_cap"] is None for name, _a, kw in calls
                if name == "decode.plan")
     monkeypatch.setenv("KSB_BENCH_FLASHINFER", "0")
-    assert bench._flashinfer_externals(decode.op, decode.args, decode.kwargs) == {}
+    assert baselines.flashinfer_externals(decode.op, decode.args, decode.kwargs) == {}
 
 
 def test_explain_and_bench_run_without_pytest(tmp_path) -> None:

@@ -38,11 +38,11 @@ def _where() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .bench.cli import _explained_points, _points_parser
+    from .bench.cli import explained_points, points_parser
     from .cli import unknown_op
     from .device import is_capturing
 
-    p = _points_parser("switchboard build")
+    p = points_parser("switchboard build")
     p.add_argument("--all", action="store_true", help="every eligible kernel of each point, not only the automatic choice")
     args = p.parse_args(argv)
     if unknown_op("switchboard build", args.op):
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     if device.type != "cuda":
         print("build: no GPU here: nothing is compiled (the kernels that compile need one)", file=sys.stderr)
     built = failed = 0
-    for point, case, sel in _explained_points("build", args, device):
+    for point, case, sel in explained_points("build", args, device):
         candidates = [c for c in sel.candidates if c.eligible] if args.all else [c for c in sel.candidates
                                                                                    if c.kernel.id == sel.kernel.id]
         for cand in candidates:

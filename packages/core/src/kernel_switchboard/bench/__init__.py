@@ -5,7 +5,11 @@ with external baselines), ``switchboard tune`` (measured winners into the autotu
 Nothing here is imported by ``import kernel_switchboard``: the mechanism does not depend on its measurement.
 """
 
-from .cli import PRESETS, Point, Row, RunPoint, fastest_of_rounds, main, median_ms, run_point, time_ms, tune_main
+from .cli import main, tune_main
+from .measure import run_point
+from .points import Point, Row, RunPoint
+from .presets import PRESETS
+from .timing import fastest_of_rounds, median_ms, time_ms
 
 __all__ = ["PRESETS", "Point", "Row", "RunPoint", "fastest_of_rounds", "main", "median_ms", "run_point", "time_ms",
            "tune_main"]

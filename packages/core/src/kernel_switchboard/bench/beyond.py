@@ -1,6 +1,6 @@
 """``switchboard bench --preset beyond``: POD, batch invariance, fp8 prefill and MLA prefill against their baselines.
 
-Each point runs its own comparison (a :class:`~kernel_switchboard.bench.RunPoint` carries its runner) and reports
+Each point runs its own comparison (a :class:`~kernel_switchboard.bench.points.RunPoint` carries its runner) and reports
 rows like every other preset (ms, TFLOP/s or TB/s, and in ``extra`` the ratios and checks):
 
 - **POD**, 1 prefill of 4096 tokens + 64 decodes at L=4096 (Llama-3-8B heads, bf16, pages of 16): ``plan_pod`` (the
@@ -33,7 +33,8 @@ import torch
 from ..invariance import batch_invariant
 from ..paged import PagedKVCache, PageTable
 from ..testing.cases.attention import AttnSpec, decode_case, indptr, mla_prefill_case, pod_case, prefill_case
-from .cli import Point, Row, RunPoint, _captured, time_ms
+from .points import Point, Row, RunPoint
+from .timing import captured_graph, time_ms
 
 _Call = Callable[[], Any]
 BF16, E4M3 = torch.bfloat16, torch.float8_e4m3fn
@@ -101,7 +102,7 @@ class _Rows:
             return None
         try:
             call()
-            replay = _captured(call).replay
+            replay = captured_graph(call).replay
         except Exception as exc:  # noqa: BLE001
             row = Row(self.preset, self.point.op, self.point.label, f"{name} [graph]", None,
                       error=f"{type(exc).__name__}: {exc}"[:300])

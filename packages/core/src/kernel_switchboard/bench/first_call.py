@@ -101,10 +101,10 @@ FLASHINFER_OPS = ("attention.decode", "attention.prefill_ragged", "attention.mla
 
 
 def points() -> list[Any]:
-    """The preset's points as :class:`kernel_switchboard.bench.Point` (``switchboard build --preset first-call``)."""
+    """The preset's points as :class:`kernel_switchboard.bench.points.Point` (``switchboard build --preset first-call``)."""
     import torch
 
-    from .cli import Point
+    from .points import Point
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     return [Point(p.op, p.params(device), p.label) for p in POINTS]
@@ -344,9 +344,9 @@ def _flashinfer_call(flashinfer: Any, op: str, case: Any) -> Callable[[], Any]:
     if op == "sampling.top_k_top_p":
         probs = args[0] if not case.kwargs.get("is_logits", False) else torch.softmax(args[0].float(), -1)
         return lambda: flashinfer.sampling.top_k_top_p_sampling_from_probs(probs, 50, 0.9)
-    from .cli import _flashinfer_externals
+    from .baselines import flashinfer_externals
 
-    calls = _flashinfer_externals(op, args, case.kwargs)
+    calls = flashinfer_externals(op, args, case.kwargs)
     name = {"attention.decode": "flashinfer decode", "attention.prefill_ragged": "flashinfer prefill",
             "attention.mla_decode": "flashinfer mla"}[op]
     if name not in calls:

@@ -6,7 +6,7 @@ prefill 1x8192 and 8x2048, MLA decode B in {16, 128} (128 heads, 512 + 64, page 
 sampling 128 x 128256 from probabilities, RMSNorm 8192 x 8192. Each point gives a row per implementation (FlashInfer's
 default and, for decode, its tensor-core wrapper) and a ``ratio vs FlashInfer`` row: the best FlashInfer time over
 the compat layer's (>= 1: the compat layer is at least as fast). Calls are timed in alternating rounds
-(:func:`~kernel_switchboard.bench.fastest_of_rounds`).
+(:func:`~kernel_switchboard.bench.timing.fastest_of_rounds`).
 
 The ops beside attention (:func:`op_points`): fused add + RMSNorm (8192 x 8192 and a decode step of 128 x 4096,
 bf16), RoPE (8192 tokens of Llama-3-8B heads, by position ids and from a cos/sin table in place), KV append (a decode
@@ -33,7 +33,8 @@ from typing import Any
 
 import torch
 
-from .cli import Point, Row, RunPoint, fastest_of_rounds
+from .points import Point, Row, RunPoint
+from .timing import fastest_of_rounds
 
 LLAMA = {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128}
 WORKSPACE_BYTES = 256 * 1024 * 1024
@@ -246,10 +247,10 @@ def _forced(op: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
     """One call per eligible switchboard kernel of ``op``, forced by name (``ksb kernel <id>``; the reference only on
     a CPU). ``fresh()``: arguments of the kernel's own (for ops that write in place), else every call shares args."""
     from ..dispatch import explain
-    from .cli import _measured
+    from .measure import measured_candidates
 
     calls: dict[str, Callable[[], Any]] = {}
-    for cand in _measured(explain(op, *args, **kwargs), device):
+    for cand in measured_candidates(explain(op, *args, **kwargs), device):
         a, kw = fresh() if fresh is not None else (args, kwargs)
         calls[f"ksb kernel {cand.kernel.id}"] = lambda a=a, kw=kw, k=cand.kernel.id: fn(*a, backend=k, **kw)
     return calls
