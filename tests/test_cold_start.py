@@ -94,6 +94,12 @@ def test_import_and_a_reference_op_import_no_dynamo(fresh: dict[str, object]) ->
     assert _loaded(fresh["after_ops"], "torch._inductor") == []
 
 
+def test_import_and_a_reference_op_load_no_benchmarking(fresh: dict[str, object]) -> None:
+    """The mechanism does not depend on its measurement: neither the bench subpackage nor matplotlib is loaded."""
+    assert _loaded(fresh["after_ops"], "kernel_switchboard.bench") == []
+    assert _loaded(fresh["after_ops"], "matplotlib") == []
+
+
 def test_import_alone_loads_no_backend(fresh: dict[str, object]) -> None:
     """Backends are discovered at the first dispatch, never at ``import kernel_switchboard``."""
     assert [m for m in fresh["after_import"] if m.startswith("kernel_switchboard_")] == []  # type: ignore[union-attr]
