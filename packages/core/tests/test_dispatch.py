@@ -174,6 +174,23 @@ def test_uncompiled_kernels_rank_after_compiled_ones(register) -> None:
     assert "not compiled yet" in str(sel)
 
 
+def test_a_kernel_computing_in_a_narrower_dtype_is_never_chosen_automatically(register) -> None:
+    """XQA on an fp8 cache rounds Q and P to e4m3: cheaper, but the automatic choice keeps the query's precision;
+    named explicitly it runs."""
+    cap = Capability(devices=frozenset({"cpu"}))
+    narrow = Kernel("norm.rms_norm", "narrow", "t8", cap, _double, cost=lambda p: 1e-9,
+                    math_dtype=lambda p: torch.float8_e4m3fn)
+    same = Kernel("norm.rms_norm", "same", "t8", cap, _double, cost=lambda p: 1e-3, math_dtype=lambda p: None)
+    register(_plugin("t8", [narrow, same]))
+    x, w = torch.randn(4, 64), torch.randn(64)
+    sel = ksb.explain("norm.rms_norm", x, w)
+    assert sel.kernel.id == "t8:same"
+    assert "computes in float8_e4m3fn, narrower than the query" in str(sel)
+    assert ksb.explain("norm.rms_norm", x, w, backend="t8:narrow").kernel.id == "t8:narrow"
+    with ksb.use("t8:narrow"):
+        assert ksb.explain("norm.rms_norm", x, w).kernel.id == "t8:narrow"
+
+
 def test_selection_is_cached_by_problem() -> None:
     x, w = torch.randn(4, 64), torch.randn(64)
     a = ksb.select("norm.rms_norm", _problem())

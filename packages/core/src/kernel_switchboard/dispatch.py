@@ -38,6 +38,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import torch
+
 from . import invariance, tuning
 from .contracts import check_result
 from .errors import (
@@ -66,6 +68,8 @@ class Candidate:
     needs_build: bool = False
     tuned: bool = False
     preferred: int | None = None  # position in the explicit preference list
+    #: the dtype the kernel computes in where it is narrower than the query's (XQA on an fp8 cache quantises Q and P)
+    lower_math: Any = None
 
     @property
     def eligible(self) -> bool:
@@ -103,6 +107,9 @@ class Selection:
                     bits.append(f"preferred #{c.preferred + 1}")
                 if c.tuned:
                     bits.append("autotune cache winner")
+                if c.lower_math is not None:
+                    bits.append(f"computes in {str(c.lower_math).removeprefix('torch.')}, narrower than the query: "
+                                "ranked after full-precision kernels (choose it by name to use it)")
                 if c.needs_build:
                     bits.append("not compiled yet: ranked after compiled kernels (run `switchboard build`)")
                 bits.append(f"est. {c.cost * 1e6:.1f} us" if c.cost is not None else "no cost estimate")
@@ -313,7 +320,8 @@ def _select_cold(op: str, problem: Any, prefs: tuple[str, ...], strict: bool) ->
         pref = c.preferred if c.preferred is not None else math.inf
         if invariant:  # the same kernel for every batch: nothing that varies with the size bucket or over time
             return (pref, c.cost == math.inf, -c.kernel.priority)
-        return (pref, not c.tuned, c.needs_build, c.cost if c.cost is not None else math.inf, -c.kernel.priority)
+        return (pref, c.lower_math is not None, not c.tuned, c.needs_build, c.cost if c.cost is not None else math.inf,
+                -c.kernel.priority)
 
     eligible.sort(key=rank)
     ineligible = [c for c in cands if not c.eligible]
@@ -340,7 +348,8 @@ def _select_cold(op: str, problem: Any, prefs: tuple[str, ...], strict: bool) ->
     if (source in ("cost", "priority") and len(eligible) > 1 and getattr(problem, "device", None) == "cuda"
             and not op.startswith(("sampling.", "comm.")) and not features & {"cuda_graph", "in_place", "generator"}
             and _autotune_on()):
-        shortlist = [_checked(c.kernel) for c in eligible if not c.needs_build][:AUTOTUNE_SHORTLIST]
+        shortlist = [_checked(c.kernel) for c in eligible
+                     if not c.needs_build and c.lower_math is None][:AUTOTUNE_SHORTLIST]
         if len(shortlist) > 1:
             sel.kernel = _AutotuneKernel(op, problem, shortlist)  # type: ignore[assignment]
             sel.notes.append(f"autotuning on first call among {', '.join(k.id for k in shortlist)}")
@@ -359,6 +368,8 @@ def _candidate(k: Kernel, problem: Any) -> Candidate:
         if not reasons:
             step = "needs_build check"
             cand.needs_build = bool(k.needs_build and k.needs_build(problem))
+            step = "math_dtype"
+            cand.lower_math = _lower_math(k, problem)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # noqa: BLE001 - contained: the kernel is rejected with the error
@@ -366,6 +377,17 @@ def _candidate(k: Kernel, problem: Any) -> Candidate:
     if not reasons:
         cand.cost = _safe_cost(k, problem)
     return cand
+
+
+def _lower_math(k: Kernel, problem: Any) -> Any:
+    """The dtype ``k`` computes ``problem`` in when narrower than the query's dtype, else None. Automatic choice never
+    trades precision for speed on its own: such a kernel ranks after every full-precision one."""
+    if k.math_dtype is None:
+        return None
+    math_dtype, query = k.math_dtype(problem), getattr(problem, "dtype", None)
+    if math_dtype is None or not isinstance(query, torch.dtype) or not isinstance(math_dtype, torch.dtype):
+        return None
+    return math_dtype if math_dtype.itemsize < query.itemsize else None
 
 
 def _missing_preferences(op: str, prefs: tuple[str, ...], chosen: list[Candidate]) -> list[str]:
