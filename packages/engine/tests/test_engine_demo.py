@@ -56,3 +56,25 @@ def test_demo_without_transformers_draws_random_weights(monkeypatch: pytest.Monk
     assert main(["--device", "cpu", "--model", "deepseek", "--requests", "2", "--max-new-tokens", "3"]) == 0
     out = capsys.readouterr().out
     assert "transformers is not installed" in out and "generated tokens/s" in out
+
+
+@pytest.mark.parametrize("family", ["llama", "mixtral"])
+def test_bfloat16_check_refuses_a_model_that_differs_everywhere(family: str, monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """The 16-bit check's MoE allowance (a few positions whose expert choice flips) cannot hide an error at every
+    position: a final norm 1.5x off in the reference fails it, for a dense model and a MoE one alike."""
+    from kernel_switchboard_engine import families
+
+    real = families.from_hf
+
+    def off_by_norm(hf, **kw):  # type: ignore[no-untyped-def]
+        model = real(hf, **kw)
+        hf.model.norm.weight.data.mul_(1.5)
+        return model
+
+    args = ["--model", family, "--device", "cpu", "--dtype", "bfloat16", "--requests", "1", "--max-new-tokens", "2",
+            "--check"]
+    assert main(args) == 0, capsys.readouterr().out
+    assert "positions past it: 0 of" in capsys.readouterr().out
+    monkeypatch.setattr(families, "from_hf", off_by_norm)
+    assert main(args) == 3
