@@ -1,6 +1,11 @@
 """GPU: a Llama-3-8B-shaped model with random weights in bfloat16 generates the same greedy tokens with
 attn_implementation="ksb" as with "sdpa", and the tokens/s of both, measured in one process.
 
+A random model's logits are nearly flat, so two correct bf16 attention kernels can pick different argmax tokens
+where the top two nearly tie; after that the sequences go separate ways. Each row's tokens must therefore agree up to
+its first difference, and at that step the two tokens must tie within the measured logit noise (twice the largest
+prefill logit difference between the two implementations) in sdpa's own scores.
+
 The model has Llama-3-8B's layer shape (hidden 4096, 32 query / 8 KV heads of 128, MLP 14336, vocabulary 128256)
 and ``KSB_GPU_LAYERS`` layers (default 4), to fit beside other work and start fast. Run it with ``-s`` to see the
 figures:
@@ -36,16 +41,36 @@ def model():
     return built.to(torch.bfloat16).eval()
 
 
-def _generate(model, impl: str, ids: torch.Tensor, mask: torch.Tensor, new: int) -> tuple[torch.Tensor, float]:
-    """(tokens, seconds) of one greedy generation, timed after the GPU is idle."""
+def _generate(model, impl: str, ids: torch.Tensor, mask: torch.Tensor, new: int,
+              scores: bool = False) -> tuple[torch.Tensor, float, tuple[torch.Tensor, ...]]:
+    """(tokens, seconds, per-step logits when ``scores``) of one greedy generation, timed after the GPU is idle."""
     model.set_attn_implementation(impl)
     torch.cuda.synchronize()
     start = time.perf_counter()
     with torch.no_grad():
         out = model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                             pad_token_id=0, eos_token_id=None)
+                             pad_token_id=0, eos_token_id=None, output_logits=scores, return_dict_in_generate=True)
     torch.cuda.synchronize()
-    return out[:, ids.shape[1]:], time.perf_counter() - start
+    return out.sequences[:, ids.shape[1]:], time.perf_counter() - start, out.logits or ()
+
+
+def _first_differences_are_ties(ours: torch.Tensor, theirs: torch.Tensor, their_logits: tuple[torch.Tensor, ...],
+                                noise: float) -> tuple[int, list[str]]:
+    """(identical rows, one line per row that differs at a step where the two tokens do not tie within ``noise``
+    in ``their_logits``)."""
+    identical, bad = 0, []
+    for row in range(ours.shape[0]):
+        differ = (ours[row] != theirs[row]).nonzero()
+        if differ.numel() == 0:
+            identical += 1
+            continue
+        step = int(differ[0])
+        scores = their_logits[step][row].float()
+        gap = float(scores[theirs[row, step]] - scores[ours[row, step]])
+        if gap > noise:
+            bad.append(f"row {row} step {step}: token {int(ours[row, step])} where sdpa's {int(theirs[row, step])} "
+                       f"leads by {gap:.3f} > noise {noise:.3f}")
+    return identical, bad
 
 
 def _batch(batch: int, length: int, pads: list[int], seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,21 +91,25 @@ def test_greedy_tokens_match_sdpa_and_speed(model):
         for impl in ("sdpa", "ksb"):
             model.set_attn_implementation(impl)
             logits[impl] = model(ids, attention_mask=mask).logits.float()[mask.bool()]
-    err = (logits["ksb"] - logits["sdpa"]).abs().max().item() / logits["sdpa"].abs().max().item()
+    diff = (logits["ksb"] - logits["sdpa"]).abs().max().item()
+    err = diff / logits["sdpa"].abs().max().item()
     print(f"\nprefill logits, ksb vs sdpa: max |diff| / max |logit| = {err:.2e} (bf16, {LAYERS} layers)")
     assert err < 2e-2
 
-    tokens = {impl: _generate(model, impl, ids, mask, 32)[0] for impl in ("sdpa", "ksb")}
-    same = (tokens["ksb"] == tokens["sdpa"]).all(1)
-    print(f"greedy, left-padded batch of 4 x 32 new tokens: {int(same.sum())}/4 rows identical")
-    assert torch.equal(tokens["ksb"], tokens["sdpa"])
+    sdpa, _, sdpa_logits = _generate(model, "sdpa", ids, mask, 32, scores=True)
+    ksb, _, _ = _generate(model, "ksb", ids, mask, 32)
+    identical, bad = _first_differences_are_ties(ksb, sdpa, sdpa_logits, 2 * diff)
+    print(f"greedy, left-padded batch of 4 x 32 new tokens: {identical}/4 rows identical; every other row first "
+          f"differs where sdpa's two candidates tie within {2 * diff:.3f}" if not bad else "\n".join(bad))
+    assert not bad
+    tokens = {"sdpa": sdpa, "ksb": ksb}
 
     for batch, length, new in ((1, 512, 128), (16, 1024, 128)):
         ids, mask = _batch(batch, length, [], seed=2)
         rate = {}
         for impl in ("sdpa", "ksb"):
             _generate(model, impl, ids, mask, 4)  # warm-up: kernel compilation, allocator
-            out, seconds = _generate(model, impl, ids, mask, new)
+            out, seconds, _ = _generate(model, impl, ids, mask, new)
             rate[impl] = batch * new / seconds
             tokens[impl] = out
         same = int((tokens["ksb"] == tokens["sdpa"]).all(1).sum())
