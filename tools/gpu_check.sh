@@ -7,6 +7,8 @@
 # also moe-build, tune, trt-decode, trt-moe; pack makes one archive of $OUT). Each stage has its own time limit so one
 # hang cannot eat the whole check. KSB_TUNE_CACHE may point outside $OUT (e.g. /tmp/gpu-stash/tune.json) so
 # that a later check on the same machine benches with the winners an earlier check's tune stage stored.
+# Work longer than one device call (the whole GPU suite, FlashInfer's first compiles, the benchmarks) runs detached:
+# tools/gpu_lanes.sh.
 set -u
 OUT=${OUT:-/tmp/ksb-out}
 mkdir -p "$OUT"

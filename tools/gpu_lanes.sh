@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# GPU work that outlasts one 600 s device call: two detached lanes on the GPU machine, collected by later calls while
+# the machine stays warm (it is given back 30 s after a call ends, so issue the next call at once).
+#   bash tools/gpu_lanes.sh start             # after `source .gpu/core/setup.sh` and `bash tools/gpu_check.sh install`
+#   bash tools/gpu_lanes.sh collect SECONDS   # wait up to SECONDS for both lanes; pack what they wrote into $OUT
+# Run it from a copy of the checkout in /tmp (`cp -a . /tmp/gpu-stash/repo && cd /tmp/gpu-stash/repo`): a later call
+# replaces the checkout, and the lanes keep reading theirs.
+# The tests lane runs GPU test folders one at a time (an 80 GB card holds one folder's tests, not two):
+#   KSB_LANE_TESTS   "seconds:path ..." (default below: the core, FlashInfer comparison, engine and adapters first)
+# The bench lane runs beside it (its timings share the GPU with the tests lane: compare ratios within a row only):
+#   KSB_LANE_DEMOS   model families for `switchboard demo --model F --check` (default: every family)
+#   KSB_LANE_BENCH   "seconds:preset ..." for `switchboard bench --preset` (default below)
+set -u
+S=${KSB_LANES_DIR:-/tmp/gpu-stash}
+OUT=${OUT:-/tmp/ksb-out}
+tests_default="150:packages/core/tests 240:packages/core/tests/flashinfer 60:tests 120:packages/engine/tests
+120:packages/integration-transformers/tests 60:packages/backend-cudnn/tests 200:packages/backend-triton/tests
+150:packages/backend-trtllm/tests 150:packages/backend-fa/tests 150:packages/backend-cutlass/tests"
+bench_default="300:flashinfer-compat 240:flashinfer-ops 300:beyond 300:variants"
+
+case "${1:-}" in
+start)
+  mkdir -p "$S/tests" "$S/bench"
+  export KSB_TEST_DEVICE=cuda PYTHONUNBUFFERED=1
+  KSB_LANE_TESTS=${KSB_LANE_TESTS-$tests_default} setsid nohup bash -c '
+    for item in $KSB_LANE_TESTS; do
+      limit=${item%%:*}; path=${item#*:}; name=${path//\//_}
+      ignore=$([ "$path" = packages/core/tests ] && echo --ignore=packages/core/tests/flashinfer)
+      timeout -s INT -k 20 "$limit" python3 -m pytest -q -m gpu --no-header -rfE -p no:cacheprovider --durations=10 \
+        "$path" $ignore > "'"$S"'/tests/$name.log" 2>&1
+      echo "$path (exit $?): $(grep -E " in [0-9.]+s" "'"$S"'/tests/$name.log" | tail -1)" \
+        >> "'"$S"'/tests/summary.txt"
+    done
+    touch "'"$S"'/tests/done"' < /dev/null > /dev/null 2>&1 &
+  KSB_LANE_DEMOS=${KSB_LANE_DEMOS-llama qwen2 qwen3 mistral mixtral gemma2 gemma3 deepseek} \
+  KSB_LANE_BENCH=${KSB_LANE_BENCH-$bench_default} setsid nohup bash -c '
+    for family in $KSB_LANE_DEMOS; do
+      timeout 120 switchboard demo --model "$family" --check > "'"$S"'/bench/demo-$family.txt" 2>&1
+      echo "exit $?" >> "'"$S"'/bench/demo-$family.txt"
+    done
+    for item in $KSB_LANE_BENCH; do
+      limit=${item%%:*}; preset=${item#*:}
+      timeout "$limit" switchboard bench --preset "$preset" --out "'"$S"'/bench/$preset" --reps-ms 50 \
+        > "'"$S"'/bench/bench-$preset.txt" 2>&1
+      echo "exit $?" >> "'"$S"'/bench/bench-$preset.txt"
+    done
+    touch "'"$S"'/bench/done"' < /dev/null > /dev/null 2>&1 &
+  echo "gpu_lanes: started; logs under $S/tests and $S/bench" ;;
+collect)
+  end=$(( $(date +%s) + ${2:-500} ))
+  while [ "$(date +%s)" -lt "$end" ] && ! { [ -f "$S/tests/done" ] && [ -f "$S/bench/done" ]; }; do sleep 5; done
+  mkdir -p "$OUT" && tar czf "$OUT/results.tgz" -C "$S" tests bench 2>/dev/null
+  cat "$S/tests/summary.txt" 2>/dev/null
+  grep -h "^check\|positions past" "$S"/bench/demo-*.txt 2>/dev/null
+  for f in "$S"/tests/done "$S"/bench/done; do [ -f "$f" ] || echo "gpu_lanes: ${f%/done} still running"; done ;;
+*)
+  echo "usage: bash tools/gpu_lanes.sh start | collect SECONDS" >&2; exit 2 ;;
+esac
