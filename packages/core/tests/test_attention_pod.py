@@ -159,3 +159,52 @@ def test_a_third_party_pod_kernel_is_held_to_the_contract() -> None:
             ksb.attention.pod(q, qo, q_decode, cache, prefill_table, decode_table, backend="wrongpod")
     finally:
         ksb.registry.unregister(plugin)
+
+
+@pytest.fixture
+def costed_kernels():
+    """The reference kernels of attention.pod, .prefill and .decode again, as backend "costed" with the cost
+    estimates the test sets (reference kernels have none on a CPU, so plans never split without this)."""
+    from kernel_switchboard import Backend, hookimpl
+    from kernel_switchboard.dispatch import clear_cache
+    from kernel_switchboard.reference.attention import KERNELS
+
+    costs = {"attention.pod": 1e-3, "attention.prefill": 1e-4, "attention.decode": 1e-4}
+    kernels = [replace(k, backend="costed", priority=0, cost=lambda p, op=k.op: costs[op])
+               for k in KERNELS if k.op in costs]
+
+    class Plugin:
+        __name__ = "test_costed"
+
+        @hookimpl
+        def ksb_backend(self) -> Backend:
+            return Backend("costed", "1.0", kernels)
+
+    plugin = Plugin()
+    ksb.registry.register(plugin)
+    yield costs
+    ksb.registry.unregister(plugin)
+    clear_cache()
+
+
+def test_plan_pod_runs_as_two_plans_where_their_estimates_add_up_to_less(costed_kernels: dict[str, float]) -> None:
+    from kernel_switchboard.dispatch import clear_cache
+
+    case = _case()
+    q, qo, q_decode, cache, prefill_table, decode_table = case.args
+    want = ksb.attention.pod(q, qo, q_decode, cache, prefill_table, decode_table, return_lse=True, backend="reference")
+    plan = _plan(case, return_lse=True)
+    assert plan.kernel.id == "switchboard:two-plans(costed:prefill then costed:decode)"
+    assert "est. 200.0 us, below one launch of costed:pod (est. 1000.0 us)" in str(plan.selection)
+    for got, expected in zip(plan.run(q, q_decode, cache), want):
+        torch.testing.assert_close(got, expected, atol=0, rtol=0)
+    out_p, out_d = torch.empty_like(want[0]), torch.empty_like(want[1])
+    plan.run(q, q_decode, cache, out_prefill=out_p, out_decode=out_d)  # into given buffers
+    assert torch.equal(out_p, want[0]) and torch.equal(out_d, want[1])
+
+    assert _plan(case, backend="costed").kernel.id == "costed:pod"  # a named backend keeps one launch
+    costed_kernels["attention.pod"] = 1e-4
+    clear_cache()
+    assert _plan(case).kernel.id == "costed:pod"  # one launch where it is estimated cheaper
+    with pytest.raises(RuntimeError, match="runs through its plan"):
+        plan.kernel.run()

@@ -39,6 +39,7 @@ from .attention_problems import (
     ragged_problem,
 )
 from .attention_runner import RunOnly
+from .attention_split import two_plans_if_faster
 
 _Tensor = torch.Tensor
 
@@ -593,7 +594,9 @@ def plan_pod(prefill_table: PageTable, qo_indptr: _Tensor, decode_table: PageTab
     plan (its work split), once per step; ``plan.run(q_prefill, q_decode, cache)`` per layer does no host
     synchronisation. ``max_kv_len`` bounds both parts' sequence lengths (default: the tables' now); on a GPU the
     selection requires the ``cuda_graph`` feature unless ``capturable=False``; ``kv_scale_tensor`` as in
-    :func:`plan_decode`."""
+    :func:`plan_decode`. Unless ``backend`` names one, the plan runs as a :func:`plan_prefill` and a
+    :func:`plan_decode` where their cost estimates add up to less than the POD kernel's
+    (:mod:`~kernel_switchboard.ops.attention_split`); ``plan.selection`` says which, with both estimates."""
     dims, max_kv = _check_plan_args(prefill_table, num_q_heads, num_kv_heads, head_dim, head_dim_v, dtype, kv_dtype,
                                     layout, page_size, max_kv_len)
     if not isinstance(decode_table, PageTable):
@@ -618,6 +621,17 @@ def plan_pod(prefill_table: PageTable, qo_indptr: _Tensor, decode_table: PageTab
     problem = pod_problem(dev, cc, dtype, kv_dtype_, head_dim, head_dim_v_, page_size, layout, num_q_heads,
                           num_kv_heads, b, decode_table.batch_size, p, extra)
     selection = select("attention.pod", problem, backend)
+    if backend is None:
+        common: dict[str, Any] = dict(
+            num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, head_dim_v=head_dim_v, dtype=dtype,
+            kv_dtype=kv_dtype, layout=layout, page_size=page_size, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap,
+            window_left=window_left, return_lse=return_lse, max_kv_len=max_kv_len, capturable=capturable,
+            kv_scale_tensor=kv_scale_tensor)
+        split = two_plans_if_faster(selection, lambda: plan_prefill(prefill_table, qo_indptr, causal=causal, **common),
+                                    lambda: plan_decode(decode_table, **common))
+        if split is not None:
+            selection, runner = split
+            return PODPlan(problem, p, selection, prefill_table, decode_table, qo_indptr, total, runner)
     kernel = selection.kernel
     if kernel.plan is not None:
         runner = kernel.plan(problem, prefill_table, p, qo_indptr=qo_indptr, host_qo_indptr=values[:b + 1],
