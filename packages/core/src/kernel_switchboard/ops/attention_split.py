@@ -58,8 +58,8 @@ def _never(*args: Any, **kwargs: Any) -> Any:
 
 class _TwoPlans:
     """The POD runner contract (``run(q_prefill, q_decode, cache, out_p, out_d, lse_p, lse_d)``) over a prefill
-    plan and a decode plan, which :class:`~kernel_switchboard.ops.attention_plans.PODPlan` has already checked the
-    inputs for; both plans read their tables on the device at every run (CUDA-graph capturable when both are)."""
+    plan and a decode plan; both read their tables on the device at every run (CUDA-graph capturable when both
+    are)."""
 
     __slots__ = ("decode", "prefill")
 
@@ -68,6 +68,8 @@ class _TwoPlans:
 
     def run(self, q_prefill: Any, q_decode: Any, cache: Any, out_prefill: Any, out_decode: Any, lse_prefill: Any,
             lse_decode: Any) -> tuple[Any, Any, Any, Any]:
-        out_p, lse_p = self.prefill._runner.run(q_prefill, cache, out_prefill, lse_prefill)
-        out_d, lse_d = self.decode._runner.run(q_decode, cache, out_decode, lse_decode)
-        return out_p, out_d, lse_p, lse_d
+        got_p = self.prefill.run(q_prefill, cache, out=out_prefill, lse=lse_prefill)
+        got_d = self.decode.run(q_decode, cache, out=out_decode, lse=lse_decode)
+        if self.prefill.params.return_lse:
+            return got_p[0], got_d[0], got_p[1], got_d[1]
+        return got_p, got_d, None, None
