@@ -56,9 +56,10 @@ def points() -> list[Point]:
             for kind in ("ragged", "paged") for b, n in ((1, 8192), (8, 2048))]
     out += [_point("flashinfer.mla_decode", {"batch": b, "kv_len": n}, f"B={b} L={n} p64")
             for b, n in ((16, 4096), (128, 8192))]
+    out.append(_point("flashinfer.rmsnorm", {}, "8192x8192 bf16"))
+    # last: FlashInfer's sampling modules take the longest to compile on first use (100-300 s)
     out += [_point("flashinfer.sampling", {"top_k": k}, f"128x128256 {tag}")
             for tag, k in (("top-p", 0), ("top-k+top-p", 50))]
-    out.append(_point("flashinfer.rmsnorm", {}, "8192x8192 bf16"))
     return out + op_points()
 
 
