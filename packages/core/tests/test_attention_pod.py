@@ -165,13 +165,21 @@ def test_a_third_party_pod_kernel_is_held_to_the_contract() -> None:
 def costed_kernels():
     """The reference kernels of attention.pod, .prefill and .decode again, as backend "costed" with the cost
     estimates the test sets (reference kernels have none on a CPU, so plans never split without this)."""
-    from kernel_switchboard import Backend, hookimpl
+    from kernel_switchboard import Backend, Kernel, hookimpl
     from kernel_switchboard.dispatch import clear_cache
+    from kernel_switchboard.reference._cap import PER_REQUEST
     from kernel_switchboard.reference.attention import KERNELS
 
     costs = {"attention.pod": 1e-3, "attention.prefill": 1e-4, "attention.decode": 1e-4}
     kernels = [replace(k, backend="costed", priority=0, cost=lambda p, op=k.op: costs[op])
-               for k in KERNELS if k.op in costs]
+               for k in KERNELS if k.op in costs and k.op != "attention.pod"]
+
+    def one_launch(*args: Any) -> Any:  # the POD kernel must not run where two plans are estimated faster
+        if costs["attention.pod"] > costs["attention.prefill"] + costs["attention.decode"]:
+            raise AssertionError("the POD kernel ran although two plans were estimated faster")
+        return next(k for k in KERNELS if k.op == "attention.pod").run(*args)
+
+    kernels.append(Kernel("attention.pod", "pod", "costed", PER_REQUEST, one_launch, cost=lambda p: costs["attention.pod"]))
 
     class Plugin:
         __name__ = "test_costed"
@@ -207,9 +215,18 @@ def test_plan_pod_runs_as_two_plans_where_their_estimates_add_up_to_less(costed_
     got = plain.run(q, q_decode, cache)
     assert len(got) == 2 and torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
+    eager = ksb.attention.pod(q, qo, q_decode, cache, prefill_table, decode_table, return_lse=True)  # the same choice
+    for got, expected in zip(eager, want):
+        torch.testing.assert_close(got, expected, atol=0, rtol=0)
+    with pytest.raises(AssertionError, match="POD kernel ran"):
+        ksb.attention.pod(q, qo, q_decode, cache, prefill_table, decode_table, backend="costed")
+
     assert _plan(case, backend="costed").kernel.id == "costed:pod"  # a named backend keeps one launch
     costed_kernels["attention.pod"] = 1e-4
     clear_cache()
     assert _plan(case).kernel.id == "costed:pod"  # one launch where it is estimated cheaper
+    got = ksb.attention.pod(q, qo, q_decode, cache, prefill_table, decode_table, return_lse=True)
+    for got_part, expected in zip(got, want):
+        torch.testing.assert_close(got_part, expected, atol=0, rtol=0)
     with pytest.raises(RuntimeError, match="runs through its plan"):
         plan.kernel.run()

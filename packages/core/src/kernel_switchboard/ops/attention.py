@@ -67,6 +67,7 @@ from .attention_problems import (
     ragged_call,
     token_rows_table,
 )
+from .attention_split import two_plans_if_faster
 
 _Tensor = torch.Tensor
 
@@ -260,8 +261,9 @@ def pod(q_prefill: _Tensor, qo_indptr: _Tensor, q_decode: _Tensor, cache: PagedK
     (Bd, Hq, D) over ``decode_table`` (Bd requests); both read ``cache``, which already holds every request's new
     tokens. Returns (out_prefill (Tq, Hq, Dv), out_decode (Bd, Hq, Dv)), and with ``return_lse`` also
     (lse_prefill (Tq, Hq), lse_decode (Bd, Hq)) float32 after them. FlashInfer's ``BatchPODWithPagedKVCacheWrapper``
-    computes the same; :func:`plan_pod` plans it once per step. Eager = the kernel's plan and run; under
-    torch.compile, one custom op (``torch.ops.ksb.attention_pod``) that takes that same path.
+    computes the same; :func:`plan_pod` plans it once per step. Eager = the kernel's plan and run, or, as in
+    :func:`plan_pod`, a prefill plan and a decode plan where their estimates add up to less; under torch.compile,
+    one custom op (``torch.ops.ksb.attention_pod``) that takes that same path.
     """
     if torch.compiler.is_compiling():
         out_p, out_d, lse_p, lse_d = POD.compiled(q_prefill, qo_indptr, q_decode, cache, prefill_table, decode_table,
@@ -269,7 +271,19 @@ def pod(q_prefill: _Tensor, qo_indptr: _Tensor, q_decode: _Tensor, cache: PagedK
         return (out_p, out_d, lse_p, lse_d) if return_lse else (out_p, out_d)
     problem, p, host = pod_call(q_prefill, qo_indptr, q_decode, cache, prefill_table, decode_table, causal, sm_scale,
                                 logits_soft_cap, window_left, return_lse)
-    kernel = select("attention.pod", problem, backend).kernel
+    selection = select("attention.pod", problem, backend)
+    if backend is None and host is not None:  # as plan_pod decides (no plan is made while a graph is captured)
+        common: dict[str, Any] = dict(
+            num_q_heads=problem.num_q_heads, num_kv_heads=problem.num_kv_heads, head_dim=problem.head_dim,
+            head_dim_v=problem.head_dim_v, dtype=problem.dtype, kv_dtype=problem.kv_dtype, layout=problem.layout,
+            page_size=problem.page_size, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, window_left=window_left,
+            return_lse=bool(return_lse), capturable=False, kv_scale_tensor="kv_scale_tensor" in problem.features)
+        split = two_plans_if_faster(selection, lambda: plan_prefill(prefill_table, qo_indptr, causal=causal, **common),
+                                    lambda: plan_decode(decode_table, **common))
+        if split is not None:
+            out_p, out_d, lse_p, lse_d = split[1].run(q_prefill, q_decode, cache, None, None, None, None)
+            return (out_p, out_d, lse_p, lse_d) if return_lse else (out_p, out_d)
+    kernel = selection.kernel
     if kernel.plan is None:
         out_p, out_d, lse_p, lse_d = kernel.run(q_prefill, qo_indptr, q_decode, cache, prefill_table, decode_table, p)
     else:

@@ -3,8 +3,9 @@
 One launch over a batch's prefill and decode requests (:func:`~kernel_switchboard.ops.attention.pod`) saves a launch
 and fills the GPU with both parts at once; but when the prefill part dominates, the fastest prefill kernel installed
 followed by the fastest decode kernel can finish first (an H100 with FA4: 4096 prefill tokens beside 64 decodes at
-L=4096 took 0.600 ms as two plans, 0.867 ms as Triton's one POD launch). :func:`plan_pod` asks both sides for their
-cost estimates and runs the cheaper; the choice, with both estimates, is in ``plan.selection``.
+L=4096 took 0.600 ms as two plans, 0.867 ms as Triton's one POD launch). :func:`plan_pod` and the eager
+:func:`pod` ask both sides for their cost estimates and run the cheaper; a plan's ``selection`` says which, with
+both estimates.
 """
 
 from __future__ import annotations
