@@ -31,14 +31,6 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 DTYPE = torch.float16
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> object:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matrices: threads only contend
-    yield
-    torch.set_num_threads(threads)
-
-
 def _model(family: str) -> LlamaModel | DeepseekModel:
     if family == "llama":
         return LlamaModel(llama_from_hf(tiny_model("llama", seed=1, head_dim=64), device=DEVICE, dtype=DTYPE))

@@ -17,14 +17,6 @@ from kernel_switchboard_engine.scheduler import Engine  # noqa: E402
 from kernel_switchboard_engine.tiny import hf_greedy, tiny_model  # noqa: E402
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> object:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matrices: threads only contend
-    yield
-    torch.set_num_threads(threads)
-
-
 def _model(family: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, **kw: object
            ) -> tuple[torch.nn.Module, LlamaModel | DeepseekModel]:
     hf = tiny_model(family, seed=1, **kw)

@@ -29,14 +29,6 @@ VARIANTS = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> object:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matrices: threads only contend
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module", params=list(VARIANTS), ids=list(VARIANTS))
 def hf(request: pytest.FixtureRequest) -> torch.nn.Module:
     return tiny_model("deepseek", seed=1, **VARIANTS[request.param])

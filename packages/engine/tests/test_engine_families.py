@@ -31,14 +31,6 @@ from kernel_switchboard_engine.tiny import FAMILIES, config, hf_greedy, tiny_mod
 STEPS = 16
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> object:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matrices: threads only contend
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def family(request: pytest.FixtureRequest) -> str:
     return str(request.param)

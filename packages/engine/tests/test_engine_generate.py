@@ -20,14 +20,6 @@ from kernel_switchboard_engine.weights import truncate_layers  # noqa: E402
 STEPS = 32
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> object:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matrices: threads only contend
-    yield
-    torch.set_num_threads(threads)
-
-
 def _build(family: str, **overrides: object) -> tuple[torch.nn.Module, object]:
     hf = tiny_model(family, seed=1, **overrides)
     return hf, from_hf(hf)

@@ -16,14 +16,6 @@ from kernel_switchboard_engine.tiny import tiny_model  # noqa: E402
 from kernel_switchboard_engine.weights import llama_from_hf  # noqa: E402
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> object:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matrices: threads only contend
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def hf() -> torch.nn.Module:
     return tiny_model("llama", seed=1)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -25,8 +24,8 @@ import torch
 
 import kernel_switchboard as ksb
 
-from .tp import init_distributed, rank_and_world
-from .tp_main import spawn
+from .tp import rank_and_world
+from .tp_main import launch
 
 GPU_ROWS = (1, 8, 32, 128, 256, 8192)
 SMOKE_ROWS = (1, 4, 16)
@@ -121,14 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     a.dtype = a.dtype or ("float32" if a.smoke else "bfloat16")
     a.iters = a.iters or (5 if a.smoke else 50)
     a.warmup = a.warmup if a.warmup is not None else (1 if a.smoke else 10)
-    if a.nproc is not None and "RANK" not in os.environ:
-        spawn(_run, a.nproc, a, backend=a.backend)
-        return
-    device = init_distributed(a.backend)
-    try:
-        _run(a, device)
-    finally:
-        torch.distributed.destroy_process_group()
+    launch(_run, a.nproc, a, backend=a.backend)
 
 
 if __name__ == "__main__":

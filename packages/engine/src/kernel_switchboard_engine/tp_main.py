@@ -107,11 +107,25 @@ def _entry(rank: int, world: int, port: int, backend: str | None, fn: Callable[.
     if sys.platform.startswith("linux"):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # local processes talk over loopback only
     torch.set_num_threads(1)
+    _in_group(fn, args, backend)
+
+
+def _in_group(fn: Callable[..., Any], args: tuple[Any, ...], backend: str | None) -> None:
+    """``fn(*args, device)`` as this process's rank of the group it joins (from the environment), left after."""
     device = init_distributed(backend)
     try:
         fn(*args, device)
     finally:
         torch.distributed.destroy_process_group()
+
+
+def launch(fn: Callable[..., Any], nproc: int | None, *args: Any, backend: str | None = None) -> None:
+    """``fn(*args, device)`` on ``nproc`` spawned local processes (:func:`spawn`), or, with ``nproc`` None or under a
+    launcher that set ``RANK`` (torchrun), in this process as its rank."""
+    if nproc is not None and "RANK" not in os.environ:
+        spawn(fn, nproc, *args, backend=backend)
+    else:
+        _in_group(fn, args, backend)
 
 
 def spawn(fn: Callable[..., Any], nproc: int, *args: Any, backend: str | None = None) -> None:
@@ -152,14 +166,7 @@ def main(argv: list[str] | None = None) -> None:
     g = torch.Generator().manual_seed(a.seed + 1)
     prompts = [torch.randint(0, spec.vocab_size, (a.prompt_len + i,), generator=g).tolist() for i in range(a.batch)]
     job = TPJob(prompts, a.steps, a.weights, spec, a.seed, a.dtype)
-    if a.nproc is not None and "RANK" not in os.environ:
-        spawn(_report, a.nproc, job, backend=a.backend)
-        return
-    device = init_distributed(a.backend)
-    try:
-        _report(job, device)
-    finally:
-        torch.distributed.destroy_process_group()
+    launch(_report, a.nproc, job, backend=a.backend)
 
 
 if __name__ == "__main__":

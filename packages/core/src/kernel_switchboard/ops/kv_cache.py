@@ -87,24 +87,25 @@ def batch_indices_positions(qo_indptr: _Tensor, seq_lens: _Tensor, total: int) -
 def _check_index_tensors(positions: Any, batch_indices: Any, tokens: int, table: PageTable, like: _Tensor
                          ) -> _Tensor:
     """Check positions / batch_indices; returns batch_indices (arange(B) when None and T == B)."""
-    check_tensor(positions, "positions", dims=1, dtypes=_INT32)
-    if positions.shape[0] != tokens:
-        raise fail("positions.shape", tuple(positions.shape), f"({tokens},) = the number of tokens")
-    check_same_device("positions", positions, "the pages", like)
-    if not positions.is_contiguous():
-        raise fail("positions", "non-contiguous", "a contiguous tensor")
+    _check_per_token(positions, "positions", _INT32, tokens, like)
     if batch_indices is None:
         if tokens != table.batch_size:
             raise fail("batch_indices", None, f"a (T,) int32 tensor: T = {tokens} tokens != batch {table.batch_size}, "
                                               "so which request each token belongs to must be given")
         return torch.arange(tokens, dtype=torch.int32, device=positions.device)
-    check_tensor(batch_indices, "batch_indices", dims=1, dtypes=_INT32)
-    if batch_indices.shape[0] != tokens:
-        raise fail("batch_indices.shape", tuple(batch_indices.shape), f"({tokens},) = the number of tokens")
-    check_same_device("batch_indices", batch_indices, "the pages", like)
-    if not batch_indices.is_contiguous():
-        raise fail("batch_indices", "non-contiguous", "a contiguous tensor")
+    _check_per_token(batch_indices, "batch_indices", _INT32, tokens, like)
     return batch_indices
+
+
+def _check_per_token(t: Any, name: str, dtypes: Any, tokens: int, like: _Tensor,
+                     count: str = "the number of tokens") -> None:
+    """``t``: a contiguous (tokens,) tensor of ``dtypes`` on the pages' device."""
+    check_tensor(t, name, dims=1, dtypes=dtypes)
+    if t.shape[0] != tokens:
+        raise fail(f"{name}.shape", tuple(t.shape), f"({tokens},) = {count}")
+    check_same_device(name, t, "the pages", like)
+    if not t.is_contiguous():
+        raise fail(name, "non-contiguous", "a contiguous tensor")
 
 
 def _check_table(table: Any, like: _Tensor) -> None:
@@ -229,15 +230,6 @@ def append_slots(k: _Tensor, v: _Tensor, cache: PagedKVCache, slot_mapping: _Ten
     select("kv_cache.append_slots", problem, backend).kernel.run(k, v, cache, slot_mapping)
 
 
-def _check_slot_mapping(slot_mapping: Any, tokens: int, like: _Tensor) -> None:
-    check_tensor(slot_mapping, "slot_mapping", dims=1, dtypes=_SLOT_DTYPES)
-    if slot_mapping.shape[0] != tokens:
-        raise fail("slot_mapping.shape", tuple(slot_mapping.shape), f"({tokens},) = the number of tokens in k and v")
-    check_same_device("slot_mapping", slot_mapping, "the pages", like)
-    if not slot_mapping.is_contiguous():
-        raise fail("slot_mapping", "non-contiguous", "a contiguous tensor")
-
-
 def _check_slots(slot_mapping: _Tensor, num_slots: int) -> None:
     """One device read: every slot must be a padding mark (< 0) or lie in [0, num_pages * page_size)."""
     if slot_mapping.numel() == 0 or is_capturing():
@@ -252,7 +244,7 @@ def append_slots_call(k: _Tensor, v: _Tensor, cache: PagedKVCache, slot_mapping:
                       check_indices: bool = True) -> tuple[AppendProblem]:
     """Validate an :func:`append_slots` call (``check_indices``: the slots, one host read): its problem."""
     pages = _check_kv(k, v, cache)
-    _check_slot_mapping(slot_mapping, k.shape[0], pages)
+    _check_per_token(slot_mapping, "slot_mapping", _SLOT_DTYPES, k.shape[0], pages, "the number of tokens in k and v")
     if check_indices:
         _check_slots(slot_mapping, cache.num_pages * cache.page_size)
     dev, cc = device_key(pages)
