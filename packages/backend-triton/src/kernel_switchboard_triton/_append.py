@@ -116,23 +116,30 @@ def _page_strides(cache: Any) -> tuple[int, int, int, int, int, int]:
 def append(k: torch.Tensor, v: torch.Tensor, cache: Any, table: Any, batch_indices: torch.Tensor,
            positions: torch.Tensor) -> None:
     """The ``kv_cache.append`` kernel: write k (T, Hkv, D), v (T, Hkv, Dv) into the pages, in place."""
-    tokens, kv_heads, d = k.shape
-    if tokens == 0:
+    if k.shape[0] == 0:
         return
+    grid, inverses, meta = _store_launch(k, v, cache)
+    bt = table.block_table
+    _append_kernel[grid](
+        k, v, cache.k_pages, cache.v_pages, bt, batch_indices, positions, k.shape[1],
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1), *_page_strides(cache), bt.stride(0), *inverses, **meta,
+    )
+
+
+def _store_launch(k: torch.Tensor, v: torch.Tensor, cache: Any) -> tuple[tuple[int, int], tuple[Any, Any],
+                                                                           dict[str, Any]]:
+    """What both append kernels launch with: the grid (tokens, head blocks), the reciprocal K and V scales, and the
+    compile-time arguments (block sizes, the fp8 format of the pages, the scales' strides)."""
+    tokens, kv_heads, d = k.shape
     dv = v.shape[2]
     block_d, block_dv = triton.next_power_of_2(d), triton.next_power_of_2(dv)
     block_hk = max(1, min(triton.next_power_of_2(kv_heads), 4096 // max(block_d, block_dv)))
     limit, min_exp, mant = FP8.get(cache.k_pages.dtype, (0.0, 0, 0))
     (inv_k, k_stride), (inv_v, v_stride) = (_inverse(cache.k_scale, limit), _inverse(cache.v_scale, limit))
-    bt = table.block_table
-    _append_kernel[(tokens, triton.cdiv(kv_heads, block_hk))](
-        k, v, cache.k_pages, cache.v_pages, bt, batch_indices, positions, kv_heads,
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1), *_page_strides(cache), bt.stride(0),
-        inv_k, inv_v,
-        HEAD_DIM=d, HEAD_DIM_V=dv, BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_HK=block_hk, PAGE_SIZE=cache.page_size,
-        FP8_LIMIT=limit, FP8_MIN_EXP=min_exp, FP8_MANT=mant, ROUND_FIRST=bool(limit) and interpreting(),
-        K_INV_STRIDE=k_stride, V_INV_STRIDE=v_stride, num_warps=4,
-    )
+    meta = dict(HEAD_DIM=d, HEAD_DIM_V=dv, BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_HK=block_hk,
+                PAGE_SIZE=cache.page_size, FP8_LIMIT=limit, FP8_MIN_EXP=min_exp, FP8_MANT=mant,
+                ROUND_FIRST=bool(limit) and interpreting(), K_INV_STRIDE=k_stride, V_INV_STRIDE=v_stride, num_warps=4)
+    return (tokens, triton.cdiv(kv_heads, block_hk)), (inv_k, inv_v), meta
 
 
 @triton.jit
@@ -183,21 +190,12 @@ def _append_slots_kernel(
 
 def append_slots(k: torch.Tensor, v: torch.Tensor, cache: Any, slot_mapping: torch.Tensor) -> None:
     """The ``kv_cache.append_slots`` kernel: write k (T, Hkv, D), v (T, Hkv, Dv) at their slots, in place."""
-    tokens, kv_heads, d = k.shape
-    if tokens == 0:
+    if k.shape[0] == 0:
         return
-    dv = v.shape[2]
-    block_d, block_dv = triton.next_power_of_2(d), triton.next_power_of_2(dv)
-    block_hk = max(1, min(triton.next_power_of_2(kv_heads), 4096 // max(block_d, block_dv)))
-    limit, min_exp, mant = FP8.get(cache.k_pages.dtype, (0.0, 0, 0))
-    (inv_k, k_stride), (inv_v, v_stride) = (_inverse(cache.k_scale, limit), _inverse(cache.v_scale, limit))
-    _append_slots_kernel[(tokens, triton.cdiv(kv_heads, block_hk))](
-        k, v, cache.k_pages, cache.v_pages, slot_mapping, kv_heads,
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1), *_page_strides(cache),
-        inv_k, inv_v,
-        HEAD_DIM=d, HEAD_DIM_V=dv, BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_HK=block_hk, PAGE_SIZE=cache.page_size,
-        FP8_LIMIT=limit, FP8_MIN_EXP=min_exp, FP8_MANT=mant, ROUND_FIRST=bool(limit) and interpreting(),
-        K_INV_STRIDE=k_stride, V_INV_STRIDE=v_stride, num_warps=4,
+    grid, inverses, meta = _store_launch(k, v, cache)
+    _append_slots_kernel[grid](
+        k, v, cache.k_pages, cache.v_pages, slot_mapping, k.shape[1],
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1), *_page_strides(cache), *inverses, **meta,
     )
 
 
