@@ -61,20 +61,6 @@ def _plugin(name: str, kernels: list[Kernel]) -> Any:
     return types.SimpleNamespace(__name__=f"test_{name}", ksb_backend=ksb_backend)
 
 
-@pytest.fixture
-def register() -> Any:
-    added: list[Any] = []
-
-    def add(plugin: Any) -> Any:
-        ksb.registry.register(plugin)
-        added.append(plugin)
-        return plugin
-
-    yield add
-    for plugin in added:
-        ksb.registry.unregister(plugin)
-
-
 def _norm(x: torch.Tensor, w: torch.Tensor, eps: float, gemma: bool) -> torch.Tensor:
     from kernel_switchboard.reference.norm import rms_norm
 

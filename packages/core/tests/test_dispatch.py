@@ -36,20 +36,6 @@ def _double(x: torch.Tensor, w: torch.Tensor, eps: float, gemma: bool) -> torch.
     return rms_norm(x, w, eps, gemma) * 1.0
 
 
-@pytest.fixture
-def register():
-    added: list[Any] = []
-
-    def _add(plugin: Any) -> Any:
-        ksb.registry.register(plugin)
-        added.append(plugin)
-        return plugin
-
-    yield _add
-    for plugin in added:
-        ksb.registry.unregister(plugin)
-
-
 def test_capability_reasons_name_actual_and_allowed_values() -> None:
     cap = Capability(devices=frozenset({"cuda"}), dtypes=frozenset({torch.bfloat16}), min_cc=(9, 0),
                      features=frozenset({"causal"}), limits={"rows": 2}, allowed={"gemma": frozenset({False})})

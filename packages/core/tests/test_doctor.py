@@ -34,19 +34,6 @@ def _plugin(name: str, devices: frozenset[str] = frozenset({"cuda"}), raises: bo
 
 
 @pytest.fixture
-def register():
-    added: list[Any] = []
-
-    def _add(plugin: Any) -> None:
-        ksb.registry.register(plugin)
-        added.append(plugin)
-
-    yield _add
-    for plugin in added:
-        ksb.registry.unregister(plugin)
-
-
-@pytest.fixture
 def cpu_only_torch(monkeypatch):
     monkeypatch.setattr(doctor, "cuda_problem", lambda: CPU_ONLY)
 

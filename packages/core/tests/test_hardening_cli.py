@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from kernel_switchboard import tuning
 from kernel_switchboard.cli import main
 
 
@@ -39,16 +38,6 @@ def test_explain_good_options_still_work(capsys: pytest.CaptureFixture[str]) -> 
                  "--device", "cpu"]) == 0
     assert "chosen reference:decode" in capsys.readouterr().out
     assert main(["explain", "rope.apply", "tokens=4", "rotary_dim=none", "--device", "cpu"]) == 0
-
-
-@pytest.fixture
-def cache_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    path = tmp_path / "tune.json"
-    monkeypatch.setenv("KSB_TUNE_CACHE", str(path))
-    tuning._state["entries"] = None
-    yield path
-    tuning._state["entries"] = None
-    tuning._state["generation"] += 1
 
 
 @pytest.mark.parametrize("command", ["tune", "bench"])

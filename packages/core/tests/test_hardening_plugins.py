@@ -39,20 +39,6 @@ def _raising(exc: BaseException) -> Any:
 
 
 @pytest.fixture
-def register() -> Iterator[Any]:
-    added: list[Any] = []
-
-    def _add(plugin: Any) -> Any:
-        ksb.registry.register(plugin)
-        added.append(plugin)
-        return plugin
-
-    yield _add
-    for plugin in added:
-        ksb.registry.unregister(plugin)
-
-
-@pytest.fixture
 def without(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """Hide installed backend packages (their entry points), as on a machine where they are not installed."""
     real = metadata.entry_points

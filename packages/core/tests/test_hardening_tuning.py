@@ -15,17 +15,6 @@ import torch
 import kernel_switchboard as ksb
 from kernel_switchboard import tuning
 
-
-@pytest.fixture
-def cache_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    path = tmp_path / "tune.json"
-    monkeypatch.setenv("KSB_TUNE_CACHE", str(path))
-    tuning._state["entries"] = None
-    yield path
-    tuning._state["entries"] = None
-    tuning._state["generation"] += 1
-
-
 _WRITER = textwrap.dedent("""
     import sys
     from kernel_switchboard import tuning

@@ -14,16 +14,6 @@ from kernel_switchboard import Backend, Capability, Kernel, hookimpl, tuning
 
 
 @pytest.fixture
-def cache_file(tmp_path, monkeypatch):
-    path = tmp_path / "tune.json"
-    monkeypatch.setenv("KSB_TUNE_CACHE", str(path))
-    tuning._state["entries"] = None
-    yield path
-    tuning._state["entries"] = None
-    tuning._state["generation"] += 1
-
-
-@pytest.fixture
 def two_kernels():
     cap = Capability(devices=frozenset({"cpu"}))
     from kernel_switchboard.reference.norm import rms_norm as run
