@@ -8,6 +8,8 @@ moves ``BLOCK`` contiguous output elements (2 * ``BLOCK`` contiguous inputs for 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -71,35 +73,30 @@ def _block(d: int) -> tuple[int, int]:
     return block, 4 if block <= 1024 else 8
 
 
-def _launch(x: torch.Tensor, act: int) -> torch.Tensor:
+def _launch(kernel: Any, x: torch.Tensor, *scalars: float, **meta: Any) -> torch.Tensor:
+    """y (N, D) from x (N, 2D) through ``kernel`` (one program per row and column block), ``scalars`` after the
+    strides; an empty x launches nothing."""
     n, two_d = x.shape
     d = two_d // 2
     y = torch.empty((n, d), dtype=x.dtype, device=x.device)
     if n == 0 or d == 0:
         return y
     block, warps = _block(d)
-    _act_and_mul_kernel[(n, triton.cdiv(d, block))](x, y, d, x.stride(0), ACT=act, BLOCK=block, num_warps=warps)
+    kernel[(n, triton.cdiv(d, block))](x, y, d, x.stride(0), *scalars, BLOCK=block, num_warps=warps, **meta)
     return y
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    return _launch(x, SILU)
+    return _launch(_act_and_mul_kernel, x, ACT=SILU)
 
 
 def gelu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    return _launch(x, GELU)
+    return _launch(_act_and_mul_kernel, x, ACT=GELU)
 
 
 def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
-    return _launch(x, GELU_TANH)
+    return _launch(_act_and_mul_kernel, x, ACT=GELU_TANH)
 
 
 def swiglu_oai_and_mul(x: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
-    n, two_d = x.shape
-    d = two_d // 2
-    y = torch.empty((n, d), dtype=x.dtype, device=x.device)
-    if n == 0 or d == 0:
-        return y
-    block, warps = _block(d)
-    _swiglu_oai_kernel[(n, triton.cdiv(d, block))](x, y, d, x.stride(0), alpha, limit, BLOCK=block, num_warps=warps)
-    return y
+    return _launch(_swiglu_oai_kernel, x, alpha, limit)
