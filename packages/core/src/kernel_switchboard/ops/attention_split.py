@@ -29,7 +29,8 @@ def two_plans_if_faster(selection: Selection, plan_prefill: Callable[[], Any], p
     """(the selection that says so, a runner over both plans) when the estimates of the plans ``plan_prefill()`` and
     ``plan_decode()`` make add up to less than the POD kernel's; None otherwise: an estimate is missing (a CPU), a
     part has no eligible kernel, or the POD kernel was chosen by name, by the autotuner or by the batch-invariant
-    scope. The plans are made only when the POD kernel has an estimate to compare with."""
+    scope. The plans are made only when the POD kernel has an estimate to compare with (a GPU); making them reads the
+    prefill part's qo_indptr back once more, at plan time (once per step, never per layer)."""
     one = _estimate(selection)
     if selection.source in _KEPT or selection.notes or not math.isfinite(one):
         return None
