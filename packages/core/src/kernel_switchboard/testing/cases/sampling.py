@@ -252,13 +252,20 @@ def _rep(v: Any, replicas: int, device: torch.device) -> Any:
     return v.repeat_interleave(replicas, 0).to(device) if isinstance(v, torch.Tensor) else v
 
 
-def _sampler_case(spec: _Spec, device: torch.device, size: str, g: torch.Generator) -> Case:
+def _rows_and_target(spec: _Spec, size: str, g: torch.Generator) -> tuple[dict[str, int], dict[str, Any],
+                                                                        torch.Tensor, torch.Tensor]:
+    """(the size's settings, the drawn per-row parameters, the distinct rows, their target distribution)."""
     cfg = SIZES[size]
-    rows, replicas, vocab = cfg["rows"], cfg["replicas"], cfg["vocab"]
-    params = _row_params(spec, rows, vocab, g)
-    x = _distinct_rows(spec, rows, vocab, g, params)
+    params = _row_params(spec, cfg["rows"], cfg["vocab"], g)
+    x = _distinct_rows(spec, cfg["rows"], cfg["vocab"], g, params)
     target = target_distribution(x, params["top_k"], params["top_p"], params["min_p"], spec.is_logits,
                                  params["temperature"] if spec.is_logits else None)
+    return cfg, params, x, target
+
+
+def _sampler_case(spec: _Spec, device: torch.device, size: str, g: torch.Generator) -> Case:
+    cfg, params, x, target = _rows_and_target(spec, size, g)
+    replicas = cfg["replicas"]
     gen = torch.Generator(device=device) if spec.generator else None
     kwargs: dict[str, Any] = {"min_p": _rep(params["min_p"], replicas, device), "is_logits": spec.is_logits}
     if spec.is_logits:
@@ -376,12 +383,8 @@ def with_invalid_rows(check: Callable[[Callable[..., Any]], None], invalid: torc
 
 def _invalid_sampler_case(spec: _Spec, device: torch.device, size: str, g: torch.Generator) -> Case:
     """:func:`_sampler_case` with invalid rows scattered through the batch."""
-    cfg = SIZES[size]
-    rows, replicas, vocab = cfg["rows"], cfg["replicas"], cfg["vocab"]
-    params = _row_params(spec, rows, vocab, g)
-    x = _distinct_rows(spec, rows, vocab, g, params)
-    target = target_distribution(x, params["top_k"], params["top_p"], params["min_p"], spec.is_logits,
-                                 params["temperature"] if spec.is_logits else None)
+    cfg, params, x, target = _rows_and_target(spec, size, g)
+    replicas = cfg["replicas"]
     rep = {k: (v.repeat_interleave(replicas, 0) if isinstance(v, torch.Tensor) else v) for k, v in params.items()}
     big, rep, invalid = _with_bad_rows(x.repeat_interleave(replicas, 0), rep, spec.is_logits, g)
     kwargs: dict[str, Any] = {"min_p": _rep(rep["min_p"], 1, device), "is_logits": spec.is_logits}
