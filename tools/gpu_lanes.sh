@@ -6,7 +6,8 @@
 # Run it from a copy of the checkout in /tmp (`cp -a . /tmp/gpu-stash/repo && cd /tmp/gpu-stash/repo`): a later call
 # replaces the checkout, and the lanes keep reading theirs.
 # The tests lane runs GPU test folders one at a time (an 80 GB card holds one folder's tests, not two):
-#   KSB_LANE_TESTS   "seconds:path ..." (default below: the core, FlashInfer comparison, engine and adapters first)
+#   KSB_LANE_TESTS   "seconds:path ..." (default below: the core, FlashInfer comparison, engine and adapters first);
+#                    "|" splits it into lanes that run side by side
 # The bench lane runs beside it (its timings share the GPU with the tests lane: compare ratios within a row only):
 #   KSB_LANE_DEMOS   model families for `switchboard demo --model F --check` (default: every family)
 #   KSB_LANE_BENCH   "seconds:preset ..." for `switchboard bench --preset` (default below)
@@ -22,8 +23,12 @@ case "${1:-}" in
 start)
   mkdir -p "$S/tests" "$S/bench"
   export KSB_TEST_DEVICE=cuda PYTHONUNBUFFERED=1
-  KSB_LANE_TESTS=${KSB_LANE_TESTS-$tests_default} setsid nohup bash -c '
-    for item in $KSB_LANE_TESTS; do
+  # "|" splits the list into lanes that run side by side (a 141 GB H200 holds two folders' tests at once)
+  IFS='|' read -ra test_lanes <<< "${KSB_LANE_TESTS-$tests_default}"
+  echo "${#test_lanes[@]}" > "$S/tests/lanes"
+  for i in "${!test_lanes[@]}"; do
+    LANE_ITEMS=${test_lanes[$i]} LANE=$i setsid nohup bash -c '
+    for item in $LANE_ITEMS; do
       limit=${item%%:*}; path=${item#*:}; name=${path//\//_}
       ignore=$([ "$path" = packages/core/tests ] && echo --ignore=packages/core/tests/flashinfer)
       timeout -s INT -k 20 "$limit" python3 -m pytest -q -m gpu --no-header -rfE -p no:cacheprovider --durations=10 \
@@ -31,7 +36,8 @@ start)
       echo "$path (exit $?): $(grep -E " in [0-9.]+s" "'"$S"'/tests/$name.log" | tail -1)" \
         >> "'"$S"'/tests/summary.txt"
     done
-    touch "'"$S"'/tests/done"' < /dev/null > /dev/null 2>&1 &
+    touch "'"$S"'/tests/done-$LANE"' < /dev/null > /dev/null 2>&1 &
+  done
   KSB_LANE_DEMOS=${KSB_LANE_DEMOS-llama qwen2 qwen3 mistral mixtral gemma2 gemma3 deepseek} \
   KSB_LANE_BENCH=${KSB_LANE_BENCH-$bench_default} setsid nohup bash -c '
     for family in $KSB_LANE_DEMOS; do
@@ -48,11 +54,13 @@ start)
   echo "gpu_lanes: started; logs under $S/tests and $S/bench" ;;
 collect)
   end=$(( $(date +%s) + ${2:-500} ))
-  while [ "$(date +%s)" -lt "$end" ] && ! { [ -f "$S/tests/done" ] && [ -f "$S/bench/done" ]; }; do sleep 5; done
+  tests_done() { [ "$(ls "$S"/tests/done-* 2>/dev/null | wc -l)" -ge "$(cat "$S/tests/lanes" 2>/dev/null || echo 1)" ]; }
+  while [ "$(date +%s)" -lt "$end" ] && ! { tests_done && [ -f "$S/bench/done" ]; }; do sleep 5; done
   mkdir -p "$OUT" && tar czf "$OUT/results.tgz" -C "$S" tests bench 2>/dev/null
   cat "$S/tests/summary.txt" 2>/dev/null
   grep -h "^check\|positions past" "$S"/bench/demo-*.txt 2>/dev/null
-  for f in "$S"/tests/done "$S"/bench/done; do [ -f "$f" ] || echo "gpu_lanes: ${f%/done} still running"; done ;;
+  tests_done || echo "gpu_lanes: $S/tests still running"
+  [ -f "$S/bench/done" ] || echo "gpu_lanes: $S/bench still running" ;;
 *)
   echo "usage: bash tools/gpu_lanes.sh start | collect SECONDS" >&2; exit 2 ;;
 esac
