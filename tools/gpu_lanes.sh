@@ -31,7 +31,7 @@ start)
     for item in $LANE_ITEMS; do
       limit=${item%%:*}; path=${item#*:}; name=${path//\//_}
       ignore=$([ "$path" = packages/core/tests ] && echo --ignore=packages/core/tests/flashinfer)
-      timeout -s INT -k 20 "$limit" python3 -m pytest -q -m gpu --no-header -rfE -p no:cacheprovider --durations=10 \
+      timeout -s INT -k 20 "$limit" python3 -m pytest -q -m gpu --no-header -rfEP -p no:cacheprovider --durations=10 \
         "$path" $ignore > "'"$S"'/tests/$name.log" 2>&1
       echo "$path (exit $?): $(grep -E " in [0-9.]+s" "'"$S"'/tests/$name.log" | tail -1)" \
         >> "'"$S"'/tests/summary.txt"
