@@ -3,6 +3,8 @@ the append, against the reference (interpreter on the CPU; real sizes on a GPU, 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 import triton
@@ -49,22 +51,31 @@ def test_per_head_scale_tensors_match_reference(op: str) -> None:
         assert_close(g, w, atol=3e-2, rtol=3e-2, what=f"{op} with per-head scale tensors")
 
 
+@pytest.mark.parametrize("op", ["decode", "prefill", "pod"])
 @pytest.mark.parametrize("q_magnitude", [1.0, 1e5])
-def test_bf16_queries_on_fp8_pages_match_reference(q_magnitude: float) -> None:
+def test_bf16_queries_on_fp8_pages_match_reference(op: str, q_magnitude: float) -> None:
     """bf16 queries over e4m3 pages compute in fp16 (one conversion per fp8 pair): the result stays the reference's
     within bf16 tolerance, also for queries past fp16's range (1e5: scaled into range, the factor folded back)."""
     small = DEVICE == "cpu"
     spec = AttnSpec(BF16, "NHD", 16, 4 if small else 32, 2 if small else 8, 64 if small else 128,
-                    kv_lens=(21, 40, 1, 0) if small else (3000, 700, 1, 0), kv_dtype=E4M3, lse=True,
-                    soft_cap=None if q_magnitude == 1.0 else 30.0)
-    q, cache, table = decode_case(spec, DEVICE).args
-    q = (q.float() * q_magnitude).to(BF16)
-    sm_scale = spec.head_dim ** -0.5 / q_magnitude
-    got = ksb.attention.decode(q, cache, table, sm_scale=sm_scale, return_lse=True, backend="triton")
-    want = ksb.attention.decode(q, cache, table, sm_scale=sm_scale, return_lse=True, backend="reference")
-    assert torch.isfinite(got[0][:3]).all()
+                    kv_lens=(21, 40, 1) if small else (3000, 700, 1), q_lens=(7, 40, 1) if small else (512, 700, 1),
+                    kv_dtype=E4M3, lse=True, soft_cap=None if q_magnitude == 1.0 else 30.0)
+    if op == "pod":
+        case, queries = pod_case(spec, (33, 5) if small else (4096, 77), DEVICE), (0, 2)
+    elif op == "decode":
+        case, queries = decode_case(replace(spec, q_lens=None), DEVICE), (0,)
+    else:
+        case, queries = prefill_case(spec, DEVICE), (0,)
+    args = list(case.args)
+    for i in queries:
+        args[i] = (args[i].float() * q_magnitude).to(BF16)
+    kwargs = {**case.kwargs, "sm_scale": spec.head_dim ** -0.5 / q_magnitude}
+    fn = getattr(ksb.attention, op)
+    got = fn(*args, **kwargs, backend="triton")
+    want = fn(*args, **kwargs, backend="reference")
     for g, w in zip(got, want):
-        assert_close(g, w, atol=2e-2, rtol=2e-2, what=f"bf16 queries x{q_magnitude:g} on e4m3 pages")
+        assert torch.isfinite(g).all()
+        assert_close(g, w, atol=2e-2, rtol=2e-2, what=f"{op}: bf16 queries x{q_magnitude:g} on e4m3 pages")
 
 
 def test_append_quantises_each_head_by_its_scale_tensor() -> None:

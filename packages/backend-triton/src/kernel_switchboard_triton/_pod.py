@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._attn_common import interpreting, scale_args, soft_cap_args, soft_cap_mode, split_dim
+from ._attn_common import FP8_KV, interpreting, scale_args, soft_cap_args, soft_cap_mode, split_dim
 from ._prefill import PrefillConfig, _prefill_program, prefill_config, rows_bucket, tma_descriptors, variant_launch
 
 SCHEDULES = {"decode_first": 0, "interleave": 1}
@@ -95,6 +95,7 @@ def _pod_kernel(
     LOG_B: tl.constexpr,  # binary-search steps over the prefill requests
     D_LOG_B: tl.constexpr,  # binary-search steps over the decode requests
     DOT_FP32: tl.constexpr,  # float32 dot operands (interpreter)
+    F16_MATH: tl.constexpr,  # fp8 K/V with bf16 queries: dot operands in fp16 (see _decode's module docstring)
     SCHEDULE: tl.constexpr,  # 0: decode units first, 1: decode and prefill units alternate (module docstring)
     K_SCALE_STRIDE: tl.constexpr,  # K scale tensor stride over KV heads (0: one scale), -1: folded into qk_scale
     V_SCALE_STRIDE: tl.constexpr,  # V scale tensor stride over KV heads, -1: folded into v_scale
@@ -116,7 +117,7 @@ def _pod_kernel(
                          window_left, dbatch, vargs,
                          GROUP, NUM_KV_HEADS, D_BLOCK_M, D_BLOCK_N, D_BLOCK_N, HEAD_MAIN, HEAD_TAIL, HEAD_DIM_V,
                          BLOCK_DV, PAGE_SIZE, True, False, HND, CAUSAL, WINDOW, SOFT_CAP, RETURN_LSE, D_LOG_B, DOT_FP32, False,
-                         None, None, None, False, False, False, True, K_SCALE_STRIDE, V_SCALE_STRIDE)
+                         F16_MATH, None, None, None, False, False, False, True, K_SCALE_STRIDE, V_SCALE_STRIDE)
     else:
         _prefill_program(unit // NUM_KV_HEADS, unit % NUM_KV_HEADS, q_ptr, k_ptr, v_ptr, k_desc, v_desc, kd_desc,
                          vd_desc, qo_indptr_ptr, qo_indptr_ptr, bt_ptr, seq_lens_ptr, o_ptr, lse_ptr, stride_qt,
@@ -124,8 +125,8 @@ def _pod_kernel(
                          stride_oh, stride_lt, stride_lh, qk_scale, cap_log2, v_scale, k_scale_ptr, v_scale_ptr,
                          window_left, batch, vargs, GROUP,
                          NUM_KV_HEADS, BLOCK_M, BLOCK_N, DIAG_N, HEAD_MAIN, HEAD_TAIL, HEAD_DIM_V, BLOCK_DV, PAGE_SIZE,
-                         True, TMA, HND, CAUSAL, WINDOW, SOFT_CAP, RETURN_LSE, LOG_B, DOT_FP32, False, None, None, None, False,
-                         False, False, True, K_SCALE_STRIDE, V_SCALE_STRIDE)
+                         True, TMA, HND, CAUSAL, WINDOW, SOFT_CAP, RETURN_LSE, LOG_B, DOT_FP32, False, F16_MATH, None, None,
+                         None, False, False, False, True, K_SCALE_STRIDE, V_SCALE_STRIDE)
 
 
 class PODConfig(NamedTuple):
@@ -180,6 +181,7 @@ def launch_pod(q: torch.Tensor, qo_indptr: torch.Tensor, q_decode: torch.Tensor,
     bt, dbt = table.block_table, decode_table.block_table
     dv = v.shape[-1]
     vargs, _ = variant_launch(None)
+    f16_math = k.dtype in FP8_KV and q.dtype == torch.bfloat16
     _pod_kernel[(prefill_units + decode_units,)](
         q, q_decode, k, v, *(descriptors or (k, v, k, v)), qo_indptr, decode_indptr, bt, dbt, table.seq_lens,
         decode_table.seq_lens, out, out_decode, lse_t, dlse_t,
@@ -194,7 +196,7 @@ def launch_pod(q: torch.Tensor, qo_indptr: torch.Tensor, q_decode: torch.Tensor,
         HND=cache.layout == "HND", CAUSAL=bool(p.causal), WINDOW=p.window_left >= 0,
         SOFT_CAP=soft_cap_mode(p.logits_soft_cap, q.dtype), RETURN_LSE=lse is not None,
         LOG_B=max(1, batch.bit_length()), D_LOG_B=max(1, dbatch.bit_length()),
-        DOT_FP32=pre.dot_fp32 and q.dtype == torch.bfloat16, SCHEDULE=SCHEDULES[cfg.schedule],
+        DOT_FP32=pre.dot_fp32 and q.dtype == torch.bfloat16 and not f16_math, F16_MATH=f16_math, SCHEDULE=SCHEDULES[cfg.schedule],
         K_SCALE_STRIDE=k_stride, V_SCALE_STRIDE=v_stride,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

@@ -33,7 +33,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from kernel_switchboard.ops.attention_problems import out_dtype
 from kernel_switchboard.ops.attention_runner import buffers
 
-from ._attn_common import _tanh, cc_major, interpreting, scale_args, soft_cap_args, soft_cap_mode, split_dim
+from ._attn_common import FP8_KV, _tanh, cc_major, interpreting, scale_args, soft_cap_args, soft_cap_mode, split_dim
 from ._common import has_tma, row_major_for_tma
 from ._moe_kernels import _round_e4m3
 
@@ -266,6 +266,7 @@ def _prefill_kernel(
     LOG_B: tl.constexpr,  # binary-search steps, >= log2(B) + 1
     DOT_FP32: tl.constexpr,  # float32 dot operands (interpreter)
     P_ROUND: tl.constexpr,  # round P to float8_e4m3fn's grid before the PV dot (the interpreter's fp8 queries)
+    F16_MATH: tl.constexpr,  # fp8 K/V with bf16 queries: dot operands in fp16 (see _decode's module docstring)
     SCORE_MOD: tl.constexpr,  # variant score hook (kernel_switchboard.variants) or None
     MASK_MOD: tl.constexpr,  # variant mask hook or None
     OUTPUT_MOD: tl.constexpr,  # variant output hook or None
@@ -284,7 +285,7 @@ def _prefill_kernel(
                      stride_lh, qk_scale, cap_log2, v_scale, k_scale_ptr, v_scale_ptr, window_left, batch, vargs, GROUP,
                      NUM_KV_HEADS, BLOCK_M,
                      BLOCK_N, DIAG_N, HEAD_MAIN, HEAD_TAIL, HEAD_DIM_V, BLOCK_DV, PAGE_SIZE, PAGED, TMA, HND, CAUSAL,
-                     WINDOW, SOFT_CAP, RETURN_LSE, LOG_B, DOT_FP32, P_ROUND, SCORE_MOD, MASK_MOD, OUTPUT_MOD,
+                     WINDOW, SOFT_CAP, RETURN_LSE, LOG_B, DOT_FP32, P_ROUND, F16_MATH, SCORE_MOD, MASK_MOD, OUTPUT_MOD,
                      HAS_SCORE_MOD,
                      HAS_MASK_MOD, HAS_OUTPUT_MOD, SOFTMAX, K_SCALE_STRIDE, V_SCALE_STRIDE)
 
@@ -347,6 +348,7 @@ def _prefill_program(
     LOG_B: tl.constexpr,  # binary-search steps, >= log2(B) + 1
     DOT_FP32: tl.constexpr,  # float32 dot operands (interpreter)
     P_ROUND: tl.constexpr,  # round P to float8_e4m3fn's grid before the PV dot (the interpreter's fp8 queries)
+    F16_MATH: tl.constexpr,  # fp8 K/V with bf16 queries: dot operands in fp16 (see _decode's module docstring)
     SCORE_MOD: tl.constexpr,  # variant score hook (kernel_switchboard.variants) or None
     MASK_MOD: tl.constexpr,  # variant mask hook or None
     OUTPUT_MOD: tl.constexpr,  # variant output hook or None
@@ -404,6 +406,15 @@ def _prefill_program(
         if DOT_FP32:
             q = q.to(tl.float32)
             q_tail = q_tail.to(tl.float32)
+        if F16_MATH:
+            # as in decode: one factor brings the largest |q| into fp16's range, folded back into the score scale
+            q_max = tl.max(tl.max(tl.abs(q.to(tl.float32)), 1), 0)
+            if HEAD_TAIL > 0:
+                q_max = tl.maximum(q_max, tl.max(tl.max(tl.abs(q_tail.to(tl.float32)), 1), 0))
+            q_mul = tl.where(q_max > 32768.0, 32768.0 / q_max, 1.0)
+            q = (q.to(tl.float32) * q_mul).to(tl.float16)
+            q_tail = (q_tail.to(tl.float32) * q_mul).to(tl.float16)
+            qk_scale = qk_scale / q_mul
 
         m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -579,6 +590,7 @@ def launch_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr:
         return
     lse_t = lse if lse is not None else out
     vargs, hooks = variant_launch(getattr(p, "variant", None))
+    f16_math = k.dtype in FP8_KV and q.dtype == torch.bfloat16 and hooks["SOFTMAX"]
     descriptors = None if tail else tma_descriptors(k, v, layout if paged else None, page_size, cfg)
     launch = functools.partial(
         _prefill_kernel[(slots * kv_heads,)],
@@ -590,9 +602,9 @@ def launch_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr:
         HEAD_MAIN=main, HEAD_TAIL=tail, HEAD_DIM_V=dv, BLOCK_DV=triton.next_power_of_2(dv), PAGE_SIZE=page_size, PAGED=paged,
         TMA=descriptors is not None, HND=paged and layout == "HND", CAUSAL=bool(p.causal),
         WINDOW=p.window_left >= 0, SOFT_CAP=soft_cap_mode(p.logits_soft_cap, q.dtype), RETURN_LSE=lse is not None,
-        LOG_B=max(1, batch.bit_length()), DOT_FP32=cfg.dot_fp32 and (q.dtype == torch.bfloat16 or fp8_q),
-        P_ROUND=cfg.dot_fp32 and fp8_q, K_SCALE_STRIDE=k_stride, V_SCALE_STRIDE=v_stride, num_warps=cfg.num_warps,
-        **hooks,
+        LOG_B=max(1, batch.bit_length()), DOT_FP32=cfg.dot_fp32 and (q.dtype == torch.bfloat16 or fp8_q) and not f16_math,
+        P_ROUND=cfg.dot_fp32 and fp8_q, F16_MATH=f16_math, K_SCALE_STRIDE=k_stride, V_SCALE_STRIDE=v_stride,
+        num_warps=cfg.num_warps, **hooks,
     )
     try:
         launch(num_stages=cfg.num_stages)
