@@ -109,7 +109,7 @@ _FRESH = textwrap.dedent("""
     from kernel_switchboard.testing.cases.attention import AttnSpec, decode_case
     spec = AttnSpec(torch.bfloat16, "HND", 64, 32, 8, 128, kv_lens=(2048,) * 16)
     q, cache, table = decode_case(spec, "cuda", seed=1).args
-    ksb.registry.all_backends()  # plugin discovery (imports flashinfer) is not the first call
+    ksb.registry.all_backends()  # plugin discovery (no vendor import) is not the first call
     sel = ksb.explain("attention.decode", q, cache, table, backend="trtllm")
     needs = next(c.needs_build for c in sel.candidates if c.kernel.backend == "trtllm")
     if sys.argv[1] == "build":
@@ -130,7 +130,9 @@ def _fresh(mode: str, env: dict[str, str]) -> dict:
 
 
 def test_build_then_first_call_is_fast_and_explain_says_when_not_built(device: torch.device, tmp_path) -> None:
-    env = {"FLASHINFER_WORKSPACE_BASE": str(tmp_path)}  # an empty flashinfer JIT cache
+    # an empty flashinfer JIT cache, and no record of a module built (the switchboard's records of the modules this
+    # process's earlier tests compiled live in its own cache directory)
+    env = {"FLASHINFER_WORKSPACE_BASE": str(tmp_path / "flashinfer"), "KSB_CACHE_DIR": str(tmp_path / "ksb")}
     cold = _fresh("build", env)
     assert cold["needs_build"] is True and "not compiled yet" in cold["explain"]
     warm = _fresh("run", env)

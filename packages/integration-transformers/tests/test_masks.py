@@ -137,3 +137,22 @@ def test_right_padded_logits_match_eager(ops):
     keep = mask.bool()
     _close(_run(model, "ksb", ids, mask)[keep], _run(model, "eager", ids, mask)[keep])
     assert ops["dense"] == 2 and ops["prefill"] == ops["prefill_ragged"] == 0
+
+
+@pytest.mark.parametrize("kv_len", [37, 38, 300])
+def test_keys_read_in_place_as_one_slot_pages(kv_len):
+    """A dense (B, Hkv, Lk, D) cache is read as pages of one token, so the page size (a compile-time constant of
+    the Triton kernels) stays 1 while Lk grows every decode step; the result equals attention over the dense keys."""
+    from kernel_switchboard_transformers._layout import uniform_layout
+    from kernel_switchboard_transformers.attention import _in_place_cache, run_layout
+
+    g = torch.Generator().manual_seed(kv_len)
+    b, hq, hkv, d = 3, 4, 2, 16
+    key, value = torch.randn(b, hkv, kv_len, d, generator=g), torch.randn(b, hkv, kv_len, d, generator=g)
+    query = torch.randn(b, hq, 1, d, generator=g)
+    layout = uniform_layout(b, 1, kv_len, query.device)
+    cache, table = _in_place_cache(key, value, layout)
+    assert cache.page_size == 1 and table.block_table.shape[1] % 256 == 0
+    got = run_layout(query, key, value, layout, causal=True, scaling=None, softcap=None, window_left=None)
+    want = torch.nn.functional.scaled_dot_product_attention(query, key, value, enable_gqa=True).transpose(1, 2)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

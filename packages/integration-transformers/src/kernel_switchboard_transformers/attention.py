@@ -25,6 +25,7 @@ and a missing mask where the causal alignment is ambiguous.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -163,12 +164,42 @@ def _rows(t: _Tensor, index: _Tensor | None) -> _Tensor:
 
 
 def _in_place_cache(key: _Tensor, value: _Tensor, layout: Layout) -> tuple[ksb.PagedKVCache, ksb.PageTable]:
-    """Key/value ``(B, Hkv, Lk, D)`` as an HND paged cache of B pages of Lk slots, request b on page b (no copy when
-    the head dim has unit stride, as in transformers' caches)."""
+    """Key/value ``(B, Hkv, Lk, D)`` as an HND paged cache read in place (no copy when the head dim has unit stride,
+    as in transformers' caches). Each token is a page of one slot (:func:`_token_pages`), so the page size stays 1
+    while ``Lk`` grows by one every decode step: kernels that compile per page size compile once, not per step.
+    Where the strides do not allow that view, request b is page b of ``Lk`` slots."""
     if key.stride(-1) != 1:
         key = key.contiguous()
     if value.stride(-1) != 1:
         value = value.contiguous()
+    max_len = max(layout.kv_lens, default=0)
+    paged = _token_pages(key), _token_pages(value)
+    if paged[0] is not None and paged[1] is not None and paged[0][1] == paged[1][1]:
+        (k_pages, per_request), (v_pages, _) = paged[0], paged[1]
+        width = max(256, -(-key.shape[2] // 256) * 256)  # the table's width changes every 256 tokens, not every step
+        table = ksb.PageTable(_token_table(key.shape[0], per_request, key.shape[2], width, key.device),
+                              layout.seq_lens, max_seq_len=max_len)
+        return ksb.PagedKVCache(k_pages, v_pages, layout="HND"), table
     cache = ksb.PagedKVCache(key, value, layout="HND")
-    table = ksb.PageTable(layout.pages, layout.seq_lens, max_seq_len=max(layout.kv_lens, default=0))
-    return cache, table
+    return cache, ksb.PageTable(layout.pages, layout.seq_lens, max_seq_len=max_len)
+
+
+def _token_pages(t: _Tensor) -> tuple[_Tensor, int] | None:
+    """``t`` (B, H, L, D) viewed as HND pages of one slot, (P, H, 1, D) with token (b, i) on page ``b * M + i``, and
+    M; None when the batch stride is not a whole number of token strides or a page index would pass int32."""
+    batch, heads, length, dim = t.shape
+    sb, sh, sl, sd = t.stride()
+    if batch == 0 or length == 0 or sl <= 0 or sb % sl or (batch - 1) * (sb // sl) + length >= 2**31:
+        return None
+    per_request = sb // sl if batch > 1 else length
+    pages = (batch - 1) * per_request + length
+    return t.as_strided((pages, heads, 1, dim), (sl, sh, sl, sd)), per_request
+
+
+@functools.lru_cache(maxsize=32)
+def _token_table(batch: int, per_request: int, length: int, width: int, device: torch.device) -> _Tensor:
+    """(B, width) int32 block table of :func:`_token_pages`: request b's token i on page ``b * per_request + i``,
+    page 0 past ``length`` (never read: past every sequence length)."""
+    i = torch.arange(width, dtype=torch.int32, device=device)
+    table = torch.arange(batch, dtype=torch.int32, device=device)[:, None] * per_request + i
+    return torch.where(i < length, table, 0)
