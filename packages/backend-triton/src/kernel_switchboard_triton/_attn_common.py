@@ -68,6 +68,13 @@ def scale_args(scale: Any, like: torch.Tensor) -> tuple[float, torch.Tensor, int
 
 
 @triton.jit
+def fp16_range_factor(q_max):
+    """The factor that brings queries whose largest magnitude is ``q_max`` into fp16's range (1.0 when they fit);
+    the fp16-math kernels multiply the queries by it and divide their score scale by it."""
+    return tl.where(q_max > 32768.0, 32768.0 / q_max, 1.0)
+
+
+@triton.jit
 def _tanh(x, FAST: tl.constexpr = False):
     """tanh: the SFU's ``tanh.approx.f32`` when FAST (relative error <= 2^-10.7: fine for 16-bit inputs,
     not for float32; no interpreter support), else through exp2, valid for every float32 x."""

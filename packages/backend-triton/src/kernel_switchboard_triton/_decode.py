@@ -33,6 +33,7 @@ from ._attn_common import (
     _tanh,
     cc_major,
     choose_splits,
+    fp16_range_factor,
     interpreting,
     resident_ctas,
     scale_args,
@@ -133,7 +134,7 @@ def _decode_split_kernel(
         # factor when the largest |q| needs it, and fold the factor back into the score scale
         q32 = q.to(tl.float32)
         q_max = tl.max(tl.max(tl.abs(q32), 1), 0)
-        q_mul = tl.where(q_max > 32768.0, 32768.0 / q_max, 1.0)
+        q_mul = fp16_range_factor(q_max)
         q = (q32 * q_mul).to(tl.float16)
         qk_scale = qk_scale / q_mul
 

@@ -33,7 +33,17 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from kernel_switchboard.ops.attention_problems import out_dtype
 from kernel_switchboard.ops.attention_runner import buffers
 
-from ._attn_common import FP8_KV, _tanh, cc_major, interpreting, scale_args, soft_cap_args, soft_cap_mode, split_dim
+from ._attn_common import (
+    FP8_KV,
+    _tanh,
+    cc_major,
+    fp16_range_factor,
+    interpreting,
+    scale_args,
+    soft_cap_args,
+    soft_cap_mode,
+    split_dim,
+)
 from ._common import has_tma, row_major_for_tma
 from ._moe_kernels import _round_e4m3
 
@@ -411,7 +421,7 @@ def _prefill_program(
             q_max = tl.max(tl.max(tl.abs(q.to(tl.float32)), 1), 0)
             if HEAD_TAIL > 0:
                 q_max = tl.maximum(q_max, tl.max(tl.max(tl.abs(q_tail.to(tl.float32)), 1), 0))
-            q_mul = tl.where(q_max > 32768.0, 32768.0 / q_max, 1.0)
+            q_mul = fp16_range_factor(q_max)
             q = (q.to(tl.float32) * q_mul).to(tl.float16)
             q_tail = (q_tail.to(tl.float32) * q_mul).to(tl.float16)
             qk_scale = qk_scale / q_mul
