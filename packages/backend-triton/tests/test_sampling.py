@@ -281,6 +281,35 @@ def test_gpu_default_top_k_top_p_is_captured_in_a_cuda_graph() -> None:
 
 
 @pytest.mark.gpu
+def test_gpu_seeds_follow_the_generator() -> None:
+    """Outside capture the seed comes from the generator's (seed, offset) on the host: a reseeded generator (given,
+    or torch's default) repeats its draws and successive calls differ; inside capture each replay draws afresh."""
+    probs = torch.full((256, 1000), 1e-3, device="cuda")  # uniform rows: two different seeds give different rows
+
+    def three(gen: torch.Generator | None) -> torch.Tensor:
+        return torch.stack([ksb.sampling.top_p(probs, 1.0, generator=gen, backend="triton") for _ in range(3)])
+
+    gen = torch.Generator(device="cuda")
+    given = [three(gen.manual_seed(5)), three(gen.manual_seed(5))]
+    torch.manual_seed(7)
+    default = [three(None)]
+    torch.manual_seed(7)
+    default.append(three(None))
+    for first, again in (given, default):
+        assert torch.equal(first, again)
+        assert not torch.equal(first[0], first[1]) and not torch.equal(first[1], first[2])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tokens = ksb.sampling.top_p(probs, 1.0, backend="triton")
+    replays = []
+    for _ in range(2):
+        graph.replay()
+        replays.append(tokens.clone())
+    assert not torch.equal(replays[0], replays[1])
+    assert bool(((replays[0] >= 0) & (replays[0] < 1000)).all())
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("kw", [{"top_p": 0.9}, {"top_k": 50, "top_p": 0.9}, {"top_k": 2000}, {"min_p": 0.05},
                                 {"top_k": 50, "top_p": 0.95, "min_p": 0.01, "temperature": 0.7, "is_logits": True}])
 def test_gpu_llama3_vocab_statistics(kw: dict[str, object]) -> None:

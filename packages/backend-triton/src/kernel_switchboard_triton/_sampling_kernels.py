@@ -18,8 +18,9 @@ thresholds on ``w`` (ties kept together, as the core defines them):
 
 Candidates are drawn in one pass by a chunk-level weighted reservoir (a chunk replaces the current
 pick with probability chunk mass / mass so far), then inside the chosen chunk by inverse CDF.
-Uniforms come from Philox (``tl.rand4x``: four per evaluation) keyed by a seed that torch draws from
-the caller's generator: the same seed gives the same tokens, and nothing in the reduction path uses atomics.
+Uniforms come from Philox (``tl.rand4x``: four per evaluation) keyed by one seed per call drawn from the caller's
+generator (on the host, or on the device while a CUDA graph is captured): the same seed gives the same tokens, and
+nothing in the reduction path uses atomics.
 
 Invalid rows (the core's ``ops.sampling.invalid_rows``) are found inside the walks the kernels make anyway: logits
 by their row maximum (NaN counts as +inf; a row is invalid when the maximum is not finite), probabilities by a
@@ -653,7 +654,7 @@ def _top_k_threshold_kernel(
     tl.store(stats_ptr + 4 * B + rows, (bad | k_bad).to(tl.float32), mask=rmask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])
 def _top_k_top_p_kernel(
     x_ptr,  # (B, V) probabilities or logits, unit stride in V
     out_ptr,  # (B,) int64 sampled tokens, -1 for an invalid row
@@ -664,7 +665,8 @@ def _top_k_top_p_kernel(
     p_val,  # scalar top-p (when not P_ROWS)
     minp_val,  # scalar min-p (when not MINP_ROWS)
     t_val,  # scalar temperature (when not T_ROWS)
-    seed_ptr,  # (1,) int64 Philox seed drawn by torch from the caller's generator
+    seed_ptr,  # (1,) int64: the Philox seed drawn on the device inside a CUDA graph capture, else 0
+    seed,  # the seed drawn on the host outside capture, else 0; never specialised, so a new seed never recompiles
     B,  # rows
     V,  # vocabulary size
     stride_x,  # row stride of x, elements
@@ -682,7 +684,7 @@ def _top_k_top_p_kernel(
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rmask = rows < B
     row_off = rows.to(tl.int64)[:, None] * stride_x
-    seed = tl.load(seed_ptr)
+    seed = tl.load(seed_ptr) + seed
     tl.static_assert(NUM_CAND == 4, "the candidate pass carries exactly four candidates")
     jj = tl.arange(0, NUM_CAND)
     nch = tl.cdiv(V, BLOCK)

@@ -2,11 +2,12 @@
 chain speculative verification, without sorting the vocabulary (see :mod:`._sampling_kernels`).
 
 Signatures and semantics: :mod:`kernel_switchboard.ops.sampling`. Randomness: ``top_k_top_p`` draws
-one Philox seed per call from ``generator`` (torch's default generator when None) and derives every
-uniform from it in-kernel; ``chain_speculative`` draws its (B, n+1) uniforms with ``torch.rand``. Both
-are reproducible for a seeded generator and deterministic (no atomics). Invalid rows (NaN / inf / negative
-entries, no positive mass, an out-of-range per-row parameter) are found inside the kernels and get the op's
-sentinel (token -1, a NaN renorm row, a chain row of -1): no launch reads anything back to the host.
+one Philox seed per call from ``generator`` (torch's default generator when None; on the host, or on the device
+while a CUDA graph is captured) and derives every uniform from it in-kernel; ``chain_speculative`` draws its
+(B, n+1) uniforms with ``torch.rand``. Both are reproducible for a seeded generator and deterministic (no atomics).
+Invalid rows (NaN / inf / negative entries, no positive mass, an out-of-range per-row parameter) are found inside
+the kernels and get the op's sentinel (token -1, a NaN renorm row, a chain row of -1): no launch reads anything
+back to the host.
 """
 
 from __future__ import annotations
@@ -84,8 +85,32 @@ def _split(v: Any, dtype: torch.dtype, device: torch.device) -> tuple[bool, bool
     return True, False, None, v
 
 
-def _seed(generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
-    return torch.randint(0, 2**31 - 1, (1,), generator=generator, device=device, dtype=torch.int64)
+_SEED_RANGE = 2**31 - 1
+
+
+@functools.lru_cache(maxsize=16)
+def _zero_seed(device: torch.device) -> torch.Tensor:
+    return torch.zeros(1, dtype=torch.int64, device=device)
+
+
+def _seed(generator: torch.Generator | None, device: torch.device) -> tuple[torch.Tensor, int]:
+    """The Philox seed of one call, from ``generator`` (the device's default generator when None), as a (1,)
+    device tensor plus a host int that the kernel adds together.
+
+    Outside capture a CUDA generator's (seed, offset) pair is read and its offset advanced on the host, as torch's
+    own random ops do: no launch, and the same generator state gives the same seed (the tensor is a cached zero).
+    Inside capture torch draws the tensor on the device, so each replay of the graph draws a fresh seed; both paths
+    run the same compiled kernel, so a capture after eager calls compiles nothing."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return torch.randint(0, _SEED_RANGE, (1,), generator=generator, device=device, dtype=torch.int64), 0
+    if device.type != "cuda":  # a CPU generator has no offset: one draw from it, on the host
+        return _zero_seed(device), int(torch.randint(0, _SEED_RANGE, (1,), generator=generator))
+    if generator is None:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        generator = torch.cuda.default_generators[index]
+    offset = generator.get_offset()
+    generator.set_offset(offset + 4)  # Philox offsets advance in fours
+    return _zero_seed(device), (generator.initial_seed() * 0x9E3779B97F4A7C15 + offset) % _SEED_RANGE
 
 
 def top_k_threshold(x: torch.Tensor, top_k: Any, is_logits: bool, temperature: Any) -> torch.Tensor:
@@ -122,9 +147,10 @@ def top_k_top_p(x: torch.Tensor, top_k: Any, top_p: Any, min_p: Any, is_logits: 
     t_val = float(t_v) if has_t else 1.0
     stats = top_k_threshold(x, top_k, is_logits, temperature) if has_k else out  # unused without top-k
     cfg = _config(batch, vocab, TOP_P_WALK)
+    seed_t, seed = _seed(generator, x.device)
     K._top_k_top_p_kernel[(triton.cdiv(batch, cfg.rows),)](
         x, out, stats, p_t if p_rows else out, m_t if m_rows else out, t_t if t_rows else out, float(p_v), float(m_v),
-        t_val, _seed(generator, x.device), batch, vocab, x.stride(0),
+        t_val, seed_t, seed, batch, vocab, x.stride(0),
         IS_LOGITS=is_logits, HAS_K=has_k, HAS_P=has_p, P_ROWS=p_rows, HAS_MINP=has_m, MINP_ROWS=m_rows, HAS_T=has_t,
         T_ROWS=t_rows, ROWS=cfg.rows, BLOCK=cfg.block, STAGES=cfg.stages, NUM_CAND=NUM_CAND, MAX_ROUNDS=MAX_ROUNDS,
         num_warps=cfg.num_warps,
