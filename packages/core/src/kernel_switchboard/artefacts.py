@@ -10,7 +10,7 @@ switchboard's and every vendor library's versions), with that environment writte
         environment.json    what the directory was built for; a directory whose file differs is never used
         triton/             TRITON_CACHE_DIR while the switchboard's Triton kernels compile and load
         flash_attn_cute/    FlashAttention-4's persistent CuTe DSL cache (``FLASH_ATTENTION_CUTE_DSL_CACHE_DIR``)
-        flashinfer/         which FlashInfer JIT modules the trtllm kernels built, and where
+        records/            which FlashInfer JIT modules the trtllm kernels built, and where; the Triton build's key
     <root>/cutlass/         CUTLASS libraries (keyed by their source, nvcc and CUTLASS versions; sm_90a only)
 
 A cache copied from another GPU, driver or version therefore sits in a directory this environment never opens.
@@ -148,9 +148,67 @@ def _point(variable: str, sub: str) -> Path | None:
 
 def prepare_triton() -> Path | None:
     """Point Triton's cache (``TRITON_CACHE_DIR``, read by Triton at each compile) at this environment's directory
-    before the switchboard's first Triton kernel compiles or loads. The variable is process-wide: other Triton
-    kernels of the process cache there too, keyed by Triton as always."""
-    return _point("TRITON_CACHE_DIR", "triton")
+    before the switchboard's first Triton kernel compiles or loads, and reuse the stored key of this Triton build
+    (:func:`reuse_triton_build_key`). The variable is process-wide: other Triton kernels of the process cache there
+    too, keyed by Triton as always."""
+    global _triton_key_done
+    path = _point("TRITON_CACHE_DIR", "triton")
+    if not _triton_key_done:  # once per process (each Triton kernel's launcher prepares)
+        _triton_key_done = True
+        try:
+            reuse_triton_build_key()
+        except (ImportError, AttributeError, OSError, ValueError, TypeError):  # a Triton laid out otherwise
+            pass
+    return path
+
+
+_triton_key_done = False
+
+
+#: the record that holds this Triton build's key and the fingerprint of the files it was hashed from
+TRITON_KEY_RECORD = "triton-build-key"
+
+
+def _triton_build_fingerprint(triton_root: Path) -> str:
+    """A hash of the path, size and modification time of every file Triton hashes into its build key (its Python
+    compiler, backends and language modules, its runtime cache module and its native library): any reinstall or
+    edit changes it."""
+    entries = []
+    for sub in ("compiler", "backends", "language"):
+        for folder, _dirs, names in os.walk(triton_root / sub):
+            entries += [os.path.join(folder, n) for n in names if n.endswith(".py")]
+    entries += [str(p) for p in (triton_root / "_C").glob("libtriton.*")]
+    entries.append(str(triton_root / "runtime" / "cache.py"))
+    digest = hashlib.sha256()
+    for entry in sorted(entries):
+        st = os.stat(entry)
+        digest.update(f"{os.path.relpath(entry, triton_root)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
+def reuse_triton_build_key() -> bool:
+    """Spare the process Triton's hash of its own build when this environment's directory holds it.
+
+    Triton keys every cached kernel by a hash of its own installation, which it computes once per process at the
+    first compile or cache lookup by reading its native library (about 500 MB for Triton 3.9: 0.3 s, the larger
+    part of a warm first Triton call). The key is stored in this environment's directory with a fingerprint of the
+    files it was hashed from (:func:`_triton_build_fingerprint`); a later process whose fingerprint matches gives
+    Triton the stored key, as Triton's own compile worker pools hand theirs to their workers. Any other process
+    computes the key (Triton would at its first compile anyway) and stores it. True when the stored key is used."""
+    import triton.runtime.cache as triton_cache
+
+    compute = triton_cache.triton_key
+    if not callable(compute) or not callable(getattr(triton_cache, "get_cache_key", None)):
+        return False
+    fingerprint = _triton_build_fingerprint(Path(triton_cache.__file__).resolve().parent.parent)
+    stored = recorded(TRITON_KEY_RECORD)
+    if stored is not None and stored.get("fingerprint") == fingerprint and isinstance(stored.get("key"), str):
+        build_key: str = stored["key"]
+        triton_cache.triton_key = lambda: build_key
+        return True
+    if directory() is not None:
+        record(TRITON_KEY_RECORD, {"fingerprint": fingerprint, "key": compute()})
+    return False
 
 
 def prepare_flash_attn_cute() -> Path | None:
