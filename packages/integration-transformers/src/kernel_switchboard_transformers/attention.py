@@ -10,8 +10,8 @@ How a call is served:
 - The mask says who attends whom. When it is the bottom-right causal (or full) pattern over per-request runs of
   rows and columns (:mod:`._layout`: left padding, a static cache's unwritten slots, a sliding window), the
   call runs on the switchboard's length-based kernels: with no left padding the keys are read in place as a paged
-  cache (one page per request, ``attention.decode`` for one query token, ``attention.prefill`` otherwise); with left
-  padding the kept rows are gathered into ``attention.prefill_ragged``.
+  cache of one-token pages (:func:`_in_place_cache`; ``attention.decode`` for one query token, ``attention.prefill``
+  otherwise); with left padding the kept rows are gathered into ``attention.prefill_ragged``.
 - Any other mask (right padding, bidirectional image blocks, a custom 4-d mask) runs on ``attention.dense`` with
   the mask itself, which is exact for every mask; with a soft-cap, which ``attention.dense`` does not apply, such a
   mask is refused.
