@@ -198,16 +198,15 @@ def reuse_triton_build_key() -> bool:
     import triton.runtime.cache as triton_cache
 
     compute = triton_cache.triton_key
-    if not callable(compute) or not callable(getattr(triton_cache, "get_cache_key", None)):
-        return False
+    if directory() is None or not callable(getattr(triton_cache, "get_cache_key", None)):
+        return False  # nothing to keep it in (no GPU, caching off), or a Triton that keys its cache otherwise
     fingerprint = _triton_build_fingerprint(Path(triton_cache.__file__).resolve().parent.parent)
     stored = recorded(TRITON_KEY_RECORD)
     if stored is not None and stored.get("fingerprint") == fingerprint and isinstance(stored.get("key"), str):
         build_key: str = stored["key"]
         triton_cache.triton_key = lambda: build_key
         return True
-    if directory() is not None:
-        record(TRITON_KEY_RECORD, {"fingerprint": fingerprint, "key": compute()})
+    record(TRITON_KEY_RECORD, {"fingerprint": fingerprint, "key": compute()})
     return False
 
 
