@@ -141,6 +141,18 @@ def test_seeded_runs_repeat_and_different_seeds_differ() -> None:
     assert not torch.equal(draws[0], draws[2])
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_out_and_invalid_token_are_written_by_the_kernel(dtype: torch.dtype) -> None:
+    x = _with_invalid_rows(300, False).to(DEVICE)
+    gen = torch.Generator(device=DEVICE)
+    want = ksb.sampling.top_k_top_p(x, 25, 0.8, generator=gen.manual_seed(3), backend="triton")
+    out = torch.full((8,), 55, dtype=dtype, device=DEVICE)
+    got = ksb.sampling.top_k_top_p(x, 25, 0.8, generator=gen.manual_seed(3), out=out, invalid_token=0,
+                                   backend="triton")
+    assert got is out and want[1:4].tolist() == [-1] * 3
+    assert got.tolist() == torch.where(want < 0, 0, want).tolist()
+
+
 def test_column_strided_input_is_accepted() -> None:
     x = _zipf_rows(3, 40, seed=9).to(DEVICE)
     xt = x.t().contiguous().t()  # same values, column-major

@@ -212,6 +212,41 @@ def test_chain_invalid_rows_get_the_sentinel_and_leave_the_others_alone() -> Non
     assert torch.equal(ksb.sampling.speculative_invalid_rows(bad_d, bad_ids, bad_t), ~ok)
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_out_and_invalid_token_are_what_the_kernel_writes(dtype: torch.dtype) -> None:
+    """``out`` receives the same draw as the default call, in its dtype, with ``invalid_token`` on the invalid rows;
+    the call returns ``out`` itself, eagerly and under torch.compile."""
+    _, bad = _bad_probs()
+    g = torch.Generator()
+    want = ksb.sampling.top_k_top_p(bad, 3, 0.5, generator=g.manual_seed(5))
+    out = torch.full((8,), 123, dtype=dtype)
+    got = ksb.sampling.top_k_top_p(bad, 3, 0.5, generator=g.manual_seed(5), out=out, invalid_token=0)
+    assert got is out and got.dtype == dtype
+    assert got.tolist() == torch.where(want < 0, 0, want).tolist() and want[1:6].tolist() == [-1] * 5
+    assert ksb.sampling.top_p(bad, 0.9, out=out, invalid_token=-7)[1:6].tolist() == [-7] * 5
+
+    logits = bad.log()
+
+    def f(x: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
+        return ksb.sampling.top_k_top_p(x, 1, None, is_logits=True, out=buf, invalid_token=9)
+
+    buf = torch.zeros(8, dtype=dtype)
+    compiled = torch.compile(f, fullgraph=True)(logits, buf)
+    assert compiled.dtype == dtype and compiled.tolist() == f(logits, torch.zeros(8, dtype=dtype)).tolist()
+    assert buf.tolist() == compiled.tolist() and compiled[1:6].tolist() == [9] * 5
+
+
+def test_out_and_invalid_token_refused_by_name() -> None:
+    probs = _random_rows(4, 16, seed=9)
+    err = ksb.InvalidArgumentError
+    for kwargs, match in (({"out": torch.zeros(4)}, r"^out\.dtype="), ({"out": torch.zeros(5, dtype=torch.int64)},
+                          r"^out\.shape=\(5,\)"), ({"out": torch.zeros(4, 2, dtype=torch.int64)[:, 0]}, r"^out\.stride="),
+                          ({"out": [0, 0, 0, 0]}, r"^out='list'"), ({"invalid_token": True}, r"^invalid_token=True"),
+                          ({"invalid_token": 2**31}, r"^invalid_token=2147483648"), ({"invalid_token": 0.0}, "invalid_token")):
+        with pytest.raises(err, match=match):
+            ksb.sampling.top_p(probs, 0.9, **kwargs)
+
+
 def test_flashinfer_layer_gives_invalid_rows_id_zero() -> None:
     """FlashInfer's contract for a row it cannot sample: id 0 (valid False); the layer maps the sentinel to it."""
     from kernel_switchboard import flashinfer

@@ -657,7 +657,7 @@ def _top_k_threshold_kernel(
 @triton.jit(do_not_specialize=["seed"])
 def _top_k_top_p_kernel(
     x_ptr,  # (B, V) probabilities or logits, unit stride in V
-    out_ptr,  # (B,) int64 sampled tokens, -1 for an invalid row
+    out_ptr,  # (B,) int32 or int64 sampled tokens, invalid_token for an invalid row
     stats_ptr,  # (5, B) float32 from _top_k_threshold_kernel (when HAS_K)
     p_ptr,  # (B,) float32 per-row top-p (when P_ROWS)
     minp_ptr,  # (B,) float32 per-row min-p (when MINP_ROWS)
@@ -667,6 +667,7 @@ def _top_k_top_p_kernel(
     t_val,  # scalar temperature (when not T_ROWS)
     seed_ptr,  # (1,) int64: the Philox seed drawn on the device inside a CUDA graph capture, else 0
     seed,  # the seed drawn on the host outside capture, else 0; never specialised, so a new seed never recompiles
+    invalid_token,  # the token of an invalid row (the op's sentinel -1 unless the caller chose another)
     B,  # rows
     V,  # vocabulary size
     stride_x,  # row stride of x, elements
@@ -808,8 +809,8 @@ def _top_k_top_p_kernel(
         token = tl.where(token < 0, _pick_rows(cand_tok, jj, best), token)
     token = tl.where(token < 0, V - 1, token)
     token = tl.minimum(tl.maximum(token, 0), V - 1)
-    token = tl.where(bad, -1, token)  # the sentinel of an invalid row
-    tl.store(out_ptr + rows, token.to(tl.int64), mask=rmask)
+    token = tl.where(bad, invalid_token, token)  # the sentinel of an invalid row
+    tl.store(out_ptr + rows, token.to(out_ptr.dtype.element_ty), mask=rmask)
 
 
 @triton.jit

@@ -133,9 +133,9 @@ def top_k_threshold(x: torch.Tensor, top_k: Any, is_logits: bool, temperature: A
 
 
 def top_k_top_p(x: torch.Tensor, top_k: Any, top_p: Any, min_p: Any, is_logits: bool, temperature: Any,
-                generator: torch.Generator | None, deterministic: bool) -> torch.Tensor:
+                generator: torch.Generator | None, deterministic: bool, out: torch.Tensor,
+                invalid_token: int) -> torch.Tensor:
     batch, vocab = x.shape
-    out = torch.empty(batch, dtype=torch.int64, device=x.device)
     if batch == 0:
         return out
     if x.stride(1) != 1:  # the kernel walks rows with unit stride
@@ -150,7 +150,7 @@ def top_k_top_p(x: torch.Tensor, top_k: Any, top_p: Any, min_p: Any, is_logits: 
     seed_t, seed = _seed(generator, x.device)
     K._top_k_top_p_kernel[(triton.cdiv(batch, cfg.rows),)](
         x, out, stats, p_t if p_rows else out, m_t if m_rows else out, t_t if t_rows else out, float(p_v), float(m_v),
-        t_val, seed_t, seed, batch, vocab, x.stride(0),
+        t_val, seed_t, seed, invalid_token, batch, vocab, x.stride(0),
         IS_LOGITS=is_logits, HAS_K=has_k, HAS_P=has_p, P_ROWS=p_rows, HAS_MINP=has_m, MINP_ROWS=m_rows, HAS_T=has_t,
         T_ROWS=t_rows, ROWS=cfg.rows, BLOCK=cfg.block, STAGES=cfg.stages, NUM_CAND=NUM_CAND, MAX_ROUNDS=MAX_ROUNDS,
         num_warps=cfg.num_warps,

@@ -61,11 +61,16 @@ def _draw(x: torch.Tensor, name: str, *, is_logits: bool = False, top_k: _Param 
     pool = rows
     if joint:
         pool, top_p = sampling.renorm(rows, top_p=top_p, check_nan=bool(check_nan)), None
-    drawn = sampling.top_k_top_p(pool, top_k, top_p, min_p=min_p, is_logits=is_logits, generator=gen,
-                                 deterministic=bool(deterministic), check_nan=bool(check_nan))
-    valid = drawn >= 0 if return_valid else None  # the switchboard answers a row it cannot sample with -1
-    tokens = drawn.to(id_dtype).clamp_min_(0)  # and FlashInfer with id 0
-    return tokens if valid is None else (tokens, valid)
+    # the kernel writes the ids in their dtype, an invalid row as id 0 (FlashInfer's answer) unless the flags are
+    # asked for: then as the switchboard's -1, which tells them apart
+    tokens = torch.empty(rows.shape[0], dtype=id_dtype, device=rows.device)
+    sampling.top_k_top_p(pool, top_k, top_p, min_p=min_p, is_logits=is_logits, generator=gen,
+                         deterministic=bool(deterministic), check_nan=bool(check_nan), out=tokens,
+                         invalid_token=sampling.INVALID if return_valid else 0)
+    if not return_valid:
+        return tokens
+    valid = tokens >= 0
+    return tokens.clamp_min_(0), valid
 
 
 def _order(filter_apply_order: Any) -> bool:

@@ -2,9 +2,10 @@
 
 Kernel ``run`` signatures (arguments validated and canonical, see docs/ops.md):
 
-- ``sampling.top_k_top_p``: ``run(x, top_k, top_p, min_p, is_logits, temperature, generator, deterministic)``
-  -> tokens (B,) int64, :data:`INVALID` for an invalid row. x (B, V); top_k: int >= 1 | (B,) int32 tensor | None;
-  top_p, min_p, temperature: float | (B,) float32 tensor | None; tensors live on x's device.
+- ``sampling.top_k_top_p``: ``run(x, top_k, top_p, min_p, is_logits, temperature, generator, deterministic, out,
+  invalid_token)`` -> ``out``, the (B,) int32 or int64 tensor it writes the tokens into (``invalid_token`` for an
+  invalid row). x (B, V); top_k: int >= 1 | (B,) int32 tensor | None; top_p, min_p, temperature: float | (B,)
+  float32 tensor | None; tensors live on x's device.
 - ``sampling.renorm``: ``run(probs, top_k, top_p, min_p) -> (B, V) float32``, the filtered distribution (a row of
   NaN for an invalid row).
 - ``sampling.chain_speculative``: ``run(draft_probs, draft_token_ids, target_probs, generator, deterministic)``
@@ -262,7 +263,8 @@ def _run_features(generator: Any, deterministic: bool) -> frozenset[str]:
 # -- top_k_top_p ---------------------------------------------------------------------------------
 def top_k_top_p(x: torch.Tensor, top_k: Param = None, top_p: Param = None, *, min_p: Param = None,
                 is_logits: bool = False, temperature: Param = None, generator: torch.Generator | None = None,
-                deterministic: bool = False, check_nan: bool = False, backend: BackendArg = None) -> torch.Tensor:
+                deterministic: bool = False, check_nan: bool = False, out: torch.Tensor | None = None,
+                invalid_token: int = INVALID, backend: BackendArg = None) -> torch.Tensor:
     """Sample one token per row after temperature / top-k / top-p / min-p filtering.
 
     x: (B, V) probabilities (``is_logits=False``) or logits, fp32/fp16/bf16. top_k: int or (B,) int
@@ -270,6 +272,11 @@ def top_k_top_p(x: torch.Tensor, top_k: Param = None, top_p: Param = None, *, mi
     Returns (B,) int64 token ids: for a valid row a token in [0, V) that survives the filters, for an invalid
     row (:func:`invalid_rows`: NaN / inf / negative / all-zero data, or an out-of-range per-row parameter)
     :data:`INVALID` (-1), decided on the device: the call does no host synchronisation.
+
+    ``out``: a (B,) int32 or int64 tensor on x's device to write the tokens into (and return), e.g. an engine's
+    fixed buffer or int32 ids; ``invalid_token``: the id an invalid row gets instead of -1 (a caller that wants a
+    valid id there, as FlashInfer answers such rows with 0). Both are written by the sampling kernel itself: no
+    extra launch.
 
     ``generator`` makes the draw reproducible (eager only: it cannot enter a torch.compile graph);
     ``deterministic`` asks for bitwise reproducible results with the same generator state.
@@ -280,31 +287,55 @@ def top_k_top_p(x: torch.Tensor, top_k: Param = None, top_p: Param = None, *, mi
     if torch.compiler.is_compiling():
         if generator is not None:
             raise fail("generator", "a torch.Generator", "None under torch.compile (use eager mode for seeded draws)")
-        return TOP_K_TOP_P.compiled(x, top_k, top_p, min_p, temperature, bool(is_logits),  # type: ignore[no-any-return]
-                                    bool(deterministic), bool(check_nan), backend)
-    return _sample_eager(x, top_k, top_p, min_p, is_logits, temperature, generator, deterministic, check_nan, backend)
+        tokens = TOP_K_TOP_P.compiled(x, top_k, top_p, min_p, temperature, bool(is_logits), bool(deterministic),
+                                      bool(check_nan), backend)
+        if out is None and invalid_token == INVALID:
+            return tokens  # type: ignore[no-any-return]
+        out = _token_out(out, invalid_token, x)  # the compiler fuses the sentinel and the copy into one kernel
+        return out.copy_(torch.where(tokens < 0, invalid_token, tokens))
+    return _sample_eager(x, top_k, top_p, min_p, is_logits, temperature, generator, deterministic, check_nan, out,
+                         invalid_token, backend)
+
+
+def _token_out(out: Any, invalid_token: Any, x: torch.Tensor) -> torch.Tensor:
+    """The tensor a draw of the (validated) x writes its tokens into: ``out`` checked, or a new (B,) int64 one."""
+    if isinstance(invalid_token, bool) or not isinstance(invalid_token, int) or not -2**31 <= invalid_token <= _INT32_MAX:
+        raise fail("invalid_token", invalid_token, "a Python int in [-2**31, 2**31)")
+    if out is None:
+        return torch.empty(x.shape[0], dtype=torch.int64, device=x.device)
+    check_tensor(out, "out", 1, INT_DTYPES)
+    if out.shape[0] != x.shape[0]:
+        raise fail("out.shape", tuple(out.shape), f"({x.shape[0]},): one token per row of x")
+    check_same_device("out", out, "x", x)
+    if not out.is_contiguous():
+        raise fail("out.stride", out.stride(), "a contiguous tensor")
+    return out
 
 
 def top_k_top_p_call(x: torch.Tensor, top_k: Param = None, top_p: Param = None, min_p: Param = None,
                      is_logits: bool = False, temperature: Param = None, generator: torch.Generator | None = None,
-                     deterministic: bool = False, check_nan: bool = False) -> tuple[SamplingProblem, _Params]:
-    """Validate a :func:`top_k_top_p` call (``check_nan``: also the data, one host read): its problem and canonical
-    parameters."""
+                     deterministic: bool = False, check_nan: bool = False, out: torch.Tensor | None = None,
+                     invalid_token: int = INVALID) -> tuple[SamplingProblem, _Params, torch.Tensor]:
+    """Validate a :func:`top_k_top_p` call (``check_nan``: also the data, one host read): its problem, canonical
+    parameters and the tensor the tokens go into."""
     _check_x(x, "x")
     p = _params(x, top_k, top_p, min_p, temperature, bool(is_logits))
     _check_generator(generator, x)
+    tokens = _token_out(out, invalid_token, x)
     problem = _problem(x, bool(is_logits), p, _run_features(generator, deterministic))
     if check_nan and x.shape[0] and "cuda_graph" not in problem.features:
         _raise_first_bad(_row_checks(x, bool(is_logits), *p))
-    return problem, p
+    return problem, p, tokens
 
 
 def _sample_eager(x: torch.Tensor, top_k: Any, top_p: Any, min_p: Any, is_logits: bool, temperature: Any,
-                  generator: torch.Generator | None, deterministic: bool, check_nan: bool,
-                  backend: BackendArg) -> torch.Tensor:
-    problem, p = top_k_top_p_call(x, top_k, top_p, min_p, is_logits, temperature, generator, deterministic, check_nan)
+                  generator: torch.Generator | None, deterministic: bool, check_nan: bool, out: Any,
+                  invalid_token: Any, backend: BackendArg) -> torch.Tensor:
+    problem, p, out = top_k_top_p_call(x, top_k, top_p, min_p, is_logits, temperature, generator, deterministic,
+                                       check_nan, out, invalid_token)
     kernel = select("sampling.top_k_top_p", problem, backend).kernel
-    return kernel.run(x, p.top_k, p.top_p, p.min_p, bool(is_logits), p.temperature, generator, bool(deterministic))
+    return kernel.run(x, p.top_k, p.top_p, p.min_p, bool(is_logits), p.temperature, generator, bool(deterministic),  # type: ignore[no-any-return]
+                      out, invalid_token)
 
 
 def top_k(x: torch.Tensor, k: int | torch.Tensor, **kwargs: Any) -> torch.Tensor:

@@ -100,10 +100,11 @@ def _uniform(shape: tuple[int, ...], generator: torch.Generator | None, device: 
 
 
 def top_k_top_p(x: torch.Tensor, top_k: ParamArg, top_p: ParamArg, min_p: ParamArg, is_logits: bool,
-                temperature: ParamArg, generator: torch.Generator | None, deterministic: bool) -> torch.Tensor:
+                temperature: ParamArg, generator: torch.Generator | None, deterministic: bool, out: torch.Tensor,
+                invalid_token: int) -> torch.Tensor:
     w = filtered(x, top_k, top_p, min_p, is_logits, temperature)
     tokens = sample_rows(w, _uniform((x.shape[0],), generator, x.device))
-    return torch.where(invalid_rows(x, is_logits, top_k, top_p, min_p, temperature), INVALID, tokens)
+    return out.copy_(torch.where(invalid_rows(x, is_logits, top_k, top_p, min_p, temperature), invalid_token, tokens))
 
 
 def renorm(probs: torch.Tensor, top_k: ParamArg, top_p: ParamArg, min_p: ParamArg) -> torch.Tensor:
