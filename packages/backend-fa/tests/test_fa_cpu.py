@@ -411,6 +411,30 @@ def test_fa4_dense_plan_packs_gqa_only_for_long_causal_requests(q_len: int, caus
     assert plan.dense and plan.pack_gqa is pack_gqa
 
 
+def test_fa4_prefill_declares_batch_invariance_on_sm90_only() -> None:
+    caps = fa4.capabilities()
+    scope = frozenset({"paged", "causal", "batch_invariant"})
+    assert caps["attention.prefill"].reasons(_prefill(features=scope)) == []
+    assert caps["attention.prefill_ragged"].reasons(_ragged(features=frozenset({"ragged", "batch_invariant"}))) == []
+    (r,) = caps["attention.prefill"].reasons(_prefill(cc=(10, 0), features=scope))
+    assert r.startswith("batch invariance is served on compute capability 9.x only, not 10.x")
+    assert "batch_invariant" not in caps["attention.decode"].features  # its split count follows the batch
+    ids = {k.op: k.priority for k in fa4.kernels("4.0", None)}
+    assert ids["attention.prefill"] == ids["attention.prefill_ragged"] == fa4.PREFILL_PRIORITY > 10 >= 0 == \
+        ids["attention.decode"]
+
+
+def test_fa4_ragged_plan_in_the_scope_takes_the_varlen_entry_for_every_batch() -> None:
+    """A uniform batch would take the dense entry, whose GQA packing follows the requests' lengths; a plan made in
+    the scope keeps the varlen entry, whose tiles do not depend on the batch."""
+    indptr = [0, 700, 1400]
+    for invariant, dense in ((False, True), (True, False)):
+        p = SimpleNamespace(causal=True, batch_invariant=invariant)
+        plan = fa4.RaggedPrefillPlan(None, None, p, qo_indptr=torch.tensor(indptr), kv_indptr=torch.tensor(indptr),
+                                     host_indptrs=(indptr, indptr))
+        assert plan.dense is dense and plan.pack_gqa is (False if dense else None)
+
+
 @pytest.mark.parametrize(("tq", "tk", "causal", "lse"), [(20, 20, True, False), (20, 20, True, True), (7, 30, True, True),
                                                          (7, 30, True, False), (9, 16, False, True), (1, 40, True, False)])
 def test_torch_flash_one_request_matches_the_reference(monkeypatch: pytest.MonkeyPatch, tq: int, tk: int, causal: bool,

@@ -18,6 +18,7 @@ from kernel_switchboard.registry import registry
 from kernel_switchboard.testing import Case, assert_close, conformance_test, tolerance
 from kernel_switchboard.testing.cases.attention import AttnSpec, decode_case, prefill_case, ragged_case, write_positions
 from kernel_switchboard.testing.conformance import LazyCase, lazy_kernel_cases
+from kernel_switchboard.testing.invariance import invariance_cases
 
 BF16, F16 = torch.bfloat16, torch.float16
 
@@ -179,6 +180,28 @@ def test_fa4_ragged_plan_against_the_reference(spec: AttnSpec) -> None:
     atol, rtol = tolerance(spec.dtype)
     for name, g, w in zip(("out", "lse"), got if spec.lse else (got,), want if spec.lse else (want,)):
         assert_close(g, w, atol=atol if name == "out" else 1e-3, rtol=rtol if name == "out" else 1e-3, what=name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["attention.prefill", "attention.prefill_ragged"])
+def test_fa4_prefill_is_batch_invariant_on_hopper(op: str) -> None:
+    """One request's outputs and LSE have the same bits alone, between two others and last of five (decode rows, an
+    empty request, requests longer than it), FA4 forced; they match the reference; and the scope picks FA4."""
+    kernel = _fa4(op)
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("FA4 declares batch invariance on sm_90 only")
+    cases = [c for c in invariance_cases(op, "cuda", "large", BF16) if "-NHD-" in c.id]  # FA4 serves NHD pages
+    assert cases
+    for case in cases:
+        found = case.check(kernel.id)
+        want = case.outputs("reference")
+        for got, ref in zip(found, want):
+            atol, rtol = tolerance(BF16)
+            assert_close(got[0], ref[0], atol=atol, rtol=rtol, what=f"{case.id} out")
+            assert_close(got[1], ref[1], atol=1e-3, rtol=1e-3, what=f"{case.id} lse")
+        batch = case.batches[-1]
+        with ksb.batch_invariant():
+            assert ksb.explain(op, *batch.args, **batch.kwargs).kernel.id == kernel.id
 
 
 @pytest.mark.gpu

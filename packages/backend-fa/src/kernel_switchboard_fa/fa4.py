@@ -12,6 +12,11 @@
   packing; head dims 8..256 on sm_90; up to 128, 192/128 or 256/256 on sm_100.
 - Rows of a partly used last page must hold finite values when the page size is 128 (the TMA
   path loads whole pages and multiplies masked rows by zero).
+- Batch invariance (``ksb.batch_invariant()``), prefill and ragged prefill on sm_90: FA4 computes each (request,
+  query tile, head) tile alone, with tile shapes fixed by the head dims and the mask kind and no split-KV there; in
+  the scope a ragged plan always takes the varlen entry (the dense one would pack GQA heads by the batch's lengths).
+  On sm_100 its query stages and split counts follow the batch, so the capability refuses the scope there.
+  The prefill kernels rank above the Triton ones by priority, the scope's only ranking key.
 """
 
 from __future__ import annotations
@@ -33,6 +38,10 @@ from .providers import FA4, load
 HALF = frozenset({torch.float16, torch.bfloat16})
 DIMS = frozenset(range(8, 257, 8))
 _COMMON = frozenset({"return_lse", "soft_cap", "sliding_window", "cuda_graph", "qk_v_dims_differ"})
+#: prefill kernels whose per-request results do not depend on the batch (sm_90 only: :func:`check_dims`)
+_PREFILL = _COMMON | {"causal", "mixed_batch", "batch_invariant"}
+#: above the Triton kernels' priority (10): inside the batch-invariant scope kernels rank by priority alone
+PREFILL_PRIORITY = 20
 #: fewest tokens per chunk worth a split of its own
 MIN_SPLIT_TOKENS = 512
 MAX_SPLITS = 16
@@ -47,13 +56,18 @@ def _dense_fn() -> Any:
 
 
 def check_dims(pr: Any) -> list[str]:
-    """FA4's head-dim rules by architecture (interface.py ``_validate_head_dims``)."""
+    """FA4's head-dim rules by architecture (interface.py ``_validate_head_dims``), and batch invariance on sm_90
+    only."""
     d, dv = pr.head_dim, pr.head_dim_v
     major = (pr.cc or (9, 0))[0]
-    if major == 9 or (d <= 128 and dv <= 128) or (d, dv) in ((192, 128), (256, 256)):
-        return []
-    return [f"(head_dim, head_dim_v)=({d}, {dv}) not supported on compute capability {major}.x "
-            "(supported: both <= 128, (192, 128) or (256, 256))"]
+    reasons = []
+    if not (major == 9 or (d <= 128 and dv <= 128) or (d, dv) in ((192, 128), (256, 256))):
+        reasons.append(f"(head_dim, head_dim_v)=({d}, {dv}) not supported on compute capability {major}.x "
+                       "(supported: both <= 128, (192, 128) or (256, 256))")
+    if "batch_invariant" in pr.features and major != 9:
+        reasons.append(f"batch invariance is served on compute capability 9.x only, not {major}.x (FA4's query "
+                       "stages and split counts follow the batch there)")
+    return reasons
 
 
 def capabilities() -> dict[str, Capability]:
@@ -62,10 +76,8 @@ def capabilities() -> dict[str, Capability]:
     nhd = frozenset({"NHD"})
     return {
         "attention.decode": Capability(**common, layouts=nhd, features=_COMMON | {"paged"}),  # type: ignore[arg-type]
-        "attention.prefill": Capability(**common, layouts=nhd,  # type: ignore[arg-type]
-                                        features=_COMMON | {"paged", "causal", "mixed_batch"}),
-        "attention.prefill_ragged": Capability(**common,  # type: ignore[arg-type]
-                                               features=_COMMON | {"ragged", "causal", "mixed_batch"}),
+        "attention.prefill": Capability(**common, layouts=nhd, features=_PREFILL | {"paged"}),  # type: ignore[arg-type]
+        "attention.prefill_ragged": Capability(**common, features=_PREFILL | {"ragged"}),  # type: ignore[arg-type]
     }
 
 
@@ -183,13 +195,14 @@ PACK_GQA_ABOVE = 4096
 class RaggedPrefillPlan:
     """A planned ragged prefill. From the indptrs' values (read by the core at plan time): a batch whose
     requests all have the same query and key counts, packed from offset 0, runs through FA4's dense
-    entry on (B, S, H, D) views; others through the varlen one, as an unplanned call does."""
+    entry on (B, S, H, D) views; others through the varlen one, as an unplanned call does, and so does every batch
+    of a plan made in the batch-invariant scope."""
 
     def __init__(self, problem: Any, table: None, p: Any, *, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
                  host_indptrs: tuple[list[int], list[int]] | None = None, **_: Any) -> None:
         self.p, self.indptrs, self.batch = p, (qo_indptr, kv_indptr), qo_indptr.shape[0] - 1
         self.dense, self.pack_gqa = False, None
-        if host_indptrs is None:  # an eager call in a CUDA-graph capture: the varlen entry
+        if host_indptrs is None or getattr(p, "batch_invariant", False):  # the varlen entry
             return
         qo, kv = host_indptrs
         q_lens = {b - a for a, b in itertools.pairwise(qo)}
@@ -224,8 +237,9 @@ def kernels(version: str | None, unavailable: str | None) -> list[Kernel]:
                cost=decode_cost("fa4"), doc="FA4 paged decode (page 128 = TMA fast path; split-KV on small batches)",
                reads_stale_slots=True, **extra),  # type: ignore[arg-type]
         Kernel("attention.prefill", f"{tag}:prefill", capability=caps["attention.prefill"], run=prefill,
-               cost=prefill_cost("fa4"), doc="FA4 varlen queries over the paged pool", reads_stale_slots=True, **extra),  # type: ignore[arg-type]
+               cost=prefill_cost("fa4"), doc="FA4 varlen queries over the paged pool", reads_stale_slots=True,
+               priority=PREFILL_PRIORITY, **extra),  # type: ignore[arg-type]
         Kernel("attention.prefill_ragged", f"{tag}:prefill_ragged", capability=caps["attention.prefill_ragged"],
-               run=prefill_ragged, plan=RaggedPrefillPlan, cost=prefill_cost("fa4"),
+               run=prefill_ragged, plan=RaggedPrefillPlan, cost=prefill_cost("fa4"), priority=PREFILL_PRIORITY,
                doc="FA4 varlen Q/K/V; plans of uniform batches: FA4's dense entry", **extra),  # type: ignore[arg-type]
     ]

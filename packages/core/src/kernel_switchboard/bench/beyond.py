@@ -271,7 +271,8 @@ def _invariant_prefill(point: Point, preset: str, device: torch.device, reps_ms:
 
 def _scopes(device: torch.device) -> list[tuple[bool, str | None]]:
     """(inside the scope, backend) of the rows: the automatic choice outside and inside, and on a GPU the Triton
-    kernel outside (the one the scope runs, so the ratio to it is the cost of its fixed choices alone)."""
+    kernel outside (the scope's choice where FA4 is not installed, so the ratio to it is the cost of its fixed
+    choices alone)."""
     return [(False, None), *([(False, "triton")] if device.type == "cuda" else []), (True, None)]
 
 
