@@ -7,11 +7,11 @@ fused-MoE module compiles once (minutes on a first run)."""
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -129,13 +129,25 @@ def _fresh(mode: str, env: dict[str, str]) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_build_then_first_call_is_fast_and_explain_says_when_not_built(device: torch.device, tmp_path) -> None:
+def _libraries(root: Path) -> dict[str, int]:
+    """Every compiled module under ``root`` with its modification time (a rebuild rewrites it)."""
+    return {str(p): p.stat().st_mtime_ns for p in root.rglob("*.so")}
+
+
+def test_build_then_first_call_compiles_nothing_and_explain_says_when_not_built(device: torch.device,
+                                                                                 tmp_path: Path) -> None:
+    """``build`` compiles the module in a first process; a second process's first call loads it and compiles nothing
+    (no library under the JIT cache is added or rewritten). The first-call times are printed, not asserted: the
+    first-call benchmark (``switchboard bench --preset first-call``) measures them."""
     # an empty flashinfer JIT cache, and no record of a module built (the switchboard's records of the modules this
     # process's earlier tests compiled live in its own cache directory)
     env = {"FLASHINFER_WORKSPACE_BASE": str(tmp_path / "flashinfer"), "KSB_CACHE_DIR": str(tmp_path / "ksb")}
     cold = _fresh("build", env)
     assert cold["needs_build"] is True and "not compiled yet" in cold["explain"]
+    built = _libraries(tmp_path / "flashinfer")
+    assert built, "build compiled no module into the JIT cache"
     warm = _fresh("run", env)
     assert warm["needs_build"] is False
-    assert warm["first_call_s"] <= 1.0, warm
-    assert math.isfinite(cold["first_call_s"])
+    assert _libraries(tmp_path / "flashinfer") == built
+    print(f"first call: {cold['first_call_s']:.2f} s after build in that process, {warm['first_call_s']:.2f} s in a "
+          "fresh one")
