@@ -8,6 +8,8 @@
 # The tests lane runs GPU test folders one at a time (an 80 GB card holds one folder's tests, not two):
 #   KSB_LANE_TESTS   "seconds:path ..." (default below: the core, FlashInfer comparison, engine and adapters first);
 #                    "|" splits it into lanes that run side by side
+# Compiles dominate the tests' time on a fresh machine: `bash tools/gpu_cache.sh pack` after a run and `restore` at
+# the start of the next session's run carries the compiled kernels over.
 # The bench lane runs beside it (its timings share the GPU with the tests lane: compare ratios within a row only):
 #   KSB_LANE_DEMOS   model families for `switchboard demo --model F --check` (default: every family)
 #   KSB_LANE_BENCH   "seconds:preset ..." for `switchboard bench --preset` (default below)
