@@ -118,6 +118,9 @@ def _extra_kwargs(op: str, args: tuple[Any, ...], kwargs: dict[str, Any], draw: 
         extra["generator"] = torch.Generator().manual_seed(draw(st.integers(0, 9)))
     if op == "sampling.top_k_top_p" and kwargs.get("is_logits") and draw(st.booleans()):
         extra["temperature"] = draw(st.sampled_from([0.5, 1.0, 2.0, 1e-30]))
+    if op == "sampling.top_k_top_p" and draw(st.booleans()):  # the caller's buffer and id for invalid rows
+        extra["out"] = torch.empty(args[0].shape[0], dtype=draw(st.sampled_from([torch.int32, torch.int64])))
+        extra["invalid_token"] = draw(st.sampled_from([-1, 0, 7]))
     if op in ("attention.decode", "attention.prefill", "attention.prefill_ragged") and draw(st.booleans()):
         extra["sm_scale"] = draw(st.sampled_from([0.1, 1.0]))
     if op in ("norm.rms_norm", "norm.fused_add_rms_norm", "norm.layer_norm", "comm.all_reduce_fused_rms_norm"):
@@ -341,6 +344,8 @@ def sweep(op: str, data: Any, skip: Callable[[str, str], bool] = lambda name, la
         raise AssertionError(f"{what}: raised {type(exc).__name__} instead of a SwitchboardError naming "
                              f"{name!r}: {exc}") from exc
     if kind == "same":
+        if name == "out":  # the caller's buffer sets the result's dtype: the same tokens in another integer type
+            got = [g.to(b.dtype) for g, b in zip(got, base)]
         _close(got, base, case, what)
     elif kind == "as":
         _close(got, _run(case, *_rebound(signature, equivalent(dict(bound)))), case, what)
