@@ -94,9 +94,9 @@ def _rope(q: Any, k: Any, *_: Any) -> Expected:
     return _like(q), _like(k)
 
 
-def _top_k_top_p(x: Any, *args: Any) -> Expected:
-    out = args[7]  # the tensor the kernel writes the tokens into, int32 or int64
-    return Out((x.shape[0],), out.dtype, x.device)
+def _top_k_top_p(x: Any, top_k: Any, top_p: Any, min_p: Any, is_logits: Any, temperature: Any, generator: Any,
+                 deterministic: Any, out: Any, invalid_token: Any) -> Expected:
+    return Out((x.shape[0],), out.dtype, x.device)  # the tokens, written into ``out`` (int32 or int64)
 
 
 def _chain(draft_probs: Any, draft_token_ids: Any, *_: Any) -> Expected:
