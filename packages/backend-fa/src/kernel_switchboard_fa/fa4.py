@@ -38,7 +38,7 @@ from .providers import FA4, load
 HALF = frozenset({torch.float16, torch.bfloat16})
 DIMS = frozenset(range(8, 257, 8))
 _COMMON = frozenset({"return_lse", "soft_cap", "sliding_window", "cuda_graph", "qk_v_dims_differ"})
-#: prefill kernels whose per-request results do not depend on the batch (sm_90 only: :func:`check_dims`)
+#: prefill kernels whose per-request results do not depend on the batch (sm_90 only: :func:`check_arch`)
 _PREFILL = _COMMON | {"causal", "mixed_batch", "batch_invariant"}
 #: above the Triton kernels' priority (10): inside the batch-invariant scope kernels rank by priority alone
 PREFILL_PRIORITY = 20
@@ -55,7 +55,7 @@ def _dense_fn() -> Any:
     return load(FA4).flash_attn_func
 
 
-def check_dims(pr: Any) -> list[str]:
+def check_arch(pr: Any) -> list[str]:
     """FA4's head-dim rules by architecture (interface.py ``_validate_head_dims``), and batch invariance on sm_90
     only."""
     d, dv = pr.head_dim, pr.head_dim_v
@@ -72,7 +72,7 @@ def check_dims(pr: Any) -> list[str]:
 
 def capabilities() -> dict[str, Capability]:
     common = dict(devices=frozenset({"cuda"}), min_cc=(9, 0), max_cc=(11, 9), dtypes=HALF, kv_dtypes=HALF,
-                  head_dims=DIMS, head_dims_v=DIMS, check=check_dims)
+                  head_dims=DIMS, head_dims_v=DIMS, check=check_arch)
     nhd = frozenset({"NHD"})
     return {
         "attention.decode": Capability(**common, layouts=nhd, features=_COMMON | {"paged"}),  # type: ignore[arg-type]
