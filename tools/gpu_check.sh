@@ -23,6 +23,11 @@ if [[ " $stages " == *" install "* ]]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/gpu-site .whl/tf/*.whl > "$OUT/install-tf.log" 2>&1 \
       || tail -5 "$OUT/install-tf.log"
   fi
+  # pytest-xdist (tools/gpu_lanes.sh runs compile-bound folders in several processes) travels in .whl/xdist
+  if ls .whl/xdist/*.whl > /dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/gpu-site .whl/xdist/*.whl \
+      > "$OUT/install-xdist.log" 2>&1 || tail -5 "$OUT/install-xdist.log"
+  fi
   # every package of the repository, editable (the engine adapters for vLLM / SGLang only import without their engine)
   python3 -m pip install -q --no-index --no-deps --no-build-isolation \
     $(for p in packages/*/pyproject.toml; do printf -- "-e %s " "${p%/pyproject.toml}"; done) > "$OUT/install.log" 2>&1 \

@@ -6,8 +6,10 @@
 # Run it from a copy of the checkout in /tmp (`cp -a . /tmp/gpu-stash/repo && cd /tmp/gpu-stash/repo`): a later call
 # replaces the checkout, and the lanes keep reading theirs.
 # The tests lane runs GPU test folders one at a time (an 80 GB card holds one folder's tests, not two):
-#   KSB_LANE_TESTS   "seconds:path ..." (default below: the core, FlashInfer comparison, engine and adapters first);
-#                    "|" splits it into lanes that run side by side
+#   KSB_LANE_TESTS   "seconds:path[:workers] ..." (default below: the core, FlashInfer comparison, engine and adapters
+#                    first); "|" splits it into lanes that run side by side; ":workers" runs that folder's tests in
+#                    that many pytest-xdist processes on the one GPU (compile-bound folders: Triton compiles on the
+#                    CPU cores; needs .whl/xdist installed by `gpu_check.sh install`)
 # Compiles dominate the tests' time on a fresh machine: `bash tools/gpu_cache.sh pack` after a run and `restore` at
 # the start of the next session's run carries the compiled kernels over.
 # The bench lane runs beside it (its timings share the GPU with the tests lane: compare ratios within a row only):
@@ -35,10 +37,11 @@ start)
   for i in "${!test_lanes[@]}"; do
     LANE_ITEMS=${test_lanes[$i]} LANE=$i setsid nohup bash -c '
     for item in $LANE_ITEMS; do
-      limit=${item%%:*}; path=${item#*:}; name=${path//\//_}
+      IFS=: read -r limit path workers <<< "$item"; name=${path//\//_}
       ignore=$([ "$path" = packages/core/tests ] && echo --ignore=packages/core/tests/flashinfer)
+      parallel=$([ -n "$workers" ] && echo "-n $workers")
       timeout -s INT -k 20 "$limit" python3 -m pytest -q -m gpu --no-header -rfEP -p no:cacheprovider --durations=10 \
-        "$path" $ignore > "'"$S"'/tests/$name.log" 2>&1
+        $parallel "$path" $ignore > "'"$S"'/tests/$name.log" 2>&1
       echo "$path (exit $?): $(grep -E " in [0-9.]+s" "'"$S"'/tests/$name.log" | tail -1)" \
         >> "'"$S"'/tests/summary.txt"
     done
