@@ -288,6 +288,49 @@ def test_prefill_ragged_plan_run_equals_run() -> None:
     _close(plan.run(q, k, v), want, torch.bfloat16)
 
 
+@pytest.mark.parametrize("splits", [1, 3, "invariant"])
+def test_kernels_write_the_lse_in_base_2_when_the_plan_asks(splits: int | str) -> None:
+    """Plans made with ``lse_base2=True`` run the decode (one split, merged splits, the batch-invariant ordered
+    merge), paged prefill and ragged prefill kernels writing log2 of the softmax denominator themselves: no
+    conversion after the run, and equal to the reference's natural LSE x log2(e); empty requests stay -inf."""
+    from kernel_switchboard.ops.attention_runner import LOG2E, Base2LSE
+    from kernel_switchboard_triton._decode import DecodePlan
+
+    lens, qo = [0, 45, 80, 16], [0, 3, 1, 5]
+    cache, table = make_cache(lens, 8, 2, 64, dtype=torch.float16, layout="HND")
+    q = _randn(len(lens), 4, 64)
+    want_o, want_lse = ksb.attention.decode(q, cache, table, return_lse=True, backend="reference")
+    plan = DecodePlan(table, num_q_heads=4, num_kv_heads=2, head_dim=64, head_dim_v=64, sm_scale=0.125,
+                      logits_soft_cap=None, window_left=-1, max_kv_len=80, lse_base2=True,
+                      num_splits=None if splits == "invariant" else splits, invariant=splits == "invariant")
+    out = torch.full((4, 4, 64), float("nan"), dtype=torch.float16, device=DEVICE)
+    lse = torch.full((4, 4), float("nan"), device=DEVICE)
+    plan.run(q, cache, out, lse)
+    _close((out, lse), (want_o, want_lse * LOG2E), torch.float16)
+    assert torch.all(lse[0] == -math.inf)
+    if splits != 1:
+        return
+    planned = ksb.attention.plan_decode(table, num_q_heads=4, num_kv_heads=2, head_dim=64, dtype=torch.float16,
+                                        layout="HND", page_size=8, return_lse=True, lse_base2=True, backend="triton")
+    assert not isinstance(planned._runner, Base2LSE)
+    _close(planned.run(q, cache), (want_o, want_lse * LOG2E), torch.float16)
+
+    qp, qo_indptr = _randn(sum(qo), 4, 64, seed=2), _indptr(qo)
+    want = ksb.attention.prefill(qp, qo_indptr, cache, table, return_lse=True, backend="reference")
+    prefill = ksb.attention.plan_prefill(table, qo_indptr, num_q_heads=4, num_kv_heads=2, head_dim=64,
+                                         dtype=torch.float16, layout="HND", page_size=8, return_lse=True,
+                                         lse_base2=True, backend="triton")
+    assert not isinstance(prefill._runner, Base2LSE)
+    _close(prefill.run(qp, cache), (want[0], want[1] * LOG2E), torch.float16)
+
+    k, v = _randn(sum(lens), 2, 64, seed=3), _randn(sum(lens), 2, 64, seed=4)
+    want = ksb.attention.prefill_ragged(qp, k, v, qo_indptr, _indptr(lens), return_lse=True, backend="reference")
+    ragged = ksb.attention.plan_prefill_ragged(qo_indptr, _indptr(lens), num_q_heads=4, num_kv_heads=2, head_dim=64,
+                                               dtype=torch.float16, return_lse=True, lse_base2=True, backend="triton")
+    assert not isinstance(ragged._runner, Base2LSE)
+    _close(ragged.run(qp, k, v), (want[0], want[1] * LOG2E), torch.float16)
+
+
 def test_prefill_retries_with_fewer_stages_when_shared_memory_runs_out(monkeypatch: pytest.MonkeyPatch) -> None:
     """A config whose shared memory does not fit (OutOfResources at launch) runs with one stage fewer."""
     import triton

@@ -96,6 +96,42 @@ def test_plan_prefill_ragged_run_equals_prefill_ragged(causal: bool) -> None:
                                           num_kv_heads=2, head_dim=32, dtype=F32, causal=False)
 
 
+def test_lse_base2_plans_return_the_natural_lse_times_log2e() -> None:
+    """``lse_base2=True``: every plan kind returns log2 of the softmax denominator (FlashInfer's LSE); the reference
+    kernels write the natural log, so the plan converts after the run (a kernel with ``writes_lse_base2`` does not
+    need it); the flag without ``return_lse`` or not a bool is refused by name."""
+    from kernel_switchboard.ops.attention_runner import LOG2E, Base2LSE
+
+    spec = AttnSpec(F32, "NHD", 4, 4, 2, kv_lens=(0, 9, 23), q_lens=(0, 3, 5))
+    q, cache, table = decode_case(spec, "cpu").args
+    natural = ksb.attention.plan_decode(table, **_plan_kwargs(q, cache, return_lse=True))
+    base2 = ksb.attention.plan_decode(table, **_plan_kwargs(q, cache, return_lse=True, lse_base2=True))
+    assert isinstance(base2._runner, Base2LSE) and not isinstance(natural._runner, Base2LSE)
+    (o_e, l_e), (o_2, l_2) = natural.run(q, cache), base2.run(q, cache)
+    torch.testing.assert_close(o_2, o_e, atol=0, rtol=0)
+    torch.testing.assert_close(l_2, l_e * LOG2E, atol=0, rtol=1e-6)
+    assert l_2[0].isneginf().all()  # an empty request stays -inf
+    buf = torch.full_like(l_2, float("nan"))
+    assert base2.run(q, cache, lse=buf)[1] is buf and torch.equal(buf, l_2)
+
+    q, qo, cache, table = prefill_case(spec, "cpu").args
+    kw = _plan_kwargs(q, cache, causal=True, return_lse=True)
+    want = ksb.attention.plan_prefill(table, qo, **kw).run(q, cache)[1]
+    got = ksb.attention.plan_prefill(table, qo, lse_base2=True, **kw).run(q, cache)[1]
+    torch.testing.assert_close(got, want * LOG2E, atol=0, rtol=1e-6)
+
+    q, k, v, qo, kv = ragged_case(spec, "cpu").args
+    kw = dict(num_q_heads=4, num_kv_heads=2, head_dim=q.shape[2], dtype=F32, return_lse=True)
+    want = ksb.attention.plan_prefill_ragged(qo, kv, **kw).run(q, k, v)[1]
+    got = ksb.attention.plan_prefill_ragged(qo, kv, lse_base2=True, **kw).run(q, k, v)[1]
+    torch.testing.assert_close(got, want * LOG2E, atol=0, rtol=1e-6)
+
+    with pytest.raises(ksb.InvalidArgumentError, match=r"lse_base2=True.*unless return_lse=True"):
+        ksb.attention.plan_prefill_ragged(qo, kv, lse_base2=True, **{**kw, "return_lse": False})
+    with pytest.raises(ksb.InvalidArgumentError, match=r"lse_base2=1.*True or False"):
+        ksb.attention.plan_prefill_ragged(qo, kv, lse_base2=1, **kw)
+
+
 def test_plan_bad_arguments_name_the_argument() -> None:
     q, cache, table = decode_case(AttnSpec(F32, "NHD", 4, 4, 2, kv_lens=(5, 9)), "cpu").args
     good = _plan_kwargs(q, cache)

@@ -51,7 +51,7 @@ def _decode_split_kernel(
     block_table_ptr,  # (B, max_pages) int32 page ids
     seq_lens_ptr,  # (B,) int32 tokens in the cache per request
     o_ptr,  # out: (B, Hq, Dv) final when NUM_SPLITS == 1, else float32 partials (B, Hq, NUM_SPLITS, Dv)
-    lse_ptr,  # float32 natural-log LSE: (B, Hq) final or (B, Hq, NUM_SPLITS) partials
+    lse_ptr,  # float32 LSE: (B, Hq) final (natural, or base 2: LSE_BASE2) or (B, Hq, NUM_SPLITS) natural partials
     stride_qb,  # q stride over batch
     stride_qh,  # q stride over heads
     stride_kp,  # K stride over pages
@@ -95,6 +95,7 @@ def _decode_split_kernel(
     SOFTMAX: tl.constexpr,  # softmax weights (else the variant's scores are the weights; NUM_SPLITS == 1)
     K_SCALE_STRIDE: tl.constexpr,  # K scale tensor stride over KV heads (0: one scale), -1: in qk_scale
     V_SCALE_STRIDE: tl.constexpr,  # V scale tensor stride over KV heads, -1: in v_scale
+    LSE_BASE2: tl.constexpr,  # the final LSE (NUM_SPLITS == 1, no SPLIT_TOKENS) in base 2; partials stay natural
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -181,7 +182,8 @@ def _decode_split_kernel(
             else:
                 acc = acc + tl.dot(p.to(q.dtype), v.to(q.dtype))
 
-    out, lse = variant_finish(acc, m_i, l_i, head2, b, vargs, v_scale, OUTPUT_MOD, HAS_OUTPUT_MOD, SOFTMAX)
+    out, lse = variant_finish(acc, m_i, l_i, head2, b, vargs, v_scale, OUTPUT_MOD, HAS_OUTPUT_MOD, SOFTMAX,
+                              LSE_BASE2)
     o_ptrs = o_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + split * stride_os + offs_dv[None, :]
     tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=mask_h[:, None] & mask_dv[None, :])
     tl.store(lse_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh + split, lse, mask=mask_h)
@@ -192,7 +194,7 @@ def _merge_splits_kernel(
     po_ptr,  # float32 partial outputs (B, H, NUM_SPLITS, Dv)
     plse_ptr,  # float32 partial LSE (B, H, NUM_SPLITS), natural log; -inf for empty splits
     o_ptr,  # out (B, H, Dv), the query dtype
-    lse_ptr,  # float32 out LSE (B, H), natural log
+    lse_ptr,  # float32 out LSE (B, H), natural log or base 2 (LSE_BASE2)
     stride_pb,  # partial out stride over batch
     stride_ph,  # partial out stride over heads
     stride_ps,  # partial out stride over splits
@@ -206,6 +208,7 @@ def _merge_splits_kernel(
     BLOCK_DV: tl.constexpr,  # next power of two of HEAD_DIM_V
     NUM_SPLITS: tl.constexpr,  # partials per (batch, head)
     BLOCK_S: tl.constexpr,  # next power of two of NUM_SPLITS
+    LSE_BASE2: tl.constexpr,  # write the LSE in base 2
 ):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -223,6 +226,8 @@ def _merge_splits_kernel(
     out = tl.sum(po * w[:, None], 0) / tl.where(denom == 0.0, 1.0, denom)
     tl.store(o_ptr + b * stride_ob + h * stride_oh + offs_dv, out.to(o_ptr.dtype.element_ty), mask=mask_dv)
     lse_out = tl.where(denom > 0.0, m_safe + tl.log(tl.where(denom > 0.0, denom, 1.0)), float("-inf"))
+    if LSE_BASE2:
+        lse_out = lse_out * 1.4426950408889634
     tl.store(lse_ptr + b * stride_lb + h * stride_lh, lse_out)
 
 
@@ -231,7 +236,7 @@ def _merge_splits_ordered_kernel(
     po_ptr,  # float32 partial outputs (B, H, NUM_SPLITS, Dv)
     plse_ptr,  # float32 partial LSE (B, H, NUM_SPLITS), natural log; -inf for empty splits
     o_ptr,  # out (B, H, Dv), the query dtype
-    lse_ptr,  # float32 out LSE (B, H), natural log
+    lse_ptr,  # float32 out LSE (B, H), natural log or base 2 (LSE_BASE2)
     stride_pb,  # partial out stride over batch
     stride_ph,  # partial out stride over heads
     stride_ps,  # partial out stride over splits
@@ -244,6 +249,7 @@ def _merge_splits_ordered_kernel(
     HEAD_DIM_V: tl.constexpr,  # v head dim
     BLOCK_DV: tl.constexpr,  # next power of two of HEAD_DIM_V
     NUM_SPLITS: tl.constexpr,  # partials per (batch, head)
+    LSE_BASE2: tl.constexpr,  # write the LSE in base 2
 ):
     """The merge of the batch-invariant scope: the partials added one by one in split order, empty splits skipped,
     so a request's result does not depend on how many (empty) splits its batch launched."""
@@ -268,6 +274,8 @@ def _merge_splits_ordered_kernel(
     out = acc / tl.where(denom == 0.0, 1.0, denom)
     tl.store(o_ptr + b * stride_ob + h * stride_oh + offs_dv, out.to(o_ptr.dtype.element_ty), mask=mask_dv)
     lse_out = tl.where(denom > 0.0, m_safe + tl.log(tl.where(denom > 0.0, denom, 1.0)), float("-inf"))
+    if LSE_BASE2:
+        lse_out = lse_out * 1.4426950408889634
     tl.store(lse_ptr + b * stride_lb + h * stride_lh, lse_out)
 
 
@@ -341,15 +349,15 @@ class DecodePlan:
 
     ``run(q, cache, out=None, lse=None)`` only passes arguments and launches (no host sync, no
     allocation), so it can be captured in a CUDA graph. It writes ``out`` (B, Hq, Dv) (default: the
-    plan's own output, overwritten by every run) and ``lse`` (B, Hq) float32 (default: the plan's
-    own scratch) and returns ``(out, lse)``.
+    plan's own output, overwritten by every run) and ``lse`` (B, Hq) float32, natural log or with
+    ``lse_base2`` base 2 (default: the plan's own scratch) and returns ``(out, lse)``.
     """
 
     def __init__(self, table: Any, *, num_q_heads: int, num_kv_heads: int, head_dim: int, head_dim_v: int,
                  sm_scale: float, logits_soft_cap: float | None, window_left: int, max_kv_len: int,
                  num_splits: int | None = None, cfg: DecodeConfig | None = None,
                  dtype: torch.dtype | None = None, variant: Any = None, invariant: bool = False,
-                 kv_dtype: torch.dtype | None = None) -> None:
+                 kv_dtype: torch.dtype | None = None, lse_base2: bool = False) -> None:
         device = table.block_table.device
         self.variant = variant
         if variant is not None and variant.variant.needs_single_split:
@@ -364,6 +372,7 @@ class DecodePlan:
                                 kv_dtype.itemsize if kv_dtype is not None else 2)
         self.cfg = cfg
         self.sm_scale, self.soft_cap, self.window_left = sm_scale, logits_soft_cap, window_left
+        self.lse_base2 = lse_base2
         s = self.cfg.num_splits
         partials = s > 1 or self.cfg.split_tokens > 0  # the batch-invariant merge runs even for one split
         #: LSE scratch for runs that do not ask for it (the kernels always write one)
@@ -381,7 +390,7 @@ class DecodePlan:
         if out is None:
             raise fail("out", None, "an output tensor (B, Hq, Dv), or a plan made with dtype=")
         launch_decode(q, cache, self.table, out, lse, self.part_out, self.part_lse, self.cfg, self.group,
-                      self.sm_scale, self.soft_cap, self.window_left, self.variant)
+                      self.sm_scale, self.soft_cap, self.window_left, self.variant, self.lse_base2)
         return out, lse
 
 
@@ -392,8 +401,10 @@ def round_len(n: int) -> int:
 
 def launch_decode(q: torch.Tensor, cache: Any, table: Any, out: torch.Tensor, lse: torch.Tensor,
                   part_out: torch.Tensor | None, part_lse: torch.Tensor | None, cfg: DecodeConfig, group: int,
-                  sm_scale: float, soft_cap: float | None, window_left: int, variant: Any = None) -> None:
-    """Launch the split kernel (writing ``out``/``lse`` directly when there is one split) and the merge."""
+                  sm_scale: float, soft_cap: float | None, window_left: int, variant: Any = None,
+                  lse_base2: bool = False) -> None:
+    """Launch the split kernel (writing ``out``/``lse`` directly when there is one split) and the merge; ``lse`` in
+    base 2 with ``lse_base2``, else natural log."""
     if q.shape[0] == 0:
         return
     k, v = cache.k_pages, cache.v_pages
@@ -406,7 +417,8 @@ def launch_decode(q: torch.Tensor, cache: Any, table: Any, out: torch.Tensor, ls
     batch, kv_heads, splits = q.shape[0], cache.num_kv_heads, cfg.num_splits
     head_dim, head_dim_v = q.shape[2], v.shape[-1]
     bt = table.block_table
-    if splits == 1 and not cfg.split_tokens:
+    direct = splits == 1 and not cfg.split_tokens
+    if direct:
         o, lp = out, lse
         osb, osh, oss, lsb, lsh = out.stride(0), out.stride(1), 0, lse.stride(0), lse.stride(1)
     elif part_out is None or part_lse is None:
@@ -427,26 +439,28 @@ def launch_decode(q: torch.Tensor, cache: Any, table: Any, out: torch.Tensor, ls
         BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_DV=triton.next_power_of_2(head_dim_v),
         PAGE_SIZE=cache.page_size, BLOCK_N=cfg.block_n, NUM_SPLITS=splits, SPLIT_TOKENS=cfg.split_tokens,
         SOFT_CAP=soft_cap is not None, F16_MATH=f16_math,
-        DOT_FP32=cfg.dot_fp32 and q.dtype == torch.bfloat16 and not f16_math, K_SCALE_STRIDE=k_stride, V_SCALE_STRIDE=v_stride,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **hooks,
+        DOT_FP32=cfg.dot_fp32 and q.dtype == torch.bfloat16 and not f16_math, K_SCALE_STRIDE=k_stride,
+        V_SCALE_STRIDE=v_stride, LSE_BASE2=direct and lse_base2, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **hooks,
     )
     if cfg.split_tokens:  # batch invariant: always the partials, merged in split order
-        launch_merge_splits(o, lp, out, lse, ordered=True)
+        launch_merge_splits(o, lp, out, lse, ordered=True, lse_base2=lse_base2)
     elif splits > 1:
-        launch_merge_splits(o, lp, out, lse)
+        launch_merge_splits(o, lp, out, lse, lse_base2=lse_base2)
 
 
 def launch_merge_splits(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                        ordered: bool = False) -> None:
-    """Merge (B, H, S, Dv) float32 partials with their (B, H, S) LSE into ``out`` (B, H, Dv) and ``lse`` (B, H);
-    ``ordered``: add them one by one in split order (the batch-invariant merge)."""
+                        ordered: bool = False, lse_base2: bool = False) -> None:
+    """Merge (B, H, S, Dv) float32 partials with their (B, H, S) natural-log LSE into ``out`` (B, H, Dv) and ``lse``
+    (B, H), natural log or, with ``lse_base2``, base 2; ``ordered``: add them one by one in split order (the
+    batch-invariant merge)."""
     batch, heads, splits, dv = part_out.shape
     if ordered:
         _merge_splits_ordered_kernel[(batch, heads)](
             part_out, part_lse, out, lse,
             part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
             out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
-            HEAD_DIM_V=dv, BLOCK_DV=triton.next_power_of_2(dv), NUM_SPLITS=splits, num_warps=4 if dv >= 256 else 2,
+            HEAD_DIM_V=dv, BLOCK_DV=triton.next_power_of_2(dv), NUM_SPLITS=splits, LSE_BASE2=lse_base2,
+            num_warps=4 if dv >= 256 else 2,
         )
         return
     _merge_splits_kernel[(batch, heads)](
@@ -454,7 +468,7 @@ def launch_merge_splits(part_out: torch.Tensor, part_lse: torch.Tensor, out: tor
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
         out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
         HEAD_DIM_V=dv, BLOCK_DV=triton.next_power_of_2(dv), NUM_SPLITS=splits,
-        BLOCK_S=max(2, triton.next_power_of_2(splits)), num_warps=4 if dv >= 256 else 2,
+        BLOCK_S=max(2, triton.next_power_of_2(splits)), LSE_BASE2=lse_base2, num_warps=4 if dv >= 256 else 2,
     )
 
 
@@ -463,7 +477,8 @@ def decode(q: torch.Tensor, cache: Any, table: Any, p: Any) -> tuple[torch.Tenso
     plan = DecodePlan(table, num_q_heads=q.shape[1], num_kv_heads=cache.num_kv_heads, head_dim=q.shape[2],
                       head_dim_v=cache.head_dim_v, sm_scale=p.sm_scale, logits_soft_cap=p.logits_soft_cap,
                       window_left=p.window_left, max_kv_len=p.max_kv_len, variant=getattr(p, "variant", None),
-                      invariant=getattr(p, "batch_invariant", False), kv_dtype=cache.k_pages.dtype)
+                      invariant=getattr(p, "batch_invariant", False), kv_dtype=cache.k_pages.dtype,
+                      lse_base2=getattr(p, "lse_base2", False))
     out = q.new_empty(q.shape[0], q.shape[1], cache.head_dim_v)
     lse = q.new_empty(q.shape[0], q.shape[1], dtype=torch.float32) if p.return_lse else None
     plan.run(q, cache, out, lse)
@@ -479,7 +494,8 @@ class DecodeRunner:
                                head_dim=problem.head_dim, head_dim_v=problem.head_dim_v, sm_scale=p.sm_scale,
                                logits_soft_cap=p.logits_soft_cap, window_left=p.window_left, max_kv_len=p.max_kv_len,
                                num_splits=num_splits, variant=getattr(p, "variant", None),
-                               invariant=getattr(p, "batch_invariant", False), kv_dtype=problem.kv_dtype)
+                               invariant=getattr(p, "batch_invariant", False), kv_dtype=problem.kv_dtype,
+                               lse_base2=getattr(p, "lse_base2", False))
         self.head_dim_v, self.want_lse = problem.head_dim_v, p.return_lse
 
     def run(self, q: torch.Tensor, cache: Any, out: torch.Tensor | None, lse: torch.Tensor | None

@@ -76,8 +76,9 @@ def variant_scores(s, q_pos, kv_pos, head, batch, vargs, SCORE_MOD: tl.constexpr
 
 @triton.jit
 def variant_finish(acc, m_i, l_i, head, batch, vargs, v_scale, OUTPUT_MOD: tl.constexpr,
-                   HAS_OUTPUT_MOD: tl.constexpr, SOFTMAX: tl.constexpr):
-    """Final (out, lse) of one row block from the running state (acc, m_i log2 units, l_i)."""
+                   HAS_OUTPUT_MOD: tl.constexpr, SOFTMAX: tl.constexpr, LSE_BASE2: tl.constexpr):
+    """Final (out, lse) of one row block from the running state (acc, m_i log2 units, l_i); lse in natural log, or
+    in base 2 with ``LSE_BASE2``."""
     empty = l_i == 0.0
     if SOFTMAX:
         m_out = m_i
@@ -90,8 +91,10 @@ def variant_finish(acc, m_i, l_i, head, batch, vargs, v_scale, OUTPUT_MOD: tl.co
         out = acc * (v_scale / tl.where(empty, 1.0, l_i))[:, None]
     else:
         out = acc * v_scale
-    lse = tl.where(empty, float("-inf"), (m_out + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
-    return out, lse
+    lse = m_out + tl.log2(tl.where(empty, 1.0, l_i))
+    if not LSE_BASE2:
+        lse = lse * 0.6931471805599453
+    return out, tl.where(empty, float("-inf"), lse)
 
 
 @triton.jit
@@ -234,7 +237,7 @@ def _prefill_kernel(
     block_table_ptr,  # (B, max_pages) int32 (PAGED only)
     seq_lens_ptr,  # (B,) int32 KV lengths (PAGED only)
     o_ptr,  # (Tq, Hq, Dv) output, q's dtype
-    lse_ptr,  # (Tq, Hq) float32 natural-log LSE (RETURN_LSE only)
+    lse_ptr,  # (Tq, Hq) float32 LSE, natural log or base 2 (RETURN_LSE only)
     stride_qt,  # q stride over tokens
     stride_qh,  # q stride over heads
     stride_kp,  # K stride over pages (PAGED)
@@ -273,6 +276,7 @@ def _prefill_kernel(
     WINDOW: tl.constexpr,  # sliding-window mask
     SOFT_CAP: tl.constexpr,  # logits soft cap: 0 none, 1 exact tanh, 2 approximate tanh (soft_cap_mode)
     RETURN_LSE: tl.constexpr,  # write lse
+    LSE_BASE2: tl.constexpr,  # lse in base 2 (else natural log)
     LOG_B: tl.constexpr,  # binary-search steps, >= log2(B) + 1
     DOT_FP32: tl.constexpr,  # float32 dot operands (interpreter)
     P_ROUND: tl.constexpr,  # round P to float8_e4m3fn's grid before the PV dot (the interpreter's fp8 queries)
@@ -295,7 +299,7 @@ def _prefill_kernel(
                      stride_lh, qk_scale, cap_log2, v_scale, k_scale_ptr, v_scale_ptr, window_left, batch, vargs, GROUP,
                      NUM_KV_HEADS, BLOCK_M,
                      BLOCK_N, DIAG_N, HEAD_MAIN, HEAD_TAIL, HEAD_DIM_V, BLOCK_DV, PAGE_SIZE, PAGED, TMA, HND, CAUSAL,
-                     WINDOW, SOFT_CAP, RETURN_LSE, LOG_B, DOT_FP32, P_ROUND, F16_MATH, SCORE_MOD, MASK_MOD, OUTPUT_MOD,
+                     WINDOW, SOFT_CAP, RETURN_LSE, LSE_BASE2, LOG_B, DOT_FP32, P_ROUND, F16_MATH, SCORE_MOD, MASK_MOD, OUTPUT_MOD,
                      HAS_SCORE_MOD,
                      HAS_MASK_MOD, HAS_OUTPUT_MOD, SOFTMAX, K_SCALE_STRIDE, V_SCALE_STRIDE)
 
@@ -316,7 +320,7 @@ def _prefill_program(
     block_table_ptr,  # (B, max_pages) int32 (PAGED only)
     seq_lens_ptr,  # (B,) int32 KV lengths (PAGED only)
     o_ptr,  # (Tq, Hq, Dv) output, q's dtype
-    lse_ptr,  # (Tq, Hq) float32 natural-log LSE (RETURN_LSE only)
+    lse_ptr,  # (Tq, Hq) float32 LSE, natural log or base 2 (RETURN_LSE only)
     stride_qt,  # q stride over tokens
     stride_qh,  # q stride over heads
     stride_kp,  # K stride over pages (PAGED)
@@ -355,6 +359,7 @@ def _prefill_program(
     WINDOW: tl.constexpr,  # sliding-window mask
     SOFT_CAP: tl.constexpr,  # logits soft cap: 0 none, 1 exact tanh, 2 approximate tanh (soft_cap_mode)
     RETURN_LSE: tl.constexpr,  # write lse
+    LSE_BASE2: tl.constexpr,  # lse in base 2 (else natural log)
     LOG_B: tl.constexpr,  # binary-search steps, >= log2(B) + 1
     DOT_FP32: tl.constexpr,  # float32 dot operands (interpreter)
     P_ROUND: tl.constexpr,  # round P to float8_e4m3fn's grid before the PV dot (the interpreter's fp8 queries)
@@ -473,7 +478,8 @@ def _prefill_program(
                                   HEAD_MAIN, HEAD_TAIL,
                                   HEAD_DIM_V, BLOCK_DV, DOT_FP32, P_ROUND)
 
-        out, lse = variant_finish(acc, m_i, l_i, head2, b, vargs, v_scale, OUTPUT_MOD, HAS_OUTPUT_MOD, SOFTMAX)
+        out, lse = variant_finish(acc, m_i, l_i, head2, b, vargs, v_scale, OUTPUT_MOD, HAS_OUTPUT_MOD, SOFTMAX,
+                                  LSE_BASE2)
         offs_dv = tl.arange(0, BLOCK_DV)
         o_rows = (q_start + tok_q).to(tl.int64) * stride_ot + head * stride_oh
         tl.store(o_ptr + o_rows[:, None] + offs_dv[None, :], out.to(o_ptr.dtype.element_ty),
@@ -612,6 +618,7 @@ def launch_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr:
         HEAD_MAIN=main, HEAD_TAIL=tail, HEAD_DIM_V=dv, BLOCK_DV=triton.next_power_of_2(dv), PAGE_SIZE=page_size, PAGED=paged,
         TMA=descriptors is not None, HND=paged and layout == "HND", CAUSAL=bool(p.causal),
         WINDOW=p.window_left >= 0, SOFT_CAP=soft_cap_mode(p.logits_soft_cap, q.dtype), RETURN_LSE=lse is not None,
+        LSE_BASE2=getattr(p, "lse_base2", False),
         LOG_B=max(1, batch.bit_length()), DOT_FP32=cfg.dot_fp32 and (q.dtype == torch.bfloat16 or fp8_q) and not f16_math,
         P_ROUND=cfg.dot_fp32 and fp8_q, F16_MATH=f16_math, K_SCALE_STRIDE=k_stride, V_SCALE_STRIDE=v_stride,
         num_warps=cfg.num_warps, **hooks,

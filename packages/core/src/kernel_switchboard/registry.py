@@ -69,6 +69,9 @@ class Kernel:
     #: zero weight instead of skipping them: those slots must then hold finite values (0 x NaN = NaN).
     #: Conformance tests fill them with large finite values for such a kernel, with NaN for the others.
     reads_stale_slots: bool = False
+    #: True when the kernel writes the log-sum-exp in base 2 under a plan made with ``lse_base2=True`` (attention
+    #: plans; a kernel without it writes the natural log and the plan converts it after the run, one more launch)
+    writes_lse_base2: bool = False
 
     @property
     def id(self) -> str:

@@ -491,25 +491,32 @@ def _per_call_us(fn: Callable[[], Any], calls: int = 2000, rounds: int = 7) -> f
     return best * 1e6
 
 
-def host_overhead(device: torch.device) -> dict[str, float]:
+def host_overhead(device: torch.device) -> dict[str, Any]:
     """Microseconds per call: the switchboard decode plan's ``run`` and the compat wrapper's ``run`` over it, both
     with a runner that launches nothing, for the pages as a (k, v) pair (SGLang), as one (pages, 2, ...) tensor
-    (vLLM, writing a given ``out``) and with ``return_lse``."""
+    (vLLM, writing a given ``out``) and with ``return_lse`` (FlashInfer's base-2 LSE against the native plan's natural
+    one: free where the kernel writes base 2, one conversion launch otherwise; ``lse_kernel`` says which)."""
+    from ..ops.attention_runner import Base2LSE, lse_base
     from ..paged import PagedKVCache
 
     compat = _compat()
     b, hq, hkv, d, page = 4, 4, 2, 64, 16
     indptr, indices, last = _pages(b, 40, page, device)
     pages = int(indptr[-1])
-    kv5 = torch.randn(pages, 2, page, hkv, d, device=device)
+    bf16 = torch.bfloat16  # an engine's dtype: the kernels ranked for it are those a real step gets
+    kv5 = torch.randn(pages, 2, page, hkv, d, device=device, dtype=bf16)
     k, v = kv5[:, 0], kv5[:, 1]
-    q = torch.randn(b, hq, d, device=device)
-    out = torch.empty(b, hq, d, device=device)
+    q = torch.randn(b, hq, d, device=device, dtype=bf16)
+    out = torch.empty(b, hq, d, device=device, dtype=bf16)
     wrapper = compat.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8, device=device), "NHD")
-    wrapper.plan(indptr, indices, last, hq, hkv, d, page, q_data_type=torch.float32)
-    plan, plan_lse = wrapper._plan_for(None, False), wrapper._plan_for(None, True)
+    wrapper.plan(indptr, indices, last, hq, hkv, d, page, q_data_type=bf16)
+    # the wrapper's plans, and the native plan with a natural-log LSE to compare with: the wrapper's LSE plan wants
+    # base 2, which its kernel writes itself (Triton's) or the plan converts after the run (one launch, counted here)
+    plan, plan_lse2 = wrapper._plan_for(None, False), wrapper._plan_for(None, True, True)
+    plan_lse = wrapper._plan_for(None, True, False)
     lse = torch.empty(b, hq, device=device)
-    plan._runner = plan_lse._runner = _NoKernel(torch.empty(b, hq, d, device=device), lse)
+    for p in (plan, plan_lse, plan_lse2):
+        p._runner = lse_base(_NoKernel(torch.empty(b, hq, d, device=device, dtype=bf16), lse), p.kernel, p.params)
     cache = PagedKVCache(k, v, "NHD")
     native = _per_call_us(lambda: plan.run(q, cache))
     native_out = _per_call_us(lambda: plan.run(q, cache, out=out))
@@ -520,7 +527,8 @@ def host_overhead(device: torch.device) -> dict[str, float]:
     return {"native_run_us": native, "compat_pair_us": pair, "overhead_pair_us": pair - native,
             "native_run_out_us": native_out, "compat_combined_out_us": combined,
             "overhead_combined_out_us": combined - native_out, "native_run_lse_us": native_lse,
-            "compat_lse_us": with_lse, "overhead_lse_us": with_lse - native_lse}
+            "compat_lse_us": with_lse, "overhead_lse_us": with_lse - native_lse,
+            "lse_kernel": plan_lse2.kernel.id, "lse_converted_after_run": isinstance(plan_lse2._runner, Base2LSE)}
 
 
 def _host(point: Point, preset: str, device: torch.device, reps_ms: float) -> list[Row]:

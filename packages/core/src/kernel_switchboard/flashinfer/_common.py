@@ -12,16 +12,14 @@ from typing import Any
 import torch
 
 from ..errors import InvalidArgumentError, fail
+from ..ops.attention_runner import LOG2E as LOG2E
+from ..ops.attention_runner import LOG2E_TENSOR as LOG2E_TENSOR
 from ..paged import PageTable
 
 #: FlashInfer's log-sum-exp is base 2 (``log2(sum(exp2(...)))``), the switchboard's natural: ``lse2 = lse * LOG2E``
-LOG2E = 1.0 / math.log(2.0)
-#: and back: ``lse = lse2 * LN2``
+#: (``LOG2E_TENSOR``: the same as a 0-d CPU tensor, for ``lse.mul_``; plans made with ``lse_base2=True`` return
+#: base 2 themselves), and back: ``lse = lse2 * LN2``
 LN2 = math.log(2.0)
-#: ``LOG2E`` as a 0-d float32 CPU tensor, for converting an LSE in place: ``lse.mul_(LOG2E_TENSOR)``. It multiplies a
-#: tensor on any device as a scalar (a captured graph keeps its value), in float32 as the Python float would, with
-#: half the host work of wrapping a Python float at every call. Never written.
-LOG2E_TENSOR = torch.tensor(LOG2E, dtype=torch.float32, device="cpu")
 
 #: implementation backends FlashInfer's wrappers accept; whichever is named, the switchboard ranks its own kernels
 BACKENDS = ("auto", "fa2", "fa3", "cudnn", "cutlass", "trtllm-gen", "cute-dsl")

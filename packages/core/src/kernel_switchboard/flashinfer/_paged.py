@@ -18,7 +18,6 @@ import torch
 from ..errors import fail
 from ..paged import FP8_DTYPES, PageTable
 from ._common import (
-    LOG2E_TENSOR,
     GraphTable,
     check_backend,
     check_jit_args,
@@ -114,9 +113,9 @@ class PagedWrapper:
         self._step: Step | None = None
         self._graph: GraphTable | None = None
         self._plans: dict[tuple[Any, ...], Any] = {}
-        #: the plans of the current step and parameters, by (scale factor, return_lse, scale tensors): the run path's
-        #: lookup
-        self._current: dict[tuple[float | None, bool, bool], Any] = {}
+        #: the plans of the current step and parameters, by (scale factor, return_lse, LSE in base 2, scale tensors):
+        #: the run path's lookup
+        self._current: dict[tuple[float | None, bool, bool, bool], Any] = {}
         # FlashInfer's per-plan state, read by engines (vLLM checks _sm_scale, _window_left, _logits_soft_cap)
         self._pos_encoding_mode = "NONE"
         self._window_left = -1
@@ -162,27 +161,28 @@ class PagedWrapper:
         self._current = {}
         if not self._use_cuda_graph:
             self._plans.clear()
-        self._plan_for(None, False, False)  # the plan the step's runs use: made now, outside any capture
+        self._plan_for(None, False)  # the plan the step's runs use: made now, outside any capture
 
     def _native(self, step: Step, sm_scale: float, cap: float | None, window: int | None, causal: bool,
-                return_lse: bool, kv_scale_tensor: bool) -> Any:
-        """The switchboard plan of ``step`` with these parameters (decode or prefill); ``kv_scale_tensor``: for caches
-        whose fp8 scales are tensors."""
+                return_lse: bool, lse_base2: bool, kv_scale_tensor: bool) -> Any:
+        """The switchboard plan of ``step`` with these parameters (decode or prefill); ``lse_base2``: the LSE in base
+        2 (FlashInfer's); ``kv_scale_tensor``: for caches whose fp8 scales are tensors."""
         raise NotImplementedError
 
-    def _plan_for(self, factor: float | None, return_lse: bool, scale_tensors: bool = False) -> Any:
+    def _plan_for(self, factor: float | None, return_lse: bool, base2: bool = False, scale_tensors: bool = False
+                  ) -> Any:
         step = self._step
         assert step is not None
-        key = (step.signature, self._params, factor, return_lse, scale_tensors)
+        key = (step.signature, self._params, factor, return_lse, base2, scale_tensors)
         plan = self._plans.get(key)
         if plan is None:
             sm_scale, cap, window, causal = self._params
             sm = (1.0 / math.sqrt(step.head_dim) if sm_scale is None else float(sm_scale)) * (factor or 1.0)
-            plan = self._native(step, sm, cap, window, causal, return_lse, scale_tensors)
+            plan = self._native(step, sm, cap, window, causal, return_lse, base2, scale_tensors)
             if len(self._plans) >= self._MAX_PLANS and not self._use_cuda_graph:
                 self._plans.clear()
             self._plans[key] = plan
-        self._current[(factor, return_lse, scale_tensors)] = plan
+        self._current[(factor, return_lse, base2, scale_tensors)] = plan
         return plan
 
     # -- run -------------------------------------------------------------------------------------------------------
@@ -190,9 +190,9 @@ class PagedWrapper:
                 out: torch.Tensor | None, lse: torch.Tensor | None, return_lse: bool,
                 base2: bool = True) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """The attention of one run: FlashInfer's scale handling (k/q scales fold into the softmax scale; fp8 pages
-        dequantise by their scales, which may be tensors; v_scale multiplies the output), LSE in base 2 unless
-        ``base2`` is False. ``out`` / ``lse`` are checked by the switchboard plan (shape, dtype, device) and here for
-        a unit last stride."""
+        dequantise by their scales, which may be tensors; v_scale multiplies the output), LSE in base 2 (from a plan
+        made with ``lse_base2``) unless ``base2`` is False. ``out`` / ``lse`` are checked by the switchboard plan
+        (shape, dtype, device) and here for a unit last stride."""
         step = self._step
         if step is None:
             raise fail("plan", "not called", "plan() before run()")
@@ -202,9 +202,10 @@ class PagedWrapper:
             cache = self._kv.cache(paged_kv_cache)
         else:
             factor, post, cache, tensors = self._scaled(step, paged_kv_cache, q_scale, k_scale, v_scale)
-        plan = self._current.get((factor, return_lse, tensors))
+        base2 = base2 and return_lse
+        plan = self._current.get((factor, return_lse, base2, tensors))
         if plan is None:
-            plan = self._plan_for(factor, return_lse, tensors)
+            plan = self._plan_for(factor, return_lse, base2, tensors)
         if self._graph is not None:
             self._graph.refresh()
         if out is not None and not (isinstance(out, torch.Tensor) and out.stride(-1) == 1):
@@ -213,8 +214,6 @@ class PagedWrapper:
             if lse is not None and not (isinstance(lse, torch.Tensor) and lse.stride(-1) == 1):
                 _check_out(lse, "lse", step.out_shape[:2], torch.float32, q)
             o, s = plan.run(q, cache, out=out, lse=lse)
-            if base2:
-                s.mul_(LOG2E_TENSOR)
             if post is not None:
                 o.mul_(post)
             return o, s

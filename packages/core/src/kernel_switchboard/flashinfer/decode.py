@@ -158,13 +158,14 @@ class BatchDecodeWithPagedKVCacheWrapper(PagedWrapper):
         return qo
 
     def _native(self, step: Step, sm_scale: float, cap: float | None, window: int | None, causal: bool,
-                return_lse: bool, kv_scale_tensor: bool) -> Any:
+                return_lse: bool, lse_base2: bool, kv_scale_tensor: bool) -> Any:
         assert step.table is not None
         common: dict[str, Any] = {
             "num_q_heads": step.num_qo_heads, "num_kv_heads": step.num_kv_heads, "head_dim": step.head_dim,
             "dtype": step.q_dtype, "kv_dtype": step.kv_dtype, "layout": self._kv_layout, "page_size": step.page_size,
             "sm_scale": sm_scale, "logits_soft_cap": cap, "window_left": window, "return_lse": return_lse,
-            "max_kv_len": step.max_kv_len, "capturable": self._use_cuda_graph, "kv_scale_tensor": kv_scale_tensor}
+            "lse_base2": lse_base2, "max_kv_len": step.max_kv_len, "capturable": self._use_cuda_graph,
+            "kv_scale_tensor": kv_scale_tensor}
         if step.qo_indptr is None:
             return attention.plan_decode(step.table, **common)
         return attention.plan_prefill(step.table, step.qo_indptr, causal=True, **common)

@@ -19,7 +19,6 @@ import torch
 from ..errors import fail
 from ..ops import attention
 from ._common import (
-    LOG2E_TENSOR,
     GraphTable,
     check_graph_buffers,
     check_layout,
@@ -159,14 +158,14 @@ class BatchPrefillWithPagedKVCacheWrapper(PagedWrapper):
         return graph.table, graph.max_kv_len, self._qo_indptr_buf
 
     def _native(self, step: Step, sm_scale: float, cap: float | None, window: int | None, causal: bool,
-                return_lse: bool, kv_scale_tensor: bool) -> Any:
+                return_lse: bool, lse_base2: bool, kv_scale_tensor: bool) -> Any:
         assert step.table is not None and step.qo_indptr is not None
         return attention.plan_prefill(
             step.table, step.qo_indptr, num_q_heads=step.num_qo_heads, num_kv_heads=step.num_kv_heads,
             head_dim=step.head_dim, head_dim_v=step.head_dim_v, dtype=step.q_dtype, kv_dtype=step.kv_dtype,
             layout=self._kv_layout, page_size=step.page_size, causal=causal, sm_scale=sm_scale, logits_soft_cap=cap,
-            window_left=window, return_lse=return_lse, max_kv_len=step.max_kv_len, capturable=self._use_cuda_graph,
-            kv_scale_tensor=kv_scale_tensor)
+            window_left=window, return_lse=return_lse, lse_base2=lse_base2, max_kv_len=step.max_kv_len,
+            capturable=self._use_cuda_graph, kv_scale_tensor=kv_scale_tensor)
 
     def run(self, q: torch.Tensor, paged_kv_cache: Any, *args: Any, q_scale: float | None = None,
             k_scale: float | None = None, v_scale: float | None = None, out: torch.Tensor | None = None,
@@ -291,12 +290,13 @@ class BatchPrefillWithRaggedKVCacheWrapper(PagedWrapper):
         self._graph_shape = first or shape
 
     def _native(self, step: Step, sm_scale: float, cap: float | None, window: int | None, causal: bool,
-                return_lse: bool, kv_scale_tensor: bool) -> Any:
+                return_lse: bool, lse_base2: bool, kv_scale_tensor: bool) -> Any:
         assert step.qo_indptr is not None and step.kv_indptr is not None
         return attention.plan_prefill_ragged(
             step.qo_indptr, step.kv_indptr, num_q_heads=step.num_qo_heads, num_kv_heads=step.num_kv_heads,
             head_dim=step.head_dim, head_dim_v=step.head_dim_v, dtype=step.q_dtype, causal=causal, sm_scale=sm_scale,
-            logits_soft_cap=cap, window_left=window, return_lse=return_lse, capturable=self._use_cuda_graph)
+            logits_soft_cap=cap, window_left=window, return_lse=return_lse, lse_base2=lse_base2,
+            capturable=self._use_cuda_graph)
 
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any, q_scale: float | None = None,
             k_scale: float | None = None, v_scale: float | None = None, o_scale: float | None = None,
@@ -319,9 +319,10 @@ class BatchPrefillWithRaggedKVCacheWrapper(PagedWrapper):
         if ks is not None:
             factor = ks * (factor or 1.0)
         post = _factor(v_scale, "v_scale")
-        plan = self._current.get((factor, return_lse, False))
+        base2 = base2 and return_lse
+        plan = self._current.get((factor, return_lse, base2, False))
         if plan is None:
-            plan = self._plan_for(factor, return_lse, False)
+            plan = self._plan_for(factor, return_lse, base2)
         res = plan.run(q, k, v)
         o, s = res if return_lse else (res, None)
         if post is not None:
@@ -329,8 +330,6 @@ class BatchPrefillWithRaggedKVCacheWrapper(PagedWrapper):
         if out is not None:
             o = out.copy_(o)
         if s is not None:
-            if base2:
-                s = s.mul_(LOG2E_TENSOR)
             if lse is not None:
                 s = lse.copy_(s)
             return o, s

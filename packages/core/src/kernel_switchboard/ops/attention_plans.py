@@ -38,7 +38,7 @@ from .attention_problems import (
     prefill_problem,
     ragged_problem,
 )
-from .attention_runner import RunOnly
+from .attention_runner import RunOnly, lse_base
 from .attention_split import two_plans_if_faster
 
 _Tensor = torch.Tensor
@@ -68,6 +68,17 @@ def _check_pages(name: str, num_pages: int, pages_used: int | None) -> None:
     if pages_used is not None and num_pages < pages_used:
         raise fail(name, f"{num_pages} pages", f"at least {pages_used} pages: the planned table uses page index "
                                                f"{pages_used - 1}")
+
+
+def _with_lse_base2(p: AttnParams, lse_base2: Any) -> AttnParams:
+    """``p`` with ``lse_base2`` (checked: a bool, and only with ``return_lse``)."""
+    if lse_base2 is False:
+        return p
+    if lse_base2 is not True:
+        raise fail("lse_base2", lse_base2, "True or False")
+    if not p.return_lse:
+        raise fail("lse_base2", lse_base2, "False unless return_lse=True (it sets the base of the returned LSE)")
+    return dataclasses.replace(p, lse_base2=True)
 
 
 class AttentionPlan:
@@ -197,7 +208,7 @@ def plan_decode(table: PageTable, *, num_q_heads: int, num_kv_heads: int, head_d
                 sm_scale: float | None = None, logits_soft_cap: float | None = None, window_left: int | None = None,
                 return_lse: bool = False, max_kv_len: int | None = None, capturable: bool = True,
                 variant: Any = None, variant_args: Any = None, kv_scale_tensor: bool = False,
-                backend: BackendArg = None) -> DecodePlan:
+                lse_base2: bool = False, backend: BackendArg = None) -> DecodePlan:
     """Plan :func:`decode` for this table: validation, kernel selection and the kernel's own plan,
     once. ``plan.run(q, cache)`` then does no host synchronisation (CUDA-graph capturable; on a
     GPU the selection requires the ``cuda_graph`` feature unless ``capturable=False``).
@@ -205,13 +216,15 @@ def plan_decode(table: PageTable, *, num_q_heads: int, num_kv_heads: int, head_d
     ``max_kv_len`` bounds the sequence lengths the plan will see (default: the table's now).
     ``variant`` / ``variant_args`` as in :func:`decode`; tensors in ``variant_args`` are read at every
     run, so they may be updated in place between runs. ``kv_scale_tensor``: the caches will carry their fp8 scales
-    as tensors (read at every run, so a calibration may update them in place).
+    as tensors (read at every run, so a calibration may update them in place). ``lse_base2`` (with ``return_lse``):
+    the LSE in base 2, ``log2(sum(2 ** (score * log2(e))))`` = the natural LSE x log2(e), as FlashInfer returns it
+    (kernels that write it so save the conversion launch).
     """
     dims, max_kv = _check_plan_args(table, num_q_heads, num_kv_heads, head_dim, head_dim_v, dtype, kv_dtype, layout,
                                     page_size, max_kv_len)
     device = table.block_table.device
-    p = params(head_dim, sm_scale, logits_soft_cap, window_left, True, bool(return_lse), 1, max_kv, variant,
-               variant_args, device)
+    p = _with_lse_base2(params(head_dim, sm_scale, logits_soft_cap, window_left, True, bool(return_lse), 1, max_kv,
+                               variant, variant_args, device), lse_base2)
     dev, cc, extra = _context(device, capturable, kv_scale_tensor)
     kv_dtype_, _, head_dim_v_, _, _, _ = dims
     b = table.batch_size
@@ -223,7 +236,8 @@ def plan_decode(table: PageTable, *, num_q_heads: int, num_kv_heads: int, head_d
         runner = kernel.plan(problem, table, p)
     else:
         runner = RunOnly(lambda q, cache: kernel.run(q, cache, table, p))
-    return DecodePlan(problem, p, selection, table, runner, (b, num_q_heads, head_dim), (b, num_q_heads, head_dim_v_))
+    return DecodePlan(problem, p, selection, table, lse_base(runner, kernel, p), (b, num_q_heads, head_dim),
+                      (b, num_q_heads, head_dim_v_))
 
 
 def plan_prefill(table: PageTable, qo_indptr: _Tensor, *, num_q_heads: int, num_kv_heads: int, head_dim: int,
@@ -231,12 +245,12 @@ def plan_prefill(table: PageTable, qo_indptr: _Tensor, *, num_q_heads: int, num_
                  layout: str = "NHD", page_size: int, causal: bool = True, sm_scale: float | None = None,
                  logits_soft_cap: float | None = None, window_left: int | None = None, return_lse: bool = False,
                  max_kv_len: int | None = None, capturable: bool = True, variant: Any = None, variant_args: Any = None,
-                 kv_scale_tensor: bool = False, q_scale: float | None = None,
+                 kv_scale_tensor: bool = False, q_scale: float | None = None, lse_base2: bool = False,
                  backend: BackendArg = None) -> PrefillPlan:
     """Plan :func:`prefill` for this table and ``qo_indptr`` (B+1,) int32 (read back once, here).
     ``plan.run(q, cache)`` with q (qo_indptr[-1], Hq, D) does no host synchronisation. ``kv_scale_tensor`` as in
     :func:`plan_decode`; ``dtype=torch.float8_e4m3fn`` with ``q_scale``: fp8 queries (out in bfloat16), as in
-    :func:`prefill`."""
+    :func:`prefill`. ``lse_base2`` as in :func:`plan_decode`."""
     dims, max_kv = _check_plan_args(table, num_q_heads, num_kv_heads, head_dim, head_dim_v, dtype, kv_dtype, layout,
                                     page_size, max_kv_len, fp8_q=True)
     scale_q = fp8_query(dtype, dims[0], q_scale, variant)
@@ -251,8 +265,8 @@ def plan_prefill(table: PageTable, qo_indptr: _Tensor, *, num_q_heads: int, num_
     total = values[b]
     max_q, _, mixed = prefill_lengths(values, total, bool(causal), False, 0)
     device = table.block_table.device
-    p = params(head_dim, sm_scale, logits_soft_cap, window_left, bool(causal), bool(return_lse), max_q, max_kv,
-               variant, variant_args, device)
+    p = _with_lse_base2(params(head_dim, sm_scale, logits_soft_cap, window_left, bool(causal), bool(return_lse),
+                               max_q, max_kv, variant, variant_args, device), lse_base2)
     if scale_q is not None:
         p = dataclasses.replace(p, q_scale=scale_q)
     dev, cc, extra = _context(device, capturable, kv_scale_tensor)
@@ -265,7 +279,7 @@ def plan_prefill(table: PageTable, qo_indptr: _Tensor, *, num_q_heads: int, num_
         runner = kernel.plan(problem, table, p, qo_indptr=qo_indptr, host_qo_indptr=values[:b + 1])
     else:
         runner = RunOnly(lambda q, cache: kernel.run(q, qo_indptr, cache, table, p))
-    return PrefillPlan(problem, p, selection, table, runner, (total, num_q_heads, head_dim),
+    return PrefillPlan(problem, p, selection, table, lse_base(runner, kernel, p), (total, num_q_heads, head_dim),
                        (total, num_q_heads, head_dim_v_))
 
 
@@ -306,11 +320,12 @@ def plan_prefill_ragged(qo_indptr: _Tensor, kv_indptr: _Tensor, *, num_q_heads: 
                         head_dim: int, head_dim_v: int | None = None, dtype: torch.dtype, causal: bool = True,
                         sm_scale: float | None = None, logits_soft_cap: float | None = None,
                         window_left: int | None = None, return_lse: bool = False, capturable: bool = True,
-                        variant: Any = None, variant_args: Any = None,
+                        variant: Any = None, variant_args: Any = None, lse_base2: bool = False,
                         backend: BackendArg = None) -> RaggedPrefillPlan:
     """Plan :func:`prefill_ragged` for these (B+1,) int32 indptrs (read back once, here): validation,
     selection and the lengths the kernels need are settled once per step, so ``plan.run(q, k, v)``
-    (shared by every layer) does no host synchronisation and can be captured in a CUDA graph."""
+    (shared by every layer) does no host synchronisation and can be captured in a CUDA graph. ``lse_base2`` as in
+    :func:`plan_decode`."""
     head_dim_v = _check_heads(num_q_heads, num_kv_heads, head_dim, head_dim_v, dtype)
     check_tensor(qo_indptr, "qo_indptr", dims=1, dtypes=INT32)
     batch = qo_indptr.shape[0] - 1
@@ -327,8 +342,8 @@ def plan_prefill_ragged(qo_indptr: _Tensor, kv_indptr: _Tensor, *, num_q_heads: 
     total_q, total_kv = values[batch], values[-1]
     max_q, max_kv, mixed = prefill_lengths(values, total_q, bool(causal), True, total_kv)
     device = qo_indptr.device
-    p = params(head_dim, sm_scale, logits_soft_cap, window_left, bool(causal), bool(return_lse), max_q, max_kv or 0,
-               variant, variant_args, device)
+    p = _with_lse_base2(params(head_dim, sm_scale, logits_soft_cap, window_left, bool(causal), bool(return_lse),
+                               max_q, max_kv or 0, variant, variant_args, device), lse_base2)
     dev, cc, extra = _context(device, capturable)
     problem = ragged_problem(dev, cc, dtype, head_dim, head_dim_v, num_q_heads, num_kv_heads, batch, p, mixed, extra)
     selection = select("attention.prefill_ragged", problem, backend)
@@ -340,7 +355,7 @@ def plan_prefill_ragged(qo_indptr: _Tensor, kv_indptr: _Tensor, *, num_q_heads: 
         runner = RunOnly(lambda q, k, v: kernel.run(q, k, v, qo_indptr, kv_indptr, p))
     expect = ((total_q, num_q_heads, head_dim), (total_kv, num_kv_heads, head_dim),
               (total_kv, num_kv_heads, head_dim_v), device)
-    return RaggedPrefillPlan(problem, p, selection, (qo_indptr, kv_indptr), expect, runner)
+    return RaggedPrefillPlan(problem, p, selection, (qo_indptr, kv_indptr), expect, lse_base(runner, kernel, p))
 
 
 class MLADecodePlan:

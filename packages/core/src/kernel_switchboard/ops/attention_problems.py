@@ -55,6 +55,9 @@ class AttnParams:
     batch_invariant: bool = False
     #: queries in float8_e4m3fn: their scale (q = stored * q_scale); None for float queries
     q_scale: float | None = None
+    #: the log-sum-exp wanted in base 2 (``log2(sum(2 ** (score * log2(e))))`` = natural LSE x log2(e)), as
+    #: FlashInfer returns it; kernels with ``writes_lse_base2`` write it so, others are converted by the plan
+    lse_base2: bool = False
 
 
 class DecodeProblem(NamedTuple):

@@ -25,6 +25,9 @@ attention.pod              the prefill table; ``qo_indptr``,                ``(q
   exactly when ``p.return_lse``; otherwise the runner gets None for it and returns None in its place.
 - ``host_qo_indptr`` / ``host_indptrs``: the indptrs' values as host lists, read once by the core (None while a
   CUDA graph is captured: the runner then takes what it needs from the inputs' shapes at run time).
+- ``lse`` is the natural log of the softmax denominator, unless the plan was made with ``p.lse_base2``: a kernel
+  with ``writes_lse_base2`` then writes it in base 2 itself; any other kernel's runner is wrapped by
+  :class:`Base2LSE`, which converts after the run.
 - A kernel without ``plan`` is wrapped by :class:`RunOnly`: its ``run`` (the op's run signature, see
   :mod:`.attention`) returns new tensors, copied into the buffers when some are given.
 
@@ -34,6 +37,7 @@ directly); a planned call keeps the runner and runs it per layer and step.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -44,6 +48,13 @@ if TYPE_CHECKING:
 
 _Tensor = torch.Tensor
 Outputs = tuple[_Tensor, _Tensor | None]
+
+#: natural log-sum-exp to base 2: ``lse2 = lse * LOG2E``
+LOG2E = 1.0 / math.log(2.0)
+#: ``LOG2E`` as a 0-d float32 CPU tensor, for converting an LSE in place: ``lse.mul_(LOG2E_TENSOR)``. It multiplies a
+#: tensor on any device as a scalar (a captured graph keeps its value), in float32 as the Python float would, with
+#: half the host work of wrapping a Python float at every call. Never written.
+LOG2E_TENSOR = torch.tensor(LOG2E, dtype=torch.float32, device="cpu")
 
 
 class PagedRunner(Protocol):
@@ -118,3 +129,27 @@ class RunOnly:
         inputs, given = args[:-self.buffers], args[-self.buffers:]
         result = self.call(*inputs)
         return tuple(r if buf is None or r is None else buf.copy_(r) for r, buf in zip(result, given))
+
+
+class Base2LSE:
+    """The runner of a kernel that writes a natural-log LSE, under a plan that wants it in base 2: the kernel's
+    runner, then the LSE multiplied by log2(e) in place (one launch; capturable). Paged and ragged runners."""
+
+    __slots__ = ("inner",)
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def run(self, *args: Any) -> Outputs:
+        out, lse = self.inner.run(*args)
+        if lse is not None:
+            lse.mul_(LOG2E_TENSOR)
+        return out, lse
+
+
+def lse_base(runner: Any, kernel: Any, p: Any) -> Any:
+    """``runner`` as the plan runs it: wrapped by :class:`Base2LSE` when ``p`` wants a base-2 LSE that the kernel
+    does not write itself."""
+    if p.lse_base2 and p.return_lse and not kernel.writes_lse_base2:
+        return Base2LSE(runner)
+    return runner
