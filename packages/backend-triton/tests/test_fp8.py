@@ -138,7 +138,10 @@ def test_fp8_queries_need_hopper_and_the_fp8_kernel() -> None:
 def test_fp8_prefill_accuracy_against_bf16(page_size: int) -> None:
     """1x4096 causal, Llama-3-8B heads: the fp8 kernel (queries, keys, values and P in e4m3) against the float32
     reference on the same fp8 inputs (fp8's math tolerance), and both it and the bf16 kernel against the float32
-    attention of the bf16 inputs (the error of the whole fp8 recipe, printed for docs/benchmarks.md)."""
+    attention of the bf16 inputs (the error of the whole fp8 recipe, printed for docs/benchmarks.md). Most of the
+    recipe's error is the inputs' quantisation to e4m3 (a half step of e4m3 at |v| ~ 4 is 0.125), which the float32
+    attention of the quantised inputs shows alone; the kernel's own fp8 math (P in e4m3) may add at most 0.05 to it
+    (an H200 measured 0.0156 and 0.0078 over quantisation errors of 0.141 and 0.195)."""
     spec = AttnSpec(BF16, "NHD", page_size, 32, 8, 128, kv_lens=(4096,), q_lens=(4096,), lse=True)
     q, qo, cache, table = prefill_case(spec, "cuda", seed=7).args
     k_scale = cache.k_pages.float().nan_to_num(0.0).abs().amax().item() / 448
@@ -153,6 +156,8 @@ def test_fp8_prefill_accuracy_against_bf16(page_size: int) -> None:
     exact = ksb.attention.prefill(q, qo, cache, table, backend="reference")  # float32 math on the bf16 inputs
     bf16 = ksb.attention.prefill(q, qo, cache, table, backend="triton")
     err_fp8 = (got[0].float() - exact).abs().max().item()
+    err_quant = (same_inputs[0].float() - exact).abs().max().item()
     err_bf16 = (bf16.float() - exact).abs().max().item()
-    print(f"fp8 prefill page {page_size}: max abs error {err_fp8:.4f} (bf16 kernel {err_bf16:.4f}) against float32")
-    assert err_fp8 < 0.15 and err_bf16 < 0.02
+    print(f"fp8 prefill page {page_size}: max abs error {err_fp8:.4f} (quantised inputs alone {err_quant:.4f}; "
+          f"bf16 kernel {err_bf16:.4f}) against float32")
+    assert err_fp8 <= err_quant + 0.05 and err_bf16 < 0.02
