@@ -88,9 +88,12 @@ def test_ragged_prefill(causal: bool) -> None:
     wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(workspace(), "NHD", backend="cutlass")
     wrapper.plan(qo_indptr(qo_lens), qo_indptr(kv_lens), 8, KV_HEADS, 128, head_dim_vo=64, causal=causal,
                  q_data_type=torch.float32)
-    out = torch.empty(sum(qo_lens), 8, 64)
-    got, lse = wrapper.run(q, k, v, out=out, return_lse=True)
-    assert got.data_ptr() == out.data_ptr()
+    out, lse_buf = torch.empty(sum(qo_lens), 8, 64), torch.empty(sum(qo_lens), 8)
+    got, lse = wrapper.run(q, k, v, out=out, lse=lse_buf, return_lse=True)
+    assert got.data_ptr() == out.data_ptr() and lse.data_ptr() == lse_buf.data_ptr()
+    for bad in (out.half(), out[:-1], torch.empty(sum(qo_lens), 64, 8).transpose(1, 2)):
+        with pytest.raises(InvalidArgumentError, match=r"^out="):
+            wrapper.run(q, k, v, out=bad)
     outs, lses, qa, ka = [], [], 0, 0
     for nq, nk in zip(qo_lens, kv_lens):
         o, s = attention(q[qa:qa + nq], k[ka:ka + nk], v[ka:ka + nk], causal=causal)

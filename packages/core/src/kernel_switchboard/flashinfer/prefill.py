@@ -30,7 +30,7 @@ from ._common import (
     page_counts,
     scale_value,
 )
-from ._paged import PagedWrapper, Step, _factor, check_heads, check_run_extras, plan_dtypes
+from ._paged import PagedWrapper, Step, _check_out, _factor, check_heads, check_run_extras, plan_dtypes
 from .decode import single_attention
 
 
@@ -303,7 +303,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(PagedWrapper):
             out: torch.Tensor | None = None, lse: torch.Tensor | None = None, return_lse: bool = False,
             enable_pdl: bool | None = None, kv_cache_sf: Any = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Prefill attention of q (qo_indptr[-1], Hq, D) over k (kv_indptr[-1], Hkv, D), v (…, Hkv, Dv): out in q's
-        dtype [, lse float32, base 2]; ``out`` / ``lse`` given are written (a copy)."""
+        dtype [, lse float32, base 2]; ``out`` / ``lse`` given are written (by the kernel, or a copy where the
+        chosen kernel allocates its own)."""
         if args or kv_cache_sf is not None or o_scale is not None:
             check_run_extras(args, kv_cache_sf=kv_cache_sf, o_scale=o_scale)
         return self._ragged(q, k, v, q_scale, k_scale, v_scale, out, lse, return_lse)
@@ -323,17 +324,15 @@ class BatchPrefillWithRaggedKVCacheWrapper(PagedWrapper):
         plan = self._current.get((factor, return_lse, base2, False))
         if plan is None:
             plan = self._plan_for(factor, return_lse, base2)
-        res = plan.run(q, k, v)
-        o, s = res if return_lse else (res, None)
-        if post is not None:
-            o = o.mul_(post)
-        if out is not None:
-            o = out.copy_(o)
-        if s is not None:
-            if lse is not None:
-                s = lse.copy_(s)
-            return o, s
-        return o
+        if out is not None and not (isinstance(out, torch.Tensor) and out.stride(-1) == 1):
+            _check_out(out, "out", step.out_shape, step.q_dtype, q)
+        if not return_lse:
+            o = plan.run(q, k, v, out=out)
+            return o if post is None else o.mul_(post)
+        if lse is not None and not (isinstance(lse, torch.Tensor) and lse.stride(-1) == 1):
+            _check_out(lse, "lse", step.out_shape[:2], torch.float32, q)
+        o, s = plan.run(q, k, v, out=out, lse=lse)
+        return (o if post is None else o.mul_(post)), s
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
 
