@@ -440,7 +440,8 @@ def launch_decode(q: torch.Tensor, cache: Any, table: Any, out: torch.Tensor, ls
         PAGE_SIZE=cache.page_size, BLOCK_N=cfg.block_n, NUM_SPLITS=splits, SPLIT_TOKENS=cfg.split_tokens,
         SOFT_CAP=soft_cap is not None, F16_MATH=f16_math,
         DOT_FP32=cfg.dot_fp32 and q.dtype == torch.bfloat16 and not f16_math, K_SCALE_STRIDE=k_stride,
-        V_SCALE_STRIDE=v_stride, LSE_BASE2=direct and lse_base2, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **hooks,
+        V_SCALE_STRIDE=v_stride, LSE_BASE2=direct and lse_base2, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **hooks,
     )
     if cfg.split_tokens:  # batch invariant: always the partials, merged in split order
         launch_merge_splits(o, lp, out, lse, ordered=True, lse_base2=lse_base2)

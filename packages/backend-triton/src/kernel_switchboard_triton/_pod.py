@@ -116,9 +116,9 @@ def _pod_kernel(
                          stride_doh, stride_dlt, stride_dlh, qk_scale, cap_log2, v_scale, k_scale_ptr, v_scale_ptr,
                          window_left, dbatch, vargs,
                          GROUP, NUM_KV_HEADS, D_BLOCK_M, D_BLOCK_N, D_BLOCK_N, HEAD_MAIN, HEAD_TAIL, HEAD_DIM_V,
-                         BLOCK_DV, PAGE_SIZE, True, False, HND, CAUSAL, WINDOW, SOFT_CAP, RETURN_LSE, False, D_LOG_B, DOT_FP32,
-                         False,
-                         F16_MATH, None, None, None, False, False, False, True, K_SCALE_STRIDE, V_SCALE_STRIDE)
+                         BLOCK_DV, PAGE_SIZE, True, False, HND, CAUSAL, WINDOW, SOFT_CAP, RETURN_LSE, False, D_LOG_B,
+                         DOT_FP32, False, F16_MATH, None, None, None, False, False, False, True, K_SCALE_STRIDE,
+                         V_SCALE_STRIDE)
     else:
         _prefill_program(unit // NUM_KV_HEADS, unit % NUM_KV_HEADS, q_ptr, k_ptr, v_ptr, k_desc, v_desc, kd_desc,
                          vd_desc, qo_indptr_ptr, qo_indptr_ptr, bt_ptr, seq_lens_ptr, o_ptr, lse_ptr, stride_qt,
@@ -127,8 +127,7 @@ def _pod_kernel(
                          window_left, batch, vargs, GROUP,
                          NUM_KV_HEADS, BLOCK_M, BLOCK_N, DIAG_N, HEAD_MAIN, HEAD_TAIL, HEAD_DIM_V, BLOCK_DV, PAGE_SIZE,
                          True, TMA, HND, CAUSAL, WINDOW, SOFT_CAP, RETURN_LSE, False, LOG_B, DOT_FP32, False, F16_MATH,
-                         None, None,
-                         None, False, False, False, True, K_SCALE_STRIDE, V_SCALE_STRIDE)
+                         None, None, None, False, False, False, True, K_SCALE_STRIDE, V_SCALE_STRIDE)
 
 
 class PODConfig(NamedTuple):

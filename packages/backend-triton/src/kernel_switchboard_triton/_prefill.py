@@ -299,9 +299,8 @@ def _prefill_kernel(
                      stride_lh, qk_scale, cap_log2, v_scale, k_scale_ptr, v_scale_ptr, window_left, batch, vargs, GROUP,
                      NUM_KV_HEADS, BLOCK_M,
                      BLOCK_N, DIAG_N, HEAD_MAIN, HEAD_TAIL, HEAD_DIM_V, BLOCK_DV, PAGE_SIZE, PAGED, TMA, HND, CAUSAL,
-                     WINDOW, SOFT_CAP, RETURN_LSE, LSE_BASE2, LOG_B, DOT_FP32, P_ROUND, F16_MATH, SCORE_MOD, MASK_MOD, OUTPUT_MOD,
-                     HAS_SCORE_MOD,
-                     HAS_MASK_MOD, HAS_OUTPUT_MOD, SOFTMAX, K_SCALE_STRIDE, V_SCALE_STRIDE)
+                     WINDOW, SOFT_CAP, RETURN_LSE, LSE_BASE2, LOG_B, DOT_FP32, P_ROUND, F16_MATH, SCORE_MOD, MASK_MOD,
+                     OUTPUT_MOD, HAS_SCORE_MOD, HAS_MASK_MOD, HAS_OUTPUT_MOD, SOFTMAX, K_SCALE_STRIDE, V_SCALE_STRIDE)
 
 
 @triton.jit
