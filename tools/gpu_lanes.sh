@@ -9,7 +9,8 @@
 #   KSB_LANE_TESTS   "seconds:path[:workers] ..." (default below: the core, FlashInfer comparison, engine and adapters
 #                    first); "|" splits it into lanes that run side by side; ":workers" runs that folder's tests in
 #                    that many pytest-xdist processes on the one GPU (compile-bound folders: Triton compiles on the
-#                    CPU cores; needs .whl/xdist installed by `gpu_check.sh install`)
+#                    CPU cores) where xdist is installed (`pip download -d .whl/xdist pytest-xdist execnet` here,
+#                    carried with `.whl`; `gpu_check.sh install` installs it), else in one process
 # Compiles dominate the tests' time on a fresh machine: `bash tools/gpu_cache.sh pack` after a run and `restore` at
 # the start of the next session's run carries the compiled kernels over.
 # The bench lane runs beside it (its timings share the GPU with the tests lane: compare ratios within a row only):
@@ -20,9 +21,9 @@ S=${KSB_LANES_DIR:-/tmp/gpu-stash}
 OUT=${OUT:-/tmp/ksb-out}
 # per-folder limits from the H100 and H200 runs with empty caches (first compiles included): the Triton backend's
 # folder ran 40% of its tests in 480 s beside two other lanes in one process, all of them in 823 s in 8 xdist
-# processes (H200; the lanes beside it then starved for CPU: keep them short), FlashInfer's first JIT builds take 100-300 s each in the
-# comparison folder, CUTLASS's first library build alone takes over 150 s; with three lanes side by side the other
-# folders took 80-230 s
+# processes (H200; the lanes beside it then starved for CPU: keep them short); FlashInfer's first JIT builds take
+# 100-300 s each in the comparison folder, CUTLASS's first library build alone takes over 150 s; with three lanes side
+# by side the other folders took 80-230 s
 tests_default="200:packages/core/tests 900:packages/core/tests/flashinfer 90:tests 180:packages/engine/tests
 150:packages/integration-transformers/tests 150:packages/backend-cudnn/tests 1500:packages/backend-triton/tests:8
 300:packages/backend-trtllm/tests 300:packages/backend-fa/tests 360:packages/backend-cutlass/tests"
@@ -40,7 +41,7 @@ start)
     for item in $LANE_ITEMS; do
       IFS=: read -r limit path workers <<< "$item"; name=${path//\//_}
       ignore=$([ "$path" = packages/core/tests ] && echo --ignore=packages/core/tests/flashinfer)
-      parallel=$([ -n "$workers" ] && echo "-n $workers")
+      parallel=$([ -n "$workers" ] && python3 -c "import xdist" 2> /dev/null && echo "-n $workers")
       timeout -s INT -k 20 "$limit" python3 -m pytest -q -m gpu --no-header -rfEP -p no:cacheprovider --durations=10 \
         $parallel "$path" $ignore > "'"$S"'/tests/$name.log" 2>&1
       echo "$path (exit $?): $(grep -E " in [0-9.]+s" "'"$S"'/tests/$name.log" | tail -1)" \
