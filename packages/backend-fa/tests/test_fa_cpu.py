@@ -459,3 +459,22 @@ def test_empty_inputs_give_the_op_convention(monkeypatch: pytest.MonkeyPatch) ->
         out, lse = fn(q, cache, table, p)
         assert float(out.abs().max()) == 0.0 and lse is not None and bool(torch.isneginf(lse).all())
     assert not calls  # nothing was launched
+
+
+def test_only_cute_dsls_aux_data_warning_is_silenced() -> None:
+    """CuTe DSL's compile-time warning about FA4's ``aux_data`` argument is silenced (the filter the FA4 module installs
+    at import); any other warning, from the DSL or elsewhere, still shows."""
+    import warnings
+
+    from kernel_switchboard_fa.fa4 import quiet_aux_data_warning
+
+    dsl = ("Argument aux_data (position 17) cannot be converted to a JitArgument for function 'cutlass___call___x'. "
+           "Its type `<class 'flash_attn.cute.utils.AuxData'>` is not supported.")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        quiet_aux_data_warning()
+        warnings.warn(dsl, UserWarning, stacklevel=1)
+        warnings.warn("Argument scale (position 3) cannot be converted to a JitArgument", UserWarning, stacklevel=1)
+        warnings.warn(dsl, DeprecationWarning, stacklevel=1)
+    assert [(w.category, str(w.message)[:14]) for w in seen] == [(UserWarning, "Argument scale"),
+                                                                 (DeprecationWarning, "Argument aux_d")]

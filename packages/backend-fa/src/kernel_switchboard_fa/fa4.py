@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import warnings
 from typing import Any
 
 import torch
@@ -34,6 +35,18 @@ from kernel_switchboard.paged import PagedKVCache, PageTable
 from .convert import decode_queries, lse_batched, lse_batched_tokens, lse_varlen, merge_splits, softcap, split_table, window_fa4
 from .cost import decode_cost, prefill_cost
 from .providers import FA4, load
+
+
+def quiet_aux_data_warning() -> None:
+    """Silence CuTe DSL 4.8's warning, at each FA4 kernel's compile, that it cannot pass FA4 4.0.0b36's ``aux_data``
+    argument (an ``AuxData`` of the score / mask modifiers FA4 builds itself) as a JIT argument: FA4 handles it, and
+    the switchboard's FA4 results are checked against the reference kernels with and without modifiers. Only that
+    message is silenced; installed when this module is imported."""
+    warnings.filterwarnings("ignore", message=r"Argument aux_data \(position \d+\) cannot be converted to a JitArgument",
+                            category=UserWarning)
+
+
+quiet_aux_data_warning()
 
 HALF = frozenset({torch.float16, torch.bfloat16})
 DIMS = frozenset(range(8, 257, 8))
