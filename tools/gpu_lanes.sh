@@ -16,6 +16,8 @@
 # The bench lane runs beside it (its timings share the GPU with the tests lane: compare ratios within a row only):
 #   KSB_LANE_DEMOS   model families for `switchboard demo --model F --check` (default: every family)
 #   KSB_LANE_BENCH   "seconds:preset ..." for `switchboard bench --preset` (default below)
+#   KSB_LANE_WARM    seconds for `tools/flashinfer_warm.py` over those presets first (FlashInfer's JIT modules built
+#                    side by side instead of one after another inside the timed runs); "" skips it (default 900)
 set -u
 S=${KSB_LANES_DIR:-/tmp/gpu-stash}
 OUT=${OUT:-/tmp/ksb-out}
@@ -49,12 +51,17 @@ start)
     done
     touch "'"$S"'/tests/done-$LANE"' < /dev/null > /dev/null 2>&1 &
   done
+  KSB_LANE_WARM=${KSB_LANE_WARM-900} \
   KSB_LANE_DEMOS=${KSB_LANE_DEMOS-llama qwen2 qwen3 mistral mixtral gemma2 gemma3 deepseek} \
   KSB_LANE_BENCH=${KSB_LANE_BENCH-$bench_default} setsid nohup bash -c '
     for family in $KSB_LANE_DEMOS; do
       timeout 120 switchboard demo --model "$family" --check > "'"$S"'/bench/demo-$family.txt" 2>&1
       echo "exit $?" >> "'"$S"'/bench/demo-$family.txt"
     done
+    presets=$(for item in $KSB_LANE_BENCH; do printf "%s " "${item#*:}"; done)
+    if [ -n "$KSB_LANE_WARM" ] && [ -n "$presets" ] && [ "${KSB_BENCH_FLASHINFER:-1}" != 0 ]; then
+      timeout "$KSB_LANE_WARM" python3 tools/flashinfer_warm.py $presets > "'"$S"'/bench/warm.txt" 2>&1
+    fi
     for item in $KSB_LANE_BENCH; do
       limit=${item%%:*}; preset=${item#*:}
       timeout "$limit" switchboard bench --preset "$preset" --out "'"$S"'/bench/$preset" --reps-ms 50 \
