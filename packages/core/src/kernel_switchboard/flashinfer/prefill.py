@@ -310,8 +310,10 @@ class BatchPrefillWithRaggedKVCacheWrapper(PagedWrapper):
         return self._ragged(q, k, v, q_scale, k_scale, v_scale, out, lse, return_lse)
 
     def _ragged(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_scale: Any, k_scale: Any, v_scale: Any,
-                out: torch.Tensor | None, lse: torch.Tensor | None, return_lse: bool,
-                base2: bool = True) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                out: torch.Tensor | None, lse: torch.Tensor | None,
+                return_lse: bool) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """The ragged run: FlashInfer's scales (q / k scales fold into the softmax scale, v_scale multiplies the
+        output) over a plan whose LSE, when returned, is base 2."""
         step = self._step
         if step is None:
             raise fail("plan", "not called", "plan() before run()")
@@ -320,10 +322,9 @@ class BatchPrefillWithRaggedKVCacheWrapper(PagedWrapper):
         if ks is not None:
             factor = ks * (factor or 1.0)
         post = _factor(v_scale, "v_scale")
-        base2 = base2 and return_lse
-        plan = self._current.get((factor, return_lse, base2, False))
+        plan = self._current.get((factor, return_lse, return_lse, False))  # an LSE wanted is FlashInfer's, base 2
         if plan is None:
-            plan = self._plan_for(factor, return_lse, base2)
+            plan = self._plan_for(factor, return_lse, return_lse)
         if out is not None and not (isinstance(out, torch.Tensor) and out.stride(-1) == 1):
             _check_out(out, "out", step.out_shape, step.q_dtype, q)
         if not return_lse:
