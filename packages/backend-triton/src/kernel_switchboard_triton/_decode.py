@@ -453,23 +453,20 @@ def launch_merge_splits(part_out: torch.Tensor, part_lse: torch.Tensor, out: tor
                         ordered: bool = False, lse_base2: bool = False) -> None:
     """Merge (B, H, S, Dv) float32 partials with their (B, H, S) natural-log LSE into ``out`` (B, H, Dv) and ``lse``
     (B, H), natural log or, with ``lse_base2``, base 2; ``ordered``: add them one by one in split order (the
-    batch-invariant merge)."""
+    batch-invariant merge). (Runs at every planned decode: its arguments are made with plain integer arithmetic.)"""
     batch, heads, splits, dv = part_out.shape
+    po, pl, o, ls = part_out.stride(), part_lse.stride(), out.stride(), lse.stride()
+    strides = (po[0], po[1], po[2], pl[0], pl[1], o[0], o[1], ls[0], ls[1])
+    block_dv = 1 << (dv - 1).bit_length()
     if ordered:
         _merge_splits_ordered_kernel[(batch, heads)](
-            part_out, part_lse, out, lse,
-            part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
-            out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
-            HEAD_DIM_V=dv, BLOCK_DV=triton.next_power_of_2(dv), NUM_SPLITS=splits, LSE_BASE2=lse_base2,
-            num_warps=4 if dv >= 256 else 2,
+            part_out, part_lse, out, lse, *strides, HEAD_DIM_V=dv, BLOCK_DV=block_dv, NUM_SPLITS=splits,
+            LSE_BASE2=lse_base2, num_warps=4 if dv >= 256 else 2,
         )
         return
     _merge_splits_kernel[(batch, heads)](
-        part_out, part_lse, out, lse,
-        part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
-        out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
-        HEAD_DIM_V=dv, BLOCK_DV=triton.next_power_of_2(dv), NUM_SPLITS=splits,
-        BLOCK_S=max(2, triton.next_power_of_2(splits)), LSE_BASE2=lse_base2, num_warps=4 if dv >= 256 else 2,
+        part_out, part_lse, out, lse, *strides, HEAD_DIM_V=dv, BLOCK_DV=block_dv, NUM_SPLITS=splits,
+        BLOCK_S=max(2, 1 << (splits - 1).bit_length()), LSE_BASE2=lse_base2, num_warps=4 if dv >= 256 else 2,
     )
 
 

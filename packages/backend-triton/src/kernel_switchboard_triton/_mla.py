@@ -299,10 +299,45 @@ def _tma_descriptors(ckv: torch.Tensor, kpe: torch.Tensor, cfg: MLAConfig) -> tu
             TensorDescriptor.from_tensor(rows[1], [cfg.block_n, kpe.shape[2]]))
 
 
+class PageOperands(NamedTuple):
+    """How a launch reads one pair of page tensors: a Gluon kernel's TMA descriptors (``gluon``) and its launch
+    function (``gluon_launch``), else the Triton TMA kernel's descriptors (``tma``), else neither (pointer
+    gathers)."""
+
+    gluon: tuple[Any, Any] | None
+    gluon_launch: Any
+    tma: tuple[Any, Any] | None
+
+
+def page_operands(ckv: torch.Tensor, kpe: torch.Tensor, cfg: MLAConfig) -> PageOperands:
+    """The :class:`PageOperands` of ``ckv`` / ``kpe`` for the kernels ``cfg`` names."""
+    rows = _flat_rows(ckv, kpe, cfg) if cfg.gluon else None  # None: pages TMA cannot load, the Triton kernels
+    if rows is None:
+        return PageOperands(None, None, _tma_descriptors(ckv, kpe, cfg))
+    from . import _mla_gluon, _mla_gluon_ws
+
+    if cfg.gluon_ws:
+        ctas = 2 if cfg.cluster else 1
+        return PageOperands(_mla_gluon_ws.descriptors(rows[0], rows[1], ctas),
+                            functools.partial(_mla_gluon_ws.launch, ctas=ctas), None)
+    return PageOperands(_mla_gluon.descriptors(rows[0], rows[1]), _mla_gluon.launch, None)
+
+
+def check_config(cfg: MLAConfig) -> None:
+    """Refuse a configuration no kernel here launches."""
+    if (cfg.gluon and (cfg.block_h, cfg.block_n) != (64, 64)) or (cfg.gluon_ws and not cfg.gluon):
+        raise ValueError(f"launch_mla: the Gluon kernels take 64 heads x 64-key tiles (gluon_ws only with gluon), "
+                         f"got {cfg}")
+    if cfg.cluster and not (cfg.gluon_ws and gluon_clusters()):
+        raise ValueError(f"launch_mla: cluster=True needs gluon_ws and Triton >= 3.9 (have {triton.__version__}), "
+                         f"got {cfg}")
+
+
 def launch_mla(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv: torch.Tensor, kpe: torch.Tensor, table: Any,
                sm_scale: float, out: torch.Tensor, lse: torch.Tensor, part_out: torch.Tensor | None,
-               part_lse: torch.Tensor | None, cfg: MLAConfig) -> None:
-    """Launch the MLA split kernel (and the merge when there are several splits)."""
+               part_lse: torch.Tensor | None, cfg: MLAConfig, operands: PageOperands | None = None) -> None:
+    """Launch the MLA split kernel (and the merge when there are several splits); ``operands``: the pages'
+    :func:`page_operands` for ``cfg`` when the caller keeps them (made here otherwise)."""
     batch, heads, dc = q_nope.shape
     splits = cfg.num_splits
     if splits == 1:
@@ -311,38 +346,30 @@ def launch_mla(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv: torch.Tensor, kpe:
         raise ValueError(f"launch_mla: {splits} splits need the partial buffers part_out and part_lse")
     else:
         o, lp, oss = part_out, part_lse, part_out.stride(2)
+    if operands is None:
+        check_config(cfg)
+        operands = page_operands(ckv, kpe, cfg)
     bt = table.block_table
-    grid = (triton.cdiv(heads, cfg.block_h), batch, splits)
-    shared = dict(HEAD_DIM=dc, HEAD_DIM_PE=q_pe.shape[2], BLOCK_H=cfg.block_h, PAGE_SIZE=ckv.shape[1],
-                  BLOCK_N=cfg.block_n, NUM_SPLITS=splits, DOT_FP32=cfg.dot_fp32 and q_nope.dtype == torch.bfloat16,
-                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if (cfg.gluon and (cfg.block_h, cfg.block_n) != (64, 64)) or (cfg.gluon_ws and not cfg.gluon):
-        raise ValueError(f"launch_mla: the Gluon kernels take 64 heads x 64-key tiles (gluon_ws only with gluon), "
-                         f"got {cfg}")
-    if cfg.cluster and not (cfg.gluon_ws and gluon_clusters()):
-        raise ValueError(f"launch_mla: cluster=True needs gluon_ws and Triton >= 3.9 (have {triton.__version__}), "
-                         f"got {cfg}")
-    rows = _flat_rows(ckv, kpe, cfg) if cfg.gluon else None  # None: pages TMA cannot load, the kernels below
-    descriptors = None if rows is not None else _tma_descriptors(ckv, kpe, cfg)
-    if rows is not None:
-        from . import _mla_gluon, _mla_gluon_ws
-
-        args = (q_nope, q_pe, rows[0], rows[1], bt, table.seq_lens, ckv.shape[1], o, lp, oss, splits, sm_scale * LOG2E)
-        if cfg.gluon_ws:
-            _mla_gluon_ws.launch(*args, ctas=2 if cfg.cluster else 1)
-        else:
-            _mla_gluon.launch(*args)
-    elif descriptors is not None:
-        _mla_tma_kernel[grid](
-            q_nope, q_pe, *descriptors, bt, table.seq_lens, o, lp, heads,
-            q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), bt.stride(0),
-            o.stride(0), o.stride(1), oss, lp.stride(0), lp.stride(1), sm_scale * LOG2E, **shared)
+    if operands.gluon is not None:
+        operands.gluon_launch(q_nope, q_pe, *operands.gluon, bt, table.seq_lens, ckv.shape[1], o, lp, oss, splits,
+                              sm_scale * LOG2E)
     else:
-        _mla_split_kernel[grid](
-            q_nope, q_pe, ckv, kpe, bt, table.seq_lens, o, lp, heads,
-            q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1),
-            ckv.stride(0), ckv.stride(1), kpe.stride(0), kpe.stride(1), bt.stride(0),
-            o.stride(0), o.stride(1), oss, lp.stride(0), lp.stride(1), sm_scale * LOG2E, **shared)
+        grid = (-(-heads // cfg.block_h), batch, splits)
+        shared = dict(HEAD_DIM=dc, HEAD_DIM_PE=q_pe.shape[2], BLOCK_H=cfg.block_h, PAGE_SIZE=ckv.shape[1],
+                      BLOCK_N=cfg.block_n, NUM_SPLITS=splits,
+                      DOT_FP32=cfg.dot_fp32 and q_nope.dtype == torch.bfloat16, num_warps=cfg.num_warps,
+                      num_stages=cfg.num_stages)
+        if operands.tma is not None:
+            _mla_tma_kernel[grid](
+                q_nope, q_pe, *operands.tma, bt, table.seq_lens, o, lp, heads,
+                q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), bt.stride(0),
+                o.stride(0), o.stride(1), oss, lp.stride(0), lp.stride(1), sm_scale * LOG2E, **shared)
+        else:
+            _mla_split_kernel[grid](
+                q_nope, q_pe, ckv, kpe, bt, table.seq_lens, o, lp, heads,
+                q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1),
+                ckv.stride(0), ckv.stride(1), kpe.stride(0), kpe.stride(1), bt.stride(0),
+                o.stride(0), o.stride(1), oss, lp.stride(0), lp.stride(1), sm_scale * LOG2E, **shared)
     if splits > 1:
         launch_merge_splits(o, lp, out, lse)
 
@@ -352,7 +379,14 @@ class MLAPlan:
 
     ``run(q_nope, q_pe, ckv_pages, kpe_pages, out, lse)`` only launches (no host synchronisation, no allocation),
     so it can be captured in a CUDA graph; one plan serves every layer of a step. It writes ``out`` (B, H, Dc) and
-    ``lse`` (B, H) float32 (default: the plan's own scratch)."""
+    ``lse`` (B, H) float32 (default: the plan's own scratch).
+
+    The TMA descriptors of each layer's pages are made at its first run and kept by the plan (keyed by the pages'
+    address, shape, strides and dtype; at most ``MAX_PAGE_OPERANDS`` pairs): a decode step runs one plan over every
+    layer, and remaking them cost more host time per run than the rest of the launch. The plan thereby keeps those
+    page tensors alive while it lives, as it keeps its table."""
+
+    MAX_PAGE_OPERANDS = 256
 
     def __init__(self, table: Any, heads: int, dc: int, page_size: int, sm_scale: float, max_kv_len: int,
                  cfg: MLAConfig | None = None) -> None:
@@ -360,17 +394,30 @@ class MLAPlan:
         batch = table.block_table.shape[0]
         self.table, self.sm_scale = table, sm_scale
         self.cfg = cfg or mla_config(device, batch, heads, round_len(max_kv_len), page_size)
+        check_config(self.cfg)
         s = self.cfg.num_splits
         self.lse_scratch = torch.empty(batch, heads, device=device, dtype=torch.float32)
         self.part_out = torch.empty(batch, heads, s, dc, device=device, dtype=torch.float32) if s > 1 else None
         self.part_lse = torch.empty(batch, heads, s, device=device, dtype=torch.float32) if s > 1 else None
+        self._operands: dict[tuple[Any, ...], PageOperands] = {}
+
+    def operands(self, ckv_pages: torch.Tensor, kpe_pages: torch.Tensor) -> PageOperands:
+        """The :func:`page_operands` of these pages, made once per pair of page tensors."""
+        key = (ckv_pages.data_ptr(), kpe_pages.data_ptr(), ckv_pages.dtype, kpe_pages.dtype, ckv_pages.shape,
+               kpe_pages.shape, ckv_pages.stride(), kpe_pages.stride())
+        found = self._operands.get(key)
+        if found is None:
+            if len(self._operands) >= self.MAX_PAGE_OPERANDS:
+                self._operands.clear()
+            found = self._operands[key] = page_operands(ckv_pages, kpe_pages, self.cfg)
+        return found
 
     def run(self, q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_pages: torch.Tensor, kpe_pages: torch.Tensor,
             out: torch.Tensor, lse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         lse = self.lse_scratch if lse is None else lse
         if q_nope.shape[0]:
             launch_mla(q_nope, q_pe, ckv_pages, kpe_pages, self.table, self.sm_scale, out, lse, self.part_out,
-                       self.part_lse, self.cfg)
+                       self.part_lse, self.cfg, self.operands(ckv_pages, kpe_pages))
         return out, lse
 
 

@@ -21,7 +21,6 @@ import functools
 from typing import Any
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
@@ -244,23 +243,20 @@ def descriptors(ckv_rows: torch.Tensor, kpe_rows: torch.Tensor, ckv_cols: int | 
             TensorDescriptor.from_tensor(kpe_rows, [BLOCK_N, dr], _smem_layout(dr, kpe_rows.dtype, ctas)))
 
 
-def launch(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_rows: torch.Tensor, kpe_rows: torch.Tensor,
+def launch(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_desc: TensorDescriptor, kpe_desc: TensorDescriptor,
            block_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int, o: torch.Tensor, lse: torch.Tensor,
-           stride_os: int, splits: int, qk_scale: float, kernel: Any = None, ckv_cols: int | None = None,
-           ctas: int = 1, **options: Any) -> None:
-    """One launch over (head blocks, batch, splits); o / lse as in ``_mla._mla_tma_kernel``. ``kernel``,
-    ``ckv_cols``, ``ctas`` and ``options``: another Gluon kernel with this argument list (``_mla_gluon_ws``), the
-    width of its latent TMA blocks, the CTAs of its programs (a cluster, ``BLOCK_H`` heads each) and its launch
-    options."""
+           stride_os: int, splits: int, qk_scale: float, kernel: Any = None, ctas: int = 1, **options: Any) -> None:
+    """One launch over (head blocks, batch, splits) reading the pages through :func:`descriptors`; o / lse as in
+    ``_mla._mla_tma_kernel``. ``kernel``, ``ctas`` and ``options``: another Gluon kernel with this argument list
+    (``_mla_gluon_ws``), the CTAs of its programs (a cluster, ``BLOCK_H`` heads each) and its launch options."""
     batch, heads, _ = q_nope.shape
-    ckv_desc, kpe_desc = descriptors(ckv_rows, kpe_rows, ckv_cols, ctas)
-    grid = (triton.cdiv(heads, BLOCK_H * ctas), batch, splits)
+    grid = (-(-heads // (BLOCK_H * ctas)), batch, splits)
     if kernel is None:
         kernel, options = mla_decode_kernel, {"STAGES": STAGES, "num_warps": 8}
     if ctas > 1:
         options["num_ctas"] = ctas
+    qs, ps, os_, ls = q_nope.stride(), q_pe.stride(), o.stride(), lse.stride()
     kernel[grid](
         q_nope, q_pe, ckv_desc, kpe_desc, block_table, seq_lens, o, lse, heads,
-        q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), block_table.stride(0),
-        o.stride(0), o.stride(1), stride_os, lse.stride(0), lse.stride(1), qk_scale,
+        qs[0], qs[1], ps[0], ps[1], block_table.stride(0), os_[0], os_[1], stride_os, ls[0], ls[1], qk_scale,
         PAGE_SIZE=page_size, NUM_SPLITS=splits, **options)

@@ -54,6 +54,8 @@ from ._mla_gluon import _split_tiles, _tile_row, _tma_load
 
 #: Triton 3.6 (the H200 image) names a shared-memory view's retyping ``_reinterpret``, 3.7+ ``reinterpret``
 _REINTERPRET_IS_PRIVATE = gl.constexpr(not hasattr(gl.shared_memory_descriptor, "reinterpret"))
+#: latent columns per TMA box (the 128-byte swizzle's width in bf16)
+BOX_COLS = 64
 #: latent columns per ready barrier: the score MMAs start as each such piece lands (two 64-column TMA boxes)
 PIECE_COLS = 128
 
@@ -434,8 +436,14 @@ def mla_decode_ws_kernel(
     gl.warp_specialize([(_consume, (p, CTAS, 0)), (_consume, (p, CTAS, 1)), (_loader, (p, CTAS))], [4, 1], [232, 40])
 
 
+def descriptors(ckv_rows: Any, kpe_rows: Any, ctas: int = 1) -> tuple[Any, Any]:
+    """``_mla_gluon.descriptors`` for this kernel: latent blocks of ``BOX_COLS``-column TMA boxes."""
+    return _mla_gluon.descriptors(ckv_rows, kpe_rows, BOX_COLS, ctas)
+
+
 def launch(*args: Any, ctas: int = 1) -> None:
-    """As ``_mla_gluon.launch``, with this kernel (64-column latent TMA boxes, ``PIECE_COLS`` columns per barrier; 4 warps
-    per partition, 168 registers a thread at launch); ``ctas=2``: 2-CTA clusters of 128 heads sharing each tile."""
-    _mla_gluon.launch(*args, kernel=mla_decode_ws_kernel, ckv_cols=64, ctas=ctas, DC=args[2].shape[1],
-                      PIECE=PIECE_COLS, CTAS=ctas, num_warps=4, maxnreg=168)
+    """As ``_mla_gluon.launch`` (the pages through :func:`descriptors`), with this kernel (``PIECE_COLS`` columns per
+    barrier; 4 warps per partition, 168 registers a thread at launch); ``ctas=2``: 2-CTA clusters of 128 heads sharing
+    each tile."""
+    _mla_gluon.launch(*args, kernel=mla_decode_ws_kernel, ctas=ctas, DC=args[2].shape[1], PIECE=PIECE_COLS, CTAS=ctas,
+                      num_warps=4, maxnreg=168)
