@@ -409,11 +409,15 @@ def test_mla_decode_reads_latent_and_rope_views_of_one_cache(monkeypatch: pytest
     _close(got, want, torch.bfloat16)
 
 
-def test_mla_plan_serves_two_layers_and_in_place_table_updates() -> None:
+def test_mla_plan_serves_two_layers_and_in_place_table_updates(monkeypatch: pytest.MonkeyPatch) -> None:
     """``plan_mla_decode`` on the Triton kernel: split schedule and workspace made once (several splits in the
-    interpreter at these lengths), each layer's pages passed at run, seq_lens shortened in place between runs."""
+    interpreter at these lengths), each layer's pages passed at run, seq_lens shortened in place between runs; each
+    layer's page operands (TMA descriptors) made at its first run only."""
     from kernel_switchboard_triton import _mla
 
+    made = []
+    real_operands = _mla.page_operands
+    monkeypatch.setattr(_mla, "page_operands", lambda ckv, kpe, cfg: made.append(ckv) or real_operands(ckv, kpe, cfg))
     g = _gen(9)
     lens, page_size, heads = [45, 7, 0], 16, 16
     bt = torch.randperm(16, generator=g)[:9].view(3, 3).to(DEVICE, torch.int32)
@@ -432,6 +436,7 @@ def test_mla_plan_serves_two_layers_and_in_place_table_updates() -> None:
             want = ksb.attention.mla_decode(qn, qp, ckv, kpe, PageTable(bt, table.seq_lens.clone()), sm_scale=0.04,
                                             return_lse=True, backend="reference")
             _close(plan.run(qn, qp, ckv, kpe), want, torch.bfloat16)
+    assert [m is ckv for m, (ckv, _) in zip(made, layers, strict=True)] == [True, True]  # once per layer
 
 
 def test_mla_decode_of_several_new_tokens_per_request() -> None:
