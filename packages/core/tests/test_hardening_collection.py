@@ -3,6 +3,7 @@ time (on a GPU, every module's model-sized cases used to sit in GPU memory from 
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from kernel_switchboard.testing import Case
@@ -44,3 +45,31 @@ def test_a_conformance_case_runs_from_its_lazy_form() -> None:
     test = conf.conformance_test("reference", device="cpu", size="small", ops=("activation.silu_and_mul",))
     for p in _params(test)[:2]:
         test(*p.values)  # type: ignore[attr-defined, operator]
+
+
+def test_processes_build_gpu_cases_one_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU, collection builds each op's (large) cases to check which kernels declare them; pytest-xdist
+    workers collecting at once did so together and ran an 80 GB card out of memory. The build holds a lock file
+    every process of the machine shares (another open of it cannot take it meanwhile); on the CPU it takes none."""
+    import fcntl
+    import os
+    import tempfile
+
+    path = os.path.join(tempfile.gettempdir(), "kernel-switchboard-conformance-build.lock")
+
+    def taken_elsewhere() -> bool:
+        with open(path, "a") as other:
+            try:
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(other, fcntl.LOCK_UN)
+            return False
+
+    seen = []
+    monkeypatch.setattr(conf, "_op_cases_plus", lambda *a: seen.append(taken_elsewhere()) or [])
+    reference = conf.registry.kernels("norm.rms_norm")[:1]
+    conf.lazy_kernel_cases(reference, torch.device("cuda"))
+    conf.lazy_kernel_cases(reference, torch.device("cpu"))
+    assert seen == [True, False]
+    assert not taken_elsewhere()  # released after the build

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
-from collections.abc import Callable
+import os
+import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,17 +79,40 @@ def lazy_kernel_cases(kernels: list[Kernel], device: torch.device, size: str = "
                       extra: Callable[[], list[Case]] | None = None) -> dict[str, list[LazyCase]]:
     """For each kernel (by id), its eligible cases as :class:`LazyCase` s: the cases of ``kernel.op`` (plus
     ``extra()``, cases of the same op) that lie inside its declared capability. The cases of each op are built
-    once here, checked against every kernel of that op, and dropped (GPU memory released)."""
+    once here, checked against every kernel of that op, and dropped (GPU memory released). On a GPU, processes
+    that collect at once (pytest-xdist workers) build them one process at a time (:func:`_one_builder_at_a_time`):
+    the large cases of one op hold GBs, and eight workers building them together exhaust an 80 GB card."""
     out: dict[str, list[LazyCase]] = {k.id: [] for k in kernels}
-    for op in dict.fromkeys(k.op for k in kernels):
-        key = (op, str(device), size, extra)
-        build = functools.partial(_op_cases_plus, op, device, size, extra)
-        cases = build()
-        for kernel in (k for k in kernels if k.op == op):
-            out[kernel.id] = [LazyCase(key, build, i, c.id) for i, c in enumerate(cases) if declares(kernel, c)]
-        del cases
-    _release(device)
+    with _one_builder_at_a_time(device):
+        for op in dict.fromkeys(k.op for k in kernels):
+            key = (op, str(device), size, extra)
+            build = functools.partial(_op_cases_plus, op, device, size, extra)
+            cases = build()
+            for kernel in (k for k in kernels if k.op == op):
+                out[kernel.id] = [LazyCase(key, build, i, c.id) for i, c in enumerate(cases) if declares(kernel, c)]
+            del cases
+        _release(device)
     return out
+
+
+@contextlib.contextmanager
+def _one_builder_at_a_time(device: torch.device) -> Iterator[None]:
+    """Hold a lock file shared by every process of this machine while building cases on a GPU (no lock on the CPU,
+    or where ``fcntl`` is missing)."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        fcntl = None  # type: ignore[assignment]
+    if device.type != "cuda" or fcntl is None:
+        yield
+        return
+    path = os.path.join(tempfile.gettempdir(), "kernel-switchboard-conformance-build.lock")
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _op_cases_plus(op: str, device: torch.device, size: str, extra: Callable[[], list[Case]] | None) -> list[Case]:
@@ -110,8 +136,6 @@ def conformance_test(backend: str, device: str | None = None, size: str | None =
     ``KSB_TEST_SIZE`` or "small" on the CPU and "large" on a GPU. Cases are built when their test runs
     (:class:`LazyCase`): collection holds no tensor.
     """
-    import os
-
     dev = torch.device(device or os.environ.get("KSB_TEST_DEVICE") or _default_device())
     size = size or os.environ.get("KSB_TEST_SIZE") or ("small" if dev.type == "cpu" else "large")
     params: list[Any] = []
