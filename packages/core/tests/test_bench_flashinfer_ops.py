@@ -47,3 +47,18 @@ def test_op_point_runs_on_cpu(point: bench.RunPoint) -> None:
     if point.op == "flashinfer.sampling_defaults":
         assert extra["tokens_in_support"] is True
         assert any(r.kernel == "ksb check_nan=True (host check)" and r.ms for r in rows)
+    from kernel_switchboard.bench.report import print_table
+
+    print_table(rows, {"copy_tbs": 3.0, "mm_tflops": 700.0})  # ratio rows (no time) print too
+
+
+def test_the_table_prints_ratio_rows_without_a_time_or_a_ceiling(capsys: pytest.CaptureFixture[str]) -> None:
+    from kernel_switchboard.bench.points import Row
+    from kernel_switchboard.bench.report import print_table
+
+    rows = [Row("p", "flashinfer.decode", "B=16", "ours", 0.0648, 2.07, "TB/s"),
+            Row("p", "flashinfer.decode", "B=16", "ratio vs FlashInfer", None, 1.006, "x")]
+    print_table(rows, {"copy_tbs": 3.0, "mm_tflops": 700.0})
+    ours, ratio = capsys.readouterr().out.splitlines()[2:]
+    assert "0.0648" in ours and "69%" in ours
+    assert "1.01 x" in ratio and "%" not in ratio

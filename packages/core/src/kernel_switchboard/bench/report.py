@@ -23,10 +23,11 @@ def print_table(rows: list[Row], ceil: dict[str, float]) -> None:
             print(f"{r.op:<26} {r.label:<22} {r.kernel:<52} {'error':>9}  {r.error[:80]}")
             continue
         rate = f"{r.metric:.3g} {r.unit}" if r.metric is not None else ""
-        ref = ceil.get("copy_tbs" if r.unit == "TB/s" else "mm_tflops")
+        ref = ceil.get({"TB/s": "copy_tbs", "TFLOP/s": "mm_tflops"}.get(r.unit, ""))  # ratios and times: none
         pct = f"{100 * r.metric / ref:.0f}%" if ref and r.metric else ""
         regret = f"{r.regret:.3f}" if r.regret is not None else ""
-        print(f"{r.op:<26} {r.label:<22} {r.kernel:<52} {r.ms:>9.4f} {rate:>14} {pct:>6} {regret:>7}")
+        ms = f"{r.ms:.4f}" if r.ms is not None else ""  # none on a ratio row
+        print(f"{r.op:<26} {r.label:<22} {r.kernel:<52} {ms:>9} {rate:>14} {pct:>6} {regret:>7}")
 
 
 def write_plots(rows: list[Row], out: Path) -> list[Path]:
