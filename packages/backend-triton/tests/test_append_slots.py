@@ -1,5 +1,5 @@
-"""Triton kv_cache.append_slots against the reference: conformance cases (padding, layouts, page sizes,
-fp8, int32/int64 slots) and the K|V halves of one engine-shaped cache tensor."""
+"""Triton kv_cache.append_slots and kv_cache.append_csr against the reference: conformance cases (padding, tokens
+outside their pages, layouts, page sizes, fp8, int32/int64 slots) and the K|V halves of one engine-shaped cache tensor."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(DEVICE == "cpu" and not triton_interpreting(),
                                 reason="Triton kernels need a CUDA GPU or TRITON_INTERPRET=1")
 
-test_triton_conformance = conformance_test("triton", ops=("kv_cache.append_slots",))
+test_triton_conformance = conformance_test("triton", ops=("kv_cache.append_slots", "kv_cache.append_csr"))
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

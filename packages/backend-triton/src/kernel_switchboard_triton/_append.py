@@ -1,5 +1,6 @@
 """Paged KV-cache writes: ``kv_cache.append`` (K/V pages, NHD or HND, fp8 with scales), ``kv_cache.append_slots``
-(the same addressed by slot mapping; negative slots skipped) and ``kv_cache.append_mla`` (latent + rope pages).
+(the same addressed by slot mapping; negative slots skipped), ``kv_cache.append_csr`` (the same addressed through
+FlashInfer's CSR page table) and ``kv_cache.append_mla`` (latent + rope pages).
 One program per (token, block of heads)."""
 
 from __future__ import annotations
@@ -177,8 +178,23 @@ def _append_slots_kernel(
 ):
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + t).to(tl.int64)
+    _store_at_slot(k_ptr, v_ptr, kp_ptr, vp_ptr, t, slot, kv_heads, stride_kt, stride_kh, stride_vt, stride_vh,
+                   stride_kpp, stride_kps, stride_kph, stride_vpp, stride_vps, stride_vph, inv_k_scale, inv_v_scale,
+                   HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_HK, PAGE_SIZE, FP8_LIMIT, FP8_MIN_EXP, FP8_MANT,
+                   ROUND_FIRST, K_INV_STRIDE, V_INV_STRIDE)
+
+
+@triton.jit
+def _store_at_slot(k_ptr, v_ptr, kp_ptr, vp_ptr, t, slot, kv_heads, stride_kt, stride_kh, stride_vt, stride_vh,
+                   stride_kpp, stride_kps, stride_kph, stride_vpp, stride_vps, stride_vph, inv_k_scale, inv_v_scale,
+                   HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                   BLOCK_HK: tl.constexpr, PAGE_SIZE: tl.constexpr, FP8_LIMIT: tl.constexpr,
+                   FP8_MIN_EXP: tl.constexpr, FP8_MANT: tl.constexpr, ROUND_FIRST: tl.constexpr,
+                   K_INV_STRIDE: tl.constexpr, V_INV_STRIDE: tl.constexpr):
+    """Token ``t``'s K and V rows (this program's block of heads) to ``slot`` (page * PAGE_SIZE + offset, int64);
+    a negative slot stores nothing (arguments as the slot kernels')."""
     offs_h = tl.program_id(1) * BLOCK_HK + tl.arange(0, BLOCK_HK)
-    mask_h = offs_h < tl.where(slot >= 0, kv_heads, 0)  # a padding token stores nothing
+    mask_h = offs_h < tl.where(slot >= 0, kv_heads, 0)
     slot = tl.maximum(slot, 0)
     page = slot // PAGE_SIZE
     offset = slot % PAGE_SIZE
@@ -186,6 +202,43 @@ def _append_slots_kernel(
                 stride_kph, inv_k_scale, HEAD_DIM, BLOCK_D, FP8_LIMIT, FP8_MIN_EXP, FP8_MANT, ROUND_FIRST, K_INV_STRIDE)
     _store_rows(v_ptr + t * stride_vt, vp_ptr + page * stride_vpp + offset * stride_vps, offs_h, mask_h, stride_vh,
                 stride_vph, inv_v_scale, HEAD_DIM_V, BLOCK_DV, FP8_LIMIT, FP8_MIN_EXP, FP8_MANT, ROUND_FIRST, V_INV_STRIDE)
+
+
+@triton.jit
+def _append_csr_kernel(
+    k_ptr, v_ptr, kp_ptr, vp_ptr,  # as ``_append_slots_kernel``'s
+    indptr_ptr,  # (B + 1,) int32: request b holds pages indices[indptr[b]:indptr[b + 1]]
+    indices_ptr,  # (nnz,) int32 page ids
+    batch_idx_ptr,  # (T,) int32 request of each token
+    pos_ptr,  # (T,) int32 position of each token
+    batch,  # B
+    nnz,  # entries of indices
+    num_pages,  # pages in the cache
+    kv_heads, stride_kt, stride_kh, stride_vt, stride_vh, stride_kpp, stride_kps, stride_kph, stride_vpp, stride_vps,
+    stride_vph, inv_k_scale, inv_v_scale,  # as ``_append_slots_kernel``'s
+    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_HK: tl.constexpr, PAGE_SIZE: tl.constexpr, FP8_LIMIT: tl.constexpr, FP8_MIN_EXP: tl.constexpr,
+    FP8_MANT: tl.constexpr, ROUND_FIRST: tl.constexpr, K_INV_STRIDE: tl.constexpr, V_INV_STRIDE: tl.constexpr,
+):
+    """Token t to page ``indices[indptr[b] + pos // PAGE_SIZE]``, slot ``pos % PAGE_SIZE``; a token whose request,
+    position or page lies outside (the op's ``check_indices`` refuses them) stores nothing and reads nothing
+    outside the tensors."""
+    t = tl.program_id(0).to(tl.int64)
+    b = tl.load(batch_idx_ptr + t).to(tl.int64)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    ok = (b >= 0) & (b < batch) & (pos >= 0)
+    b = tl.where(ok, b, 0)
+    start = tl.load(indptr_ptr + b, mask=ok, other=0).to(tl.int64)
+    end = tl.load(indptr_ptr + b + 1, mask=ok, other=0).to(tl.int64)
+    it = start + pos // PAGE_SIZE
+    ok = ok & (start >= 0) & (it < end) & (it < nnz)
+    page = tl.load(indices_ptr + tl.where(ok, it, 0), mask=ok, other=-1).to(tl.int64)
+    ok = ok & (page >= 0) & (page < num_pages)
+    slot = tl.where(ok, page * PAGE_SIZE + pos % PAGE_SIZE, -1)
+    _store_at_slot(k_ptr, v_ptr, kp_ptr, vp_ptr, t, slot, kv_heads, stride_kt, stride_kh, stride_vt, stride_vh,
+                   stride_kpp, stride_kps, stride_kph, stride_vpp, stride_vps, stride_vph, inv_k_scale, inv_v_scale,
+                   HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_HK, PAGE_SIZE, FP8_LIMIT, FP8_MIN_EXP, FP8_MANT,
+                   ROUND_FIRST, K_INV_STRIDE, V_INV_STRIDE)
 
 
 def append_slots(k: torch.Tensor, v: torch.Tensor, cache: Any, slot_mapping: torch.Tensor) -> None:
@@ -196,6 +249,20 @@ def append_slots(k: torch.Tensor, v: torch.Tensor, cache: Any, slot_mapping: tor
     _append_slots_kernel[grid](
         k, v, cache.k_pages, cache.v_pages, slot_mapping, k.shape[1],
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), *_page_strides(cache), *inverses, **meta,
+    )
+
+
+def append_csr(k: torch.Tensor, v: torch.Tensor, cache: Any, indptr: torch.Tensor, indices: torch.Tensor,
+               batch_indices: torch.Tensor, positions: torch.Tensor) -> None:
+    """The ``kv_cache.append_csr`` kernel: write k (T, Hkv, D), v (T, Hkv, Dv) through the CSR page table, in
+    place, in one launch."""
+    if k.shape[0] == 0:
+        return
+    grid, inverses, meta = _store_launch(k, v, cache)
+    _append_csr_kernel[grid](
+        k, v, cache.k_pages, cache.v_pages, indptr, indices, batch_indices, positions, indptr.shape[0] - 1,
+        indices.shape[0], cache.num_pages, k.shape[1], k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        *_page_strides(cache), *inverses, **meta,
     )
 
 

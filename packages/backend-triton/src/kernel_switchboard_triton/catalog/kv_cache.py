@@ -1,8 +1,8 @@
-"""Triton KV-cache kernels (``kv_cache.append``, ``kv_cache.append_slots``, ``kv_cache.append_mla``): records
+"""Triton KV-cache kernels (``kv_cache.append``, ``append_slots``, ``append_csr``, ``append_mla``): records
 and capabilities.
 
 The kernels live in ``_append.py``: one program per (token, block of heads) finds its page
-(through the block table, or from its slot) and writes K and V (fp8 pages: value / scale, saturated,
+(through the block table or the CSR page table, or from its slot) and writes K and V (fp8 pages: value / scale, saturated,
 rounded to nearest even). Any head dim and page size; NHD and HND; no host sync (CUDA-graph capturable).
 """
 
@@ -51,6 +51,9 @@ def kernels() -> list[Kernel]:
         Kernel("kv_cache.append_slots", "append_slots", BACKEND, APPEND, launcher("_append:append_slots"),
                version=__version__, cost=_append_cost, priority=PRIORITY,
                doc="scatter of new K/V rows to their slots; negative = padding"),
+        Kernel("kv_cache.append_csr", "append_csr", BACKEND, APPEND, launcher("_append:append_csr"),
+               version=__version__, cost=_append_cost, priority=PRIORITY,
+               doc="scatter of new K/V rows through the CSR page table, one launch; targets outside write nothing"),
         Kernel("kv_cache.append_mla", "append_mla", BACKEND, APPEND_MLA, launcher("_append:append_mla"),
                version=__version__,
                cost=_append_mla_cost, priority=PRIORITY, doc="scatter of new latent / rope rows"),

@@ -1,4 +1,4 @@
-"""``flashinfer.page`` over the switchboard: :func:`append_paged_kv_cache` (``kv_cache.append``),
+"""``flashinfer.page`` over the switchboard: :func:`append_paged_kv_cache` (``kv_cache.append_csr``),
 :func:`append_paged_mla_kv_cache` (``kv_cache.append_mla``), :func:`get_batch_indices_positions` and
 :func:`get_seq_lens` (index arithmetic in torch, on the device, exactly as FlashInfer defines it)."""
 
@@ -57,13 +57,20 @@ def append_paged_kv_cache(append_key: torch.Tensor, append_value: torch.Tensor, 
                           kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, kv_layout: str = "NHD") -> None:
     """Write new K/V tokens (nnz, Hkv, D) into the pages, in place: token t goes to request ``batch_indices[t]`` at
     ``positions[t]``. The pages (``kv_indices`` / ``kv_indptr`` / ``kv_last_page_len``) already count the new
-    tokens; fp8 pages store the values cast to fp8."""
+    tokens; fp8 pages store the values cast to fp8.
+
+    Runs ``kv_cache.append_csr``: one launch that reads each token's page from the CSR arrays, with no table built
+    and no read back to the host (engines call this once per layer; FlashInfer checks nothing either). A token
+    whose request, position or page lies outside (a padding entry of ``get_batch_indices_positions``: batch index
+    -1) writes nothing."""
     check_layout(kv_layout)
     cache = KVForms(kv_layout, remember=False).cache(paged_kv_cache)
-    table = csr_table(kv_indptr, kv_indices, cache.page_size, cache.device, last_page_len=kv_last_page_len,
-                      names=("kv_indptr", "kv_indices", "kv_last_page_len"))
-    kv_cache.append(append_key, append_value, cache, table, _int32(positions, "positions"),
-                    _int32(batch_indices, "batch_indices"))
+    indptr = _int32(kv_indptr, "kv_indptr")
+    if not (isinstance(kv_last_page_len, torch.Tensor) and kv_last_page_len.shape == (indptr.numel() - 1,)):
+        raise fail("kv_last_page_len", tuple(kv_last_page_len.shape) if isinstance(kv_last_page_len, torch.Tensor)
+                   else type(kv_last_page_len).__name__, f"a ({indptr.numel() - 1},) tensor: one per request")
+    kv_cache.append_csr(append_key, append_value, cache, indptr, _int32(kv_indices, "kv_indices"),
+                        _int32(positions, "positions"), _int32(batch_indices, "batch_indices"), check_indices=False)
 
 
 def append_paged_mla_kv_cache(append_ckv: torch.Tensor, append_kpe: torch.Tensor, batch_indices: torch.Tensor,

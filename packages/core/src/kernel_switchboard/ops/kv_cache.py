@@ -1,5 +1,6 @@
-"""KV-cache ops: ``kv_cache.append`` (paged K/V), ``kv_cache.append_slots`` (paged K/V by slot mapping) and
-``kv_cache.append_mla`` (MLA latent pages).
+"""KV-cache ops: ``kv_cache.append`` (paged K/V), ``kv_cache.append_slots`` (paged K/V by slot mapping),
+``kv_cache.append_csr`` (paged K/V through FlashInfer's CSR page table) and ``kv_cache.append_mla`` (MLA latent
+pages).
 
 Kernel ``run`` signatures (canonical, validated arguments), writing the pages in place:
 
@@ -11,6 +12,10 @@ Kernel ``run`` signatures (canonical, validated arguments), writing the pages in
   slot_mapping (T,) int32 or int64 in the form vLLM and SGLang use: token t goes to page
   ``slot // S``, slot ``slot % S``; a negative slot marks a padding token, which writes nothing.
   fp8 caches as in ``append``.
+- ``kv_cache.append_csr``: ``run(k, v, cache, indptr, indices, batch_indices, positions) -> None``; indptr (B+1,)
+  and indices (nnz,) int32, FlashInfer's form: request b holds pages ``indices[indptr[b]:indptr[b+1]]``; token t
+  goes to page ``indices[indptr[b] + pos // S]``, slot ``pos % S``. A token whose request, position or page lies
+  outside writes nothing (and nothing outside the tensors is read).
 - ``kv_cache.append_mla``: ``run(ckv, kpe, ckv_pages, kpe_pages, table, batch_indices, positions) -> None``;
   ckv (T, Dc), kpe (T, Dr); ckv_pages (P, S, Dc), kpe_pages (P, S, Dr).
 
@@ -253,6 +258,84 @@ def append_slots_call(k: _Tensor, v: _Tensor, cache: PagedKVCache, slot_mapping:
                               cache.layout, cache.num_kv_heads, bucket(k.shape[0]), feats),
 
 
+# -- append_csr -----------------------------------------------------------------------------------------
+def append_csr(k: _Tensor, v: _Tensor, cache: PagedKVCache, indptr: _Tensor, indices: _Tensor, positions: _Tensor,
+               batch_indices: _Tensor, *, check_indices: bool = True, backend: BackendArg = None) -> None:
+    """Write new K/V tokens into the paged cache through FlashInfer's CSR page table, in place (the form of
+    ``flashinfer.append_paged_kv_cache``, which engines call once per layer with one table per step).
+
+    k (T, Hkv, D), v (T, Hkv, Dv) as in :func:`append`; indptr (B+1,), indices (nnz,) int32: request b holds pages
+    ``indices[indptr[b]:indptr[b+1]]``, in order; positions, batch_indices (T,) int32: token t goes to request
+    ``batch_indices[t]`` at position ``positions[t]``. No table is built: the kernel reads the page of each token
+    from the CSR arrays (one launch). ``check_indices`` checks every target with one read back from the device
+    (skipped during CUDA-graph capture); without it a token whose target lies outside writes nothing.
+    """
+    if torch.compiler.is_compiling():
+        APPEND_CSR.compiled(k, v, cache, indptr, indices, positions, batch_indices, check_indices, backend)
+        return
+    problem = append_csr_call(k, v, cache, indptr, indices, positions, batch_indices, check_indices)[0]
+    select("kv_cache.append_csr", problem, backend).kernel.run(k, v, cache, indptr, indices, batch_indices, positions)
+
+
+def _check_csr(indptr: Any, indices: Any, like: _Tensor) -> None:
+    """indptr (B+1,) and indices (nnz,): contiguous int32 tensors on the pages' device."""
+    for name, t in (("indptr", indptr), ("indices", indices)):
+        check_tensor(t, name, dims=1, dtypes=_INT32)
+        check_same_device(name, t, "the pages", like)
+        if not t.is_contiguous():
+            raise fail(name, "non-contiguous", "a contiguous tensor")
+    if indptr.shape[0] < 1:
+        raise fail("indptr.shape", tuple(indptr.shape), "(batch + 1,) with at least one entry")
+
+
+def _check_csr_targets(indptr: _Tensor, indices: _Tensor, batch_indices: _Tensor, positions: _Tensor,
+                       page_size: int, num_pages: int) -> None:
+    """One device read: every token's request, its page range in ``indices``, its position and its page must be in
+    range."""
+    if positions.numel() == 0 or is_capturing():
+        return
+    batch, nnz = indptr.shape[0] - 1, indices.shape[0]
+    bi, pos = batch_indices.long(), positions.long()
+    bad_b = (bi < 0) | (bi >= batch)
+    b = bi.clamp(0, max(batch - 1, 0))
+    ptr = indptr.long()
+    start, end = (ptr[b], ptr[b + 1]) if batch else (torch.zeros_like(bi), torch.zeros_like(bi))
+    bad_range = ~bad_b & ((start < 0) | (end < start) | (end > nnz))
+    it = start + pos.clamp(min=0) // page_size
+    bad_pos = ~bad_b & ~bad_range & ((pos < 0) | (it >= end))
+    page = indices.long()[it.clamp(0, max(nnz - 1, 0))] if nnz else torch.full_like(bi, -1)
+    bad_page = ~bad_b & ~bad_range & ~bad_pos & ((page < 0) | (page >= num_pages))
+    flags = torch.stack((bad_b.any(), bad_range.any(), bad_pos.any(), bad_page.any())).tolist()
+    if flags[0]:
+        t = int(bad_b.nonzero()[0, 0])
+        raise fail("batch_indices", f"{int(bi[t])} at token {t}", f"request indices in [0, {batch})")
+    if flags[1]:
+        t = int(bad_range.nonzero()[0, 0])
+        raise fail("indptr", f"[{int(start[t])}, {int(end[t])}) for request {int(bi[t])} (token {t})",
+                   f"non-decreasing offsets within indices ([0, {nnz}])")
+    if flags[2]:
+        t = int(bad_pos.nonzero()[0, 0])
+        raise fail("positions", f"{int(pos[t])} at token {t}",
+                   f"positions in [0, {int(end[t] - start[t])} pages * page_size {page_size}) of request {int(bi[t])}")
+    if flags[3]:
+        t = int(bad_page.nonzero()[0, 0])
+        raise fail("indices", f"page index {int(page[t])} for token {t}", f"page indices in [0, {num_pages})")
+
+
+def append_csr_call(k: _Tensor, v: _Tensor, cache: PagedKVCache, indptr: _Tensor, indices: _Tensor,
+                    positions: _Tensor, batch_indices: _Tensor, check_indices: bool = True) -> tuple[AppendProblem]:
+    """Validate an :func:`append_csr` call (``check_indices``: the targets, one host read): its problem."""
+    pages = _check_kv(k, v, cache)
+    _check_csr(indptr, indices, pages)
+    _check_per_token(positions, "positions", _INT32, k.shape[0], pages)
+    _check_per_token(batch_indices, "batch_indices", _INT32, k.shape[0], pages)
+    if check_indices:
+        _check_csr_targets(indptr, indices, batch_indices, positions, cache.page_size, cache.num_pages)
+    dev, cc = device_key(pages)
+    return AppendProblem(dev, cc, k.dtype, cache.dtype, cache.head_dim, cache.head_dim_v, cache.page_size,
+                         cache.layout, cache.num_kv_heads, bucket(k.shape[0]), _kv_features(cache, dev)),
+
+
 # -- append_mla ----------------------------------------------------------------------------------------
 def append_mla(ckv: _Tensor, kpe: _Tensor, ckv_pages: _Tensor, kpe_pages: _Tensor, table: PageTable,
                positions: _Tensor, batch_indices: _Tensor | None = None, *, check_indices: bool = True,
@@ -324,6 +407,13 @@ APPEND_SLOTS = define(OpSpec(
     cases="kv_cache", op="kv_cache_append_slots",
     args=(Arg("k"), Arg("v"), Arg("cache", "cache", mutated=True), Arg("slot_mapping"), Arg("check_indices", "bool"),
           Arg("backend", "backend")),
+    returns="()", fake=lambda *_: None,
+))
+APPEND_CSR = define(OpSpec(
+    "kv_cache.append_csr", append_csr, AppendProblem, append_csr_call, reference="append_csr", cases="kv_cache",
+    op="kv_cache_append_csr",
+    args=(Arg("k"), Arg("v"), Arg("cache", "cache", mutated=True), Arg("indptr"), Arg("indices"), Arg("positions"),
+          Arg("batch_indices"), Arg("check_indices", "bool"), Arg("backend", "backend")),
     returns="()", fake=lambda *_: None,
 ))
 APPEND_MLA = define(OpSpec(

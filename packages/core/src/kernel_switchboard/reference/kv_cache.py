@@ -77,6 +77,24 @@ def append_slots(k: torch.Tensor, v: torch.Tensor, cache: PagedKVCache, slot_map
         pages_nhd[pages, offsets] = chosen
 
 
+def append_csr(k: torch.Tensor, v: torch.Tensor, cache: PagedKVCache, indptr: torch.Tensor, indices: torch.Tensor,
+               batch_indices: torch.Tensor, positions: torch.Tensor) -> None:
+    """Write k (T, Hkv, D), v (T, Hkv, Dv) at page ``indices[indptr[b] + pos // S]``, slot ``pos % S`` of the paged
+    cache; a token whose request, position or page lies outside writes nothing (its slot is -1: the slots are
+    computed with clamped reads, then written as :func:`append_slots` writes them)."""
+    batch, nnz, size = indptr.shape[0] - 1, indices.shape[0], cache.page_size
+    b, pos = batch_indices.long(), positions.long()
+    ok = (b >= 0) & (b < batch) & (pos >= 0)
+    b = b.clamp(0, max(batch - 1, 0))
+    ptr = indptr.long()
+    start, end = ptr[b], ptr[(b + 1).clamp(max=batch)]
+    it = start + pos.clamp(min=0) // size
+    ok &= (start >= 0) & (it < end) & (it < nnz)
+    page = indices.long()[it.clamp(0, max(nnz - 1, 0))] if nnz else torch.full_like(b, -1)
+    ok &= (page >= 0) & (page < cache.num_pages)
+    append_slots(k, v, cache, torch.where(ok, page * size + pos % size, -1))
+
+
 def append_mla(ckv: torch.Tensor, kpe: torch.Tensor, ckv_pages: torch.Tensor, kpe_pages: torch.Tensor,
                table: PageTable, batch_indices: torch.Tensor, positions: torch.Tensor) -> None:
     """Write ckv (T, Dc), kpe (T, Dr) at (batch_indices[t], positions[t]) of the MLA pages (P, S, D)."""
@@ -90,5 +108,6 @@ KERNELS = [
     Kernel("kv_cache.append", "append", "reference", INVARIANT_CAPTURABLE, append, priority=PRIORITY),
     Kernel("kv_cache.append_slots", "append_slots", "reference", INVARIANT_CAPTURABLE, append_slots,
            priority=PRIORITY),
+    Kernel("kv_cache.append_csr", "append_csr", "reference", INVARIANT_CAPTURABLE, append_csr, priority=PRIORITY),
     Kernel("kv_cache.append_mla", "append_mla", "reference", INVARIANT_CAPTURABLE, append_mla, priority=PRIORITY),
 ]

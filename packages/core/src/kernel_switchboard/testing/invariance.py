@@ -32,7 +32,7 @@ OPS = ("attention.decode", "attention.prefill", "attention.prefill_ragged", "att
        "attention.mla_prefill", "attention.pod", "attention.dense", "attention.merge_states", "norm.rms_norm",
        "norm.fused_add_rms_norm", "norm.layer_norm", "gemm.mm", "gemm.mm_fp8", "moe.route", "moe.fused_moe",
        "sampling.renorm", "rope.apply", "activation.silu_and_mul", "activation.swiglu_oai_and_mul",
-       "kv_cache.append", "kv_cache.append_slots")
+       "kv_cache.append", "kv_cache.append_slots", "kv_cache.append_csr")
 
 
 @dataclass
@@ -415,7 +415,7 @@ def invariance_cases(op: str, device: torch.device | str, size: str = "small",
         return [_rowwise_case(op, f"swiglu-oai-{str(dtype)[6:]}-H{s.hidden}", s, device,
                               lambda data: (data.randn(1, 2 * s.hidden, dtype=dtype, scale=3.0),),
                               lambda r: ((r[0],), {"alpha": 1.702, "limit": 7.0}))]
-    if op in ("kv_cache.append", "kv_cache.append_slots"):
+    if op in ("kv_cache.append", "kv_cache.append_slots", "kv_cache.append_csr"):
         return [_append_case(op, s, dtype, device)]
     raise ValueError(f"no invariance cases for {op!r}; known: {', '.join(OPS)}")
 
@@ -462,8 +462,9 @@ def _moe_case(op: str, s: _Sizes, dtype: torch.dtype, device: torch.device | str
 
 
 def _append_case(op: str, s: _Sizes, dtype: torch.dtype, device: torch.device | str) -> InvarianceCase:
-    """kv_cache.append (through the table) or append_slots (to slot ``page * S + 2``) of one new token per request
-    into an fp8 cache: the request's stored bits (a divide by the scale and a rounding) in every batch."""
+    """kv_cache.append (through the table), append_csr (through its CSR form) or append_slots (to slot
+    ``page * S + 2``) of one new token per request into an fp8 cache: the request's stored bits (a divide by the scale
+    and a rounding) in every batch."""
     e4m3 = torch.float8_e4m3fn
     hkv, d, ps = s.kv_heads, s.head_dim, s.page_size
     case = InvarianceCase(op, f"{op.partition('.')[2].replace('_', '-')}-fp8-{str(dtype)[6:]}")
@@ -478,6 +479,10 @@ def _append_case(op: str, s: _Sizes, dtype: torch.dtype, device: torch.device | 
         pick = (lambda p: lambda a, r: [a[2].k_pages[p, 2], a[2].v_pages[p, 2]])(pos)
         if op == "kv_cache.append":
             case.batches.append(Batch(label, (rows[0], rows[1], cache, table, positions), {}, pick))
+        elif op == "kv_cache.append_csr":
+            pages = torch.arange(b + 1, dtype=torch.int32, device=device)  # one page per request: indptr, indices
+            case.batches.append(Batch(label, (rows[0], rows[1], cache, pages, pages[:b], positions, pages[:b]), {},
+                                      pick))
         else:
             slots = torch.arange(b, dtype=torch.int64, device=device) * ps + 2
             case.batches.append(Batch(label, (rows[0], rows[1], cache, slots), {}, pick))

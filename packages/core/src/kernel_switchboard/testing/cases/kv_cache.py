@@ -11,7 +11,7 @@ from ...paged import PagedKVCache, PageTable
 from ..case import Case
 from .attention import _SHORT, generator, page_table, random_pages
 
-OPS = ("kv_cache.append", "kv_cache.append_slots", "kv_cache.append_mla")
+OPS = ("kv_cache.append", "kv_cache.append_slots", "kv_cache.append_csr", "kv_cache.append_mla")
 
 
 def _pages_of(args: tuple[Any, ...], _: Any) -> list[torch.Tensor]:
@@ -96,6 +96,33 @@ def append_slots_case(dtype: torch.dtype, layout: str, page_size: int, kv_heads:
                 base.dtype, outputs=_pages_of)
 
 
+def append_csr_case(dtype: torch.dtype, layout: str, page_size: int, kv_heads: int, head_dim: int,
+                    kv_lens: tuple[int, ...], new: tuple[int, ...] | None, device: torch.device | str,
+                    kv_dtype: torch.dtype | None = None, head_dim_v: int | None = None, outside: int = 0,
+                    seed: int | torch.Generator = 0) -> Case:
+    """As :func:`append_case`, addressed through the CSR form of its table (``PageTable.to_csr``), with ``outside``
+    extra tokens whose request, position or page lies outside (they write nothing; the case then passes
+    ``check_indices=False``, which would refuse them)."""
+    base = append_case(dtype, layout, page_size, kv_heads, head_dim, kv_lens, new, device, kv_dtype, head_dim_v, seed)
+    k, v, cache, table, positions = base.args[:5]
+    rows = base.args[5] if len(base.args) > 5 else torch.arange(len(kv_lens), dtype=torch.int32, device=device)
+    indptr, indices, _ = table.to_csr(page_size)
+    if outside:
+        g = generator(20_000 + outside)
+        batch = len(kv_lens)
+        # a request past the batch, a position past the request's pages, a negative position, by turns
+        bad = [(batch, 0), (0, (int(indptr[1]) + 1) * page_size), (batch - 1, -1)]
+        extra = [bad[i % 3] for i in range(outside)]
+        k = torch.cat((k, (torch.randn(outside, kv_heads, k.shape[2], generator=g) * 4).to(k.device, k.dtype)))
+        v = torch.cat((v, (torch.randn(outside, kv_heads, v.shape[2], generator=g) * 4).to(v.device, v.dtype)))
+        rows = torch.cat((rows, torch.tensor([b for b, _ in extra], dtype=torch.int32, device=device)))
+        positions = torch.cat((positions, torch.tensor([q for _, q in extra], dtype=torch.int32, device=device)))
+    tag = base.id.replace("decode", "csr-decode").replace("prefill", "csr-prefill") + (
+        f"-out{outside}" if outside else "")
+    return Case("kv_cache.append_csr", tag, (k, v, cache, indptr, indices, positions, rows),
+                {"check_indices": False} if outside else {}, base.dtype, outputs=_pages_of)
+
+
 def append_mla_case(dtype: torch.dtype, page_size: int, kv_lens: tuple[int, ...], new: tuple[int, ...] | None,
                     device: torch.device | str, dc: int = 512, dr: int = 64, seed: int | torch.Generator = 0) -> Case:
     g = generator(seed)
@@ -165,6 +192,24 @@ def cases(op: str, device: torch.device, size: str) -> list[Case]:
             out.append(append_slots_case(dt, layout, ps, 8, 128, lens, new, device, kvd, padding=rng.randint(0, 64),
                                          seed=i))
         return out
+    if op == "kv_cache.append_csr":
+        if size == "small":
+            csr_specs: list[tuple[Any, ...]] = [  # dtype, layout, page size, heads, dim, lens, new, kv dtype, outside
+                (f16, "NHD", 16, 2, 64, (1, 17, 40), None, None, 0),
+                (bf16, "HND", 1, 2, 64, (5, 9), (5, 2), None, 3),
+                (f32, "NHD", 16, 1, 64, (33, 16, 1), (3, 16, 1), None, 0),
+                (bf16, "NHD", 4, 4, 64, (7, 3, 20), (7, 1, 4), e4m3, 2),
+            ]
+            return [append_csr_case(dt, layout, ps, heads, dim, lens, new, device, kvd, outside=o, seed=i)
+                    for i, (dt, layout, ps, heads, dim, lens, new, kvd, o) in enumerate(csr_specs)]
+        out = []
+        for i, (dt, layout, ps, kvd) in enumerate([(bf16, "NHD", 16, None), (f16, "HND", 64, None),
+                                                  (bf16, "NHD", 16, e4m3)]):
+            batch = rng.choice((16, 32, 64))
+            lens = tuple(rng.randint(1, 4096) for _ in range(batch))
+            new = None if i % 2 == 0 else tuple(min(n, rng.randint(1, 256)) for n in lens)
+            out.append(append_csr_case(dt, layout, ps, 8, 128, lens, new, device, kvd, outside=i, seed=i))
+        return out
     if op == "kv_cache.append_mla":
         if size == "small":
             return [append_mla_case(f16, 16, (1, 17, 40), None, device),
@@ -196,10 +241,11 @@ def example(op: str, device: torch.device | str = "cpu", **shape: Any) -> Case:
     if op == "kv_cache.append_mla":
         return append_mla_case(dtype, int(shape.get("page_size", 64)), (kv_len,) * batch, new, device,
                                int(shape.get("head_dim", 512)), int(shape.get("head_dim_pe", 64)), seed)
-    if op in ("kv_cache.append", "kv_cache.append_slots"):
+    if op in ("kv_cache.append", "kv_cache.append_slots", "kv_cache.append_csr"):
         kv_dtype = shape.get("kv_dtype")
         kvd = _dtype(kv_dtype) if kv_dtype is not None else None
-        build = append_case if op == "kv_cache.append" else append_slots_case
+        build = {"kv_cache.append": append_case, "kv_cache.append_slots": append_slots_case,
+                 "kv_cache.append_csr": append_csr_case}[op]
         return build(dtype, str(shape.get("layout", "NHD")), int(shape.get("page_size", 16)),
                      int(shape.get("kv_heads", shape.get("num_kv_heads", 8))),
                      int(shape.get("head_dim", 128)), (kv_len,) * batch, new,
