@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -244,8 +245,10 @@ def example(op: str, device: torch.device | str = "cpu", **shape: Any) -> Case:
     if op in ("kv_cache.append", "kv_cache.append_slots", "kv_cache.append_csr"):
         kv_dtype = shape.get("kv_dtype")
         kvd = _dtype(kv_dtype) if kv_dtype is not None else None
-        build = {"kv_cache.append": append_case, "kv_cache.append_slots": append_slots_case,
-                 "kv_cache.append_csr": append_csr_case}[op]
+        builders: dict[str, Callable[..., Case]] = {
+            "kv_cache.append": append_case, "kv_cache.append_slots": append_slots_case,
+            "kv_cache.append_csr": append_csr_case}
+        build = builders[op]
         return build(dtype, str(shape.get("layout", "NHD")), int(shape.get("page_size", 16)),
                      int(shape.get("kv_heads", shape.get("num_kv_heads", 8))),
                      int(shape.get("head_dim", 128)), (kv_len,) * batch, new,
