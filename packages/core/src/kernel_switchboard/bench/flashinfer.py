@@ -10,7 +10,7 @@ the compat layer's (>= 1: the compat layer is at least as fast). Calls are timed
 
 The ops beside attention (:func:`op_points`): fused add + RMSNorm (8192 x 8192 and a decode step of 128 x 4096,
 bf16), RoPE (8192 tokens of Llama-3-8B heads, by position ids and from a cos/sin table in place), KV append (a decode
-step of 128 requests at 8192 tokens, and a 1 x 8192 prefill, page 16), the fp8 GEMM with DeepSeek-V3 block scales
+step of 128 requests at 8192 tokens, and a 1 x 8192 prefill, page 16, through the CSR page table), the fp8 GEMM with DeepSeek-V3 block scales
 (1x128 activations, 128x128 weights; 8192^3 and 128 x 8192 x 8192) beside FlashInfer's ``fp8_blockscale_gemm_sm90``,
 ``torch._scaled_mm`` with the same block scales and per-tensor (cuBLAS), and ``ksb.sampling`` top-p / top-k + top-p
 with default arguments beside FlashInfer's. These also time every eligible switchboard kernel forced by name
@@ -347,7 +347,7 @@ def _rope(point: Point, preset: str, device: torch.device, reps_ms: float) -> li
 
 def _append_kv(point: Point, preset: str, device: torch.device, reps_ms: float) -> list[Row]:
     from .. import ops
-    from ..paged import PagedKVCache, PageTable
+    from ..paged import PagedKVCache
 
     b, new, kv_len, page = point.params["batch"], point.params["new"], point.params["kv_len"], 16
     hkv, d, dtype = LLAMA["num_kv_heads"], LLAMA["head_dim"], torch.bfloat16
@@ -365,14 +365,13 @@ def _append_kv(point: Point, preset: str, device: torch.device, reps_ms: float) 
         return torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
 
     ours = pages()
-    table = PageTable.from_csr(indptr, indices, last, page)
     cache = PagedKVCache(*ours, "NHD")
-    args = (k, v, cache, table, positions, batch_indices)
-    kernel = _chosen("kv_cache.append", *args, check_indices=False)
+    args = (k, v, cache, indptr, indices, positions, batch_indices)  # what the compat function calls
+    kernel = _chosen("kv_cache.append_csr", *args, check_indices=False)
     calls: dict[str, Callable[[], Any]] = {
         f"kernel_switchboard.flashinfer -> {kernel}":
             lambda: compat.append_paged_kv_cache(k, v, batch_indices, positions, ours, indices, indptr, last, "NHD")}
-    calls.update(_forced("kv_cache.append", ops.kv_cache.append, args, {"check_indices": False}, device))
+    calls.update(_forced("kv_cache.append_csr", ops.kv_cache.append_csr, args, {"check_indices": False}, device))
     extra: dict[str, Any] = {}
     if fi is not None:
         theirs = pages()
