@@ -10,14 +10,14 @@ the compat layer's (>= 1: the compat layer is at least as fast). Calls are timed
 
 The ops beside attention (:func:`op_points`): fused add + RMSNorm (8192 x 8192 and a decode step of 128 x 4096,
 bf16), RoPE (8192 tokens of Llama-3-8B heads, by position ids and from a cos/sin table in place), KV append through
-the CSR page table (a decode step of 128 requests at 8192 tokens, and a 1 x 8192 prefill, page 16), the fp8 GEMM with
-DeepSeek-V3 block scales (1x128 activations, 128x128 weights; 8192^3 and 128 x 8192 x 8192) beside FlashInfer's
-``fp8_blockscale_gemm_sm90``,
-``torch._scaled_mm`` with the same block scales and per-tensor (cuBLAS), and ``ksb.sampling`` top-p / top-k + top-p
-with default arguments beside FlashInfer's. These also time every eligible switchboard kernel forced by name
-(``ksb kernel <id>``) and give an ``auto vs best kernel`` row (the best forced time over the automatic choice's), and
-they check the outputs agree before timing (``extra``: the largest difference from FlashInfer, or from a float32
-reference for the GEMM). Their sizes come from the point's params, so the same runners run on a CPU at small sizes.
+the CSR page table (a decode step of 128 requests at 8192 tokens, and a 1 x 8192 prefill, page 16), the fp8 GEMM
+with DeepSeek-V3 block scales (1x128 activations, 128x128 weights; 8192^3 and 128 x 8192 x 8192) beside FlashInfer's
+``fp8_blockscale_gemm_sm90``, ``torch._scaled_mm`` with the same block scales and per-tensor (cuBLAS), and
+``ksb.sampling`` top-p / top-k + top-p with default arguments beside FlashInfer's. These also time every eligible
+switchboard kernel forced by name (``ksb kernel <id>``) and give an ``auto vs best kernel`` row (the best forced
+time over the automatic choice's), and they check the outputs agree before timing (``extra``: the largest difference
+from FlashInfer, or from a float32 reference for the GEMM). Their sizes come from the point's params, so the same
+runners run on a CPU at small sizes.
 
 The ``host overhead`` point (CPU or GPU) measures what the compat layer adds to the switchboard plan's ``run``: a
 decode wrapper and its plan, both driving a runner that does nothing, so only host work is timed (microseconds per
