@@ -25,6 +25,7 @@ that with one read back from the device (skipped during CUDA-graph capture, or w
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -133,18 +134,24 @@ def _check_targets(table: PageTable, batch_indices: _Tensor, positions: _Tensor,
         bad_page = (pages < 0) | (pages >= num_pages)
     else:
         bad_page = torch.ones_like(bad_b)
-    flags = torch.stack((bad_b.any(), bad_pos.any(), (bad_page & ~bad_b & ~bad_pos).any())).tolist()
-    if flags[0]:
-        t = int(bad_b.nonzero()[0, 0])
-        raise fail("batch_indices", f"{int(bi[t])} at token {t}", f"request indices in [0, {b})")
-    if flags[1]:
-        t = int(bad_pos.nonzero()[0, 0])
-        raise fail("positions", f"{int(pos[t])} at token {t}",
-                   f"positions in [0, max_pages * page_size = {max_pages} * {page_size})")
-    if flags[2]:
-        t = int((bad_page & ~bad_b & ~bad_pos).nonzero()[0, 0])
-        raise fail("table.block_table", f"page index {int(pages[t])} for token {t}",
-                   f"page indices in [0, {num_pages}) for the pages written")
+    bad_page = bad_page & ~bad_b & ~bad_pos
+    _raise_first_bad([
+        (bad_b, "batch_indices", lambda t: f"{int(bi[t])} at token {t}", lambda t: f"request indices in [0, {b})"),
+        (bad_pos, "positions", lambda t: f"{int(pos[t])} at token {t}",
+         lambda t: f"positions in [0, max_pages * page_size = {max_pages} * {page_size})"),
+        (bad_page, "table.block_table", lambda t: f"page index {int(pages[t])} for token {t}",
+         lambda t: f"page indices in [0, {num_pages}) for the pages written"),
+    ])
+
+
+def _raise_first_bad(checks: list[tuple[_Tensor, str, Callable[[int], str], Callable[[int], str]]]) -> None:
+    """With one read back for every check: raise for the first check (argument name, value and what is allowed,
+    told by its first bad token) whose (T,) mask flags a token."""
+    flags = torch.stack([mask.any() for mask, *_ in checks]).tolist()
+    for flag, (mask, name, value, allowed) in zip(flags, checks, strict=True):
+        if flag:
+            t = int(mask.nonzero()[0, 0])
+            raise fail(name, value(t), allowed(t))
 
 
 def _check_kv(k: Any, v: Any, cache: Any) -> _Tensor:
@@ -305,21 +312,16 @@ def _check_csr_targets(indptr: _Tensor, indices: _Tensor, batch_indices: _Tensor
     bad_pos = ~bad_b & ~bad_range & ((pos < 0) | (it >= end))
     page = indices.long()[it.clamp(0, max(nnz - 1, 0))] if nnz else torch.full_like(bi, -1)
     bad_page = ~bad_b & ~bad_range & ~bad_pos & ((page < 0) | (page >= num_pages))
-    flags = torch.stack((bad_b.any(), bad_range.any(), bad_pos.any(), bad_page.any())).tolist()
-    if flags[0]:
-        t = int(bad_b.nonzero()[0, 0])
-        raise fail("batch_indices", f"{int(bi[t])} at token {t}", f"request indices in [0, {batch})")
-    if flags[1]:
-        t = int(bad_range.nonzero()[0, 0])
-        raise fail("indptr", f"[{int(start[t])}, {int(end[t])}) for request {int(bi[t])} (token {t})",
-                   f"non-decreasing offsets within indices ([0, {nnz}])")
-    if flags[2]:
-        t = int(bad_pos.nonzero()[0, 0])
-        raise fail("positions", f"{int(pos[t])} at token {t}",
-                   f"positions in [0, {int(end[t] - start[t])} pages * page_size {page_size}) of request {int(bi[t])}")
-    if flags[3]:
-        t = int(bad_page.nonzero()[0, 0])
-        raise fail("indices", f"page index {int(page[t])} for token {t}", f"page indices in [0, {num_pages})")
+    _raise_first_bad([
+        (bad_b, "batch_indices", lambda t: f"{int(bi[t])} at token {t}", lambda t: f"request indices in [0, {batch})"),
+        (bad_range, "indptr", lambda t: f"[{int(start[t])}, {int(end[t])}) for request {int(bi[t])} (token {t})",
+         lambda t: f"non-decreasing offsets within indices ([0, {nnz}])"),
+        (bad_pos, "positions", lambda t: f"{int(pos[t])} at token {t}",
+         lambda t: f"positions in [0, {int(end[t] - start[t])} pages * page_size {page_size}) of request "
+                   f"{int(bi[t])}"),
+        (bad_page, "indices", lambda t: f"page index {int(page[t])} for token {t}",
+         lambda t: f"page indices in [0, {num_pages})"),
+    ])
 
 
 def append_csr_call(k: _Tensor, v: _Tensor, cache: PagedKVCache, indptr: _Tensor, indices: _Tensor,
