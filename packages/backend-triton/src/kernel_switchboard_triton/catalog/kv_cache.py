@@ -1,9 +1,9 @@
 """Triton KV-cache kernels (``kv_cache.append``, ``append_slots``, ``append_csr``, ``append_mla``): records
 and capabilities.
 
-The kernels live in ``_append.py``: one program per (token, block of heads) finds its page
-(through the block table or the CSR page table, or from its slot) and writes K and V (fp8 pages: value / scale, saturated,
-rounded to nearest even). Any head dim and page size; NHD and HND; no host sync (CUDA-graph capturable).
+The kernels live in ``_append.py``: one program per (token, block of heads) finds its page (through the block
+table or the CSR page table, or from its slot) and writes K and V (fp8 pages: value / scale, saturated, rounded to
+nearest even). Any head dim and page size; NHD and HND; no host sync (CUDA-graph capturable).
 """
 
 from __future__ import annotations
