@@ -98,14 +98,12 @@ def lazy_kernel_cases(kernels: list[Kernel], device: torch.device, size: str = "
 @contextlib.contextmanager
 def _one_builder_at_a_time(device: torch.device) -> Iterator[None]:
     """Hold a lock file shared by every process of this machine while building cases on a GPU (no lock on the CPU,
-    or where ``fcntl`` is missing)."""
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: no lock
-        fcntl = None  # type: ignore[assignment]
-    if device.type != "cuda" or fcntl is None:
+    or off POSIX, where ``fcntl`` is missing)."""
+    if device.type != "cuda" or os.name != "posix":
         yield
         return
+    import fcntl
+
     path = os.path.join(tempfile.gettempdir(), "kernel-switchboard-conformance-build.lock")
     with open(path, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
