@@ -446,7 +446,8 @@ def _top_k_select(
     IS_LOGITS: tl.constexpr,  # x holds logits
     ROWS: tl.constexpr,  # rows per program
     BLOCK: tl.constexpr,  # chunk width
-    STAGES: tl.constexpr,  # software-pipeline depth of the walks over the vocabulary (loads run ahead)
+    WALK_STAGES: tl.constexpr,  # software-pipeline depth of walks 1 and 2 (loads run ahead)
+    STAGES: tl.constexpr,  # that of the fallback search's walks
     NP: tl.constexpr,  # pivots per pass of the fallback search
     SCRATCH: tl.constexpr,  # workspace slots per row (power of two)
     MAX_PASSES: tl.constexpr,  # bound on the fallback's passes
@@ -466,7 +467,7 @@ def _top_k_select(
     zero = tl.zeros((ROWS,), tl.float32)
     tot = tl.zeros((ROWS, BLOCK), tl.float32)
     wmax = zero
-    for start in tl.range(0, V, BLOCK, num_stages=STAGES):
+    for start in tl.range(0, V, BLOCK, num_stages=WALK_STAGES):
         _cols, _valid, w = _chunk(x_ptr, row_off, rmask, V, m, c, start, IS_LOGITS, BLOCK)
         tot += w
         gmax = tl.max(tl.reshape(w, (ROWS, PER, GROUP)), axis=2)  # (ROWS, PER): maxima of GROUP-wide slices
@@ -485,7 +486,7 @@ def _top_k_select(
     tl.debug_barrier()
     nb = tl.zeros((ROWS,), tl.int32)
     if tl.max(fits.to(tl.int32), axis=0) > 0:
-        for start in tl.range(0, V, BLOCK, num_stages=STAGES):
+        for start in tl.range(0, V, BLOCK, num_stages=WALK_STAGES):
             _cols, valid, w = _chunk(x_ptr, row_off, rmask, V, m, c, start, IS_LOGITS, BLOCK)
             inb = valid & (w >= bound[:, None]) & fits[:, None]
             pos = nb[:, None] + tl.cumsum(inb.to(tl.int32), axis=1) - 1
@@ -626,7 +627,8 @@ def _top_k_threshold_kernel(
     HAS_T: tl.constexpr, T_ROWS: tl.constexpr,  # temperature given; per row
     ROWS: tl.constexpr,  # rows per program
     BLOCK: tl.constexpr,  # chunk width
-    STAGES: tl.constexpr,  # software-pipeline depth of the walks over the vocabulary
+    WALK_STAGES: tl.constexpr,  # software-pipeline depth of the plain walks (row max, slice maxima, compaction)
+    STAGES: tl.constexpr,  # that of the fallback pivot search's walks (which spill when pipelined)
     NP: tl.constexpr,  # pivots per search pass
     SCRATCH: tl.constexpr,  # workspace slots per row
     MAX_PASSES: tl.constexpr,  # bound on search passes
@@ -642,11 +644,11 @@ def _top_k_threshold_kernel(
     c, _t_bad = _logit_scale(rows, rmask, t_ptr, t_val, HAS_T, T_ROWS, ROWS)  # the sampling kernel checks t
     bad = rows < 0
     if IS_LOGITS:
-        m, bad = _checked_max(_row_max(x_ptr, row_off, rmask, V, ROWS, BLOCK, STAGES))
+        m, bad = _checked_max(_row_max(x_ptr, row_off, rmask, V, ROWS, BLOCK, WALK_STAGES))
     kf, k_on, k_bad = _top_k_of_rows(rows, rmask, k_ptr, k_val, V, K_ROWS, ROWS)
     tau, mass_k, _total, wmax = _top_k_select(x_ptr, row_off, rmask, V, m, c, kf, k_on, scratch_ptr,
-                                              rows.to(tl.int64) * SCRATCH, IS_LOGITS, ROWS, BLOCK, STAGES, NP, SCRATCH,
-                                              MAX_PASSES, SORT)
+                                              rows.to(tl.int64) * SCRATCH, IS_LOGITS, ROWS, BLOCK, WALK_STAGES, STAGES,
+                                              NP, SCRATCH, MAX_PASSES, SORT)
     tl.store(stats_ptr + rows, m, mask=rmask)
     tl.store(stats_ptr + B + rows, tau, mask=rmask)
     tl.store(stats_ptr + 2 * B + rows, mass_k, mask=rmask)
@@ -846,7 +848,7 @@ def _renorm_kernel(
         kf, k_on, k_bad = _top_k_of_rows(rows, rmask, k_ptr, k_val, V, K_ROWS, ROWS)
         bad = bad | k_bad
         tau, mass_k, total, wmax = _top_k_select(x_ptr, row_off, rmask, V, m, c, kf, k_on, scratch_ptr, scr_off,
-                                                 False, ROWS, BLOCK, STAGES, NP, SCRATCH, MAX_PASSES, SORT)
+                                                 False, ROWS, BLOCK, STAGES, STAGES, NP, SCRATCH, MAX_PASSES, SORT)
     else:
         wmax, total = _stats(x_ptr, row_off, rmask, V, m, c, False, ROWS, BLOCK, STAGES)
         mass_k = total

@@ -48,6 +48,9 @@ MIN_WARPS = 4
 #: reduction and the slice-maxima bound, and the first candidate pass sums only what it needs.
 TOP_P_WALK = (8192, 3, 8)
 SEARCH_WALK = (4096, 1, 16)
+#: load pipeline stages of top-k's plain walks (row max, slice maxima, compaction; the pivot search keeps
+#: SEARCH_WALK's): with one CTA per row and one row per SM, an unpipelined walk waits out each chunk's load latency
+TOP_K_WALK_STAGES = 3
 #: finish threshold searches with tl.sort; the interpreter ranks pairwise instead (its sort is very slow)
 SORT = not triton_interpreting()
 _MAX_NUMEL = 1 << 20
@@ -126,7 +129,7 @@ def top_k_threshold(x: torch.Tensor, top_k: Any, is_logits: bool, temperature: A
     K._top_k_threshold_kernel[(triton.cdiv(batch, search.rows),)](
         x, k_t if k_rows else stats, t_t if t_rows else stats, int(k_v), float(t_v) if has_t else 1.0, scratch, stats,
         batch, vocab, x.stride(0), IS_LOGITS=is_logits, K_ROWS=k_rows, HAS_T=has_t, T_ROWS=t_rows, ROWS=search.rows,
-        BLOCK=search.block, STAGES=search.stages, NP=NUM_PIVOTS, SCRATCH=search.scratch, MAX_PASSES=MAX_PASSES,
+        BLOCK=search.block, WALK_STAGES=TOP_K_WALK_STAGES, STAGES=search.stages, NP=NUM_PIVOTS, SCRATCH=search.scratch, MAX_PASSES=MAX_PASSES,
         SORT=SORT, num_warps=search.num_warps,
     )
     return stats
