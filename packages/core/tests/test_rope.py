@@ -202,6 +202,41 @@ def test_capture_skips_the_sync_and_needs_a_warm_table(monkeypatch: pytest.Monke
     torch.testing.assert_close(got, want)
 
 
+@pytest.mark.parametrize("inplace", [False, True])
+def test_unchecked_positions_outside_the_table_come_out_nan(monkeypatch: pytest.MonkeyPatch, inplace: bool) -> None:
+    """check_positions=False reads nothing back; a token whose position lies outside the table gets NaN in its
+    rotated dims and keeps its pass-through dims, the other tokens are rotated as with the check."""
+    q, k = torch.randn(5, 2, 64), torch.randn(5, 1, 64)
+    cache = ksb.rope.cos_sin_cache(16, 32)
+    inside = torch.tensor([3, 15, 0, 7, 9])
+    outside = torch.tensor([3, 16, -1, 7, 2**40])
+    want_q, want_k = ksb.rope.apply_cos_sin_cache(q, k, inside, cache)
+    monkeypatch.setattr(rope, "_check_positions_in_range", lambda *_: pytest.fail("a host read"))
+    qa, ka = q.clone(), k.clone()
+    got_q, got_k = ksb.rope.apply_cos_sin_cache(qa, ka, outside, cache, inplace=inplace, check_positions=False)
+    for got, want in ((got_q, want_q), (got_k, want_k)):
+        bad = torch.tensor([False, True, True, False, True])
+        torch.testing.assert_close(got[~bad], want[~bad])
+        assert got[bad][..., :32].isnan().all() and not got[bad][..., 32:].isnan().any()
+        torch.testing.assert_close(got[bad][..., 32:], want[bad][..., 32:])
+    if inplace:
+        assert got_q is qa and got_k is ka
+
+
+def test_flashinfer_compat_rope_from_a_table_reads_nothing_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``apply_rope_with_cos_sin_cache(_inplace)`` do not check the positions on the host (as FlashInfer's)."""
+    import kernel_switchboard.flashinfer as fi
+
+    q, k, pos = torch.randn(4, 2 * 64), torch.randn(4, 64), torch.arange(4)
+    cache = ksb.rope.cos_sin_cache(16, 64)
+    want_q, want_k = ksb.rope.apply_cos_sin_cache(q.view(4, 2, 64), k.view(4, 1, 64), pos, cache)
+    monkeypatch.setattr(rope, "_check_positions_in_range", lambda *_: pytest.fail("a host read"))
+    got_q, got_k = fi.apply_rope_with_cos_sin_cache(pos, q, k, 64, cache)
+    torch.testing.assert_close((got_q, got_k), (want_q.view(4, -1), want_k.view(4, -1)))
+    fi.apply_rope_with_cos_sin_cache_inplace(pos, q, k, 64, cache)
+    torch.testing.assert_close((q, k), (want_q.view(4, -1), want_k.view(4, -1)))
+
+
 def test_problem_records_layout_and_features() -> None:
     q, k, pos = torch.randn(4, 2, 64), torch.randn(4, 1, 64), torch.arange(4, dtype=torch.int32)
     sel = ksb.explain("rope.apply", q, k, pos, rotary_dim=32, interleaved=True, inplace=True)
@@ -237,9 +272,9 @@ def test_opcheck_rope_ops() -> None:
     torch.library.opcheck(torch.ops.ksb.rope_apply.default, (q, k, pos, 1e4, 32, False, [8.0, 1.0, 4.0, 8192.0], None))
     torch.library.opcheck(torch.ops.ksb.rope_apply_inplace.default, (q.clone(), k.clone(), pos, 1e4, None, True, None,
                                                                      None))
-    torch.library.opcheck(torch.ops.ksb.rope_apply_cos_sin_cache.default, (q, k, pos, cache, True, None))
+    torch.library.opcheck(torch.ops.ksb.rope_apply_cos_sin_cache.default, (q, k, pos, cache, True, True, None))
     torch.library.opcheck(torch.ops.ksb.rope_apply_cos_sin_cache_inplace.default,
-                          (q.clone(), k.clone(), pos, cache, False, None))
+                          (q.clone(), k.clone(), pos, cache, False, False, None))
 
 
 @pytest.mark.gpu

@@ -68,6 +68,7 @@ def _rope_kernel(
     stride_qt, stride_qh, stride_qot, stride_qoh,  # query in/out strides (token, head)
     stride_kt, stride_kh, stride_kot, stride_koh,  # key in/out strides (token, head)
     stride_cache,  # row stride of the cos/sin cache (unused with inv_freq)
+    max_position,  # rows of the cos/sin cache (unused with inv_freq)
     HALF,  # rotary_dim / 2
     USE_CACHE: tl.constexpr,  # freq_ptr is a cos/sin cache
     INTERLEAVED: tl.constexpr,  # GPT-J pairs; else NeoX halves
@@ -81,9 +82,12 @@ def _rope_kernel(
     i = tl.arange(0, HALF_BLOCK)
     pos = tl.load(pos_ptr + tok)
     if USE_CACHE:
-        row = freq_ptr + pos.to(tl.int64) * stride_cache
-        cos = tl.load(row + i, mask=i < HALF, other=1.0).to(tl.float32)
-        sin = tl.load(row + HALF + i, mask=i < HALF, other=0.0).to(tl.float32)
+        # a position outside the table (unchecked calls) reads nothing and turns its token's rotated dims NaN
+        inside = (pos >= 0) & (pos < max_position)
+        row = freq_ptr + tl.where(inside, pos, 0).to(tl.int64) * stride_cache
+        used = i < tl.where(inside, HALF, 0)
+        cos = tl.load(row + i, mask=used, other=float("nan")).to(tl.float32)
+        sin = tl.load(row + HALF + i, mask=used, other=float("nan")).to(tl.float32)
     else:
         angle = pos.to(tl.float32) * tl.load(freq_ptr + i, mask=i < HALF, other=0.0).to(tl.float32)
         # reduce to [-pi, pi] first (Cody-Waite with fma: 2 pi = fp32(2 pi) + 2 pi's float32 residue), so
@@ -117,7 +121,7 @@ def _launch(q: torch.Tensor, k: torch.Tensor | None, positions: torch.Tensor, fr
         q, q_out, kk, ko, positions, freq, hq, hk, d,
         q.stride(0), q.stride(1), q_out.stride(0), q_out.stride(1),
         kk.stride(0), kk.stride(1), ko.stride(0), ko.stride(1),
-        freq.stride(0), half,
+        freq.stride(0), freq.shape[0], half,
         USE_CACHE=use_cache, INTERLEAVED=interleaved, COPY_REST=(not inplace and rest > 0), BLOCK_H=BLOCK_H,
         HALF_BLOCK=triton.next_power_of_2(half), REST_BLOCK=triton.next_power_of_2(max(rest, 1)), num_warps=4,
     )

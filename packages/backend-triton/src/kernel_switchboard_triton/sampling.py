@@ -129,8 +129,8 @@ def top_k_threshold(x: torch.Tensor, top_k: Any, is_logits: bool, temperature: A
     K._top_k_threshold_kernel[(triton.cdiv(batch, search.rows),)](
         x, k_t if k_rows else stats, t_t if t_rows else stats, int(k_v), float(t_v) if has_t else 1.0, scratch, stats,
         batch, vocab, x.stride(0), IS_LOGITS=is_logits, K_ROWS=k_rows, HAS_T=has_t, T_ROWS=t_rows, ROWS=search.rows,
-        BLOCK=search.block, WALK_STAGES=TOP_K_WALK_STAGES, STAGES=search.stages, NP=NUM_PIVOTS, SCRATCH=search.scratch, MAX_PASSES=MAX_PASSES,
-        SORT=SORT, num_warps=search.num_warps,
+        BLOCK=search.block, WALK_STAGES=TOP_K_WALK_STAGES, STAGES=search.stages, NP=NUM_PIVOTS,
+        SCRATCH=search.scratch, MAX_PASSES=MAX_PASSES, SORT=SORT, num_warps=search.num_warps,
     )
     return stats
 

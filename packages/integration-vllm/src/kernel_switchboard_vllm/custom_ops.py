@@ -85,7 +85,7 @@ class SwitchboardRotaryEmbedding(RotaryEmbedding):
         q = query.view(tokens, -1, self.head_size)
         k = key.view(tokens, -1, self.head_size) if key is not None else q[:, :1].clone()  # no key: rotate a copy
         ksb.rope.apply_cos_sin_cache(q, k, positions, self._table(query.device), interleaved=not self.is_neox_style,
-                                     inplace=True)
+                                     inplace=True, check_positions=False)  # as vLLM's kernel: no host read
         return query, key
 
     forward_native = forward_cuda = forward_cpu = forward_hip = forward_xpu = forward_oot = _ksb  # type: ignore[assignment]

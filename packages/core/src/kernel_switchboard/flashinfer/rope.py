@@ -4,7 +4,9 @@ q (nnz, Hq, D) and k (nnz, Hk, D) turn by each token's position: ``pos_ids`` (nn
 ``offsets[b] + i`` for token i of request b (``indptr`` packs the requests). ``interleave``: GPT-J pairs (2i, 2i+1),
 else NeoX halves; ``rotary_dim`` (default D) leading dims turn. ``rope_scale`` divides every frequency (linear
 position interpolation); the ``llama31`` forms use Llama 3.1's frequency bands. The ``cos_sin_cache`` forms take
-vLLM's table (max_position, rotary_dim) float32, rows ``[cos | sin]``, and (nnz, H * head_size) or 3-d q / k.
+vLLM's table (max_position, rotary_dim) float32, rows ``[cos | sin]``, and (nnz, H * head_size) or 3-d q / k; as
+FlashInfer's, they read nothing back to check the positions: a token whose position lies outside the table comes out
+NaN in its rotated dims.
 """
 
 from __future__ import annotations
@@ -128,7 +130,7 @@ def apply_rope_with_cos_sin_cache(positions: torch.Tensor, query: torch.Tensor, 
                                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotated copies of query / key (their shapes) from the precomputed table."""
     q_out, k_out = rope.apply_cos_sin_cache(_heads(query, "query", head_size), _heads(key, "key", head_size), positions,
-                                            cos_sin_cache, interleaved=not is_neox)
+                                            cos_sin_cache, interleaved=not is_neox, check_positions=False)
     return q_out.view(query.shape), k_out.view(key.shape)
 
 
@@ -136,4 +138,4 @@ def apply_rope_with_cos_sin_cache_inplace(positions: torch.Tensor, query: torch.
                                           head_size: int, cos_sin_cache: torch.Tensor, is_neox: bool = True) -> None:
     """Rotate query / key in place from the precomputed table."""
     rope.apply_cos_sin_cache(_heads(query, "query", head_size), _heads(key, "key", head_size), positions,
-                             cos_sin_cache, interleaved=not is_neox, inplace=True)
+                             cos_sin_cache, interleaved=not is_neox, inplace=True, check_positions=False)

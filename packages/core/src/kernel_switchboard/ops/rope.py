@@ -323,21 +323,24 @@ def _apply_eager(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, thet
 
 # -- apply_cos_sin_cache -----------------------------------------------------------------------------------
 def apply_cos_sin_cache(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, *,
-                        interleaved: bool = False, inplace: bool = False,
+                        interleaved: bool = False, inplace: bool = False, check_positions: bool = True,
                         backend: BackendArg = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Rope from a precomputed table (vLLM's form; build one with :func:`cos_sin_cache`).
 
     cos_sin_cache: (max_position, rotary_dim) float32, rows ``[cos | sin]``; rotary_dim even, <= D.
-    Positions must lie in [0, max_position): this is checked with one device-to-host copy of their min and
-    max (a sync on a GPU), skipped while a CUDA graph is being captured.
+    Positions must lie in [0, max_position): ``check_positions`` checks this with one device-to-host copy of their
+    min and max (a sync on a GPU), skipped while a CUDA graph is being captured. Unchecked (``check_positions=False``,
+    as engines whose scheduler bounds the positions call it, or in a capture), a token whose position lies outside
+    the table comes out NaN in its rotated dims (its pass-through dims are kept); nothing outside the table is read.
     """
     if torch.compiler.is_compiling():
-        args = (q, k, positions, cos_sin_cache, bool(interleaved), backend)
+        args = (q, k, positions, cos_sin_cache, bool(interleaved), bool(check_positions), backend)
         if inplace:
             APPLY_COS_SIN_CACHE_INPLACE.compiled(*args)
             return q, k
         return APPLY_COS_SIN_CACHE.compiled(*args)  # type: ignore[no-any-return]
-    return _cache_eager(q, k, positions, cos_sin_cache, bool(interleaved), bool(inplace), backend)
+    return _cache_eager(q, k, positions, cos_sin_cache, bool(interleaved), bool(inplace), bool(check_positions),
+                        backend)
 
 
 def _check_positions_in_range(positions: torch.Tensor, limit: int) -> None:
@@ -350,9 +353,10 @@ def _check_positions_in_range(positions: torch.Tensor, limit: int) -> None:
 
 
 def apply_cos_sin_cache_call(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
-                             interleaved: bool = False, inplace: bool = False) -> tuple[RopeProblem]:
-    """Validate an :func:`apply_cos_sin_cache` call (positions in range: one host read, none in a capture); its
-    problem."""
+                             interleaved: bool = False, inplace: bool = False,
+                             check_positions: bool = True) -> tuple[RopeProblem]:
+    """Validate an :func:`apply_cos_sin_cache` call (``check_positions``: positions in range, one host read, none in
+    a capture); its problem."""
     cache = cos_sin_cache
     _check_qk(q, k, positions)
     check_tensor(cache, "cos_sin_cache", dims=2, dtypes=frozenset({torch.float32}))
@@ -362,14 +366,14 @@ def apply_cos_sin_cache_call(q: torch.Tensor, k: torch.Tensor, positions: torch.
     rot = cache.shape[1]
     _check_rotary_dim(rot, q.shape[2], "cos_sin_cache.shape[1]")
     problem = _problem(q, k, positions, rot, bool(interleaved), bool(inplace))
-    if "cuda_graph" not in problem.features:
+    if check_positions and "cuda_graph" not in problem.features:
         _check_positions_in_range(positions, cache.shape[0])
     return problem,
 
 
 def _cache_eager(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cache: torch.Tensor, interleaved: bool,
-                 inplace: bool, backend: BackendArg) -> tuple[torch.Tensor, torch.Tensor]:
-    problem, = apply_cos_sin_cache_call(q, k, positions, cache, interleaved, inplace)
+                 inplace: bool, check_positions: bool, backend: BackendArg) -> tuple[torch.Tensor, torch.Tensor]:
+    problem, = apply_cos_sin_cache_call(q, k, positions, cache, interleaved, inplace, check_positions)
     kernel = select("rope.apply_cos_sin_cache", problem, backend).kernel
     out = kernel.run(q, k, positions, cache, interleaved, inplace)
     return (q, k) if inplace else out
@@ -400,4 +404,5 @@ APPLY, APPLY_INPLACE = _rope_specs(
 APPLY_COS_SIN_CACHE, APPLY_COS_SIN_CACHE_INPLACE = _rope_specs(
     "apply_cos_sin_cache", apply_cos_sin_cache, apply_cos_sin_cache_call, "rope_cos_sin_cache",
     "rope_apply_cos_sin_cache",
-    (Arg("positions"), Arg("cos_sin_cache"), Arg("interleaved", "bool"), Arg("backend", "backend")))
+    (Arg("positions"), Arg("cos_sin_cache"), Arg("interleaved", "bool"), Arg("check_positions", "bool"),
+     Arg("backend", "backend")))

@@ -37,7 +37,10 @@ def apply(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: t
 
 def apply_cos_sin_cache(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
                         interleaved: bool, inplace: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    rows = cos_sin_cache.index_select(0, positions).unsqueeze(1)  # (T, 1, rotary_dim)
+    # a position outside the table (unchecked calls) reads row 0 and turns its token's rotated dims NaN
+    inside = (positions >= 0) & (positions < cos_sin_cache.shape[0])
+    rows = cos_sin_cache.index_select(0, torch.where(inside, positions, 0))
+    rows = torch.where(inside[:, None], rows, float("nan")).unsqueeze(1)  # (T, 1, rotary_dim)
     cos, sin = rows.chunk(2, dim=-1)
     return _rotate(q, cos, sin, interleaved, inplace), _rotate(k, cos, sin, interleaved, inplace)
 

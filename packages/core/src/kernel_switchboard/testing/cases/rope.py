@@ -107,7 +107,20 @@ def cases(op: str, device: torch.device, size: str) -> list[Case]:
         theta = 1e4 if i % 2 == 0 else 5e5
         for dtype in DTYPES:
             out.append(_case(op, cfg, dtype, device, g, max_position, theta))
+    if op == "rope.apply_cos_sin_cache":
+        out += [_outside(cfg, device, g, max_position) for cfg in (_SMALL[1], _SMALL[4])]
     return out
+
+
+def _outside(cfg: _Config, device: torch.device, g: torch.Generator, max_position: int) -> Case:
+    """An unchecked call (``check_positions=False``) whose positions include some outside the table (negative, at
+    the end, far past it): those tokens come out NaN in their rotated dims."""
+    base = _case("rope.apply_cos_sin_cache", cfg, torch.bfloat16, device, g, max_position, 1e4)
+    positions = base.args[2].clone()
+    bad = torch.tensor([-1, max_position, 2**31 - 1], dtype=positions.dtype, device=device)
+    positions[:3] = bad
+    return Case(base.op, base.id + "-outside", (*base.args[:2], positions, *base.args[3:]),
+                {**base.kwargs, "check_positions": False}, base.dtype, outputs=base.outputs)
 
 
 def example(op: str, device: torch.device, tokens: int = 8192, heads: int = 32, kv_heads: int = 8,
