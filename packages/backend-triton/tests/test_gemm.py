@@ -215,3 +215,22 @@ def test_gpu_gemms_capture_in_cuda_graph() -> None:
             want = call("reference").float()
             rel = ((outs[name].float() - want).norm() / want.norm()).item()
             assert rel < 1e-2, (name, rel)
+
+
+def test_gluon_block_fp8_cost_counts_the_sms_its_tiles_leave_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """128 rows x 8192 columns make 64 output tiles for 132 SMs: the estimate of the Gluon block-fp8 kernel rises
+    above that of twice the rows (128 tiles, nearly a full wave), as measured (H100: 68 us at 128 rows, where
+    CUTLASS, which the roofline alone ranked below it, took 46 us)."""
+    from kernel_switchboard.ops.gemm import GemmProblem
+    from kernel_switchboard_triton.catalog import gemm as catalog
+
+    monkeypatch.setattr(catalog, "_gluon_block_fp8", lambda problem: True)  # as on an sm_90 GPU
+    kernel = next(k for k in catalog.kernels() if k.op == "gemm.mm_fp8")
+
+    def problem(m: int) -> GemmProblem:
+        return GemmProblem("cuda", (9, 0), torch.float8_e4m3fn, torch.bfloat16, m, 8192, 8192, "RC", 16, "block",
+                           None, frozenset())
+
+    assert catalog._grid_fill("mm_fp8", problem(128)) == pytest.approx(64 / 132)
+    assert catalog._grid_fill("mm_fp8", problem(8192)) == 1.0
+    assert kernel.cost(problem(128)) > kernel.cost(problem(256))
