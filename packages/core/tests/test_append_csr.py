@@ -78,3 +78,27 @@ def test_flashinfer_compat_append_runs_the_csr_op_without_a_host_read(monkeypatc
     last = torch.tensor([2, 1], dtype=torch.int32)
     fi.append_paged_kv_cache(k, v, rows, positions, (cache.k_pages, cache.v_pages), indices, indptr, last, "NHD")
     assert calls == [{"check_indices": False}]
+
+
+def test_flashinfer_compat_mla_append_runs_the_csr_op_on_the_latent_pages(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``append_paged_mla_kv_cache`` writes ckv / kpe through kv_cache.append_csr (the pages seen as a one-head
+    cache): no PageTable, no host read, and a padding entry (batch index -1) writes nothing."""
+    import kernel_switchboard.flashinfer as fi
+    from kernel_switchboard.paged import PageTable
+
+    ckv, kpe = torch.zeros(6, 16, 32), torch.zeros(6, 16, 8)
+    indptr, indices = torch.tensor([0, 2, 3], dtype=torch.int32), torch.tensor([4, 1, 5], dtype=torch.int32)
+    last = torch.tensor([3, 16], dtype=torch.int32)
+    new_ckv, new_kpe = torch.randn(3, 32), torch.randn(3, 8)
+    rows = torch.tensor([0, 1, -1], dtype=torch.int32)
+    positions = torch.tensor([18, 15, 0], dtype=torch.int32)
+    calls = []
+    real = ksb.kv_cache.append_csr
+    monkeypatch.setattr(ksb.kv_cache, "append_csr", lambda *a, **kw: (calls.append(kw), real(*a, **kw)))
+    monkeypatch.setattr(PageTable, "from_csr", lambda *a, **kw: pytest.fail("a PageTable was built"))
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda *a: pytest.fail("a host read"))
+    fi.append_paged_mla_kv_cache(new_ckv, new_kpe, rows, positions, ckv, kpe, indices, indptr, last)
+    assert calls == [{"check_indices": False}]
+    assert torch.equal(ckv[1, 2], new_ckv[0]) and torch.equal(kpe[1, 2], new_kpe[0])
+    assert torch.equal(ckv[5, 15], new_ckv[1]) and torch.equal(kpe[5, 15], new_kpe[1])
+    assert int((ckv != 0).any(-1).sum()) == 2 and int((kpe != 0).any(-1).sum()) == 2  # the padding wrote nothing

@@ -1,5 +1,5 @@
 """``flashinfer.page`` over the switchboard: :func:`append_paged_kv_cache` (``kv_cache.append_csr``),
-:func:`append_paged_mla_kv_cache` (``kv_cache.append_mla``), :func:`get_batch_indices_positions` and
+:func:`append_paged_mla_kv_cache` (the same, on the latent pages), :func:`get_batch_indices_positions` and
 :func:`get_seq_lens` (index arithmetic in torch, on the device, exactly as FlashInfer defines it)."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import torch
 
 from ..errors import fail
 from ..ops import kv_cache
-from ._common import check_layout, csr_table
+from ..paged import PagedKVCache
+from ._common import check_layout
 from ._kv import KVForms
 
 
@@ -77,15 +78,24 @@ def append_paged_mla_kv_cache(append_ckv: torch.Tensor, append_kpe: torch.Tensor
                               positions: torch.Tensor, ckv_cache: torch.Tensor, kpe_cache: torch.Tensor,
                               kv_indices: torch.Tensor, kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor) -> None:
     """Write new MLA latent tokens, ckv (nnz, Dc) and kpe (nnz, Dr), into ckv_cache (P, S, Dc) and kpe_cache
-    (P, S, Dr), in place, as :func:`append_paged_kv_cache` places tokens."""
-    for name, t in (("ckv_cache", ckv_cache), ("kpe_cache", kpe_cache)):
-        if not (isinstance(t, torch.Tensor) and t.dim() == 3):
+    (P, S, Dr), in place, as :func:`append_paged_kv_cache` places tokens.
+
+    Runs ``kv_cache.append_csr`` on the pages seen as a one-head cache (ckv as K, kpe as V): one launch, no table
+    built, no read back, and a token whose target lies outside writes nothing, as :func:`append_paged_kv_cache`."""
+    for name, t in (("ckv_cache", ckv_cache), ("kpe_cache", kpe_cache), ("append_ckv", append_ckv),
+                    ("append_kpe", append_kpe)):
+        dims = 2 if name.startswith("append") else 3
+        if not (isinstance(t, torch.Tensor) and t.dim() == dims):
             raise fail(name, type(t).__name__ if not isinstance(t, torch.Tensor) else tuple(t.shape),
-                       "a (pages, page_size, dim) tensor")
-    table = csr_table(kv_indptr, kv_indices, ckv_cache.shape[1], ckv_cache.device, last_page_len=kv_last_page_len,
-                      names=("kv_indptr", "kv_indices", "kv_last_page_len"))
-    kv_cache.append_mla(append_ckv, append_kpe, ckv_cache, kpe_cache, table, _int32(positions, "positions"),
-                        _int32(batch_indices, "batch_indices"))
+                       "a (nnz, dim) tensor" if dims == 2 else "a (pages, page_size, dim) tensor")
+    indptr = _int32(kv_indptr, "kv_indptr")
+    if not (isinstance(kv_last_page_len, torch.Tensor) and kv_last_page_len.shape == (indptr.numel() - 1,)):
+        raise fail("kv_last_page_len", tuple(kv_last_page_len.shape) if isinstance(kv_last_page_len, torch.Tensor)
+                   else type(kv_last_page_len).__name__, f"a ({indptr.numel() - 1},) tensor: one per request")
+    cache = PagedKVCache(ckv_cache.unsqueeze(2), kpe_cache.unsqueeze(2), "NHD")
+    kv_cache.append_csr(append_ckv.unsqueeze(1), append_kpe.unsqueeze(1), cache, indptr,
+                        _int32(kv_indices, "kv_indices"), _int32(positions, "positions"),
+                        _int32(batch_indices, "batch_indices"), check_indices=False)
 
 
 def _int32(t: Any, name: str) -> torch.Tensor:
