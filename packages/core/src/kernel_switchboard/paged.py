@@ -44,18 +44,26 @@ class PagedKVCache:
         k_scale: float | torch.Tensor | None = None,
         v_scale: float | torch.Tensor | None = None,
     ) -> None:
-        check(layout in LAYOUTS, "layout", layout, f"one of {LAYOUTS}")
+        # each message is built only on failure: engines and the FlashInfer-compatible layer make a cache per call
+        if layout not in LAYOUTS:
+            raise fail("layout", layout, f"one of {LAYOUTS}")
         for name, t in (("k_pages", k_pages), ("v_pages", v_pages)):
-            check(isinstance(t, torch.Tensor) and t.dim() == 4, name, _shape(t), f"a 4-d tensor in {layout} layout")
-            check(t.dtype in KV_DTYPES, f"{name}.dtype", t.dtype, f"one of {sorted(map(str, KV_DTYPES))}")
-            check(t.is_contiguous() or t.stride(-1) == 1, f"{name}.stride", t.stride(), "unit stride in head_dim")
-        check(v_pages.dtype == k_pages.dtype, "v_pages.dtype", v_pages.dtype, f"the same as k_pages ({k_pages.dtype})")
-        check(v_pages.device == k_pages.device, "v_pages.device", v_pages.device, f"k_pages.device ({k_pages.device})")
-        check(k_pages.shape[:3] == v_pages.shape[:3], "v_pages.shape", tuple(v_pages.shape),
-              f"the same first three dims as k_pages {tuple(k_pages.shape)}")
+            if not (isinstance(t, torch.Tensor) and t.dim() == 4):
+                raise fail(name, _shape(t), f"a 4-d tensor in {layout} layout")
+            if t.dtype not in KV_DTYPES:
+                raise fail(f"{name}.dtype", t.dtype, f"one of {sorted(map(str, KV_DTYPES))}")
+            if not (t.stride(-1) == 1 or t.is_contiguous()):
+                raise fail(f"{name}.stride", t.stride(), "unit stride in head_dim")
+        if v_pages.dtype != k_pages.dtype:
+            raise fail("v_pages.dtype", v_pages.dtype, f"the same as k_pages ({k_pages.dtype})")
+        if v_pages.device != k_pages.device:
+            raise fail("v_pages.device", v_pages.device, f"k_pages.device ({k_pages.device})")
+        if k_pages.shape[:3] != v_pages.shape[:3]:
+            raise fail("v_pages.shape", tuple(v_pages.shape),
+                       f"the same first three dims as k_pages {tuple(k_pages.shape)}")
         fp8 = k_pages.dtype in FP8_DTYPES
-        if not fp8:
-            check(k_scale is None and v_scale is None, "k_scale/v_scale", (k_scale, v_scale), "None unless pages are fp8")
+        if not fp8 and not (k_scale is None and v_scale is None):
+            raise fail("k_scale/v_scale", (k_scale, v_scale), "None unless pages are fp8")
         if layout == "NHD":
             num_pages, page_size, kv_heads, head_dim = k_pages.shape
         else:
@@ -63,9 +71,8 @@ class PagedKVCache:
         for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
             if isinstance(s, torch.Tensor):
                 _check_scale_tensor(name, s, kv_heads, k_pages.device)
-            else:
-                check(s is None or _positive_finite(s), name, s,
-                      f"a finite float > 0, a float32 tensor of shape () or ({kv_heads},), or None")
+            elif not (s is None or _positive_finite(s)):
+                raise fail(name, s, f"a finite float > 0, a float32 tensor of shape () or ({kv_heads},), or None")
         self.k_pages, self.v_pages, self.layout = k_pages, v_pages, layout
         self.k_scale: float | torch.Tensor | None = _scale(k_scale, fp8)
         self.v_scale: float | torch.Tensor | None = _scale(v_scale, fp8)

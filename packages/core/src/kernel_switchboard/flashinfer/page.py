@@ -53,6 +53,12 @@ def get_batch_indices_positions(append_indptr: torch.Tensor, seq_lens: torch.Ten
     return b_out, p_out
 
 
+#: the pages' caches by layout, remembered per (k, v) pair or combined tensor (checked once, as the wrappers' are):
+#: engines append once per layer and step, and a cache built and checked at each call cost more host time than the
+#: append's launch
+_FORMS = {"NHD": KVForms("NHD"), "HND": KVForms("HND")}
+
+
 def append_paged_kv_cache(append_key: torch.Tensor, append_value: torch.Tensor, batch_indices: torch.Tensor,
                           positions: torch.Tensor, paged_kv_cache: Any, kv_indices: torch.Tensor,
                           kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, kv_layout: str = "NHD") -> None:
@@ -65,7 +71,7 @@ def append_paged_kv_cache(append_key: torch.Tensor, append_value: torch.Tensor, 
     whose request, position or page lies outside (a padding entry of ``get_batch_indices_positions``: batch index
     -1) writes nothing."""
     check_layout(kv_layout)
-    cache = KVForms(kv_layout, remember=False).cache(paged_kv_cache)
+    cache = _FORMS[kv_layout].cache(paged_kv_cache)
     indptr = _int32(kv_indptr, "kv_indptr")
     if not (isinstance(kv_last_page_len, torch.Tensor) and kv_last_page_len.shape == (indptr.numel() - 1,)):
         raise fail("kv_last_page_len", tuple(kv_last_page_len.shape) if isinstance(kv_last_page_len, torch.Tensor)
