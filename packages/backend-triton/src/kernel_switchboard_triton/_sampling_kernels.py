@@ -447,6 +447,7 @@ def _top_k_select(
     ROWS: tl.constexpr,  # rows per program
     BLOCK: tl.constexpr,  # chunk width
     WALK_STAGES: tl.constexpr,  # software-pipeline depth of walks 1 and 2 (loads run ahead)
+    SKIP_EMPTY: tl.constexpr,  # walk 2 scans and stores only chunks that hold a weight at or above the bound
     STAGES: tl.constexpr,  # that of the fallback search's walks
     NP: tl.constexpr,  # pivots per pass of the fallback search
     SCRATCH: tl.constexpr,  # workspace slots per row (power of two)
@@ -489,9 +490,16 @@ def _top_k_select(
         for start in tl.range(0, V, BLOCK, num_stages=WALK_STAGES):
             _cols, valid, w = _chunk(x_ptr, row_off, rmask, V, m, c, start, IS_LOGITS, BLOCK)
             inb = valid & (w >= bound[:, None]) & fits[:, None]
-            pos = nb[:, None] + tl.cumsum(inb.to(tl.int32), axis=1) - 1
-            tl.store(scratch_ptr + scr_off[:, None] + pos, w, mask=inb & (pos < SCRATCH))
-            nb += tl.sum(inb.to(tl.int32), axis=1)
+            hits = tl.sum(inb.to(tl.int32), axis=1)
+            if SKIP_EMPTY:
+                # most chunks hold none of the few weights at or above the bound: no scan for them
+                if tl.max(hits, axis=0) > 0:
+                    pos = nb[:, None] + tl.cumsum(inb.to(tl.int32), axis=1) - 1
+                    tl.store(scratch_ptr + scr_off[:, None] + pos, w, mask=inb & (pos < SCRATCH))
+            else:
+                pos = nb[:, None] + tl.cumsum(inb.to(tl.int32), axis=1) - 1
+                tl.store(scratch_ptr + scr_off[:, None] + pos, w, mask=inb & (pos < SCRATCH))
+            nb += hits
     done = fits & (nb <= SCRATCH)
     tl.debug_barrier()
     vals = tl.load(scratch_ptr + scr_off[:, None] + sc[None, :], mask=done[:, None] & (sc[None, :] < nb[:, None]),
@@ -628,6 +636,7 @@ def _top_k_threshold_kernel(
     ROWS: tl.constexpr,  # rows per program
     BLOCK: tl.constexpr,  # chunk width
     WALK_STAGES: tl.constexpr,  # software-pipeline depth of the plain walks (row max, slice maxima, compaction)
+    SKIP_EMPTY: tl.constexpr,  # the compaction walk skips the scan of chunks with nothing to keep
     STAGES: tl.constexpr,  # that of the fallback pivot search's walks (which spill when pipelined)
     NP: tl.constexpr,  # pivots per search pass
     SCRATCH: tl.constexpr,  # workspace slots per row
@@ -647,8 +656,8 @@ def _top_k_threshold_kernel(
         m, bad = _checked_max(_row_max(x_ptr, row_off, rmask, V, ROWS, BLOCK, WALK_STAGES))
     kf, k_on, k_bad = _top_k_of_rows(rows, rmask, k_ptr, k_val, V, K_ROWS, ROWS)
     tau, mass_k, _total, wmax = _top_k_select(x_ptr, row_off, rmask, V, m, c, kf, k_on, scratch_ptr,
-                                              rows.to(tl.int64) * SCRATCH, IS_LOGITS, ROWS, BLOCK, WALK_STAGES, STAGES,
-                                              NP, SCRATCH, MAX_PASSES, SORT)
+                                              rows.to(tl.int64) * SCRATCH, IS_LOGITS, ROWS, BLOCK, WALK_STAGES,
+                                              SKIP_EMPTY, STAGES, NP, SCRATCH, MAX_PASSES, SORT)
     tl.store(stats_ptr + rows, m, mask=rmask)
     tl.store(stats_ptr + B + rows, tau, mask=rmask)
     tl.store(stats_ptr + 2 * B + rows, mass_k, mask=rmask)
@@ -848,7 +857,8 @@ def _renorm_kernel(
         kf, k_on, k_bad = _top_k_of_rows(rows, rmask, k_ptr, k_val, V, K_ROWS, ROWS)
         bad = bad | k_bad
         tau, mass_k, total, wmax = _top_k_select(x_ptr, row_off, rmask, V, m, c, kf, k_on, scratch_ptr, scr_off,
-                                                 False, ROWS, BLOCK, STAGES, STAGES, NP, SCRATCH, MAX_PASSES, SORT)
+                                                 False, ROWS, BLOCK, STAGES, False, STAGES, NP, SCRATCH, MAX_PASSES,
+                                                 SORT)
     else:
         wmax, total = _stats(x_ptr, row_off, rmask, V, m, c, False, ROWS, BLOCK, STAGES)
         mass_k = total

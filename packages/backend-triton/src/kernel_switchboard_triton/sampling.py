@@ -51,6 +51,8 @@ SEARCH_WALK = (4096, 1, 16)
 #: load pipeline stages of top-k's plain walks (row max, slice maxima, compaction; the pivot search keeps
 #: SEARCH_WALK's): with one CTA per row and one row per SM, an unpipelined walk waits out each chunk's load latency
 TOP_K_WALK_STAGES = 3
+#: top-k's compaction walk scans only the chunks that hold a weight to keep (k = 50 of 128256: a few dozen chunks)
+TOP_K_SKIP_EMPTY = True
 #: finish threshold searches with tl.sort; the interpreter ranks pairwise instead (its sort is very slow)
 SORT = not triton_interpreting()
 _MAX_NUMEL = 1 << 20
@@ -129,7 +131,8 @@ def top_k_threshold(x: torch.Tensor, top_k: Any, is_logits: bool, temperature: A
     K._top_k_threshold_kernel[(triton.cdiv(batch, search.rows),)](
         x, k_t if k_rows else stats, t_t if t_rows else stats, int(k_v), float(t_v) if has_t else 1.0, scratch, stats,
         batch, vocab, x.stride(0), IS_LOGITS=is_logits, K_ROWS=k_rows, HAS_T=has_t, T_ROWS=t_rows, ROWS=search.rows,
-        BLOCK=search.block, WALK_STAGES=TOP_K_WALK_STAGES, STAGES=search.stages, NP=NUM_PIVOTS,
+        BLOCK=search.block, WALK_STAGES=TOP_K_WALK_STAGES, SKIP_EMPTY=TOP_K_SKIP_EMPTY,
+        STAGES=search.stages, NP=NUM_PIVOTS,
         SCRATCH=search.scratch, MAX_PASSES=MAX_PASSES, SORT=SORT, num_warps=search.num_warps,
     )
     return stats
