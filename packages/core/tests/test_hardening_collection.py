@@ -67,9 +67,35 @@ def test_processes_build_gpu_cases_one_at_a_time(monkeypatch: pytest.MonkeyPatch
             return False
 
     seen = []
+    monkeypatch.delenv("PYTEST_XDIST_TESTRUNUID", raising=False)  # nothing shared: each call builds
     monkeypatch.setattr(conf, "_op_cases_plus", lambda *a: seen.append(taken_elsewhere()) or [])
     reference = conf.registry.kernels("norm.rms_norm")[:1]
     conf.lazy_kernel_cases(reference, torch.device("cuda"))
     conf.lazy_kernel_cases(reference, torch.device("cpu"))
     assert seen == [True, False]
     assert not taken_elsewhere()  # released after the build
+
+
+def test_xdist_workers_share_which_cases_each_kernel_declares(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under pytest-xdist on a GPU, the first worker's build answers the others (same run id): they read which
+    cases each kernel declares instead of building the op's cases again one after another under the lock (8 workers
+    took over 8 minutes to collect the Triton backend's folder on an H100). Without a shared run, each builds."""
+    import uuid
+
+    from kernel_switchboard.testing.cases import norm as norm_cases
+
+    builds = []
+
+    def cases(op: str, device: torch.device, size: str, extra: object) -> list[conf.Case]:
+        builds.append(op)
+        return norm_cases.cases(op, torch.device("cpu"), "small")
+
+    monkeypatch.setattr(conf, "_op_cases_plus", cases)
+    reference = conf.registry.kernels("norm.rms_norm")[:1]
+    monkeypatch.setenv("PYTEST_XDIST_TESTRUNUID", uuid.uuid4().hex)
+    first = conf.lazy_kernel_cases(reference, torch.device("cuda"))
+    second = conf.lazy_kernel_cases(reference, torch.device("cuda"))
+    assert builds == ["norm.rms_norm"] and first == second and first[reference[0].id]
+    monkeypatch.delenv("PYTEST_XDIST_TESTRUNUID")
+    assert conf.lazy_kernel_cases(reference, torch.device("cuda")) == first
+    assert builds == ["norm.rms_norm"] * 2

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import importlib
+import json
 import os
 import tempfile
 from collections.abc import Callable, Iterator
@@ -87,12 +89,55 @@ def lazy_kernel_cases(kernels: list[Kernel], device: torch.device, size: str = "
         for op in dict.fromkeys(k.op for k in kernels):
             key = (op, str(device), size, extra)
             build = functools.partial(_op_cases_plus, op, device, size, extra)
-            cases = build()
-            for kernel in (k for k in kernels if k.op == op):
-                out[kernel.id] = [LazyCase(key, build, i, c.id) for i, c in enumerate(cases) if declares(kernel, c)]
-            del cases
+            of_op = [k for k in kernels if k.op == op]
+            shared = _shared_eligibility(device, (op, size, _name(extra), sorted(k.id for k in of_op)))
+            found = shared.read()
+            if found is None:
+                cases = build()
+                found = {"ids": [c.id for c in cases],
+                         "eligible": {k.id: [i for i, c in enumerate(cases) if declares(k, c)] for k in of_op}}
+                del cases
+                shared.write(found)
+            for kernel in of_op:
+                out[kernel.id] = [LazyCase(key, build, i, found["ids"][i]) for i in found["eligible"][kernel.id]]
         _release(device)
     return out
+
+
+def _name(fn: Callable[..., Any] | None) -> str | None:
+    return None if fn is None else f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+class _SharedEligibility:
+    """Which cases of an op each kernel declares, shared by the pytest-xdist workers of one run on a GPU (the
+    ``PYTEST_XDIST_TESTRUNUID`` they share): the first worker builds the cases and writes the answer, the others read
+    it instead of building the same GBs of GPU tensors again, one process after another under the lock. Elsewhere
+    (the CPU, one process) nothing is shared."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+
+    def read(self) -> dict[str, Any] | None:
+        if self.path is None or not os.path.exists(self.path):
+            return None
+        with open(self.path) as f:
+            found: dict[str, Any] = json.load(f)
+        return found
+
+    def write(self, found: dict[str, Any]) -> None:
+        if self.path is not None:
+            tmp = f"{self.path}.{os.getpid()}"
+            with open(tmp, "w") as f:
+                json.dump(found, f)
+            os.replace(tmp, self.path)
+
+
+def _shared_eligibility(device: torch.device, what: tuple[Any, ...]) -> _SharedEligibility:
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if device.type != "cuda" or not run:
+        return _SharedEligibility(None)
+    digest = hashlib.sha256(repr((str(device), what)).encode()).hexdigest()[:24]
+    return _SharedEligibility(os.path.join(tempfile.gettempdir(), f"kernel-switchboard-eligible-{run}-{digest}.json"))
 
 
 @contextlib.contextmanager
