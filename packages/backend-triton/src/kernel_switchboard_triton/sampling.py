@@ -51,8 +51,9 @@ SEARCH_WALK = (4096, 1, 16)
 #: load pipeline stages of top-k's plain walks (row max, slice maxima, compaction; the pivot search keeps
 #: SEARCH_WALK's): with one CTA per row and one row per SM, an unpipelined walk waits out each chunk's load latency
 TOP_K_WALK_STAGES = 3
-#: top-k's compaction walk scans only the chunks that hold a weight to keep (k = 50 of 128256: a few dozen chunks)
-TOP_K_SKIP_EMPTY = True
+#: top-k's compaction walk scans only the chunks that hold a weight to keep (k = 50 of 128256: a few dozen chunks);
+#: off until timed on a GPU (a branch inside the pipelined walk may cost its pipelining)
+TOP_K_SKIP_EMPTY = False
 #: finish threshold searches with tl.sort; the interpreter ranks pairwise instead (its sort is very slow)
 SORT = not triton_interpreting()
 _MAX_NUMEL = 1 << 20
