@@ -103,12 +103,16 @@ def test_the_gpu_finish_by_sorting_matches_too(tiny_blocks: None, monkeypatch: p
                      atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("skip_empty", [False, True])
 @pytest.mark.parametrize("sort", [False, True])
-def test_top_k_threshold_is_exact_on_every_path(tiny_blocks: None, monkeypatch: pytest.MonkeyPatch, sort: bool) -> None:
-    # 32-token chunks (32-wide slices: 20 of them over 640 tokens) and a 16-slot workspace. Rows: the slice-maxima
+def test_top_k_threshold_is_exact_on_every_path(tiny_blocks: None, monkeypatch: pytest.MonkeyPatch, sort: bool,
+                                                skip_empty: bool) -> None:
+    # skip_empty: the compaction walk scans only chunks holding a weight to keep. 32-token chunks (32-wide slices:
+    # 20 of them over 640 tokens) and a 16-slot workspace. Rows: the slice-maxima
     # bound gathers few enough weights (k 5); it gathers more than the workspace (k 15: the pivot search from the
     # bound); k above the slice count (30: the search from 0); top-k off (k 0); 640 equal weights (ties, k 3)
     monkeypatch.setattr(sampling, "SORT", sort)
+    monkeypatch.setattr(sampling, "TOP_K_SKIP_EMPTY", skip_empty)
     x = _zipf_rows(5, 640, seed=11)
     x[4] = 1 / 640
     k = torch.tensor([5, 15, 30, 0, 3], dtype=torch.int32)
