@@ -102,3 +102,16 @@ def test_flashinfer_compat_mla_append_runs_the_csr_op_on_the_latent_pages(monkey
     assert torch.equal(ckv[1, 2], new_ckv[0]) and torch.equal(kpe[1, 2], new_kpe[0])
     assert torch.equal(ckv[5, 15], new_ckv[1]) and torch.equal(kpe[5, 15], new_kpe[1])
     assert int((ckv != 0).any(-1).sum()) == 2 and int((kpe != 0).any(-1).sum()) == 2  # the padding wrote nothing
+
+
+def test_flashinfer_compat_mla_append_names_mismatched_latent_pages() -> None:
+    import kernel_switchboard.flashinfer as fi
+
+    ckv = torch.zeros(6, 16, 32)
+    indptr, indices = torch.tensor([0, 2], dtype=torch.int32), torch.tensor([4, 1], dtype=torch.int32)
+    last, rows, positions = (torch.tensor([3], dtype=torch.int32), torch.tensor([0], dtype=torch.int32),
+                             torch.tensor([18], dtype=torch.int32))
+    for kpe in (torch.zeros(6, 16, 8, dtype=torch.float16), torch.zeros(5, 16, 8)):
+        with pytest.raises(InvalidArgumentError, match="kpe_cache"):
+            fi.append_paged_mla_kv_cache(torch.randn(1, 32), torch.randn(1, 8), rows, positions, ckv, kpe, indices,
+                                         indptr, last)

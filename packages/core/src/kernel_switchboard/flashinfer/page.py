@@ -98,6 +98,9 @@ def append_paged_mla_kv_cache(append_ckv: torch.Tensor, append_kpe: torch.Tensor
     if not (isinstance(kv_last_page_len, torch.Tensor) and kv_last_page_len.shape == (indptr.numel() - 1,)):
         raise fail("kv_last_page_len", tuple(kv_last_page_len.shape) if isinstance(kv_last_page_len, torch.Tensor)
                    else type(kv_last_page_len).__name__, f"a ({indptr.numel() - 1},) tensor: one per request")
+    if kpe_cache.dtype != ckv_cache.dtype or kpe_cache.shape[:2] != ckv_cache.shape[:2]:
+        raise fail("kpe_cache", f"{tuple(kpe_cache.shape)} {kpe_cache.dtype}",
+                   f"the pages and page size of ckv_cache {tuple(ckv_cache.shape[:2])}, in its dtype {ckv_cache.dtype}")
     cache = PagedKVCache(ckv_cache.unsqueeze(2), kpe_cache.unsqueeze(2), "NHD")
     kv_cache.append_csr(append_ckv.unsqueeze(1), append_kpe.unsqueeze(1), cache, indptr,
                         _int32(kv_indices, "kv_indices"), _int32(positions, "positions"),
