@@ -71,13 +71,8 @@ def append_paged_kv_cache(append_key: torch.Tensor, append_value: torch.Tensor, 
     whose request, position or page lies outside (a padding entry of ``get_batch_indices_positions``: batch index
     -1) writes nothing."""
     check_layout(kv_layout)
-    cache = _FORMS[kv_layout].cache(paged_kv_cache)
-    indptr = _int32(kv_indptr, "kv_indptr")
-    if not (isinstance(kv_last_page_len, torch.Tensor) and kv_last_page_len.shape == (indptr.numel() - 1,)):
-        raise fail("kv_last_page_len", tuple(kv_last_page_len.shape) if isinstance(kv_last_page_len, torch.Tensor)
-                   else type(kv_last_page_len).__name__, f"a ({indptr.numel() - 1},) tensor: one per request")
-    kv_cache.append_csr(append_key, append_value, cache, indptr, _int32(kv_indices, "kv_indices"),
-                        _int32(positions, "positions"), _int32(batch_indices, "batch_indices"), check_indices=False)
+    _append_csr(append_key, append_value, _FORMS[kv_layout].cache(paged_kv_cache), batch_indices, positions,
+                kv_indices, kv_indptr, kv_last_page_len)
 
 
 def append_paged_mla_kv_cache(append_ckv: torch.Tensor, append_kpe: torch.Tensor, batch_indices: torch.Tensor,
@@ -94,16 +89,23 @@ def append_paged_mla_kv_cache(append_ckv: torch.Tensor, append_kpe: torch.Tensor
         if not (isinstance(t, torch.Tensor) and t.dim() == dims):
             raise fail(name, type(t).__name__ if not isinstance(t, torch.Tensor) else tuple(t.shape),
                        "a (nnz, dim) tensor" if dims == 2 else "a (pages, page_size, dim) tensor")
-    indptr = _int32(kv_indptr, "kv_indptr")
-    if not (isinstance(kv_last_page_len, torch.Tensor) and kv_last_page_len.shape == (indptr.numel() - 1,)):
-        raise fail("kv_last_page_len", tuple(kv_last_page_len.shape) if isinstance(kv_last_page_len, torch.Tensor)
-                   else type(kv_last_page_len).__name__, f"a ({indptr.numel() - 1},) tensor: one per request")
     if kpe_cache.dtype != ckv_cache.dtype or kpe_cache.shape[:2] != ckv_cache.shape[:2]:
         raise fail("kpe_cache", f"{tuple(kpe_cache.shape)} {kpe_cache.dtype}",
                    f"the pages and page size of ckv_cache {tuple(ckv_cache.shape[:2])}, in its dtype {ckv_cache.dtype}")
     cache = PagedKVCache(ckv_cache.unsqueeze(2), kpe_cache.unsqueeze(2), "NHD")
-    kv_cache.append_csr(append_ckv.unsqueeze(1), append_kpe.unsqueeze(1), cache, indptr,
-                        _int32(kv_indices, "kv_indices"), _int32(positions, "positions"),
+    _append_csr(append_ckv.unsqueeze(1), append_kpe.unsqueeze(1), cache, batch_indices, positions, kv_indices,
+                kv_indptr, kv_last_page_len)
+
+
+def _append_csr(k: torch.Tensor, v: torch.Tensor, cache: PagedKVCache, batch_indices: Any, positions: Any,
+                kv_indices: Any, kv_indptr: Any, kv_last_page_len: Any) -> None:
+    """``kv_cache.append_csr`` with FlashInfer's arguments (int64 index tensors taken as int32; ``kv_last_page_len``
+    checked for its shape only, as the pages already count the new tokens), unchecked targets: no read back."""
+    indptr = _int32(kv_indptr, "kv_indptr")
+    if not (isinstance(kv_last_page_len, torch.Tensor) and kv_last_page_len.shape == (indptr.numel() - 1,)):
+        raise fail("kv_last_page_len", tuple(kv_last_page_len.shape) if isinstance(kv_last_page_len, torch.Tensor)
+                   else type(kv_last_page_len).__name__, f"a ({indptr.numel() - 1},) tensor: one per request")
+    kv_cache.append_csr(k, v, cache, indptr, _int32(kv_indices, "kv_indices"), _int32(positions, "positions"),
                         _int32(batch_indices, "batch_indices"), check_indices=False)
 
 
