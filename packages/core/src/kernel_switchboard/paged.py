@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -321,6 +321,33 @@ class TokenRows:
         torch.sub(self.source.seq_lens[:, None], self._back, out=lens)
         lens.clamp_(min=0)
         return self.table
+
+
+class CsrTargets(NamedTuple):
+    """Where FlashInfer's CSR page table puts each new token, (T,) int64 each, from clamped reads (so every token
+    has values, in range or not): its request ``batch`` and ``position`` as given; the request's page range
+    ``[start, end)`` in ``indices``; the entry ``item = start + position // page_size`` and the page there."""
+
+    batch: torch.Tensor
+    position: torch.Tensor
+    start: torch.Tensor
+    end: torch.Tensor
+    item: torch.Tensor
+    page: torch.Tensor
+
+
+def csr_targets(indptr: torch.Tensor, indices: torch.Tensor, batch_indices: torch.Tensor, positions: torch.Tensor,
+                page_size: int) -> CsrTargets:
+    """The :class:`CsrTargets` of new tokens (``kv_cache.append_csr``'s addressing, which its check and its reference
+    kernel share)."""
+    batch, nnz = indptr.shape[0] - 1, indices.shape[0]
+    b, pos = batch_indices.long(), positions.long()
+    row = b.clamp(0, max(batch - 1, 0))
+    ptr = indptr.long()
+    start, end = ptr[row], ptr[(row + 1).clamp(max=batch)]
+    item = start + pos.clamp(min=0) // page_size
+    page = indices.long()[item.clamp(0, max(nnz - 1, 0))] if nnz else torch.full_like(b, -1)
+    return CsrTargets(b, pos, start, end, item, page)
 
 
 def _check_scale_tensor(name: str, s: torch.Tensor, kv_heads: int, device: torch.device) -> None:

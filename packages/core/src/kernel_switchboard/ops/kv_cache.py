@@ -34,7 +34,7 @@ from ..capability import bucket
 from ..device import is_capturing
 from ..dispatch import select
 from ..errors import fail
-from ..paged import PagedKVCache, PageTable
+from ..paged import PagedKVCache, PageTable, csr_targets
 from ..spec import Arg, OpSpec, define
 from ._common import FLOAT_DTYPES, BackendArg, check_same_device, check_tensor, device_key, graph_features
 
@@ -302,15 +302,10 @@ def _check_csr_targets(indptr: _Tensor, indices: _Tensor, batch_indices: _Tensor
     if positions.numel() == 0 or is_capturing():
         return
     batch, nnz = indptr.shape[0] - 1, indices.shape[0]
-    bi, pos = batch_indices.long(), positions.long()
+    bi, pos, start, end, it, page = csr_targets(indptr, indices, batch_indices, positions, page_size)
     bad_b = (bi < 0) | (bi >= batch)
-    b = bi.clamp(0, max(batch - 1, 0))
-    ptr = indptr.long()
-    start, end = (ptr[b], ptr[b + 1]) if batch else (torch.zeros_like(bi), torch.zeros_like(bi))
     bad_range = ~bad_b & ((start < 0) | (end < start) | (end > nnz))
-    it = start + pos.clamp(min=0) // page_size
     bad_pos = ~bad_b & ~bad_range & ((pos < 0) | (it >= end))
-    page = indices.long()[it.clamp(0, max(nnz - 1, 0))] if nnz else torch.full_like(bi, -1)
     bad_page = ~bad_b & ~bad_range & ~bad_pos & ((page < 0) | (page >= num_pages))
     _raise_first_bad([
         (bad_b, "batch_indices", lambda t: f"{int(bi[t])} at token {t}", lambda t: f"request indices in [0, {batch})"),

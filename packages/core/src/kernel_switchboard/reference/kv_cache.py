@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ..paged import PagedKVCache, PageTable
+from ..paged import PagedKVCache, PageTable, csr_targets
 from ..registry import Kernel
 from ._cap import INVARIANT_CAPTURABLE, PRIORITY
 
@@ -82,15 +82,9 @@ def append_csr(k: torch.Tensor, v: torch.Tensor, cache: PagedKVCache, indptr: to
     """Write k (T, Hkv, D), v (T, Hkv, Dv) at page ``indices[indptr[b] + pos // S]``, slot ``pos % S`` of the paged
     cache; a token whose request, position or page lies outside writes nothing (its slot is -1: the slots are
     computed with clamped reads, then written as :func:`append_slots` writes them)."""
-    batch, nnz, size = indptr.shape[0] - 1, indices.shape[0], cache.page_size
-    b, pos = batch_indices.long(), positions.long()
-    ok = (b >= 0) & (b < batch) & (pos >= 0)
-    b = b.clamp(0, max(batch - 1, 0))
-    ptr = indptr.long()
-    start, end = ptr[b], ptr[(b + 1).clamp(max=batch)]
-    it = start + pos.clamp(min=0) // size
-    ok &= (start >= 0) & (it < end) & (it < nnz)
-    page = indices.long()[it.clamp(0, max(nnz - 1, 0))] if nnz else torch.full_like(b, -1)
+    size = cache.page_size
+    b, pos, start, end, it, page = csr_targets(indptr, indices, batch_indices, positions, size)
+    ok = (b >= 0) & (b < indptr.shape[0] - 1) & (pos >= 0) & (start >= 0) & (it < end) & (it < indices.shape[0])
     ok &= (page >= 0) & (page < cache.num_pages)
     append_slots(k, v, cache, torch.where(ok, page * size + pos % size, -1))
 
