@@ -90,54 +90,45 @@ def lazy_kernel_cases(kernels: list[Kernel], device: torch.device, size: str = "
             key = (op, str(device), size, extra)
             build = functools.partial(_op_cases_plus, op, device, size, extra)
             of_op = [k for k in kernels if k.op == op]
-            shared = _shared_eligibility(device, (op, size, _name(extra), sorted(k.id for k in of_op)))
-            found = shared.read()
-            if found is None:
-                cases = build()
-                found = {"ids": [c.id for c in cases],
-                         "eligible": {k.id: [i for i, c in enumerate(cases) if declares(k, c)] for k in of_op}}
-                del cases
-                shared.write(found)
+            found = _eligible(build, of_op, _shared_eligibility(device, (op, size, _name(extra),
+                                                                          sorted(k.id for k in of_op))))
             for kernel in of_op:
                 out[kernel.id] = [LazyCase(key, build, i, found["ids"][i]) for i in found["eligible"][kernel.id]]
         _release(device)
     return out
 
 
+def _eligible(build: Callable[[], list[Case]], kernels: list[Kernel], shared: str | None) -> dict[str, Any]:
+    """``{"ids": case ids, "eligible": {kernel id: indices of the cases it declares}}`` of one op's cases: read from
+    the ``shared`` file when another worker wrote it, else found by building the cases (and written there)."""
+    if shared is not None and os.path.exists(shared):
+        with open(shared) as f:
+            found: dict[str, Any] = json.load(f)
+        return found
+    cases = build()
+    found = {"ids": [c.id for c in cases],
+             "eligible": {k.id: [i for i, c in enumerate(cases) if declares(k, c)] for k in kernels}}
+    if shared is not None:  # written whole, then renamed: a reader never sees half a file
+        with open(f"{shared}.{os.getpid()}", "w") as f:
+            json.dump(found, f)
+        os.replace(f"{shared}.{os.getpid()}", shared)
+    return found
+
+
 def _name(fn: Callable[..., Any] | None) -> str | None:
     return None if fn is None else f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
-class _SharedEligibility:
-    """Which cases of an op each kernel declares, shared by the pytest-xdist workers of one run on a GPU (the
-    ``PYTEST_XDIST_TESTRUNUID`` they share): the first worker builds the cases and writes the answer, the others read
-    it instead of building the same GBs of GPU tensors again, one process after another under the lock. Elsewhere
-    (the CPU, one process) nothing is shared."""
-
-    def __init__(self, path: str | None) -> None:
-        self.path = path
-
-    def read(self) -> dict[str, Any] | None:
-        if self.path is None or not os.path.exists(self.path):
-            return None
-        with open(self.path) as f:
-            found: dict[str, Any] = json.load(f)
-        return found
-
-    def write(self, found: dict[str, Any]) -> None:
-        if self.path is not None:
-            tmp = f"{self.path}.{os.getpid()}"
-            with open(tmp, "w") as f:
-                json.dump(found, f)
-            os.replace(tmp, self.path)
-
-
-def _shared_eligibility(device: torch.device, what: tuple[Any, ...]) -> _SharedEligibility:
+def _shared_eligibility(device: torch.device, what: tuple[Any, ...]) -> str | None:
+    """The file where the pytest-xdist workers of one run on a GPU (the ``PYTEST_XDIST_TESTRUNUID`` they share)
+    keep which cases of an op each kernel declares: the first worker builds the cases and writes the answer, the
+    others read it instead of building the same GBs of GPU tensors again, one process after another under the lock.
+    None (nothing shared) on the CPU, in one process, or for extra cases whose builder's name is not unique."""
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     if device.type != "cuda" or not run or "<" in repr(what):  # a lambda's or local function's name is not unique
-        return _SharedEligibility(None)
+        return None
     digest = hashlib.sha256(repr((str(device), what)).encode()).hexdigest()[:24]
-    return _SharedEligibility(os.path.join(tempfile.gettempdir(), f"kernel-switchboard-eligible-{run}-{digest}.json"))
+    return os.path.join(tempfile.gettempdir(), f"kernel-switchboard-eligible-{run}-{digest}.json")
 
 
 @contextlib.contextmanager
