@@ -108,21 +108,57 @@ def test_the_gpu_finish_by_sorting_matches_too(tiny_blocks: None, monkeypatch: p
 def test_top_k_threshold_is_exact_on_every_path(tiny_blocks: None, monkeypatch: pytest.MonkeyPatch, sort: bool,
                                                 skip_empty: bool) -> None:
     # skip_empty: the compaction walk scans only chunks holding a weight to keep. 32-token chunks (32-wide slices:
-    # 20 of them over 640 tokens) and a 16-slot workspace. Rows: the slice-maxima
+    # 15 of them over 480 tokens) and a 16-slot workspace. Rows: the slice-maxima
     # bound gathers few enough weights (k 5); it gathers more than the workspace (k 15: the pivot search from the
-    # bound); k above the slice count (30: the search from 0); top-k off (k 0); 640 equal weights (ties, k 3)
+    # bound); k above the slice count (30: the search from 0); top-k off (k 0); 480 equal weights (ties, k 3)
     monkeypatch.setattr(sampling, "SORT", sort)
     monkeypatch.setattr(sampling, "TOP_K_SKIP_EMPTY", skip_empty)
-    x = _zipf_rows(5, 640, seed=11)
-    x[4] = 1 / 640
+    x = _zipf_rows(5, 480, seed=11)
+    x[4] = 1 / 480
     k = torch.tensor([5, 15, 30, 0, 3], dtype=torch.int32)
-    stats = sampling.top_k_threshold(x.to(DEVICE), k.to(DEVICE), False, None).cpu()
+    first = sampling.top_k_threshold(x.to(DEVICE), k.to(DEVICE), False, None)
+    stats, weights, cols = first.stats.cpu(), first.weights.cpu(), first.cols.cpu()
     for row in range(5):
         w, kk = x[row], int(k[row])
         tau = float(torch.sort(w, descending=True).values[kk - 1]) if kk else 0.0
         assert stats[1, row].item() == tau, (row, stats[1, row].item(), tau)
         assert_close(stats[2, row], w[w >= tau].sum(), atol=0, rtol=1e-5)
         assert stats[3, row].item() == w.max().item()
+    # the top-k set is left, in column order, only where the compaction gathered it (row 0)
+    assert stats[5].tolist() == [5, -1, -1, -1, -1]
+    members = (x[0] >= stats[1, 0]).nonzero().flatten()
+    assert cols[0, :5].tolist() == members.tolist()
+    assert torch.equal(weights[0, :5], x[0, members])
+
+
+@pytest.mark.parametrize("sort", [False, True])
+@pytest.mark.parametrize(("kw", "logits"), [
+    ({"top_k": 6}, False),
+    ({"top_k": 5, "top_p": 0.7}, False),
+    ({"top_k": 6, "top_p": 0.8, "min_p": 0.05, "temperature": 0.7}, True),
+    ({"top_k": 4, "min_p": 0.1}, True),
+])
+def test_a_small_top_k_set_is_drawn_from_without_walking_the_row(tiny_blocks: None, monkeypatch: pytest.MonkeyPatch,
+                                                                 kw: dict[str, object], logits: bool,
+                                                                 sort: bool) -> None:
+    # 480 tokens in 32-token chunks: the slice-maxima bound gathers the top-k set into the 16-slot workspace, and the
+    # sampling kernel applies top-p / min-p to that set alone (sort: the GPU's nucleus search, else pairwise ranks)
+    monkeypatch.setattr(sampling, "SORT", sort)
+    x = _zipf_rows(2, 480, seed=5 + int(logits), logits=logits)
+    first = sampling.top_k_threshold(x.to(DEVICE), kw["top_k"], logits, kw.get("temperature"))
+    assert (first.stats[5] >= 0).all(), "the set was not left: this test would not reach the set draw"
+    kw = dict(kw, is_logits=logits)
+    _fits(x, _counts(x, replicas=300, calls=2, **kw), **kw)
+
+
+def test_a_set_row_with_bad_entries_gets_the_sentinel(tiny_blocks: None) -> None:
+    # the sampling kernel does not walk a row whose top-k set it was handed: the threshold kernel checks the entries
+    x = _zipf_rows(3, 480, seed=9)
+    x[1, 400] = float("nan")
+    x[2, 7] = -0.5
+    tok = ksb.sampling.top_k_top_p(x.to(DEVICE), 4, 0.9, backend="triton").cpu()
+    assert tok[0] >= 0
+    assert tok[1:].tolist() == [-1, -1]
 
 
 def test_ties_at_the_threshold_are_kept_together(tiny_blocks: None) -> None:

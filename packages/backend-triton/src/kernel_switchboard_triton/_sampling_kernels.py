@@ -442,10 +442,13 @@ def _top_k_select(
     kf,  # (ROWS,) float32 k, in [1, V]
     active,  # (ROWS,) rows that filter by top-k (others get tau 0 and the total weight)
     scratch_ptr,  # (B, SCRATCH) float32 workspace
+    cols_ptr,  # (B, SCRATCH) int32 workspace of the compacted weights' columns (when KEEP)
     scr_off,  # (ROWS,) int64 row offsets into the workspace
     IS_LOGITS: tl.constexpr,  # x holds logits
     ROWS: tl.constexpr,  # rows per program
     BLOCK: tl.constexpr,  # chunk width
+    KEEP: tl.constexpr,  # > 0: leave the top-k set (weights, columns) at the front of the workspaces when it fits
+    CHECK_ENTRIES: tl.constexpr,  # walk 1 also counts the entries that are no probabilities
     WALK_STAGES: tl.constexpr,  # software-pipeline depth of walks 1 and 2 (loads run ahead)
     SKIP_EMPTY: tl.constexpr,  # walk 2 scans and stores only chunks that hold a weight at or above the bound
     STAGES: tl.constexpr,  # that of the fallback search's walks
@@ -461,16 +464,25 @@ def _top_k_select(
     the weights at or above the bound into the scratch row (k = 50 of 128256 probabilities: ~55 of them)
     and a sort finishes. Rows whose k exceeds the slices or whose compacted weights overflow the workspace
     take :func:`_select`'s pivot search, from the bound. The bound makes top-k faster than the pivot search
-    alone (on the H200, 128 x 128256 at k = 50)."""
+    alone (on the H200, 128 x 128256 at k = 50).
+
+    With KEEP, walk 2 stores each compacted weight's column too, and the top-k set (the weights >= tau, ties
+    included) is moved to the front of both workspaces: the sampling kernel draws from it without walking the
+    row again. The last value returned is its size, or -1 where it was not gathered (the pivot search's rows,
+    or a set of more than KEEP weights); with CHECK_ENTRIES the one before it counts the row's entries that are
+    no probabilities (NaN, infinite, negative), else it is 0."""
     GROUP: tl.constexpr = 256 if BLOCK >= 256 else BLOCK
     PER: tl.constexpr = BLOCK // GROUP
     sc = tl.arange(0, SCRATCH)
     zero = tl.zeros((ROWS,), tl.float32)
     tot = tl.zeros((ROWS, BLOCK), tl.float32)
+    n_bad = tl.zeros((ROWS, BLOCK), tl.float32)
     wmax = zero
     for start in tl.range(0, V, BLOCK, num_stages=WALK_STAGES):
-        _cols, _valid, w = _chunk(x_ptr, row_off, rmask, V, m, c, start, IS_LOGITS, BLOCK)
+        _cols, valid, xv, w = _chunk_values(x_ptr, row_off, rmask, V, m, c, start, IS_LOGITS, BLOCK)
         tot += w
+        if CHECK_ENTRIES:
+            n_bad += _bad_entries(xv, valid)
         gmax = tl.max(tl.reshape(w, (ROWS, PER, GROUP)), axis=2)  # (ROWS, PER): maxima of GROUP-wide slices
         wmax = tl.maximum(wmax, tl.max(gmax, axis=1))
         slot = (start // BLOCK) * PER + tl.arange(0, PER)
@@ -488,23 +500,30 @@ def _top_k_select(
     nb = tl.zeros((ROWS,), tl.int32)
     if tl.max(fits.to(tl.int32), axis=0) > 0:
         for start in tl.range(0, V, BLOCK, num_stages=WALK_STAGES):
-            _cols, valid, w = _chunk(x_ptr, row_off, rmask, V, m, c, start, IS_LOGITS, BLOCK)
+            cols, valid, w = _chunk(x_ptr, row_off, rmask, V, m, c, start, IS_LOGITS, BLOCK)
             inb = valid & (w >= bound[:, None]) & fits[:, None]
             hits = tl.sum(inb.to(tl.int32), axis=1)
             if SKIP_EMPTY:
                 # most chunks hold none of the few weights at or above the bound: no scan for them
                 if tl.max(hits, axis=0) > 0:
-                    pos = nb[:, None] + tl.cumsum(inb.to(tl.int32), axis=1) - 1
-                    tl.store(scratch_ptr + scr_off[:, None] + pos, w, mask=inb & (pos < SCRATCH))
+                    _compact(scratch_ptr, cols_ptr, scr_off, nb, inb, w, cols, KEEP, SCRATCH)
             else:
-                pos = nb[:, None] + tl.cumsum(inb.to(tl.int32), axis=1) - 1
-                tl.store(scratch_ptr + scr_off[:, None] + pos, w, mask=inb & (pos < SCRATCH))
+                _compact(scratch_ptr, cols_ptr, scr_off, nb, inb, w, cols, KEEP, SCRATCH)
             nb += hits
     done = fits & (nb <= SCRATCH)
     tl.debug_barrier()
-    vals = tl.load(scratch_ptr + scr_off[:, None] + sc[None, :], mask=done[:, None] & (sc[None, :] < nb[:, None]),
-                   other=-1.0)
+    held = done[:, None] & (sc[None, :] < nb[:, None])
+    vals = tl.load(scratch_ptr + scr_off[:, None] + sc[None, :], mask=held, other=-1.0)
     tau, mass = _threshold_of_gathered(vals, nb, zero, zero, kf, False, SORT, SCRATCH)
+    n_keep = tl.full((ROWS,), -1, tl.int32)
+    if KEEP > 0:
+        # the top-k set to the front: its weights and columns are in registers before any slot is overwritten
+        kept = held & (vals >= tau[:, None])
+        kcols = tl.load(cols_ptr + scr_off[:, None] + sc[None, :], mask=kept, other=0)
+        n_keep = tl.where(done, tl.sum(kept.to(tl.int32), axis=1), -1)
+        tl.debug_barrier()
+        _compact(scratch_ptr, cols_ptr, scr_off, tl.zeros((ROWS,), tl.int32), kept, vals, kcols, KEEP, SCRATCH)
+        n_keep = tl.where(n_keep <= KEEP, n_keep, -1)
     rest = active & rmask & (~done)
     if tl.max(rest.to(tl.int32), axis=0) > 0:
         ones = tl.full((ROWS,), 1.0, tl.float32)  # weights lie in [0, 1]: probabilities, or exp2 of <= 0
@@ -513,7 +532,27 @@ def _top_k_select(
                                          IS_LOGITS, False, ROWS, BLOCK, STAGES, NP, SCRATCH, MAX_PASSES, SORT)
         tau = tl.where(rest, t_rest, tau)
         mass = tl.where(rest, m_rest, mass)
-    return tl.where(active, tau, 0.0), tl.where(active, mass, total), total, wmax
+    return tl.where(active, tau, 0.0), tl.where(active, mass, total), total, wmax, tl.sum(n_bad, axis=1), n_keep
+
+
+@triton.jit
+def _compact(
+    scratch_ptr,  # (B, SCRATCH) float32 workspace
+    cols_ptr,  # (B, SCRATCH) int32 workspace of columns (when KEEP)
+    scr_off,  # (ROWS,) int64 row offsets into the workspaces
+    nb,  # (ROWS,) int32 slots already used
+    inb,  # (ROWS, BLOCK) the entries to append
+    w,  # (ROWS, BLOCK) their weights
+    cols,  # (BLOCK,) or (ROWS, BLOCK) their columns
+    KEEP: tl.constexpr,  # store the columns too
+    SCRATCH: tl.constexpr,  # workspace slots per row
+):
+    """Append the entries ``inb`` of a tile, in column order, after each row's ``nb`` used workspace slots."""
+    pos = nb[:, None] + tl.cumsum(inb.to(tl.int32), axis=1) - 1
+    keep = inb & (pos < SCRATCH)
+    tl.store(scratch_ptr + scr_off[:, None] + pos, w, mask=keep)
+    if KEEP > 0:
+        tl.store(cols_ptr + scr_off[:, None] + pos, cols + tl.zeros(w.shape, tl.int32), mask=keep)
 
 
 @triton.jit
@@ -577,6 +616,42 @@ def _draw_in_chunks(
 
 
 @triton.jit
+def _draw_from_set(
+    set_ptr,  # (B, stride) float32 the rows' top-k sets at the front
+    cols_ptr,  # (B, stride) int32 their columns
+    off,  # (ROWS,) int64 row offsets into both
+    live,  # (ROWS,) rows that draw from their set
+    n,  # (ROWS,) int32 set sizes, at most KEEP
+    floor,  # (ROWS,) weights below are out (the top-k threshold, min-p)
+    mass_p,  # (ROWS,) top_p times the top-k mass: a weight is in the nucleus iff the mass strictly above it is less
+    u,  # (ROWS,) uniforms in [0, 1)
+    HAS_P: tl.constexpr,  # top-p filters the set
+    KEEP: tl.constexpr,  # slots read per row (power of two)
+    SORT: tl.constexpr,  # find the nucleus by sorting (else pairwise ranks)
+):
+    """Inverse-CDF draw from a row's top-k set (weights and columns gathered by the threshold kernel), after
+    top-p and min-p: (ROWS,) int32 tokens, -1 where nothing is left. Every weight above a set member is in the
+    set, so the nucleus test on it is exact: the nucleus is the weights at or above the largest v whose mass
+    F(v) = sum of weights >= v reaches mass_p."""
+    kk = tl.arange(0, KEEP)
+    real = live[:, None] & (kk[None, :] < n[:, None])
+    w = tl.load(set_ptr + off[:, None] + kk[None, :], mask=real, other=-1.0)
+    cols = tl.load(cols_ptr + off[:, None] + kk[None, :], mask=real, other=0)
+    lo = floor
+    if HAS_P:
+        zero = tl.zeros(floor.shape, tl.float32)
+        t_p, _m = _threshold_of_gathered(w, n, zero, zero, mass_p, True, SORT, KEEP)
+        lo = tl.maximum(lo, t_p)
+    ws = tl.where(real & (w >= lo[:, None]) & (w > 0), w, 0.0)
+    cs = tl.cumsum(ws, axis=1)
+    i = tl.sum((cs <= (u * tl.sum(ws, axis=1))[:, None]).to(tl.int32), axis=1)
+    last = tl.max(tl.where(ws > 0, kk[None, :], -1), axis=1)
+    i = tl.minimum(i, last)
+    tok = tl.sum(tl.where(kk[None, :] == i[:, None], cols, 0), axis=1)
+    return tl.where(last >= 0, tok, -1)
+
+
+@triton.jit
 def _logit_scale(
     rows,  # (ROWS,) row indices
     rmask,  # (ROWS,) real rows
@@ -625,8 +700,10 @@ def _top_k_threshold_kernel(
     t_ptr,  # (B,) float32 per-row temperature (when T_ROWS)
     k_val,  # scalar top-k (when not K_ROWS)
     t_val,  # scalar temperature (when not T_ROWS)
-    scratch_ptr,  # (B, SCRATCH) float32 workspace of the search
-    stats_ptr,  # (5, B) float32 out: logit max, top-k threshold, top-k mass, max weight, 1 for an invalid row
+    scratch_ptr,  # (B, SCRATCH) float32 workspace of the search; out: the top-k set's weights at the front
+    cols_ptr,  # (B, SCRATCH) int32 out: the top-k set's columns at the front
+    stats_ptr,  # (6, B) float32 out: logit max, top-k threshold, top-k mass, max weight, 1 for an invalid row,
+    # and the size of the top-k set left in the workspaces (-1: not left there; the sampling kernel walks the row)
     B,  # rows
     V,  # vocabulary size
     stride_x,  # row stride of x, elements
@@ -635,6 +712,7 @@ def _top_k_threshold_kernel(
     HAS_T: tl.constexpr, T_ROWS: tl.constexpr,  # temperature given; per row
     ROWS: tl.constexpr,  # rows per program
     BLOCK: tl.constexpr,  # chunk width
+    KEEP: tl.constexpr,  # the largest top-k set left in the workspaces
     WALK_STAGES: tl.constexpr,  # software-pipeline depth of the plain walks (row max, slice maxima, compaction)
     SKIP_EMPTY: tl.constexpr,  # the compaction walk skips the scan of chunks with nothing to keep
     STAGES: tl.constexpr,  # that of the fallback pivot search's walks (which spill when pipelined)
@@ -643,9 +721,11 @@ def _top_k_threshold_kernel(
     MAX_PASSES: tl.constexpr,  # bound on search passes
     SORT: tl.constexpr,  # finish the search by sorting (GPU) or by pairwise ranks (interpreter)
 ):
-    """The exact top-k threshold of each row, for :func:`_top_k_top_p_kernel`. A kernel of its own so that
-    the search (which spills when its walk is pipelined or widened) and the candidate passes (which gain
-    from both) each get the walk that suits them."""
+    """The exact top-k threshold of each row, for :func:`_top_k_top_p_kernel`, and the top-k set itself where it
+    holds at most KEEP weights (the sampling kernel then draws from it alone). A kernel of its own so that the
+    search (which spills when its walk is pipelined or widened) and the candidate passes (which gain from both)
+    each get the walk that suits them. Probabilities are checked for entries that are none here, so a row whose
+    top-k set is left needs no walk of the sampling kernel at all."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rmask = rows < B
     row_off = rows.to(tl.int64)[:, None] * stride_x
@@ -655,21 +735,25 @@ def _top_k_threshold_kernel(
     if IS_LOGITS:
         m, bad = _checked_max(_row_max(x_ptr, row_off, rmask, V, ROWS, BLOCK, WALK_STAGES))
     kf, k_on, k_bad = _top_k_of_rows(rows, rmask, k_ptr, k_val, V, K_ROWS, ROWS)
-    tau, mass_k, _total, wmax = _top_k_select(x_ptr, row_off, rmask, V, m, c, kf, k_on, scratch_ptr,
-                                              rows.to(tl.int64) * SCRATCH, IS_LOGITS, ROWS, BLOCK, WALK_STAGES,
-                                              SKIP_EMPTY, STAGES, NP, SCRATCH, MAX_PASSES, SORT)
+    tau, mass_k, _total, wmax, n_bad, n_keep = _top_k_select(
+        x_ptr, row_off, rmask, V, m, c, kf, k_on, scratch_ptr, cols_ptr, rows.to(tl.int64) * SCRATCH, IS_LOGITS, ROWS,
+        BLOCK, KEEP, not IS_LOGITS, WALK_STAGES, SKIP_EMPTY, STAGES, NP, SCRATCH, MAX_PASSES, SORT)
     tl.store(stats_ptr + rows, m, mask=rmask)
     tl.store(stats_ptr + B + rows, tau, mask=rmask)
     tl.store(stats_ptr + 2 * B + rows, mass_k, mask=rmask)
     tl.store(stats_ptr + 3 * B + rows, wmax, mask=rmask)
-    tl.store(stats_ptr + 4 * B + rows, (bad | k_bad).to(tl.float32), mask=rmask)
+    tl.store(stats_ptr + 4 * B + rows, (bad | k_bad | (n_bad > 0)).to(tl.float32), mask=rmask)
+    tl.store(stats_ptr + 5 * B + rows, n_keep.to(tl.float32), mask=rmask)
 
 
 @triton.jit(do_not_specialize=["seed"])
 def _top_k_top_p_kernel(
     x_ptr,  # (B, V) probabilities or logits, unit stride in V
     out_ptr,  # (B,) int32 or int64 sampled tokens, invalid_token for an invalid row
-    stats_ptr,  # (5, B) float32 from _top_k_threshold_kernel (when HAS_K)
+    stats_ptr,  # (6, B) float32 from _top_k_threshold_kernel (when HAS_K)
+    set_ptr,  # (B, set_stride) float32: the top-k set's weights at the front of each row (when HAS_K)
+    set_cols_ptr,  # (B, set_stride) int32: their columns
+    set_stride,  # row stride of the two, elements
     p_ptr,  # (B,) float32 per-row top-p (when P_ROWS)
     minp_ptr,  # (B,) float32 per-row min-p (when MINP_ROWS)
     t_ptr,  # (B,) float32 per-row temperature (when T_ROWS)
@@ -692,6 +776,8 @@ def _top_k_top_p_kernel(
     STAGES: tl.constexpr,  # software-pipeline depth of the walks over the vocabulary (loads run ahead)
     NUM_CAND: tl.constexpr,  # candidates drawn per pass (power of two)
     MAX_ROUNDS: tl.constexpr,  # bound on candidate passes
+    KEEP: tl.constexpr,  # the largest top-k set the threshold kernel leaves in set_ptr (0: none is left)
+    SORT: tl.constexpr,  # the top-p threshold of such a set by sorting it (GPU) or by pairwise ranks (interpreter)
 ):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rmask = rows < B
@@ -745,6 +831,20 @@ def _top_k_top_p_kernel(
     cand_w = tl.zeros((ROWS, NUM_CAND), tl.float32)
     above = tl.full((ROWS,), -1.0, tl.float32)
     done = ~rmask
+    if HAS_K:
+        bad = bad | ~(mass_k > 0)
+        done = done | bad
+    if HAS_K and KEEP > 0:
+        # a row whose top-k set the threshold kernel left (checked there: bad entries, bad k or logits) draws from
+        # that set alone; the candidate passes below walk only the other rows
+        n_set = tl.load(stats_ptr + 5 * B + rows, mask=rmask, other=-1.0).to(tl.int32)
+        in_set = rmask & (n_set >= 0) & ~bad
+        if tl.max(in_set.to(tl.int32), axis=0) > 0:
+            u_set = _pick(_uniform4(seed, rows * MAX_ROUNDS * (nch + 1) + nch, jj), jj, 0)
+            t_set = _draw_from_set(set_ptr, set_cols_ptr, rows.to(tl.int64) * set_stride, in_set, n_set, floor,
+                                   pp * mass_k, tl.minimum(u_set, 0.99999994), HAS_P, KEEP, SORT)
+            token = tl.where(in_set, t_set, token)
+        done = done | in_set
     for r in range(MAX_ROUNDS):
         if tl.max((~done).to(tl.int32), axis=0) > 0:
             check = r > 0
@@ -856,9 +956,9 @@ def _renorm_kernel(
     if HAS_K:
         kf, k_on, k_bad = _top_k_of_rows(rows, rmask, k_ptr, k_val, V, K_ROWS, ROWS)
         bad = bad | k_bad
-        tau, mass_k, total, wmax = _top_k_select(x_ptr, row_off, rmask, V, m, c, kf, k_on, scratch_ptr, scr_off,
-                                                 False, ROWS, BLOCK, STAGES, False, STAGES, NP, SCRATCH, MAX_PASSES,
-                                                 SORT)
+        tau, mass_k, total, wmax, _nb, _nk = _top_k_select(
+            x_ptr, row_off, rmask, V, m, c, kf, k_on, scratch_ptr, scratch_ptr, scr_off, False, ROWS, BLOCK, 0, False,
+            STAGES, False, STAGES, NP, SCRATCH, MAX_PASSES, SORT)
     else:
         wmax, total = _stats(x_ptr, row_off, rmask, V, m, c, False, ROWS, BLOCK, STAGES)
         mass_k = total

@@ -57,6 +57,9 @@ TOP_K_WALK_STAGES = 3
 TOP_K_SKIP_EMPTY = False
 #: finish threshold searches with tl.sort; the interpreter ranks pairwise instead (its sort is very slow)
 SORT = not triton_interpreting()
+#: the largest top-k set (ties included) the threshold kernel hands to the sampling kernel, which then draws from
+#: it without walking the row; a larger set is sampled by the candidate passes over the whole row (0: every set)
+TOP_K_SET = 256
 _MAX_NUMEL = 1 << 20
 
 
@@ -120,24 +123,37 @@ def _seed(generator: torch.Generator | None, device: torch.device) -> tuple[torc
     return _zero_seed(device), (generator.initial_seed() * 0x9E3779B97F4A7C15 + offset) % _SEED_RANGE
 
 
-def top_k_threshold(x: torch.Tensor, top_k: Any, is_logits: bool, temperature: Any) -> torch.Tensor:
-    """The first of top_k_top_p's two launches: per row of x (B, V) with unit column stride, float32 (5, B):
-    the logit max (0 for probabilities and invalid rows), the top-k threshold on the weights, the top-k mass, the
-    max weight, and 1 where the row is invalid by its logits or its top-k (the second launch checks the rest)."""
+class _TopK(NamedTuple):
+    """What top_k_top_p's first launch leaves for its second, per row of x (B, V)."""
+    #: float32 (6, B): the logit max (0 for probabilities and invalid rows), the top-k threshold on the weights, the
+    #: top-k mass, the max weight, 1 where the row is invalid by its logits, its entries or its top-k (the second
+    #: launch checks the rest), and the size of the top-k set left in ``weights`` / ``cols`` (-1: none left)
+    stats: torch.Tensor
+    #: (B, S) float32 and int32: each row's top-k set (weights, columns) at the front, where it was left
+    weights: torch.Tensor
+    cols: torch.Tensor
+    #: slots the second launch reads per row
+    keep: int
+
+
+def top_k_threshold(x: torch.Tensor, top_k: Any, is_logits: bool, temperature: Any) -> _TopK:
+    """The first of top_k_top_p's two launches, over x (B, V) with unit column stride."""
     batch, vocab = x.shape
     _, k_rows, k_t, k_v = _split(top_k, torch.int32, x.device)
     has_t, t_rows, t_t, t_v = _split(temperature if is_logits else None, torch.float32, x.device)
     search = _config(batch, vocab, SEARCH_WALK)
-    scratch = torch.empty((batch, search.scratch), dtype=torch.float32, device=x.device)
-    stats = torch.empty((5, batch), dtype=torch.float32, device=x.device)
+    keep = min(TOP_K_SET, search.scratch)
+    weights = torch.empty((batch, search.scratch), dtype=torch.float32, device=x.device)
+    cols = torch.empty((batch, search.scratch), dtype=torch.int32, device=x.device)
+    stats = torch.empty((6, batch), dtype=torch.float32, device=x.device)
     K._top_k_threshold_kernel[(triton.cdiv(batch, search.rows),)](
-        x, k_t if k_rows else stats, t_t if t_rows else stats, int(k_v), float(t_v) if has_t else 1.0, scratch, stats,
-        batch, vocab, x.stride(0), IS_LOGITS=is_logits, K_ROWS=k_rows, HAS_T=has_t, T_ROWS=t_rows, ROWS=search.rows,
-        BLOCK=search.block, WALK_STAGES=TOP_K_WALK_STAGES, SKIP_EMPTY=TOP_K_SKIP_EMPTY,
-        STAGES=search.stages, NP=NUM_PIVOTS,
-        SCRATCH=search.scratch, MAX_PASSES=MAX_PASSES, SORT=SORT, num_warps=search.num_warps,
+        x, k_t if k_rows else stats, t_t if t_rows else stats, int(k_v), float(t_v) if has_t else 1.0, weights, cols,
+        stats, batch, vocab, x.stride(0), IS_LOGITS=is_logits, K_ROWS=k_rows, HAS_T=has_t, T_ROWS=t_rows,
+        ROWS=search.rows, BLOCK=search.block, KEEP=keep, WALK_STAGES=TOP_K_WALK_STAGES, SKIP_EMPTY=TOP_K_SKIP_EMPTY,
+        STAGES=search.stages, NP=NUM_PIVOTS, SCRATCH=search.scratch, MAX_PASSES=MAX_PASSES, SORT=SORT,
+        num_warps=search.num_warps,
     )
-    return stats
+    return _TopK(stats, weights, cols, keep)
 
 
 def top_k_top_p(x: torch.Tensor, top_k: Any, top_p: Any, min_p: Any, is_logits: bool, temperature: Any,
@@ -153,15 +169,19 @@ def top_k_top_p(x: torch.Tensor, top_k: Any, top_p: Any, min_p: Any, is_logits: 
     has_m, m_rows, m_t, m_v = _split(min_p, torch.float32, x.device)
     has_t, t_rows, t_t, t_v = _split(temperature if is_logits else None, torch.float32, x.device)
     t_val = float(t_v) if has_t else 1.0
-    stats = top_k_threshold(x, top_k, is_logits, temperature) if has_k else out  # unused without top-k
+    if has_k:
+        first = top_k_threshold(x, top_k, is_logits, temperature)
+    else:  # unused without top-k
+        first = _TopK(out, out, out, 0)
     cfg = _config(batch, vocab, TOP_P_WALK)
     seed_t, seed = _seed(generator, x.device)
     K._top_k_top_p_kernel[(triton.cdiv(batch, cfg.rows),)](
-        x, out, stats, p_t if p_rows else out, m_t if m_rows else out, t_t if t_rows else out, float(p_v), float(m_v),
+        x, out, first.stats, first.weights, first.cols, first.weights.stride(0) if has_k else 0,
+        p_t if p_rows else out, m_t if m_rows else out, t_t if t_rows else out, float(p_v), float(m_v),
         t_val, seed_t, seed, invalid_token, batch, vocab, x.stride(0),
         IS_LOGITS=is_logits, HAS_K=has_k, HAS_P=has_p, P_ROWS=p_rows, HAS_MINP=has_m, MINP_ROWS=m_rows, HAS_T=has_t,
         T_ROWS=t_rows, ROWS=cfg.rows, BLOCK=cfg.block, STAGES=cfg.stages, NUM_CAND=NUM_CAND, MAX_ROUNDS=MAX_ROUNDS,
-        num_warps=cfg.num_warps,
+        KEEP=first.keep, SORT=SORT, num_warps=cfg.num_warps,
     )
     return out
 
