@@ -103,16 +103,12 @@ def test_the_gpu_finish_by_sorting_matches_too(tiny_blocks: None, monkeypatch: p
                      atol=1e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("skip_empty", [False, True])
 @pytest.mark.parametrize("sort", [False, True])
-def test_top_k_threshold_is_exact_on_every_path(tiny_blocks: None, monkeypatch: pytest.MonkeyPatch, sort: bool,
-                                                skip_empty: bool) -> None:
-    # skip_empty: the compaction walk scans only chunks holding a weight to keep. 32-token chunks (32-wide slices:
-    # 15 of them over 480 tokens) and a 16-slot workspace. Rows: the slice-maxima
+def test_top_k_threshold_is_exact_on_every_path(tiny_blocks: None, monkeypatch: pytest.MonkeyPatch, sort: bool) -> None:
+    # 32-token chunks (32-wide slices: 15 of them over 480 tokens) and a 16-slot workspace. Rows: the slice-maxima
     # bound gathers few enough weights (k 5); it gathers more than the workspace (k 15: the pivot search from the
     # bound); k above the slice count (30: the search from 0); top-k off (k 0); 480 equal weights (ties, k 3)
     monkeypatch.setattr(sampling, "SORT", sort)
-    monkeypatch.setattr(sampling, "TOP_K_SKIP_EMPTY", skip_empty)
     x = _zipf_rows(5, 480, seed=11)
     x[4] = 1 / 480
     k = torch.tensor([5, 15, 30, 0, 3], dtype=torch.int32)
@@ -129,6 +125,29 @@ def test_top_k_threshold_is_exact_on_every_path(tiny_blocks: None, monkeypatch: 
     members = (x[0] >= stats[1, 0]).nonzero().flatten()
     assert cols[0, :5].tolist() == members.tolist()
     assert torch.equal(weights[0, :5], x[0, members])
+
+
+def test_the_compaction_reads_the_hot_slices_several_per_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 1024-token chunks of four 256-wide slices, 8000 tokens (the last slice ragged, holding row 0's largest weight):
+    # the compaction reads only the slices whose maximum reaches the bound, four per step, in column order
+    monkeypatch.setattr(sampling, "MAX_BLOCK", 1024)
+    monkeypatch.setattr(sampling, "MAX_SCRATCH", 64)
+    sampling._config.cache_clear()
+    try:
+        x = _zipf_rows(3, 8000, seed=13)
+        x[0, 7999] = 0.5
+        k = torch.tensor([3, 8, 20], dtype=torch.int32)
+        first = sampling.top_k_threshold(x.to(DEVICE), k.to(DEVICE), False, None)
+    finally:
+        sampling._config.cache_clear()
+    stats, weights, cols = first.stats.cpu(), first.weights.cpu(), first.cols.cpu()
+    for row in range(3):
+        want = torch.sort(x[row], descending=True).values[int(k[row]) - 1]
+        assert stats[1, row].item() == want.item()
+        members = (x[row] >= want).nonzero().flatten()
+        assert int(stats[5, row]) == members.numel()
+        assert cols[row, :members.numel()].tolist() == members.tolist()
+        assert torch.equal(weights[row, :members.numel()], x[row, members])
 
 
 @pytest.mark.parametrize("sort", [False, True])

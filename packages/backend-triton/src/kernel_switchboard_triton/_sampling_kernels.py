@@ -449,8 +449,7 @@ def _top_k_select(
     BLOCK: tl.constexpr,  # chunk width
     KEEP: tl.constexpr,  # > 0: leave the top-k set (weights, columns) at the front of the workspaces when it fits
     CHECK_ENTRIES: tl.constexpr,  # walk 1 also counts the entries that are no probabilities
-    WALK_STAGES: tl.constexpr,  # software-pipeline depth of walks 1 and 2 (loads run ahead)
-    SKIP_EMPTY: tl.constexpr,  # walk 2 scans and stores only chunks that hold a weight at or above the bound
+    WALK_STAGES: tl.constexpr,  # software-pipeline depth of walk 1 (loads run ahead)
     STAGES: tl.constexpr,  # that of the fallback search's walks
     NP: tl.constexpr,  # pivots per pass of the fallback search
     SCRATCH: tl.constexpr,  # workspace slots per row (power of two)
@@ -460,9 +459,10 @@ def _top_k_select(
     """Exact top-k threshold. Returns (tau = the k-th largest weight, mass of w >= tau, total weight, max weight).
 
     Walk 1 takes the maximum of every GROUP-wide slice: k slices have a maximum at or above the k-th
-    largest of those maxima, so at least k weights reach it and it bounds tau from below. Walk 2 compacts
-    the weights at or above the bound into the scratch row (k = 50 of 128256 probabilities: ~55 of them)
-    and a sort finishes. Rows whose k exceeds the slices or whose compacted weights overflow the workspace
+    largest of those maxima, so at least k weights reach it and it bounds tau from below. Walk 2 reads only
+    the slices whose maximum reaches the bound (about k of them: k = 50 of 128256 probabilities in 256-wide
+    slices reads a tenth of the row) and compacts their weights at or above it into the scratch row (~55 of
+    them); a sort finishes. Rows whose k exceeds the slices or whose compacted weights overflow the workspace
     take :func:`_select`'s pivot search, from the bound. The bound makes top-k faster than the pivot search
     alone (on the H200, 128 x 128256 at k = 50).
 
@@ -497,19 +497,25 @@ def _top_k_select(
     bound, _m = _threshold_of_gathered(maxima, groups, zero, zero, kf, False, SORT, SCRATCH)
     bound = tl.where(fits, bound, 0.0)
     tl.debug_barrier()
+    # walk 2 visits only the slices whose maximum reaches the bound (k of them, ties aside): no other weight can.
+    # Per step, PER of them (a chunk's worth of loads): hot slice number `first + lane` of each row is picked out of
+    # the maxima tile by its rank among the row's hot slices, so they are visited in column order
+    hot = fits[:, None] & (maxima >= bound[:, None]) & (sc[None, :] < groups[:, None])
+    rank = tl.cumsum(hot.to(tl.int32), axis=1) - 1
+    n_hot = tl.sum(hot.to(tl.int32), axis=1)
+    lane = tl.arange(0, PER)
+    in_slice = tl.arange(0, GROUP)
     nb = tl.zeros((ROWS,), tl.int32)
-    if tl.max(fits.to(tl.int32), axis=0) > 0:
-        for start in tl.range(0, V, BLOCK, num_stages=WALK_STAGES):
-            cols, valid, w = _chunk(x_ptr, row_off, rmask, V, m, c, start, IS_LOGITS, BLOCK)
-            inb = valid & (w >= bound[:, None]) & fits[:, None]
-            hits = tl.sum(inb.to(tl.int32), axis=1)
-            if SKIP_EMPTY:
-                # most chunks hold none of the few weights at or above the bound: no scan for them
-                if tl.max(hits, axis=0) > 0:
-                    _compact(scratch_ptr, cols_ptr, scr_off, nb, inb, w, cols, KEEP, SCRATCH)
-            else:
-                _compact(scratch_ptr, cols_ptr, scr_off, nb, inb, w, cols, KEEP, SCRATCH)
-            nb += hits
+    for first in range(0, tl.max(n_hot, axis=0), PER):
+        pick = hot[:, None, :] & (rank[:, None, :] == (first + lane)[None, :, None])
+        sid = tl.sum(tl.where(pick, sc[None, None, :], 0), axis=2)  # (ROWS, PER) slice ids
+        live = (first + lane)[None, :] < n_hot[:, None]
+        cols = tl.reshape(sid[:, :, None] * GROUP + in_slice[None, None, :], (ROWS, BLOCK))
+        valid = tl.reshape(live[:, :, None] & (in_slice >= 0)[None, None, :], (ROWS, BLOCK)) & (cols < V)
+        w = _weights(x_ptr, row_off, cols, valid, m, c, IS_LOGITS)
+        inb = valid & (w >= bound[:, None])
+        _compact(scratch_ptr, cols_ptr, scr_off, nb, inb, w, cols, KEEP, SCRATCH)
+        nb += tl.sum(inb.to(tl.int32), axis=1)
     done = fits & (nb <= SCRATCH)
     tl.debug_barrier()
     held = done[:, None] & (sc[None, :] < nb[:, None])
@@ -713,8 +719,7 @@ def _top_k_threshold_kernel(
     ROWS: tl.constexpr,  # rows per program
     BLOCK: tl.constexpr,  # chunk width
     KEEP: tl.constexpr,  # the largest top-k set left in the workspaces
-    WALK_STAGES: tl.constexpr,  # software-pipeline depth of the plain walks (row max, slice maxima, compaction)
-    SKIP_EMPTY: tl.constexpr,  # the compaction walk skips the scan of chunks with nothing to keep
+    WALK_STAGES: tl.constexpr,  # software-pipeline depth of the whole-row walks (row max, slice maxima)
     STAGES: tl.constexpr,  # that of the fallback pivot search's walks (which spill when pipelined)
     NP: tl.constexpr,  # pivots per search pass
     SCRATCH: tl.constexpr,  # workspace slots per row
@@ -737,7 +742,7 @@ def _top_k_threshold_kernel(
     kf, k_on, k_bad = _top_k_of_rows(rows, rmask, k_ptr, k_val, V, K_ROWS, ROWS)
     tau, mass_k, _total, wmax, n_bad, n_keep = _top_k_select(
         x_ptr, row_off, rmask, V, m, c, kf, k_on, scratch_ptr, cols_ptr, rows.to(tl.int64) * SCRATCH, IS_LOGITS, ROWS,
-        BLOCK, KEEP, not IS_LOGITS, WALK_STAGES, SKIP_EMPTY, STAGES, NP, SCRATCH, MAX_PASSES, SORT)
+        BLOCK, KEEP, not IS_LOGITS, WALK_STAGES, STAGES, NP, SCRATCH, MAX_PASSES, SORT)
     tl.store(stats_ptr + rows, m, mask=rmask)
     tl.store(stats_ptr + B + rows, tau, mask=rmask)
     tl.store(stats_ptr + 2 * B + rows, mass_k, mask=rmask)
@@ -958,7 +963,7 @@ def _renorm_kernel(
         bad = bad | k_bad
         tau, mass_k, total, wmax, _nb, _nk = _top_k_select(
             x_ptr, row_off, rmask, V, m, c, kf, k_on, scratch_ptr, scratch_ptr, scr_off, False, ROWS, BLOCK, 0, False,
-            STAGES, False, STAGES, NP, SCRATCH, MAX_PASSES, SORT)
+            STAGES, STAGES, NP, SCRATCH, MAX_PASSES, SORT)
     else:
         wmax, total = _stats(x_ptr, row_off, rmask, V, m, c, False, ROWS, BLOCK, STAGES)
         mass_k = total

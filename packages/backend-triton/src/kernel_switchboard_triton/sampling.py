@@ -48,13 +48,11 @@ MIN_WARPS = 4
 #: reduction and the slice-maxima bound, and the first candidate pass sums only what it needs.
 TOP_P_WALK = (8192, 3, 8)
 SEARCH_WALK = (4096, 1, 16)
-#: load pipeline stages of top-k's plain walks (row max, slice maxima, compaction; the pivot search keeps
-#: SEARCH_WALK's): with one CTA per row and one row per SM, an unpipelined walk waits out each chunk's load latency.
-#: H100, 128 x 128256 probabilities, k = 50: 1 / 2 / 3 / 4 stages 150 / 145 / 120 / 121 us
+#: load pipeline stages of top-k's whole-row walks (row max, slice maxima; the pivot search keeps SEARCH_WALK's):
+#: with one CTA per row and one row per SM, an unpipelined walk waits out each chunk's load latency.
+#: H100, 128 x 128256 probabilities, k = 50: 1 / 2 / 3 / 4 stages 150 / 145 / 120 / 121 us (when the compaction
+#: walked the whole row too)
 TOP_K_WALK_STAGES = 3
-#: top-k's compaction walk scans only the chunks that hold a weight to keep (k = 50 of 128256: a few dozen chunks);
-#: off until timed on a GPU (a branch inside the pipelined walk may cost its pipelining)
-TOP_K_SKIP_EMPTY = False
 #: finish threshold searches with tl.sort; the interpreter ranks pairwise instead (its sort is very slow)
 SORT = not triton_interpreting()
 #: the largest top-k set (ties included) the threshold kernel hands to the sampling kernel, which then draws from
@@ -149,7 +147,7 @@ def top_k_threshold(x: torch.Tensor, top_k: Any, is_logits: bool, temperature: A
     K._top_k_threshold_kernel[(triton.cdiv(batch, search.rows),)](
         x, k_t if k_rows else stats, t_t if t_rows else stats, int(k_v), float(t_v) if has_t else 1.0, weights, cols,
         stats, batch, vocab, x.stride(0), IS_LOGITS=is_logits, K_ROWS=k_rows, HAS_T=has_t, T_ROWS=t_rows,
-        ROWS=search.rows, BLOCK=search.block, KEEP=keep, WALK_STAGES=TOP_K_WALK_STAGES, SKIP_EMPTY=TOP_K_SKIP_EMPTY,
+        ROWS=search.rows, BLOCK=search.block, KEEP=keep, WALK_STAGES=TOP_K_WALK_STAGES,
         STAGES=search.stages, NP=NUM_PIVOTS, SCRATCH=search.scratch, MAX_PASSES=MAX_PASSES, SORT=SORT,
         num_warps=search.num_warps,
     )
