@@ -127,11 +127,16 @@ def test_top_k_threshold_is_exact_on_every_path(tiny_blocks: None, monkeypatch: 
     assert torch.equal(weights[0, :5], x[0, members])
 
 
-def test_the_compaction_reads_the_hot_slices_several_per_step(monkeypatch: pytest.MonkeyPatch) -> None:
-    # 1024-token chunks of four 256-wide slices, 8000 tokens (the last slice ragged, holding row 0's largest weight):
-    # the compaction reads only the slices whose maximum reaches the bound, four per step, in column order
+@pytest.mark.parametrize("search_chunk", [1024, 256])
+def test_the_compaction_reads_the_hot_slices_several_per_step(monkeypatch: pytest.MonkeyPatch,
+                                                              search_chunk: int) -> None:
+    # 8000 tokens in 256-wide slices (the last one ragged, holding row 0's largest weight), the slice maxima taken
+    # over 1024-token chunks: the compaction reads only the slices whose maximum reaches the bound, in column order,
+    # search_chunk // 256 of them per step
     monkeypatch.setattr(sampling, "MAX_BLOCK", 1024)
     monkeypatch.setattr(sampling, "MAX_SCRATCH", 64)
+    monkeypatch.setattr(sampling, "SEARCH_WALK", (search_chunk, 1, 16))
+    monkeypatch.setattr(sampling, "TOP_K_WALK_BLOCK", 1024)
     sampling._config.cache_clear()
     try:
         x = _zipf_rows(3, 8000, seed=13)

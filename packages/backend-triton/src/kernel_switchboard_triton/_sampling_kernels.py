@@ -450,6 +450,7 @@ def _top_k_select(
     KEEP: tl.constexpr,  # > 0: leave the top-k set (weights, columns) at the front of the workspaces when it fits
     CHECK_ENTRIES: tl.constexpr,  # walk 1 also counts the entries that are no probabilities
     WALK_STAGES: tl.constexpr,  # software-pipeline depth of walk 1 (loads run ahead)
+    WALK_BLOCK: tl.constexpr,  # walk 1's chunk width (a multiple of BLOCK)
     STAGES: tl.constexpr,  # that of the fallback search's walks
     NP: tl.constexpr,  # pivots per pass of the fallback search
     SCRATCH: tl.constexpr,  # workspace slots per row (power of two)
@@ -472,24 +473,25 @@ def _top_k_select(
     or a set of more than KEEP weights); with CHECK_ENTRIES the one before it counts the row's entries that are
     no probabilities (NaN, infinite, negative), else it is 0."""
     GROUP: tl.constexpr = 256 if BLOCK >= 256 else BLOCK
-    PER: tl.constexpr = BLOCK // GROUP
+    PER: tl.constexpr = BLOCK // GROUP  # slices per step of walk 2
+    PER1: tl.constexpr = WALK_BLOCK // GROUP  # slices per step of walk 1
     sc = tl.arange(0, SCRATCH)
     zero = tl.zeros((ROWS,), tl.float32)
-    tot = tl.zeros((ROWS, BLOCK), tl.float32)
-    n_bad = tl.zeros((ROWS, BLOCK), tl.float32)
+    tot = tl.zeros((ROWS, WALK_BLOCK), tl.float32)
+    n_bad = tl.zeros((ROWS, WALK_BLOCK), tl.float32)
     wmax = zero
-    for start in tl.range(0, V, BLOCK, num_stages=WALK_STAGES):
-        _cols, valid, xv, w = _chunk_values(x_ptr, row_off, rmask, V, m, c, start, IS_LOGITS, BLOCK)
+    for start in tl.range(0, V, WALK_BLOCK, num_stages=WALK_STAGES):
+        _cols, valid, xv, w = _chunk_values(x_ptr, row_off, rmask, V, m, c, start, IS_LOGITS, WALK_BLOCK)
         tot += w
         if CHECK_ENTRIES:
             n_bad += _bad_entries(xv, valid)
-        gmax = tl.max(tl.reshape(w, (ROWS, PER, GROUP)), axis=2)  # (ROWS, PER): maxima of GROUP-wide slices
+        gmax = tl.max(tl.reshape(w, (ROWS, PER1, GROUP)), axis=2)  # (ROWS, PER1): maxima of GROUP-wide slices
         wmax = tl.maximum(wmax, tl.max(gmax, axis=1))
-        slot = (start // BLOCK) * PER + tl.arange(0, PER)
+        slot = (start // WALK_BLOCK) * PER1 + tl.arange(0, PER1)
         tl.store(scratch_ptr + scr_off[:, None] + slot[None, :], gmax,
                  mask=rmask[:, None] & (slot < SCRATCH)[None, :])
     total = tl.sum(tot, axis=1)
-    groups = tl.zeros((ROWS,), tl.int32) + tl.cdiv(V, BLOCK) * PER
+    groups = tl.zeros((ROWS,), tl.int32) + tl.cdiv(V, WALK_BLOCK) * PER1
     fits = active & rmask & (kf <= groups.to(tl.float32)) & (groups <= SCRATCH)
     tl.debug_barrier()
     maxima = tl.load(scratch_ptr + scr_off[:, None] + sc[None, :], mask=fits[:, None] & (sc[None, :] < groups[:, None]),
@@ -720,6 +722,7 @@ def _top_k_threshold_kernel(
     BLOCK: tl.constexpr,  # chunk width
     KEEP: tl.constexpr,  # the largest top-k set left in the workspaces
     WALK_STAGES: tl.constexpr,  # software-pipeline depth of the whole-row walks (row max, slice maxima)
+    WALK_BLOCK: tl.constexpr,  # their chunk width (a multiple of BLOCK)
     STAGES: tl.constexpr,  # that of the fallback pivot search's walks (which spill when pipelined)
     NP: tl.constexpr,  # pivots per search pass
     SCRATCH: tl.constexpr,  # workspace slots per row
@@ -738,11 +741,11 @@ def _top_k_threshold_kernel(
     c, _t_bad = _logit_scale(rows, rmask, t_ptr, t_val, HAS_T, T_ROWS, ROWS)  # the sampling kernel checks t
     bad = rows < 0
     if IS_LOGITS:
-        m, bad = _checked_max(_row_max(x_ptr, row_off, rmask, V, ROWS, BLOCK, WALK_STAGES))
+        m, bad = _checked_max(_row_max(x_ptr, row_off, rmask, V, ROWS, WALK_BLOCK, WALK_STAGES))
     kf, k_on, k_bad = _top_k_of_rows(rows, rmask, k_ptr, k_val, V, K_ROWS, ROWS)
     tau, mass_k, _total, wmax, n_bad, n_keep = _top_k_select(
         x_ptr, row_off, rmask, V, m, c, kf, k_on, scratch_ptr, cols_ptr, rows.to(tl.int64) * SCRATCH, IS_LOGITS, ROWS,
-        BLOCK, KEEP, not IS_LOGITS, WALK_STAGES, STAGES, NP, SCRATCH, MAX_PASSES, SORT)
+        BLOCK, KEEP, not IS_LOGITS, WALK_STAGES, WALK_BLOCK, STAGES, NP, SCRATCH, MAX_PASSES, SORT)
     tl.store(stats_ptr + rows, m, mask=rmask)
     tl.store(stats_ptr + B + rows, tau, mask=rmask)
     tl.store(stats_ptr + 2 * B + rows, mass_k, mask=rmask)
@@ -963,7 +966,7 @@ def _renorm_kernel(
         bad = bad | k_bad
         tau, mass_k, total, wmax, _nb, _nk = _top_k_select(
             x_ptr, row_off, rmask, V, m, c, kf, k_on, scratch_ptr, scratch_ptr, scr_off, False, ROWS, BLOCK, 0, False,
-            STAGES, STAGES, NP, SCRATCH, MAX_PASSES, SORT)
+            STAGES, BLOCK, STAGES, NP, SCRATCH, MAX_PASSES, SORT)
     else:
         wmax, total = _stats(x_ptr, row_off, rmask, V, m, c, False, ROWS, BLOCK, STAGES)
         mass_k = total

@@ -53,6 +53,8 @@ SEARCH_WALK = (4096, 1, 16)
 #: H100, 128 x 128256 probabilities, k = 50: 1 / 2 / 3 / 4 stages 150 / 145 / 120 / 121 us (when the compaction
 #: walked the whole row too)
 TOP_K_WALK_STAGES = 3
+#: chunk width of those walks (the search walk's, SEARCH_WALK[0], or wider)
+TOP_K_WALK_BLOCK = 4096
 #: finish threshold searches with tl.sort; the interpreter ranks pairwise instead (its sort is very slow)
 SORT = not triton_interpreting()
 #: the largest top-k set (ties included) the threshold kernel hands to the sampling kernel, which then draws from
@@ -141,13 +143,14 @@ def top_k_threshold(x: torch.Tensor, top_k: Any, is_logits: bool, temperature: A
     has_t, t_rows, t_t, t_v = _split(temperature if is_logits else None, torch.float32, x.device)
     search = _config(batch, vocab, SEARCH_WALK)
     keep = min(TOP_K_SET, search.scratch)
+    walk_block = max(search.block, min(TOP_K_WALK_BLOCK, MAX_BLOCK, triton.next_power_of_2(vocab)))
     weights = torch.empty((batch, search.scratch), dtype=torch.float32, device=x.device)
     cols = torch.empty((batch, search.scratch), dtype=torch.int32, device=x.device)
     stats = torch.empty((6, batch), dtype=torch.float32, device=x.device)
     K._top_k_threshold_kernel[(triton.cdiv(batch, search.rows),)](
         x, k_t if k_rows else stats, t_t if t_rows else stats, int(k_v), float(t_v) if has_t else 1.0, weights, cols,
         stats, batch, vocab, x.stride(0), IS_LOGITS=is_logits, K_ROWS=k_rows, HAS_T=has_t, T_ROWS=t_rows,
-        ROWS=search.rows, BLOCK=search.block, KEEP=keep, WALK_STAGES=TOP_K_WALK_STAGES,
+        ROWS=search.rows, BLOCK=search.block, KEEP=keep, WALK_STAGES=TOP_K_WALK_STAGES, WALK_BLOCK=walk_block,
         STAGES=search.stages, NP=NUM_PIVOTS, SCRATCH=search.scratch, MAX_PASSES=MAX_PASSES, SORT=SORT,
         num_warps=search.num_warps,
     )
