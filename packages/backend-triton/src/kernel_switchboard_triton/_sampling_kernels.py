@@ -9,7 +9,8 @@ thresholds on ``w`` (ties kept together, as the core defines them):
 - top-k: ``tau_k`` = the k-th largest weight, found by :func:`_top_k_select` (a lower bound from the
   maxima of small groups, then the few weights above it are compacted into a scratch row and sorted in
   registers; :func:`_select`'s pivot search where they do not fit); for sampling in
-  :func:`_top_k_threshold_kernel`, launched before :func:`_top_k_top_p_kernel`;
+  :func:`_top_k_threshold_kernel`, launched before :func:`_top_k_top_p_kernel`, which draws from the top-k set
+  that kernel leaves (weights and columns, at most ``KEEP`` of them) without walking the row;
 - min-p: ``min_p * max w``;
 - top-p: sampled by rejection (FlashInfer's idea): candidates are drawn in proportion to ``w`` from a
   set that contains the nucleus; a candidate c is in the nucleus iff the mass strictly above ``w_c``
@@ -24,9 +25,9 @@ nothing in the reduction path uses atomics.
 
 Invalid rows (the core's ``ops.sampling.invalid_rows``) are found inside the walks the kernels make anyway: logits
 by their row maximum (NaN counts as +inf; a row is invalid when the maximum is not finite), probabilities by a
-count of their NaN / infinite / negative entries and their total, summed in the first candidate pass, and per-row
-parameters as they are loaded. Such a row gets the sentinel token -1 (renorm: a row of NaN; chain speculative:
-tokens -1, nothing accepted), with no host synchronisation.
+count of their NaN / infinite / negative entries and their total, summed in the first candidate pass (with top-k:
+in the threshold kernel's first walk), and per-row parameters as they are loaded. Such a row gets the sentinel token
+-1 (renorm: a row of NaN; chain speculative: tokens -1, nothing accepted), with no host synchronisation.
 """
 
 from __future__ import annotations
