@@ -269,7 +269,8 @@ def test_invalid_rows_get_the_sentinel_on_every_path(tiny_blocks: None, kw: dict
 
 
 @pytest.mark.parametrize("kw", [{}, {"top_p": 0.6}, {"top_k": torch.tensor([5, 0, 7, 9, 3, -1, 4, 40]), "top_p": 0.9},
-                                {"min_p": torch.tensor([0.01, 0.1, 0.0, 0.2, 1.5, 0.05, 0.0, 0.3])}])
+                                {"min_p": torch.tensor([0.01, 0.1, 0.0, 0.2, 1.5, 0.05, 0.0, 0.3])},
+                                {"top_k": 6}])  # top-k alone: the entries are checked in the search's first walk
 def test_renorm_invalid_rows_are_nan_as_the_reference(tiny_blocks: None, kw: dict[str, object]) -> None:
     x = _with_invalid_rows(300, False)
     args = tuple(kw.get(k) for k in ("top_k", "top_p", "min_p"))

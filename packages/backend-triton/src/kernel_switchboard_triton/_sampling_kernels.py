@@ -949,6 +949,7 @@ def _renorm_kernel(
     ROWS: tl.constexpr,  # rows per program
     BLOCK: tl.constexpr,  # chunk width
     STAGES: tl.constexpr,  # software-pipeline depth of the walks over the vocabulary (loads run ahead)
+    WALK_STAGES: tl.constexpr,  # that of the top-k search's first walk (the slice maxima)
     NP: tl.constexpr,  # pivots per search pass
     SCRATCH: tl.constexpr,  # workspace slots per row
     MAX_PASSES: tl.constexpr,  # bound on search passes
@@ -965,9 +966,9 @@ def _renorm_kernel(
     if HAS_K:
         kf, k_on, k_bad = _top_k_of_rows(rows, rmask, k_ptr, k_val, V, K_ROWS, ROWS)
         bad = bad | k_bad
-        tau, mass_k, total, wmax, _nb, _nk = _top_k_select(
-            x_ptr, row_off, rmask, V, m, c, kf, k_on, scratch_ptr, scratch_ptr, scr_off, False, ROWS, BLOCK, 0, False,
-            STAGES, BLOCK, STAGES, NP, SCRATCH, MAX_PASSES, SORT)
+        tau, mass_k, total, wmax, n_bad_k, _nk = _top_k_select(
+            x_ptr, row_off, rmask, V, m, c, kf, k_on, scratch_ptr, scratch_ptr, scr_off, False, ROWS, BLOCK, 0, True,
+            WALK_STAGES, BLOCK, STAGES, NP, SCRATCH, MAX_PASSES, SORT)
     else:
         wmax, total = _stats(x_ptr, row_off, rmask, V, m, c, False, ROWS, BLOCK, STAGES)
         mass_k = total
@@ -990,14 +991,20 @@ def _renorm_kernel(
         else:
             mp = tl.zeros((ROWS,), tl.float32) + minp_val
         tau = tl.maximum(tau, tl.minimum(tl.maximum(mp, 0.0), 1.0) * wmax)
-    kept = tl.zeros((ROWS, BLOCK), tl.float32)
-    n_bad = tl.zeros((ROWS, BLOCK), tl.float32)
-    for start in tl.range(0, V, BLOCK, num_stages=STAGES):
-        cols, valid, xv, w = _chunk_values(x_ptr, row_off, rmask, V, m, c, start, False, BLOCK)
-        kept += tl.where(w >= tau[:, None], w, 0.0)
-        n_bad += _bad_entries(xv, valid)
-    bad = bad | (tl.sum(n_bad, axis=1) > 0)
-    inv = tl.where(bad, float("nan"), 1.0 / tl.maximum(tl.sum(kept, axis=1), 1e-30))  # an invalid row: all NaN
+    if HAS_K and not (HAS_P or HAS_MINP):
+        # top-k alone: the kept mass is top-k's, and the search's first walk counted the bad entries
+        bad = bad | (n_bad_k > 0)
+        kept_mass = mass_k
+    else:
+        kept = tl.zeros((ROWS, BLOCK), tl.float32)
+        n_bad = tl.zeros((ROWS, BLOCK), tl.float32)
+        for start in tl.range(0, V, BLOCK, num_stages=STAGES):
+            cols, valid, xv, w = _chunk_values(x_ptr, row_off, rmask, V, m, c, start, False, BLOCK)
+            kept += tl.where(w >= tau[:, None], w, 0.0)
+            n_bad += _bad_entries(xv, valid)
+        bad = bad | (tl.sum(n_bad, axis=1) > 0)
+        kept_mass = tl.sum(kept, axis=1)
+    inv = tl.where(bad, float("nan"), 1.0 / tl.maximum(kept_mass, 1e-30))  # an invalid row: all NaN
     for start in tl.range(0, V, BLOCK, num_stages=STAGES):
         cols, valid, w = _chunk(x_ptr, row_off, rmask, V, m, c, start, False, BLOCK)
         y = tl.where((w >= tau[:, None]) | bad[:, None], w * inv[:, None], 0.0)

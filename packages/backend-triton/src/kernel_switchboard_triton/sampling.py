@@ -203,8 +203,8 @@ def renorm(probs: torch.Tensor, top_k: Any, top_p: Any, min_p: Any) -> torch.Ten
         probs, out, k_t if k_rows else out, p_t if p_rows else out, m_t if m_rows else out, int(k_v), float(p_v),
         float(m_v), scratch, batch, vocab, probs.stride(0),
         HAS_K=has_k, K_ROWS=k_rows, HAS_P=has_p, P_ROWS=p_rows, HAS_MINP=has_m, MINP_ROWS=m_rows, ROWS=cfg.rows,
-        BLOCK=cfg.block, STAGES=cfg.stages, NP=NUM_PIVOTS, SCRATCH=cfg.scratch, MAX_PASSES=MAX_PASSES, SORT=SORT,
-        num_warps=cfg.num_warps,
+        BLOCK=cfg.block, STAGES=cfg.stages, WALK_STAGES=TOP_K_WALK_STAGES, NP=NUM_PIVOTS, SCRATCH=cfg.scratch,
+        MAX_PASSES=MAX_PASSES, SORT=SORT, num_warps=cfg.num_warps,
     )
     return out
 
