@@ -552,7 +552,7 @@ def _compact(
     nb,  # (ROWS,) int32 slots already used
     inb,  # (ROWS, BLOCK) the entries to append
     w,  # (ROWS, BLOCK) their weights
-    cols,  # (BLOCK,) or (ROWS, BLOCK) their columns
+    cols,  # (ROWS, BLOCK) int32 their columns
     KEEP: tl.constexpr,  # store the columns too
     SCRATCH: tl.constexpr,  # workspace slots per row
 ):
@@ -561,7 +561,21 @@ def _compact(
     keep = inb & (pos < SCRATCH)
     tl.store(scratch_ptr + scr_off[:, None] + pos, w, mask=keep)
     if KEEP > 0:
-        tl.store(cols_ptr + scr_off[:, None] + pos, cols + tl.zeros(w.shape, tl.int32), mask=keep)
+        tl.store(cols_ptr + scr_off[:, None] + pos, cols, mask=keep)
+
+
+@triton.jit
+def _inverse_cdf(
+    w,  # (ROWS, N) weights, 0 where out
+    offs,  # (N,) arange(N)
+    u,  # (ROWS,) uniforms in [0, 1)
+):
+    """The slot each row's uniform falls in by the running sum of its weights, and the last slot with a weight
+    (-1 where none has: the slot is then meaningless), (ROWS,) int32 each."""
+    cs = tl.cumsum(w, axis=1)
+    i = tl.sum((cs <= (u * tl.sum(w, axis=1))[:, None]).to(tl.int32), axis=1)
+    last = tl.max(tl.where(w > 0, offs[None, :], -1), axis=1)
+    return tl.minimum(i, last), last
 
 
 @triton.jit
@@ -586,11 +600,7 @@ def _draw_in_chunk(
     valid = rmask[:, None] & (chunk >= 0)[:, None] & (cols < V)
     w = _weights(x_ptr, row_off, cols, valid, m, c, IS_LOGITS)
     w = tl.where((w >= floor[:, None]) & (w > above[:, None]), w, 0.0)
-    cs = tl.cumsum(w, axis=1)
-    tgt = u * tl.sum(w, axis=1)
-    i = tl.sum((cs <= tgt[:, None]).to(tl.int32), axis=1)
-    last = tl.max(tl.where(w > 0, offs[None, :], -1), axis=1)
-    i = tl.minimum(i, last)
+    i, last = _inverse_cdf(w, offs, u)
     tok = tl.where(last >= 0, base + i, -1)
     wt = tl.sum(tl.where(offs[None, :] == i[:, None], w, 0.0), axis=1)
     return tok, tl.where(last >= 0, wt, 0.0)
@@ -652,10 +662,7 @@ def _draw_from_set(
         t_p, _m = _threshold_of_gathered(w, n, zero, zero, mass_p, True, SORT, KEEP)
         lo = tl.maximum(lo, t_p)
     ws = tl.where(real & (w >= lo[:, None]) & (w > 0), w, 0.0)
-    cs = tl.cumsum(ws, axis=1)
-    i = tl.sum((cs <= (u * tl.sum(ws, axis=1))[:, None]).to(tl.int32), axis=1)
-    last = tl.max(tl.where(ws > 0, kk[None, :], -1), axis=1)
-    i = tl.minimum(i, last)
+    i, last = _inverse_cdf(ws, kk, u)
     tok = tl.sum(tl.where(kk[None, :] == i[:, None], cols, 0), axis=1)
     return tl.where(last >= 0, tok, -1)
 
