@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parent
 TORCH = os.environ.get("KSB_TORCH_SPEC", "torch==2.13.0")
 CORE = "packages/core"
 PYTEST = ("pytest", "-q", "-ra", "--durations=10")
+XDIST = ("-n", "auto", "--maxprocesses", "4")
 #: the CUTLASS C++ headers come in the nvidia-cutlass wheel; its Python deps serve a generator the backend never uses
 CUTLASS_HEADERS = ("--no-deps", "nvidia-cutlass>=4.2,<5")
 
@@ -41,13 +42,15 @@ CUTLASS_HEADERS = ("--no-deps", "nvidia-cutlass>=4.2,<5")
 @dataclass(frozen=True)
 class Tests:
     """One test session: the folders it installs editable, further pip installs (one pip call each), what pytest
-    runs and with which environment variables."""
+    runs and with which environment variables; ``parallel``: in pytest-xdist workers, one per core (at most four),
+    for the CPU-bound folders (Triton's interpreter runs on one core per process)."""
 
     doc: str
     packages: tuple[str, ...]
     paths: tuple[str, ...]
     installs: tuple[tuple[str, ...], ...] = ()
     env: dict[str, str] = field(default_factory=dict)
+    parallel: bool = False
 
 
 TRITON = (CORE, "packages/backend-triton")
@@ -58,11 +61,11 @@ TRANSFORMERS_ADAPTER = (*TRITON, "packages/integration-transformers")
 TESTS = {
     "tests-core": Tests("The core alone: ops, reference kernels, dispatch, registry, CLI, doctor, FlashInfer-compatible "
                         "API, conformance, the property-based sweep.", (CORE,), ("packages/core/tests",),
-                        (("hypothesis>=6.100",),)),
+                        (("hypothesis>=6.100",),), parallel=True),
     "tests-triton": Tests("Core + Triton backend; kernels run by Triton's CPU interpreter.", TRITON, TRITON_PATHS,
-                          env=INTERPRET),
+                          env=INTERPRET, parallel=True),
     "tests-triton-3.7": Tests("As tests-triton on Triton 3.7.1, the release torch 2.13's CUDA build pins.", TRITON,
-                              TRITON_PATHS, (("triton==3.7.1",),), INTERPRET),
+                              TRITON_PATHS, (("triton==3.7.1",),), INTERPRET, parallel=True),
     "tests-cudnn": Tests("Core + cuDNN backend (on a CPU: gating, capabilities, graph conversions against a model).",
                          (CORE, "packages/backend-cudnn"), ("packages/backend-cudnn/tests",)),
     "tests-fa": Tests("Core + FlashAttention backend (on a CPU: gating, costs, split-KV, glue against stand-ins).",
@@ -76,7 +79,7 @@ TESTS = {
                               (CORE, *BACKENDS), ("tests/test_cold_start.py", "tests/test_bench_first_call.py")),
     "tests-engine": Tests("The engine against transformers' eager forward and generate for every model family, on the "
                           "reference kernels (and once under TRITON_INTERPRET=1).", (*TRITON, "packages/engine"),
-                          ("packages/engine/tests",)),
+                          ("packages/engine/tests",), parallel=True),
     # the lowest and highest transformers releases integration-transformers claims (its pyproject's window)
     "tests-transformers-5.16": Tests('attn_implementation="ksb" on six model families against "eager"; continuous '
                                      'batching on "paged|ksb" (transformers 5.16.1).', TRANSFORMERS_ADAPTER,
@@ -109,7 +112,7 @@ def _install(session: nox.Session, packages: tuple[str, ...], installs: tuple[tu
     """torch (shared), pytest, the folders editable and the further installs; skipped when this environment already
     holds exactly these (same lists, same pyproject.toml files)."""
     _shared_torch(session)
-    calls = [("pytest>=8", "numpy"), tuple(a for p in packages for a in ("-e", p)), *installs]
+    calls = [("pytest>=8", "pytest-xdist>=3.5", "numpy"), tuple(a for p in packages for a in ("-e", p)), *installs]
     metadata = [(ROOT / p.split("[")[0] / "pyproject.toml").read_text() for p in packages]
     key = hashlib.sha256(json.dumps([TORCH, calls, metadata]).encode()).hexdigest()
     stamp = Path(session.virtualenv.location) / ".ksb-installed"
@@ -125,7 +128,7 @@ def _tests_session(name: str, spec: Tests) -> None:
     @nox.session(name=name)
     def _session(session: nox.Session) -> None:
         _install(session, spec.packages, spec.installs)
-        session.run(*PYTEST, *spec.paths, *session.posargs, env=spec.env)
+        session.run(*PYTEST, *(XDIST if spec.parallel else ()), *spec.paths, *session.posargs, env=spec.env)
 
     _session.__doc__ = spec.doc
 
