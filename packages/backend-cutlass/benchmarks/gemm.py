@@ -43,7 +43,7 @@ ROWS: list[dict[str, Any]] = []
 FULL = {"n": 8192, "experts": 256, "hidden": 7168, "inter": 2048, "tokens": 4096, "top_k": 8}
 SMOKE = {"n": 128, "experts": 4, "hidden": 128, "inter": 64, "tokens": 16, "top_k": 2}
 #: fp8 block-scaled tiles forced besides the shape's default (``configs.FP8_BLOCK_TILES``)
-FP8_BLOCK_CANDIDATES = ("coop", "coop_c1x1", "coop_c2x1")
+FP8_BLOCK_CANDIDATES = ("coop", "coop_c1x1", "coop_c2x1", "coop_sk2")
 
 
 def _sync() -> None:

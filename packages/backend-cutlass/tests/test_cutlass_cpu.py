@@ -205,6 +205,10 @@ def test_tile_choice_by_shape(monkeypatch) -> None:
     ({"kind": "conv"}, "kind='conv'"),
     ({"out_dtype": "e4m3"}, "output one of"),
     ({"overlap_promotion": True}, "overlap_promotion: only for kinds 'mm_fp8_block' / 'mm_fp8_tensor'"),
+    ({"split_k": 0}, "split_k=0: at least 1"),
+    ({"split_k": 2, "schedule": "pingpong", "tile": (64, 128, 64)}, "split_k=2: .* only with the cooperative"),
+    ({"split_k": 2, "kind": "mm_fp8_block", "dtype": "e4m3", "tile": (128, 128, 128), "overlap_promotion": True},
+     "split_k=2: .* with overlap_promotion"),
 ])
 def test_invalid_configs_raise(change: dict[str, object], words: str) -> None:
     base = dict(kind="mm", dtype="bf16", out_dtype="bf16", layout_a="row", layout_b="col", tile=(128, 128, 64),
@@ -219,6 +223,7 @@ def test_invalid_configs_raise(change: dict[str, object], words: str) -> None:
     configs.mm_config("fp16", "row", "col", 16, 512),
     configs.fp8_block_config("bf16", 4096),
     configs.fp8_block_config("bf16", 4096, "coop_c2x1_ovl"),
+    configs.fp8_block_config("bf16", 128, "coop_sk2"),
     configs.fp8_tensor_config("fp32", 8),
     configs.fp8_tensor_config("bf16", 4096, "coop_c2x1_ovl"),
     configs.grouped_config("bf16", "col"),
@@ -242,6 +247,10 @@ def test_emitted_source_is_complete_and_matches_the_config(cfg: configs.GemmConf
         mainloop = f"{wrapper[cfg.kind]}<BuiltMainloop>" if cfg.overlap_promotion else "BuiltMainloop"
         assert f"using CollectiveMainloop = {mainloop};" in src
         assert ("namespace ksb {" in src) == cfg.overlap_promotion
+        scheduler = "StreamKScheduler" if cfg.split_k > 1 else "PersistentScheduler"
+        assert f"CollectiveEpilogue,\n{' ' * 56}cutlass::gemm::{scheduler}>;" in src
+        assert (f"args.scheduler.splits = {cfg.split_k};" in src) == (cfg.split_k > 1)
+        assert ("DecompositionMode::SplitK" in src) == (cfg.split_k > 1)
 
 
 # -- argument translation, checked against the reference ---------------------------------------------------

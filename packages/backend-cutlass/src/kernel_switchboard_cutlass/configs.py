@@ -35,6 +35,9 @@ class GemmConfig:
     schedule: str
     #: fp8: fold K tile k - 1 into the output while tile k's MMAs run (``overlap_promotion.hpp``)
     overlap_promotion: bool = False
+    #: split K over this many CTAs per output tile (CUTLASS's stream-K scheduler in split-K mode; the partial
+    #: accumulators meet in the workspace): fills the GPU when the output has fewer tiles than it has SMs
+    split_k: int = 1
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -56,6 +59,12 @@ class GemmConfig:
                              f"cooperative schedule and a tile K of 128 (one promotion), not {self.kind} "
                              f"{self.schedule} {self.tile}")
 
+        if self.split_k < 1 or (self.split_k > 1 and (self.schedule != "cooperative" or self.overlap_promotion
+                                                       or self.kind == "grouped_mm")):
+            raise ValueError(f"GemmConfig.split_k={self.split_k}: at least 1; above 1 only with the cooperative "
+                             f"schedule, CUTLASS's own mainloop and one problem (not {self.kind} {self.schedule}"
+                             f"{' with overlap_promotion' if self.overlap_promotion else ''})")
+
     @property
     def name(self) -> str:
         t = "x".join(map(str, self.tile))
@@ -63,7 +72,8 @@ class GemmConfig:
         lay = self.layout_a[0] + self.layout_b[0]
         sched = "coop" if self.schedule == "cooperative" else "pp"
         ovl = "_ovl" if self.overlap_promotion else ""
-        return f"{self.kind}_{self.dtype}_{self.out_dtype}_{lay}_{t}_c{c}_{sched}{ovl}"
+        split = f"_sk{self.split_k}" if self.split_k > 1 else ""
+        return f"{self.kind}_{self.dtype}_{self.out_dtype}_{lay}_{t}_c{c}_{sched}{ovl}{split}"
 
 
 def _mm(dtype: str, la: str, lb: str, tile: tuple[int, int, int], cluster: tuple[int, int, int], sched: str) -> GemmConfig:
@@ -101,18 +111,21 @@ def mm_config(dtype: str, layout_a: str, layout_b: str, m: int, n: int, sm_count
 
 
 #: fp8 block-scaled tiles by role: ``small_m`` (M <= 64), ``coop`` (M <= 128: one tile row, which a 2x1 cluster
-#: would leave half idle) and ``coop_c2x1_ovl`` (larger M) are the defaults; ``coop_c1x1`` and ``coop_c2x1`` are
-#: candidates the benchmark measures (``KSB_CUTLASS_FP8_BLOCK_TILE`` forces one). ``coop_c2x1_ovl`` is coop_c2x1 with
+#: would leave half idle) and ``coop_c2x1_ovl`` (larger M) are the defaults; ``coop_c1x1``, ``coop_c2x1`` and
+#: ``coop_sk2`` are candidates the benchmark measures (``KSB_CUTLASS_FP8_BLOCK_TILE`` forces one). ``coop_sk2``
+#: splits K in two: at M = 128 and N = 8192 the 128x128 tiles are 64, half the H100's SMs, and two K halves each
+#: make 128 CTAs. ``coop_c2x1_ovl`` is coop_c2x1 with
 #: the promotion overlapped (``overlap_promotion.hpp``): on the H200 at 8192^3 (swizzle 8, timed in turn against
 #: torch._scaled_mm per-tensor) it is the faster of the two and comes close to torch's per-tensor kernel. Both pass
 #: GPU conformance with clusters cut by the problem's edge (M = 333, 1100). Not offered: 64x128x128 pingpong with a
 #: 1x2 cluster (slower) and 128x256x128 cooperative (nvcc rejects it).
-FP8_BLOCK_TILES: dict[str, tuple[tuple[int, int, int], tuple[int, int, int], str, bool]] = {
-    "small_m": ((64, 128, 128), (1, 1, 1), "pingpong", False),
-    "coop": ((128, 128, 128), (1, 2, 1), "cooperative", False),
-    "coop_c2x1": ((128, 128, 128), (2, 1, 1), "cooperative", False),
-    "coop_c1x1": ((128, 128, 128), (1, 1, 1), "cooperative", False),
-    "coop_c2x1_ovl": ((128, 128, 128), (2, 1, 1), "cooperative", True),
+FP8_BLOCK_TILES: dict[str, tuple[tuple[int, int, int], tuple[int, int, int], str, bool, int]] = {
+    "small_m": ((64, 128, 128), (1, 1, 1), "pingpong", False, 1),
+    "coop": ((128, 128, 128), (1, 2, 1), "cooperative", False, 1),
+    "coop_c2x1": ((128, 128, 128), (2, 1, 1), "cooperative", False, 1),
+    "coop_c1x1": ((128, 128, 128), (1, 1, 1), "cooperative", False, 1),
+    "coop_c2x1_ovl": ((128, 128, 128), (2, 1, 1), "cooperative", True, 1),
+    "coop_sk2": ((128, 128, 128), (1, 2, 1), "cooperative", False, 2),
 }
 
 
@@ -137,10 +150,10 @@ def fp8_block_config(out_dtype: str, m: int, role: str | None = None) -> GemmCon
 #: scales: at 128x256 the two 128-float accumulators spill 1,412 bytes a thread (ptxas), which makes that tile
 #: slow. ``coop_c2x1_ovl``, the large-M default, overlaps the promotion (``overlap_promotion.hpp``): on the H200 at
 #: 8192^3 it is faster than ``coop_c2x1`` and close to torch._scaled_mm, timed in turn.
-FP8_TENSOR_TILES: dict[str, tuple[tuple[int, int, int], tuple[int, int, int], str, bool]] = {
-    "small_m": ((64, 128, 128), (1, 1, 1), "pingpong", False),
-    "coop_c2x1": ((128, 128, 128), (2, 1, 1), "cooperative", False),
-    "coop_c2x1_ovl": ((128, 128, 128), (2, 1, 1), "cooperative", True),
+FP8_TENSOR_TILES: dict[str, tuple[tuple[int, int, int], tuple[int, int, int], str, bool, int]] = {
+    "small_m": ((64, 128, 128), (1, 1, 1), "pingpong", False, 1),
+    "coop_c2x1": ((128, 128, 128), (2, 1, 1), "cooperative", False, 1),
+    "coop_c2x1_ovl": ((128, 128, 128), (2, 1, 1), "cooperative", True, 1),
 }
 
 

@@ -91,7 +91,7 @@ $overlap_source
 using CollectiveMainloop = $mainloop;
 
 using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue,
-                                                        cutlass::gemm::PersistentScheduler>;
+                                                        $scheduler>;
 using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 
 static typename Gemm::Arguments make_args(const void* a, const void* b, void* d, const float* alpha_ptr, int m, int n,
@@ -111,7 +111,7 @@ static typename Gemm::Arguments make_args(const void* a, const void* b, void* d,
   args.epilogue.thread.alpha = 1.0f;
   args.epilogue.thread.beta = 0.0f;
   args.epilogue.thread.alpha_ptr = alpha_ptr;
-  args.scheduler.max_swizzle_size = swizzle;
+  args.scheduler.max_swizzle_size = swizzle;$split_args
   return args;
 }
 
@@ -154,7 +154,7 @@ $overlap_source
 using CollectiveMainloop = $mainloop;
 
 using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue,
-                                                        cutlass::gemm::PersistentScheduler>;
+                                                        $scheduler>;
 using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 
 static typename Gemm::Arguments make_args(const void* a, const void* b, void* d, const float* sfa, const float* sfb,
@@ -177,7 +177,7 @@ static typename Gemm::Arguments make_args(const void* a, const void* b, void* d,
                                 hw_info(device, sm_count)};
   args.epilogue.thread.alpha = 1.0f;
   args.epilogue.thread.beta = 0.0f;
-  args.scheduler.max_swizzle_size = swizzle;
+  args.scheduler.max_swizzle_size = swizzle;$split_args
   return args;
 }
 
@@ -342,6 +342,18 @@ def _mainloop(cfg: GemmConfig) -> dict[str, str]:
     return {"overlap_source": source, "mainloop": f"{_OVERLAPPED[cfg.kind]}<BuiltMainloop>"}
 
 
+def _scheduler(cfg: GemmConfig) -> dict[str, str]:
+    """The tile scheduler: persistent, or stream-K in split-K mode for ``split_k`` > 1 (a fixed split of every tile's
+    K range; the reduction order is fixed, so results repeat bit for bit)."""
+    if cfg.split_k == 1:
+        return {"scheduler": "cutlass::gemm::PersistentScheduler", "split_args": ""}
+    modes = "cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90StreamKParams"
+    return {"scheduler": "cutlass::gemm::StreamKScheduler",
+            "split_args": f"\n  args.scheduler.splits = {cfg.split_k};"
+                          f"\n  args.scheduler.decomposition_mode = {modes}::DecompositionMode::SplitK;"
+                          f"\n  args.scheduler.reduction_mode = {modes}::ReductionMode::Deterministic;"}
+
+
 def emit(cfg: GemmConfig) -> str:
     """The complete .cu source for ``cfg``."""
     # switchboard b is (K, N): "row" = N contiguous = CUTLASS RowMajor B (stride (1, ldb)); "col" = ColumnMajor
@@ -361,6 +373,7 @@ def emit(cfg: GemmConfig) -> str:
         "cm": cfg.cluster[0], "cn": cfg.cluster[1],
         **_schedules(cfg),
         **_mainloop(cfg),
+        **_scheduler(cfg),
     }
     return Template(_PROLOGUE + _BODY[cfg.kind]).substitute(values)
 
