@@ -1,7 +1,8 @@
 """Triton jit kernels of the norm family (launchers live in :mod:`.norm`).
 
 Two shapes of kernel per op: a *block* kernel that holds ``BLOCK_M`` whole rows in registers
-(``BLOCK_N = next_pow2(hidden)``; one read and one write of every element), and a *looped* kernel
+(``BLOCK_N = next_pow2(hidden)``; one read and one write of every element; the weights are loaded beside the rows,
+before the reduction, so their latency hides under the rows'; rows are streamed, the weights kept in L2), and a *looped* kernel
 for rows too wide for registers, which walks the row in ``BLOCK_N`` chunks (the second pass reads
 the row again, mostly from L2). Statistics are float32; outputs are cast to the output's dtype.
 """
@@ -30,9 +31,9 @@ def _rms_norm_block(
     c = tl.arange(0, BLOCK_N)
     mask = (r[:, None] < rows) & (c[None, :] < N)
     r64 = r.to(tl.int64)[:, None]
-    x = tl.load(x_ptr + r64 * stride_x + c[None, :], mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + r64 * stride_x + c[None, :], mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    w = tl.load(w_ptr + c, mask=c < N, other=0.0, eviction_policy="evict_last").to(tl.float32)
     rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
-    w = tl.load(w_ptr + c, mask=c < N, other=0.0).to(tl.float32)
     if GEMMA:
         w = w + 1.0
     y = x * rstd[:, None] * w[None, :]
@@ -89,10 +90,11 @@ def _fused_add_rms_norm_block(
     r64 = r.to(tl.int64)[:, None]
     x_ptrs = x_ptr + r64 * stride_x + c[None, :]
     r_ptrs = r_ptr + r64 * stride_r + c[None, :]
-    s = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32) + tl.load(r_ptrs, mask=mask, other=0.0).to(tl.float32)
+    s = (tl.load(x_ptrs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+         + tl.load(r_ptrs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32))
+    w = tl.load(w_ptr + c, mask=c < N, other=0.0, eviction_policy="evict_last").to(tl.float32)
     tl.store(r_ptrs, s.to(r_ptr.dtype.element_ty), mask=mask)
     rstd = tl.rsqrt(tl.sum(s * s, axis=1) / N + eps)
-    w = tl.load(w_ptr + c, mask=c < N, other=0.0).to(tl.float32)
     if GEMMA:
         w = w + 1.0
     tl.store(x_ptrs, (s * rstd[:, None] * w[None, :]).to(x_ptr.dtype.element_ty), mask=mask)
@@ -151,14 +153,16 @@ def _layer_norm_block(
     c = tl.arange(0, BLOCK_N)
     mask = (r[:, None] < rows) & (c[None, :] < N)
     r64 = r.to(tl.int64)[:, None]
-    x = tl.load(x_ptr + r64 * stride_x + c[None, :], mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + r64 * stride_x + c[None, :], mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    w = tl.load(w_ptr + c, mask=c < N, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + c, mask=c < N, other=0.0, eviction_policy="evict_last").to(tl.float32)
     mean = tl.sum(x, axis=1) / N
     xc = tl.where(mask, x - mean[:, None], 0.0)
     rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / N + eps)
-    w = tl.load(w_ptr + c, mask=c < N, other=0.0).to(tl.float32)
     y = xc * rstd[:, None] * w[None, :]
     if HAS_BIAS:
-        y += tl.load(b_ptr + c, mask=c < N, other=0.0).to(tl.float32)[None, :]
+        y += bias[None, :]
     tl.store(y_ptr + r64 * stride_y + c[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
