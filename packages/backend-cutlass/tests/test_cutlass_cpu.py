@@ -402,8 +402,8 @@ def test_benchmark_smoke() -> None:
 
 # -- the C ABI: emitted signatures, ctypes declarations and Python arguments agree ---------------------------
 @pytest.mark.parametrize("cfg", [configs.mm_config("bf16", "row", "row", 64, 64), configs.fp8_block_config("bf16", 64),
-                                 configs.fp8_tensor_config("bf16", 64), configs.grouped_config("bf16", "row")],
-                         ids=lambda c: c.kind)
+                                 configs.fp8_block_config("bf16", 128, "coop_sk2"), configs.fp8_tensor_config("bf16", 64),
+                                 configs.grouped_config("bf16", "row")], ids=lambda c: c.name)
 def test_c_signatures_match_ctypes_declarations(cfg: configs.GemmConfig) -> None:
     import re
 
@@ -411,6 +411,10 @@ def test_c_signatures_match_ctypes_declarations(cfg: configs.GemmConfig) -> None
     src = emit.emit(cfg)
     params = re.search(rf'extern "C" int {fn}\((.*?)\)', src, re.S).group(1)
     assert len(params.split(",")) == len(build._SIGNATURES[fn])
+    workspace = re.search(r'extern "C" size_t ksb_workspace\((.*?)\) \{(.*?)\n\}', src, re.S)
+    assert len(workspace.group(1).split(",")) == len(build._WORKSPACE_SIGNATURE)
+    if cfg.kind != "grouped_mm":  # sized for the call's swizzle (a stream-K workspace grows with it), not swizzle 1
+        assert re.search(r"make_args\([^;]*\bswizzle\b", workspace.group(2)), workspace.group(2)
 
 
 def test_launch_arguments_match_ctypes_declarations() -> None:

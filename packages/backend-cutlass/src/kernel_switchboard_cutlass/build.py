@@ -158,6 +158,8 @@ _SIGNATURES: dict[str, list[type]] = {
     "ksb_gemm_block": [_P, _P, _P, _P, _P, _I, _I, _I, _L, _L, _L, _I, _I, _I, _P, _P],
     "ksb_grouped": [_P, _P, _P, _P, _I, _I, _I, _L, _L, _L, _L, _I, _I, _P, _P],
 }
+#: ``ksb_workspace(m, n, k, groups, swizzle, sm_count)``
+_WORKSPACE_SIGNATURE: list[type] = [_I, _I, _I, _I, _I, _I]
 
 
 def load(cfg: GemmConfig) -> ctypes.CDLL:
@@ -174,7 +176,7 @@ def load(cfg: GemmConfig) -> ctypes.CDLL:
                 if hasattr(lib, fn):
                     getattr(lib, fn).argtypes = argtypes
                     getattr(lib, fn).restype = ctypes.c_int
-            lib.ksb_workspace.argtypes = [_I, _I, _I, _I, _I]
+            lib.ksb_workspace.argtypes = _WORKSPACE_SIGNATURE
             lib.ksb_workspace.restype = _S
             _loaded[cfg] = lib
     return lib

@@ -7,7 +7,8 @@ loaded with ctypes and called with torch data pointers and the current CUDA stre
 - mm / mm_fp8_tensor: ``ksb_gemm(a, b, d, alpha_ptr, m, n, k, lda, ldb, ldd, swizzle, sm_count, device, workspace, stream)``
 - mm_fp8_block: ``ksb_gemm_block(a, b, d, sfa, sfb, m, n, k, lda, ldb, ldd, swizzle, sm_count, device, workspace, stream)``
 - grouped_mm: ``ksb_grouped(a, b, d, offsets, groups, n, k, lda, ldb, ldd, group_stride_b, sm_count, device, workspace, stream)``
-- each kind: ``ksb_workspace(m, n, k, groups, sm_count) -> bytes`` of scratch the call needs.
+- each kind: ``ksb_workspace(m, n, k, groups, swizzle, sm_count) -> bytes`` of scratch the call needs, for the
+  swizzle the call passes (a stream-K scheduler's workspace grows with it: the tile grid is rounded up to it).
 
 Every function returns 0 on success, else a code from :data:`STATUS`.
 """
@@ -115,8 +116,9 @@ static typename Gemm::Arguments make_args(const void* a, const void* b, void* d,
   return args;
 }
 
-extern "C" size_t ksb_workspace(int m, int n, int k, int groups, int sm_count) {
-  return Gemm::get_workspace_size(make_args(nullptr, nullptr, nullptr, nullptr, m, n, k, k, n, n, 1, sm_count, 0));
+extern "C" size_t ksb_workspace(int m, int n, int k, int groups, int swizzle, int sm_count) {
+  return Gemm::get_workspace_size(make_args(nullptr, nullptr, nullptr, nullptr, m, n, k, k, n, n, swizzle, sm_count,
+                                            0));
 }
 
 extern "C" int ksb_gemm(const void* a, const void* b, void* d, const float* alpha_ptr, int m, int n, int k, int64_t lda,
@@ -181,9 +183,9 @@ static typename Gemm::Arguments make_args(const void* a, const void* b, void* d,
   return args;
 }
 
-extern "C" size_t ksb_workspace(int m, int n, int k, int groups, int sm_count) {
-  return Gemm::get_workspace_size(make_args(nullptr, nullptr, nullptr, nullptr, nullptr, m, n, k, k, k, n, 1, sm_count,
-                                            0));
+extern "C" size_t ksb_workspace(int m, int n, int k, int groups, int swizzle, int sm_count) {
+  return Gemm::get_workspace_size(make_args(nullptr, nullptr, nullptr, nullptr, nullptr, m, n, k, k, k, n, swizzle,
+                                            sm_count, 0));
 }
 
 extern "C" int ksb_gemm_block(const void* a, const void* b, void* d, const float* sfa, const float* sfb, int m, int n,
@@ -290,7 +292,7 @@ static typename Gemm::Arguments make_args(const GroupArrays& arr, int groups, in
   return args;
 }
 
-extern "C" size_t ksb_workspace(int m, int n, int k, int groups, int sm_count) {
+extern "C" size_t ksb_workspace(int m, int n, int k, int groups, int swizzle, int sm_count) {
   GroupArrays none{};
   return arrays_bytes(groups) + Gemm::get_workspace_size(make_args(none, groups, sm_count, 0));
 }

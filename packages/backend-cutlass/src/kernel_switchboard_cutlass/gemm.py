@@ -64,7 +64,8 @@ def _call(cfg: configs.GemmConfig, fn: str, device: torch.device, *args: Any, m:
     lib = build.load(cfg)
     index = device.index if device.index is not None else torch.cuda.current_device()
     sm = _sm_count(index)
-    ws_bytes = int(lib.ksb_workspace(m, n, k, groups, sm))
+    # the workspace of the swizzle the call passes (Launch.args): a stream-K scheduler's grows with it
+    ws_bytes = int(lib.ksb_workspace(m, n, k, groups, swizzle(cfg.kind), sm))
     ws = torch.empty(ws_bytes, dtype=torch.uint8, device=device) if ws_bytes else None
     stream = torch.cuda.current_stream(device).cuda_stream
     with torch.cuda.device(index):
