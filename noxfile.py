@@ -16,12 +16,15 @@ A test session is one row of ``TESTS``; adding a package's tests is adding a row
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,6 +96,16 @@ ENGINES = ("tests-vllm", "tests-sglang")
 nox.options.sessions = ["lint", "typecheck", *TESTS, *ENGINES, "wheels", "pins"]
 
 
+@contextlib.contextmanager
+def _exclusive(name: str) -> Iterator[None]:
+    """One session at a time inside (a lock on ``.nox/<name>.lock``): ``.ci/run`` runs sessions side by side."""
+    path = ROOT / ".nox" / f"{name}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def _shared_torch(session: nox.Session) -> None:
     """Make ``TORCH`` importable in this session's environment from one shared install (``.nox/_torch/<key>``,
     made by the first session that needs it) through a ``.pth`` file: each session skips a 1-5 GB install. pip sees
@@ -100,10 +113,11 @@ def _shared_torch(session: nox.Session) -> None:
     the path."""
     python = session.run("python", "-c", "import sys; print(sys.version)", silent=True)
     shared = ROOT / ".nox" / "_torch" / hashlib.sha256(f"{TORCH}|{python}".encode()).hexdigest()[:16]
-    if not (shared / ".complete").is_file():
-        shutil.rmtree(shared, ignore_errors=True)
-        session.install("--target", str(shared), TORCH)
-        (shared / ".complete").write_text(TORCH)
+    with _exclusive(f"_torch/{shared.name}"):  # the first session installs it, the others wait and find it
+        if not (shared / ".complete").is_file():
+            shutil.rmtree(shared, ignore_errors=True)
+            session.install("--target", str(shared), TORCH)
+            (shared / ".complete").write_text(TORCH)
     purelib = session.run("python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", silent=True)
     (Path(str(purelib).strip()) / "_ksb_shared_torch.pth").write_text(f"{shared}\n")
 
@@ -119,8 +133,9 @@ def _install(session: nox.Session, packages: tuple[str, ...], installs: tuple[tu
     if stamp.is_file() and stamp.read_text() == key:
         session.log("environment up to date: installs skipped (nox --reuse-venv=no rebuilds it)")
         return
-    for args in calls:
-        session.install(*args)
+    with _exclusive("source-tree"):  # editable installs write the packages' egg-info
+        for args in calls:
+            session.install(*args)
     stamp.write_text(key)
 
 
@@ -201,8 +216,9 @@ def packages() -> list[Path]:
 def _build(session: nox.Session, outdir: Path) -> None:
     """Build every package into ``outdir``: its sdist, then its wheel from that sdist (so the sdist is complete)."""
     session.install("build>=1.2", "setuptools>=77", "wheel")
-    for package in packages():
-        session.run("python", "-m", "build", "--no-isolation", "--outdir", str(outdir), str(package), silent=True)
+    with _exclusive("source-tree"):  # builds write the packages' egg-info and build/ folders
+        for package in packages():
+            session.run("python", "-m", "build", "--no-isolation", "--outdir", str(outdir), str(package), silent=True)
 
 
 @nox.session
