@@ -58,7 +58,6 @@ class GemmConfig:
             raise ValueError(f"GemmConfig.overlap_promotion: only for kinds 'mm_fp8_block' / 'mm_fp8_tensor' with the "
                              f"cooperative schedule and a tile K of 128 (one promotion), not {self.kind} "
                              f"{self.schedule} {self.tile}")
-
         if self.split_k < 1 or (self.split_k > 1 and (self.schedule != "cooperative" or self.overlap_promotion
                                                        or self.kind == "grouped_mm")):
             raise ValueError(f"GemmConfig.split_k={self.split_k}: at least 1; above 1 only with the cooperative "
@@ -112,13 +111,13 @@ def mm_config(dtype: str, layout_a: str, layout_b: str, m: int, n: int, sm_count
 
 #: fp8 block-scaled tiles by role: ``small_m`` (M <= 64), ``coop`` (M <= 128: one tile row, which a 2x1 cluster
 #: would leave half idle) and ``coop_c2x1_ovl`` (larger M) are the defaults; ``coop_c1x1``, ``coop_c2x1`` and
-#: ``coop_sk2`` are candidates the benchmark measures (``KSB_CUTLASS_FP8_BLOCK_TILE`` forces one). ``coop_sk2``
-#: splits K in two: at M = 128 and N = 8192 the 128x128 tiles are 64, half the H100's SMs, and two K halves each
-#: make 128 CTAs. ``coop_c2x1_ovl`` is coop_c2x1 with
-#: the promotion overlapped (``overlap_promotion.hpp``): on the H200 at 8192^3 (swizzle 8, timed in turn against
-#: torch._scaled_mm per-tensor) it is the faster of the two and comes close to torch's per-tensor kernel. Both pass
-#: GPU conformance with clusters cut by the problem's edge (M = 333, 1100). Not offered: 64x128x128 pingpong with a
-#: 1x2 cluster (slower) and 128x256x128 cooperative (nvcc rejects it).
+#: ``coop_sk2`` are candidates the benchmark measures (``KSB_CUTLASS_FP8_BLOCK_TILE`` forces one).
+#: ``coop_c2x1_ovl`` is coop_c2x1 with the promotion overlapped (``overlap_promotion.hpp``): on the H200 at 8192^3
+#: (swizzle 8, timed in turn against torch._scaled_mm per-tensor) it is the faster of the two and comes close to
+#: torch's per-tensor kernel. Both pass GPU conformance with clusters cut by the problem's edge (M = 333, 1100).
+#: ``coop_sk2`` splits K in two: at M = 128 and N = 8192 the 128x128 tiles are 64, half the H100's SMs; two K halves
+#: make 128 work units. Not offered: 64x128x128 pingpong with a 1x2 cluster (slower) and 128x256x128 cooperative
+#: (nvcc rejects it).
 FP8_BLOCK_TILES: dict[str, tuple[tuple[int, int, int], tuple[int, int, int], str, bool, int]] = {
     "small_m": ((64, 128, 128), (1, 1, 1), "pingpong", False, 1),
     "coop": ((128, 128, 128), (1, 2, 1), "cooperative", False, 1),
