@@ -3,6 +3,8 @@ time (on a GPU, every module's model-sized cases used to sit in GPU memory from 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -76,13 +78,17 @@ def test_processes_build_gpu_cases_one_at_a_time(monkeypatch: pytest.MonkeyPatch
     assert not taken_elsewhere()  # released after the build
 
 
-def test_xdist_workers_share_which_cases_each_kernel_declares(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_xdist_workers_share_which_cases_each_kernel_declares(monkeypatch: pytest.MonkeyPatch,
+                                                             tmp_path: Path) -> None:
     """Under pytest-xdist on a GPU, the first worker's build answers the others (same run id): they read which
     cases each kernel declares instead of building the op's cases again one after another under the lock (8 workers
     took over 8 minutes to collect the Triton backend's folder on an H100). Without a shared run, each builds."""
+    import tempfile
     import uuid
 
     from kernel_switchboard.testing.cases import norm as norm_cases
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the shared answer's file (and the lock): kept here
 
     builds = []
 
@@ -99,3 +105,4 @@ def test_xdist_workers_share_which_cases_each_kernel_declares(monkeypatch: pytes
     monkeypatch.delenv("PYTEST_XDIST_TESTRUNUID")
     assert conf.lazy_kernel_cases(reference, torch.device("cuda")) == first
     assert builds == ["norm.rms_norm"] * 2
+    assert len(list(tmp_path.glob("kernel-switchboard-eligible-*.json"))) == 1
