@@ -102,6 +102,29 @@ def test_seed_and_offset() -> None:
         flashinfer.sampling_from_probs(PROBS[None], seed=torch.tensor([7]))
 
 
+@pytest.mark.parametrize("name, call", [
+    ("probs", lambda x: flashinfer.sampling_from_probs(x)),
+    ("probs", lambda x: flashinfer.top_k_top_p_sampling_from_probs(x, 2, 0.5)),
+    ("logits", lambda x: flashinfer.top_k_top_p_sampling_from_logits(x, 2, 0.5)),
+    ("probs", lambda x: flashinfer.top_p_renorm_probs(x, 0.5)),
+    ("logits", lambda x: flashinfer.top_k_mask_logits(x, 2)),
+    ("logits", lambda x: flashinfer.softmax(x)),
+])
+def test_a_distribution_of_the_wrong_dtype_is_refused_by_its_argument_name(name: str, call: object) -> None:
+    with pytest.raises(InvalidArgumentError, match=rf"^{name}\.dtype=torch\.int32 is invalid"):
+        call(torch.ones(2, 8, dtype=torch.int32))  # type: ignore[operator]
+
+
+def test_softmax_temperature_per_row_is_checked() -> None:
+    logits = torch.randn(2, 8)
+    with pytest.raises(InvalidArgumentError, match=r"^temperature\.shape=\(2, 1\) is invalid"):
+        flashinfer.softmax(logits, torch.ones(2, 1))
+    with pytest.raises(InvalidArgumentError, match=r"^temperature\.shape=\(3,\) is invalid"):
+        flashinfer.softmax(logits, torch.ones(3))
+    out = flashinfer.softmax(logits, torch.tensor([0.5, 0.0]))
+    assert torch.allclose(out[0], torch.softmax(logits[0] / 0.5, -1)) and out[1].isnan().all()
+
+
 def test_renorms_mask_and_softmax() -> None:
     probs = torch.stack((PROBS, PROBS.flip(0)))
     close(flashinfer.top_p_renorm_probs(probs, 0.5),

@@ -18,6 +18,7 @@ import torch
 
 from ..errors import fail
 from ..ops import sampling
+from ..ops._common import FLOAT_DTYPES, check_tensor
 
 _Param = Any  # a scalar or a (batch,) tensor, as FlashInfer takes them
 _ORDERS = ("top_k_first", "joint")
@@ -39,8 +40,7 @@ def _generator(generator: torch.Generator | None, seed: Any, offset: Any, device
 
 def _rows(x: torch.Tensor, indices: torch.Tensor | None, name: str) -> tuple[torch.Tensor, torch.dtype]:
     """The distribution of each output (``x[indices]`` when given) and the dtype of the ids."""
-    if not isinstance(x, torch.Tensor) or x.dim() != 2:
-        raise fail(name, type(x).__name__ if not isinstance(x, torch.Tensor) else tuple(x.shape), "a (batch, vocab) tensor")
+    check_tensor(x, name, dims=2, dtypes=FLOAT_DTYPES)  # here, so that an error names the caller's argument
     if indices is None:
         return x, torch.int32
     if not (isinstance(indices, torch.Tensor) and indices.dim() == 1 and indices.dtype in (torch.int32, torch.int64)):
@@ -161,9 +161,7 @@ def top_k_renorm_probs(probs: torch.Tensor, top_k: _Param) -> torch.Tensor:
 def top_k_mask_logits(logits: torch.Tensor, top_k: _Param) -> torch.Tensor:
     """``logits`` with every token below the row's k-th largest set to -inf (ties at the k-th kept; k of 0 or at
     least the vocabulary keeps the row). Composed in torch: a top-k (scalar k) or a sort (per-row k)."""
-    if not (isinstance(logits, torch.Tensor) and logits.dim() == 2):
-        raise fail("logits", type(logits).__name__ if not isinstance(logits, torch.Tensor) else tuple(logits.shape),
-                   "a (batch, vocab) tensor")
+    check_tensor(logits, "logits", dims=2, dtypes=FLOAT_DTYPES)
     vocab = logits.shape[1]
     if isinstance(top_k, torch.Tensor):
         if not (top_k.shape == (logits.shape[0],) and top_k.dtype in (torch.int32, torch.int64)):
@@ -182,11 +180,17 @@ def top_k_mask_logits(logits: torch.Tensor, top_k: _Param) -> torch.Tensor:
 
 
 def softmax(logits: torch.Tensor, temperature: _Param = None, enable_pdl: bool | None = None) -> torch.Tensor:
-    """float32 ``softmax(logits / temperature)`` over the vocabulary; ``temperature`` a float or a (batch,) tensor.
-    Composed in torch."""
+    """float32 ``softmax(logits / temperature)`` over the vocabulary; ``temperature`` a float or a (batch,) tensor
+    (a row whose temperature is not positive comes back NaN: checked on the device, no host read). Composed in
+    torch."""
+    check_tensor(logits, "logits", dims=2, dtypes=FLOAT_DTYPES)
     x = logits.float()
     if isinstance(temperature, torch.Tensor):
-        x = x / temperature.to(x.device, torch.float32)[:, None]
+        check_tensor(temperature, "temperature", dims=1, dtypes=FLOAT_DTYPES)
+        if temperature.shape[0] != x.shape[0]:
+            raise fail("temperature.shape", tuple(temperature.shape), f"({x.shape[0]},): one value per row of logits")
+        t = temperature.to(x.device, torch.float32)[:, None]
+        return torch.softmax(x / t, dim=-1).masked_fill_(~(t > 0), float("nan"))
     elif temperature is not None and temperature != 1.0:
         if not (isinstance(temperature, (int, float)) and temperature > 0):
             raise fail("temperature", temperature, "a positive float, a (batch,) tensor or None")
