@@ -10,6 +10,7 @@ import torch
 from fi_oracle import close, make_paged, qo_indptr
 
 import kernel_switchboard.flashinfer as flashinfer
+from kernel_switchboard import InvalidArgumentError
 
 # -- page ------------------------------------------------------------------------------------------------------
 
@@ -212,6 +213,19 @@ def test_gated_activations(name: str, act: object) -> None:
     out = torch.empty(3, 5, 64)
     assert fn(x, out=out) is out
     close(out, want, torch.float32)
+
+
+@pytest.mark.parametrize("call", [
+    lambda x, out: flashinfer.rmsnorm(x, torch.ones(8), out=out),
+    lambda x, out: flashinfer.gemma_rmsnorm(x, torch.ones(8), out=out),
+    lambda x, out: flashinfer.silu_and_mul(torch.cat((x, x), -1), out=out),
+    lambda x, out: flashinfer.gelu_tanh_and_mul(torch.cat((x, x), -1), out=out),
+])
+@pytest.mark.parametrize("out", [torch.empty(2, 4, 8), torch.empty(4, 8, dtype=torch.float16), torch.empty(4, 7)])
+def test_an_out_unlike_the_result_is_refused(call: object, out: torch.Tensor) -> None:
+    """``out`` of another shape (even one the result broadcasts to) or dtype is refused, not cast or broadcast."""
+    with pytest.raises(InvalidArgumentError, match=r"^out=.* is invalid: expected \(4, 8\) torch.float32"):
+        call(torch.randn(4, 8), out)  # type: ignore[operator]
 
 
 # -- gemm ------------------------------------------------------------------------------------------------------

@@ -237,6 +237,17 @@ def _scratch(workspace: torch.Tensor | None, batch: int, width: int, device: tor
             torch.zeros(batch, width, dtype=torch.int32, device=device))
 
 
+def write_out(out: Any, y: torch.Tensor) -> torch.Tensor:
+    """``y``, or ``y`` written into the caller's ``out`` (FlashInfer's optional output), which must match it: shape,
+    dtype and device (``copy_`` alone would broadcast or cast into a wrong one)."""
+    if out is None:
+        return y
+    if not (isinstance(out, torch.Tensor) and out.shape == y.shape and out.dtype == y.dtype and out.device == y.device):
+        got = f"{tuple(out.shape)} {out.dtype} on {out.device}" if isinstance(out, torch.Tensor) else type(out).__name__
+        raise fail("out", got, f"{tuple(y.shape)} {y.dtype} on {y.device}: the result's shape, dtype and device")
+    return out.copy_(y)
+
+
 def copy_into(buffer: torch.Tensor, values: Any, name: str) -> None:
     """FlashInfer's CUDA-graph ``plan``: the step's values go into the caller's fixed buffer (nothing when they are
     that buffer already)."""

@@ -10,7 +10,7 @@ import torch
 
 from ..errors import fail
 from ..ops import gemm
-from ._common import check_workspace
+from ._common import check_workspace, write_out
 
 _FP8_BACKENDS = ("cudnn", "cublas", "cutlass", "cute-dsl", "auto")
 _OUT_DTYPES = (torch.bfloat16, torch.float16)
@@ -78,7 +78,7 @@ class SegmentGEMMWrapper:
         w = w[:batch_size]
         offsets = _offsets(seg_lens, seg_indptr, batch_size, x.device)
         y = gemm.grouped_mm(x, w, offsets)
-        return y if out is None else out.copy_(y)
+        return write_out(out, y)
 
     forward = run
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..ops import norm
+from ._common import write_out
 
 
 def rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None,
@@ -13,14 +14,14 @@ def rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: t
     """``input / rms(input) * weight`` over the last dim; input (N, hidden) or (N, heads, hidden). ``out``, when
     given, is written and returned."""
     y = norm.rms_norm(input, weight, eps)
-    return y if out is None else out.copy_(y)
+    return write_out(out, y)
 
 
 def gemma_rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None,
                   enable_pdl: bool | None = None) -> torch.Tensor:
     """Gemma's RMSNorm: ``input / rms(input) * (1 + weight)``."""
     y = norm.rms_norm(input, weight, eps, gemma=True)
-    return y if out is None else out.copy_(y)
+    return write_out(out, y)
 
 
 def fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
