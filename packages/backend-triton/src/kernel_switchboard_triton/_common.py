@@ -59,6 +59,21 @@ def gluon_clusters() -> bool:
     return (major, minor) >= (3, 9) and _gluon_importable()
 
 
+@functools.lru_cache(maxsize=8)
+def pdl(device: torch.device) -> bool:
+    """Whether kernels that follow another on the stream are launched with programmatic dependent launch
+    (:mod:`._gdc`): on sm_90 and newer GPUs with a Triton that has grid dependency control; never interpreted."""
+    return (not triton_interpreting() and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+            and module_installed("triton.language.extra.cuda.gdc"))
+
+
+@functools.lru_cache(maxsize=8)
+def pdl_launch(device: torch.device) -> dict[str, bool]:
+    """The launch keywords of a kernel with a ``PDL`` constexpr (:mod:`._gdc`) on ``device``: ``PDL`` and Triton's
+    ``launch_pdl`` (the same dict each call: spread it, never change it)."""
+    return {"PDL": True, "launch_pdl": True} if pdl(device) else {"PDL": False}
+
+
 def row_major_for_tma(t: torch.Tensor) -> bool:
     """TMA can describe the 2-D ``t`` as it is: unit last stride, 16-byte aligned row stride and base."""
     size = t.element_size()

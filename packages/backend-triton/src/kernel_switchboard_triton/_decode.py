@@ -40,6 +40,8 @@ from ._attn_common import (
     sm_count,
     soft_cap_args,
 )
+from ._common import pdl_launch
+from ._gdc import after_prior
 from ._prefill import variant_finish, variant_launch, variant_scores
 
 
@@ -191,7 +193,7 @@ def _decode_split_kernel(
 
 @triton.jit
 def _merge_splits_kernel(
-    po_ptr,  # float32 partial outputs (B, H, NUM_SPLITS, Dv)
+    po_ptr,  # partial outputs (B, H, NUM_SPLITS, Dv), float32 or the output's dtype
     plse_ptr,  # float32 partial LSE (B, H, NUM_SPLITS), natural log; -inf for empty splits
     o_ptr,  # out (B, H, Dv), the query dtype
     lse_ptr,  # float32 out LSE (B, H), natural log or base 2 (LSE_BASE2)
@@ -209,7 +211,9 @@ def _merge_splits_kernel(
     NUM_SPLITS: tl.constexpr,  # partials per (batch, head)
     BLOCK_S: tl.constexpr,  # next power of two of NUM_SPLITS
     LSE_BASE2: tl.constexpr,  # write the LSE in base 2
+    PDL: tl.constexpr,  # launched with programmatic dependent launch (._gdc): the partials' kernel just before
 ):
+    after_prior(PDL)
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
@@ -233,7 +237,7 @@ def _merge_splits_kernel(
 
 @triton.jit
 def _merge_splits_ordered_kernel(
-    po_ptr,  # float32 partial outputs (B, H, NUM_SPLITS, Dv)
+    po_ptr,  # partial outputs (B, H, NUM_SPLITS, Dv), float32 or the output's dtype
     plse_ptr,  # float32 partial LSE (B, H, NUM_SPLITS), natural log; -inf for empty splits
     o_ptr,  # out (B, H, Dv), the query dtype
     lse_ptr,  # float32 out LSE (B, H), natural log or base 2 (LSE_BASE2)
@@ -250,9 +254,11 @@ def _merge_splits_ordered_kernel(
     BLOCK_DV: tl.constexpr,  # next power of two of HEAD_DIM_V
     NUM_SPLITS: tl.constexpr,  # partials per (batch, head)
     LSE_BASE2: tl.constexpr,  # write the LSE in base 2
+    PDL: tl.constexpr,  # launched with programmatic dependent launch (._gdc): the partials' kernel just before
 ):
     """The merge of the batch-invariant scope: the partials added one by one in split order, empty splits skipped,
     so a request's result does not depend on how many (empty) splits its batch launched."""
+    after_prior(PDL)
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -463,12 +469,13 @@ def launch_merge_splits(part_out: torch.Tensor, part_lse: torch.Tensor, out: tor
     if ordered:
         _merge_splits_ordered_kernel[(batch, heads)](
             part_out, part_lse, out, lse, *strides, HEAD_DIM_V=dv, BLOCK_DV=block_dv, NUM_SPLITS=splits,
-            LSE_BASE2=lse_base2, num_warps=4 if dv >= 256 else 2,
+            LSE_BASE2=lse_base2, num_warps=4 if dv >= 256 else 2, **pdl_launch(out.device),
         )
         return
     _merge_splits_kernel[(batch, heads)](
         part_out, part_lse, out, lse, *strides, HEAD_DIM_V=dv, BLOCK_DV=block_dv, NUM_SPLITS=splits,
         BLOCK_S=max(2, 1 << (splits - 1).bit_length()), LSE_BASE2=lse_base2, num_warps=4 if dv >= 256 else 2,
+        **pdl_launch(out.device),
     )
 
 

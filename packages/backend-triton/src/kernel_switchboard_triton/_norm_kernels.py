@@ -12,6 +12,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._gdc import after_prior
+
 
 @triton.jit
 def _rms_norm_block(
@@ -26,7 +28,9 @@ def _rms_norm_block(
     GEMMA: tl.constexpr,  # scale by (1 + w) instead of w
     BLOCK_M: tl.constexpr,  # rows per program
     BLOCK_N: tl.constexpr,  # next power of two >= N
+    PDL: tl.constexpr,  # launched with programmatic dependent launch (._gdc)
 ):
+    after_prior(PDL)
     r = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     c = tl.arange(0, BLOCK_N)
     mask = (r[:, None] < rows) & (c[None, :] < N)
@@ -51,7 +55,9 @@ def _rms_norm_looped(
     eps,  # added to the mean square
     GEMMA: tl.constexpr,  # scale by (1 + w) instead of w
     BLOCK_N: tl.constexpr,  # chunk width
+    PDL: tl.constexpr,  # launched with programmatic dependent launch (._gdc)
 ):
+    after_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
     y_row = y_ptr + row * stride_y
@@ -83,7 +89,9 @@ def _fused_add_rms_norm_block(
     GEMMA: tl.constexpr,  # scale by (1 + w) instead of w
     BLOCK_M: tl.constexpr,  # rows per program
     BLOCK_N: tl.constexpr,  # next power of two >= N
+    PDL: tl.constexpr,  # launched with programmatic dependent launch (._gdc)
 ):
+    after_prior(PDL)
     r = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     c = tl.arange(0, BLOCK_N)
     mask = (r[:, None] < rows) & (c[None, :] < N)
@@ -111,7 +119,9 @@ def _fused_add_rms_norm_looped(
     eps,  # added to the mean square
     GEMMA: tl.constexpr,  # scale by (1 + w) instead of w
     BLOCK_N: tl.constexpr,  # chunk width
+    PDL: tl.constexpr,  # launched with programmatic dependent launch (._gdc)
 ):
+    after_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
     r_row = r_ptr + row * stride_r
@@ -148,7 +158,9 @@ def _layer_norm_block(
     HAS_BIAS: tl.constexpr,  # add the bias
     BLOCK_M: tl.constexpr,  # rows per program
     BLOCK_N: tl.constexpr,  # next power of two >= N
+    PDL: tl.constexpr,  # launched with programmatic dependent launch (._gdc)
 ):
+    after_prior(PDL)
     r = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     c = tl.arange(0, BLOCK_N)
     mask = (r[:, None] < rows) & (c[None, :] < N)
@@ -178,7 +190,9 @@ def _layer_norm_looped(
     eps,  # added to the variance
     HAS_BIAS: tl.constexpr,  # add the bias
     BLOCK_N: tl.constexpr,  # chunk width
+    PDL: tl.constexpr,  # launched with programmatic dependent launch (._gdc)
 ):
+    after_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
     y_row = y_ptr + row * stride_y

@@ -15,6 +15,7 @@ import triton
 from kernel_switchboard.invariance import active as invariant_scope
 
 from . import _norm_kernels as K
+from ._common import pdl_launch
 from .catalog.norm import MAX_BLOCK
 
 #: chunk width of the looped kernels
@@ -51,11 +52,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) -> 
     cfg = block_config(_rows_per_program(rows), n)
     if cfg is None:
         K._rms_norm_looped[(rows,)](x, y, weight, n, x.stride(0), y.stride(0), eps, GEMMA=gemma, BLOCK_N=LOOP_BLOCK,
-                                    num_warps=_looped_warps())
+                                    num_warps=_looped_warps(), **pdl_launch(x.device))
     else:
         bm, bn, nw = cfg
         K._rms_norm_block[(triton.cdiv(rows, bm),)](x, y, weight, rows, n, x.stride(0), y.stride(0), eps, GEMMA=gemma,
-                                                    BLOCK_M=bm, BLOCK_N=bn, num_warps=nw)
+                                                    BLOCK_M=bm, BLOCK_N=bn, num_warps=nw, **pdl_launch(x.device))
     return y
 
 
@@ -66,11 +67,12 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     cfg = block_config(_rows_per_program(rows), n)
     if cfg is None:
         K._fused_add_rms_norm_looped[(rows,)](x, residual, weight, n, x.stride(0), residual.stride(0), eps, GEMMA=gemma,
-                                              BLOCK_N=LOOP_BLOCK, num_warps=_looped_warps())
+                                              BLOCK_N=LOOP_BLOCK, num_warps=_looped_warps(), **pdl_launch(x.device))
     else:
         bm, bn, nw = cfg
         K._fused_add_rms_norm_block[(triton.cdiv(rows, bm),)](x, residual, weight, rows, n, x.stride(0), residual.stride(0),
-                                                              eps, GEMMA=gemma, BLOCK_M=bm, BLOCK_N=bn, num_warps=nw)
+                                                              eps, GEMMA=gemma, BLOCK_M=bm, BLOCK_N=bn, num_warps=nw,
+                                                              **pdl_launch(x.device))
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -83,9 +85,10 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     cfg = block_config(_rows_per_program(rows), n)
     if cfg is None:
         K._layer_norm_looped[(rows,)](x, y, weight, b, n, x.stride(0), y.stride(0), eps, HAS_BIAS=has_bias,
-                                      BLOCK_N=LOOP_BLOCK, num_warps=_looped_warps())
+                                      BLOCK_N=LOOP_BLOCK, num_warps=_looped_warps(), **pdl_launch(x.device))
     else:
         bm, bn, nw = cfg
         K._layer_norm_block[(triton.cdiv(rows, bm),)](x, y, weight, b, rows, n, x.stride(0), y.stride(0), eps,
-                                                      HAS_BIAS=has_bias, BLOCK_M=bm, BLOCK_N=bn, num_warps=nw)
+                                                      HAS_BIAS=has_bias, BLOCK_M=bm, BLOCK_N=bn, num_warps=nw,
+                                                      **pdl_launch(x.device))
     return y
