@@ -37,6 +37,8 @@ import triton.language as tl
 
 from kernel_switchboard.variants_lib import COMPILED
 
+from ._gdc import after_prior
+
 LOG2E = tl.constexpr(1.4426950408889634)
 
 
@@ -736,12 +738,14 @@ def _top_k_threshold_kernel(
     SCRATCH: tl.constexpr,  # workspace slots per row
     MAX_PASSES: tl.constexpr,  # bound on search passes
     SORT: tl.constexpr,  # finish the search by sorting (GPU) or by pairwise ranks (interpreter)
+    PDL: tl.constexpr,  # launched with programmatic dependent launch (._gdc)
 ):
     """The exact top-k threshold of each row, for :func:`_top_k_top_p_kernel`, and the top-k set itself where it
     holds at most KEEP weights (the sampling kernel then draws from it alone). A kernel of its own so that the
     search (which spills when its walk is pipelined or widened) and the candidate passes (which gain from both)
     each get the walk that suits them. Probabilities are checked for entries that are none here, so a row whose
     top-k set is left needs no walk of the sampling kernel at all."""
+    after_prior(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rmask = rows < B
     row_off = rows.to(tl.int64)[:, None] * stride_x
@@ -794,7 +798,9 @@ def _top_k_top_p_kernel(
     MAX_ROUNDS: tl.constexpr,  # bound on candidate passes
     KEEP: tl.constexpr,  # the largest top-k set the threshold kernel leaves in set_ptr (0: none is left)
     SORT: tl.constexpr,  # the top-p threshold of such a set by sorting it (GPU) or by pairwise ranks (interpreter)
+    PDL: tl.constexpr,  # launched with programmatic dependent launch (._gdc)
 ):
+    after_prior(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rmask = rows < B
     row_off = rows.to(tl.int64)[:, None] * stride_x
@@ -961,7 +967,9 @@ def _renorm_kernel(
     SCRATCH: tl.constexpr,  # workspace slots per row
     MAX_PASSES: tl.constexpr,  # bound on search passes
     SORT: tl.constexpr,  # finish the search by sorting (GPU) or by pairwise ranks (interpreter)
+    PDL: tl.constexpr,  # launched with programmatic dependent launch (._gdc)
 ):
+    after_prior(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rmask = rows < B
     row_off = rows.to(tl.int64)[:, None] * stride_x

@@ -22,6 +22,7 @@ from kernel_switchboard.availability import triton_interpreting
 from kernel_switchboard.invariance import active as invariant_scope
 
 from . import _sampling_kernels as K
+from ._common import pdl_launch
 
 #: candidates checked per pass of the top-p rejection loop, and the bound on those passes
 NUM_CAND = 4
@@ -152,7 +153,7 @@ def top_k_threshold(x: torch.Tensor, top_k: Any, is_logits: bool, temperature: A
         stats, batch, vocab, x.stride(0), IS_LOGITS=is_logits, K_ROWS=k_rows, HAS_T=has_t, T_ROWS=t_rows,
         ROWS=search.rows, BLOCK=search.block, KEEP=keep, WALK_STAGES=TOP_K_WALK_STAGES, WALK_BLOCK=walk_block,
         STAGES=search.stages, NP=NUM_PIVOTS, SCRATCH=search.scratch, MAX_PASSES=MAX_PASSES, SORT=SORT,
-        num_warps=search.num_warps,
+        num_warps=search.num_warps, **pdl_launch(x.device),
     )
     return _TopK(stats, weights, cols, keep)
 
@@ -182,7 +183,7 @@ def top_k_top_p(x: torch.Tensor, top_k: Any, top_p: Any, min_p: Any, is_logits: 
         t_val, seed_t, seed, invalid_token, batch, vocab, x.stride(0),
         IS_LOGITS=is_logits, HAS_K=has_k, HAS_P=has_p, P_ROWS=p_rows, HAS_MINP=has_m, MINP_ROWS=m_rows, HAS_T=has_t,
         T_ROWS=t_rows, ROWS=cfg.rows, BLOCK=cfg.block, STAGES=cfg.stages, NUM_CAND=NUM_CAND, MAX_ROUNDS=MAX_ROUNDS,
-        KEEP=first.keep, SORT=SORT, num_warps=cfg.num_warps,
+        KEEP=first.keep, SORT=SORT, num_warps=cfg.num_warps, **pdl_launch(x.device),
     )
     return out
 
@@ -204,7 +205,7 @@ def renorm(probs: torch.Tensor, top_k: Any, top_p: Any, min_p: Any) -> torch.Ten
         float(m_v), scratch, batch, vocab, probs.stride(0),
         HAS_K=has_k, K_ROWS=k_rows, HAS_P=has_p, P_ROWS=p_rows, HAS_MINP=has_m, MINP_ROWS=m_rows, ROWS=cfg.rows,
         BLOCK=cfg.block, STAGES=cfg.stages, WALK_STAGES=TOP_K_WALK_STAGES, NP=NUM_PIVOTS, SCRATCH=cfg.scratch,
-        MAX_PASSES=MAX_PASSES, SORT=SORT, num_warps=cfg.num_warps,
+        MAX_PASSES=MAX_PASSES, SORT=SORT, num_warps=cfg.num_warps, **pdl_launch(probs.device),
     )
     return out
 
