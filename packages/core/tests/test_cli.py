@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from kernel_switchboard.cli import main
@@ -68,6 +69,14 @@ def test_bench_dispatch_overhead_on_cpu(tmp_path, capsys) -> None:
     row = data["rows"][0]
     assert row["kernel"] == "dispatch overhead" and row["unit"] == "us/call"
     assert row["extra"]["public_us"] > 0 and row["extra"]["direct_us"] > 0
+
+
+@pytest.mark.parametrize("presets", [["nope"], ["dispatch", "nope"], ["attention", "nope"]])
+def test_bench_names_an_unknown_preset_before_running_anything(tmp_path, capsys, presets: list[str]) -> None:
+    """On a CPU too (where model-sized presets are otherwise turned away with advice) and before ``dispatch`` runs."""
+    args = ["bench", *(a for name in presets for a in ("--preset", name)), "--out", str(tmp_path)]
+    assert main(args) == 2
+    assert "unknown preset 'nope'" in capsys.readouterr().err and not (tmp_path / "bench.json").exists()
 
 
 def test_bench_times_attention_through_plans_and_reports_regret_per_call_kind(tmp_path) -> None:

@@ -54,6 +54,10 @@ def main(argv: list[str] | None = None) -> int:
         presets = []
     else:
         presets = ["dispatch"] if device.type == "cpu" else ["attention"]
+    unknown = [name for name in presets if name != "dispatch" and name not in PRESETS]
+    if unknown:  # before anything runs or the CPU advice: a misspelt preset is the first thing to hear about
+        print(f"bench: unknown preset {unknown[0]!r}; known: {[*sorted(PRESETS), 'dispatch']}", file=sys.stderr)
+        return 2
     if device.type == "cpu" and set(presets) - {"dispatch"} and args.device != "cpu":
         print("bench: the workload presets are model-sized GPU workloads; on a CPU use --preset dispatch, an ad-hoc "
               "--op/--param point, or force them with --device cpu", file=sys.stderr)
@@ -65,9 +69,6 @@ def main(argv: list[str] | None = None) -> int:
     for name in presets:
         if name == "dispatch":
             continue
-        if name not in PRESETS:
-            print(f"bench: unknown preset {name!r}; known: {[*sorted(PRESETS), 'dispatch']}", file=sys.stderr)
-            return 2
         points.extend((name, pt) for pt in PRESETS[name]())
     if args.op:
         points.append(("adhoc", _adhoc_point(args)))
