@@ -42,6 +42,21 @@ def test_demo_rejects_cuda_graph_on_cpu(capsys: pytest.CaptureFixture[str]) -> N
     assert "needs a GPU" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("flag", "value", "expected"), [
+    ("--speculative", "-1", "-1 is invalid: expected an int >= 0"),
+    ("--max-new-tokens", "0", "0 is invalid: expected an int >= 1"),
+    ("--requests", "x", "'x' is not an int"),
+    ("--page-size", "0", "0 is invalid: expected an int >= 1"),
+    ("--threads", "0", "0 is invalid: expected an int >= 1"),
+])
+def test_demo_refuses_a_bad_count_before_building_anything(flag: str, value: str, expected: str,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--device", "cpu", flag, value])
+    captured = capsys.readouterr()
+    assert exit_.value.code == 2 and f"argument {flag}: {expected}" in captured.err and captured.out == ""
+
+
 def test_demo_reports_an_impossible_backend_choice(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["--device", "cpu", "--requests", "1", "--max-new-tokens", "2", "--backend", "no-such-backend"])
     assert code == 2

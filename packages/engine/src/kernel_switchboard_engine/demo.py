@@ -35,6 +35,22 @@ _WHY = {
     "only": "the only eligible kernel",
 }
 
+
+def _int_from(low: int) -> Any:
+    """An argparse ``type``: an int >= ``low``, refused before anything is built or run."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an int") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is invalid: expected an int >= {low}")
+        return value
+
+    return parse
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="switchboard demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=tuple(FAMILIES), default="llama", help="model family (default llama)")
@@ -43,18 +59,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None,
                    help="default: float32 on the CPU, bfloat16 on a GPU")
-    p.add_argument("--requests", type=int, default=6, help="number of requests (default 6)")
-    p.add_argument("--max-new-tokens", type=int, default=32, help="tokens generated per request (default 32)")
-    p.add_argument("--page-size", type=int, default=16, help="KV page size in tokens (default 16)")
+    p.add_argument("--requests", type=_int_from(1), default=6, help="number of requests (default 6)")
+    p.add_argument("--max-new-tokens", type=_int_from(1), default=32, help="tokens generated per request (default 32)")
+    p.add_argument("--page-size", type=_int_from(1), default=16, help="KV page size in tokens (default 16)")
     p.add_argument("--decode-mode", choices=("auto", "eager", "compile", "cuda_graph"), default="auto",
                    help="decode-only steps: auto = cuda_graph on a GPU, eager on the CPU")
     p.add_argument("--backend", action="append", default=[], metavar="NAME",
                    help="prefer this backend (repeatable, in order; others stay automatic)")
-    p.add_argument("--speculative", type=int, default=0, metavar="N",
+    p.add_argument("--speculative", type=_int_from(0), default=0, metavar="N",
                    help="also run speculative decoding with N draft tokens (draft = the target's first layer)")
     p.add_argument("--check", action="store_true", help="compare logits and greedy tokens with transformers")
     p.add_argument("--verbose", "-v", action="store_true", help="list every candidate kernel with its reasons")
-    p.add_argument("--threads", type=int, default=None,
+    p.add_argument("--threads", type=_int_from(1), default=None,
                    help="CPU threads for torch (default: 1 for the tiny preset, whose matrices gain nothing from more)")
     p.add_argument("--seed", type=int, default=0)
     return p
