@@ -60,18 +60,13 @@ def gluon_clusters() -> bool:
 
 
 @functools.lru_cache(maxsize=8)
-def pdl(device: torch.device) -> bool:
-    """Whether kernels that follow another on the stream are launched with programmatic dependent launch
-    (:mod:`._gdc`): on sm_90 and newer GPUs with a Triton that has grid dependency control; never interpreted."""
-    return (not triton_interpreting() and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
-            and module_installed("triton.language.extra.cuda.gdc"))
-
-
-@functools.lru_cache(maxsize=8)
 def pdl_launch(device: torch.device) -> dict[str, bool]:
     """The launch keywords of a kernel with a ``PDL`` constexpr (:mod:`._gdc`) on ``device``: ``PDL`` and Triton's
-    ``launch_pdl`` (the same dict each call: spread it, never change it)."""
-    return {"PDL": True, "launch_pdl": True} if pdl(device) else {"PDL": False}
+    ``launch_pdl``, on for sm_90 and newer GPUs with a Triton that has grid dependency control, never interpreted
+    (the same dict each call: spread it, never change it)."""
+    on = (not triton_interpreting() and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+          and module_installed("triton.language.extra.cuda.gdc"))
+    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
 
 
 def row_major_for_tma(t: torch.Tensor) -> bool:
