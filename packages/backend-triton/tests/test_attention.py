@@ -199,6 +199,26 @@ def test_prefill_ragged_matches_reference(case: tuple) -> None:  # type: ignore[
     _close(got, want, dtype)
 
 
+@pytest.mark.parametrize("cap", [30.0, 41.0, 50.0])
+@pytest.mark.parametrize("raw", [0.0, -64.0])
+def test_prefill_soft_cap_rows_far_below_the_cap_match_reference(cap: float, raw: float) -> None:
+    """bf16 prefill under a soft cap up to ``FIXED_MAX_CAP`` (about 41.6) subtracts the cap instead of a running
+    row maximum; a row whose every score lies far below the cap (raw scores about ``raw``: capped near -cap + 4)
+    keeps its weights, which reach 2^-120 and stay normal numbers. Cap 50 keeps the running maximum."""
+    from kernel_switchboard_triton._attn_common import fixed_max
+
+    assert fixed_max(cap, torch.bfloat16, False, {"SOFTMAX": True, "HAS_SCORE_MOD": False}) == (cap <= 41.0)
+    qo, kv = [5, 3], [5, 12]
+    g = _gen(4)
+    q = (1.0 + 0.1 * torch.randn(sum(qo), 4, 64, generator=g)).to(DEVICE, torch.bfloat16)
+    k = (raw / 64 + 0.3 * torch.randn(sum(kv), 2, 64, generator=g)).to(DEVICE, torch.bfloat16)
+    v = _randn(sum(kv), 2, 64, dtype=torch.bfloat16, seed=3)
+    kwargs = {"logits_soft_cap": cap, "sm_scale": 1.0, "return_lse": True}
+    got, want = _both(ksb.attention.prefill_ragged, q, k, v, _indptr(qo), _indptr(kv), **kwargs)
+    _close(got, want, torch.bfloat16)
+    assert torch.isfinite(got[0]).all()
+
+
 def _force_tma(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     """Turn ``PrefillConfig.tma`` on; returns the list of descriptor pairs (or None) each launch got."""
     from kernel_switchboard_triton import _prefill

@@ -59,6 +59,21 @@ def soft_cap_args(sm_scale: float, soft_cap: float | None, k_scale: float) -> tu
     return sm_scale * k_scale / soft_cap, soft_cap * LOG2E
 
 
+#: the largest soft cap the prefill kernels subtract instead of a running maximum (``fixed_max``): a score s >= -cap
+#: gives the weight 2^((s - cap) log2 e) >= 2^-120, still a normal float32 / bfloat16
+FIXED_MAX_CAP = 60.0 / LOG2E
+
+
+def fixed_max(soft_cap: float | None, q_dtype: torch.dtype, f16_math: bool, hooks: dict[str, Any]) -> bool:
+    """``FIXED_MAX`` constexpr of the prefill kernels: a soft cap bounds every score by the cap, so the softmax can
+    subtract the cap rather than a running row maximum, with no maximum to reduce and no rescale of the accumulator
+    per tile. Only where each weight stays a normal number in the PV dot's operands: bfloat16 queries computed in
+    bfloat16 (float16 or fp8 operands flush the weights of a row whose scores all lie far below the cap), caps up to
+    ``FIXED_MAX_CAP``, softmax weights and no score hook (which may move scores past the cap)."""
+    return (soft_cap is not None and soft_cap <= FIXED_MAX_CAP and q_dtype == torch.bfloat16 and not f16_math
+            and hooks["SOFTMAX"] and not hooks["HAS_SCORE_MOD"])
+
+
 def scale_args(scale: Any, like: torch.Tensor) -> tuple[float, torch.Tensor, int]:
     """A cache scale as kernel arguments: (the float factor, the scale tensor or ``like`` as an unused pointer, the
     tensor's stride over KV heads: 0 for shape (), 1 for (Hkv,), -1 for a float). None (not fp8) is 1.0."""

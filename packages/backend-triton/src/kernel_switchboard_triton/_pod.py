@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._attn_common import FP8_KV, interpreting, scale_args, soft_cap_args, soft_cap_mode, split_dim
+from ._attn_common import FP8_KV, fixed_max, interpreting, scale_args, soft_cap_args, soft_cap_mode, split_dim
 from ._prefill import PrefillConfig, _prefill_program, prefill_config, rows_bucket, tma_descriptors, variant_launch
 
 SCHEDULES = {"decode_first": 0, "interleave": 1}
@@ -91,6 +91,7 @@ def _pod_kernel(
     CAUSAL: tl.constexpr,  # the prefill part's causal mask
     WINDOW: tl.constexpr,  # sliding-window mask
     SOFT_CAP: tl.constexpr,  # logits soft cap mode (_attn_common.soft_cap_mode)
+    FIXED_MAX: tl.constexpr,  # softmax against the soft cap, no running maximum (_attn_common.fixed_max)
     RETURN_LSE: tl.constexpr,  # write the LSEs
     LOG_B: tl.constexpr,  # binary-search steps over the prefill requests
     D_LOG_B: tl.constexpr,  # binary-search steps over the decode requests
@@ -116,7 +117,7 @@ def _pod_kernel(
                          stride_doh, stride_dlt, stride_dlh, qk_scale, cap_log2, v_scale, k_scale_ptr, v_scale_ptr,
                          window_left, dbatch, vargs,
                          GROUP, NUM_KV_HEADS, D_BLOCK_M, D_BLOCK_N, D_BLOCK_N, HEAD_MAIN, HEAD_TAIL, HEAD_DIM_V,
-                         BLOCK_DV, PAGE_SIZE, True, False, HND, CAUSAL, WINDOW, SOFT_CAP, RETURN_LSE, False, D_LOG_B,
+                         BLOCK_DV, PAGE_SIZE, True, False, HND, CAUSAL, WINDOW, SOFT_CAP, FIXED_MAX, RETURN_LSE, False, D_LOG_B,
                          DOT_FP32, False, F16_MATH, None, None, None, False, False, False, True, K_SCALE_STRIDE,
                          V_SCALE_STRIDE)
     else:
@@ -126,7 +127,7 @@ def _pod_kernel(
                          stride_oh, stride_lt, stride_lh, qk_scale, cap_log2, v_scale, k_scale_ptr, v_scale_ptr,
                          window_left, batch, vargs, GROUP,
                          NUM_KV_HEADS, BLOCK_M, BLOCK_N, DIAG_N, HEAD_MAIN, HEAD_TAIL, HEAD_DIM_V, BLOCK_DV, PAGE_SIZE,
-                         True, TMA, HND, CAUSAL, WINDOW, SOFT_CAP, RETURN_LSE, False, LOG_B, DOT_FP32, False, F16_MATH,
+                         True, TMA, HND, CAUSAL, WINDOW, SOFT_CAP, FIXED_MAX, RETURN_LSE, False, LOG_B, DOT_FP32, False, F16_MATH,
                          None, None, None, False, False, False, True, K_SCALE_STRIDE, V_SCALE_STRIDE)
 
 
@@ -181,7 +182,7 @@ def launch_pod(q: torch.Tensor, qo_indptr: torch.Tensor, q_decode: torch.Tensor,
     lse_t, dlse_t = (lse, lse_decode) if lse is not None and lse_decode is not None else (out, out_decode)
     bt, dbt = table.block_table, decode_table.block_table
     dv = v.shape[-1]
-    vargs, _ = variant_launch(None)
+    vargs, hooks = variant_launch(None)
     f16_math = k.dtype in FP8_KV and q.dtype == torch.bfloat16
     _pod_kernel[(prefill_units + decode_units,)](
         q, q_decode, k, v, *(descriptors or (k, v, k, v)), qo_indptr, decode_indptr, bt, dbt, table.seq_lens,
@@ -195,7 +196,8 @@ def launch_pod(q: torch.Tensor, qo_indptr: torch.Tensor, q_decode: torch.Tensor,
         D_BLOCK_M=cfg.decode_block_m, D_BLOCK_N=cfg.decode_block_n, HEAD_MAIN=main, HEAD_TAIL=tail, HEAD_DIM_V=dv,
         BLOCK_DV=triton.next_power_of_2(dv), PAGE_SIZE=page_size, TMA=descriptors is not None,
         HND=cache.layout == "HND", CAUSAL=bool(p.causal), WINDOW=p.window_left >= 0,
-        SOFT_CAP=soft_cap_mode(p.logits_soft_cap, q.dtype), RETURN_LSE=lse is not None,
+        SOFT_CAP=soft_cap_mode(p.logits_soft_cap, q.dtype),
+        FIXED_MAX=fixed_max(p.logits_soft_cap, q.dtype, f16_math, hooks), RETURN_LSE=lse is not None,
         LOG_B=max(1, batch.bit_length()), D_LOG_B=max(1, dbatch.bit_length()),
         DOT_FP32=pre.dot_fp32 and q.dtype == torch.bfloat16 and not f16_math, F16_MATH=f16_math, SCHEDULE=SCHEDULES[cfg.schedule],
         K_SCALE_STRIDE=k_stride, V_SCALE_STRIDE=v_stride,

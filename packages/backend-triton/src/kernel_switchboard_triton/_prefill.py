@@ -37,6 +37,7 @@ from ._attn_common import (
     FP8_KV,
     _tanh,
     cc_major,
+    fixed_max,
     fp16_range_factor,
     interpreting,
     scale_args,
@@ -133,6 +134,7 @@ def _tile(
     CAUSAL: tl.constexpr,  # causal mask
     WINDOW: tl.constexpr,  # sliding-window mask
     SOFT_CAP: tl.constexpr,  # logits soft cap: 0 none, 1 exact tanh, 2 approximate tanh (soft_cap_mode)
+    FIXED_MAX: tl.constexpr,  # softmax against the soft cap, no running maximum (_attn_common.fixed_max)
     PAGED: tl.constexpr,  # paged (else ragged) K/V
     TMA: tl.constexpr,  # K/V tiles loaded by TMA (HEAD_TAIL 0, HEAD_DIM_V a power of two; paged: BLOCK_N | PAGE_SIZE)
     HND: tl.constexpr,  # paged HND pages: TMA rows are (page, kv head, slot)
@@ -204,7 +206,14 @@ def _tile(
             keep = keep & (tok[None, :] >= row_pos[:, None] - window_left)
     if HAS_MASK_MOD:
         keep = keep & MASK_MOD(row_pos[:, None], tok[None, :], head2, batch_id, vargs)
-    if SOFTMAX:
+    if SOFTMAX and FIXED_MAX:  # m_i holds the cap, which no score exceeds
+        if MASK or HAS_MASK_MOD:
+            s = tl.where(keep, s, float("-inf"))
+        m_new = m_i
+        p = tl.exp2(s - m_i[:, None])
+        l_i = l_i + tl.sum(p, 1)
+        acc = acc + tl.dot(p.to(q.dtype), v.to(q.dtype))
+    elif SOFTMAX:
         if MASK or HAS_MASK_MOD:
             s = tl.where(keep, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -275,6 +284,7 @@ def _prefill_kernel(
     CAUSAL: tl.constexpr,  # causal mask
     WINDOW: tl.constexpr,  # sliding-window mask
     SOFT_CAP: tl.constexpr,  # logits soft cap: 0 none, 1 exact tanh, 2 approximate tanh (soft_cap_mode)
+    FIXED_MAX: tl.constexpr,  # softmax against the soft cap, no running maximum (_attn_common.fixed_max)
     RETURN_LSE: tl.constexpr,  # write lse
     LSE_BASE2: tl.constexpr,  # lse in base 2 (else natural log)
     LOG_B: tl.constexpr,  # binary-search steps, >= log2(B) + 1
@@ -299,7 +309,7 @@ def _prefill_kernel(
                      stride_lh, qk_scale, cap_log2, v_scale, k_scale_ptr, v_scale_ptr, window_left, batch, vargs, GROUP,
                      NUM_KV_HEADS, BLOCK_M,
                      BLOCK_N, DIAG_N, HEAD_MAIN, HEAD_TAIL, HEAD_DIM_V, BLOCK_DV, PAGE_SIZE, PAGED, TMA, HND, CAUSAL,
-                     WINDOW, SOFT_CAP, RETURN_LSE, LSE_BASE2, LOG_B, DOT_FP32, P_ROUND, F16_MATH, SCORE_MOD, MASK_MOD,
+                     WINDOW, SOFT_CAP, FIXED_MAX, RETURN_LSE, LSE_BASE2, LOG_B, DOT_FP32, P_ROUND, F16_MATH, SCORE_MOD, MASK_MOD,
                      OUTPUT_MOD, HAS_SCORE_MOD, HAS_MASK_MOD, HAS_OUTPUT_MOD, SOFTMAX, K_SCALE_STRIDE, V_SCALE_STRIDE)
 
 
@@ -357,6 +367,7 @@ def _prefill_program(
     CAUSAL: tl.constexpr,  # causal mask
     WINDOW: tl.constexpr,  # sliding-window mask
     SOFT_CAP: tl.constexpr,  # logits soft cap: 0 none, 1 exact tanh, 2 approximate tanh (soft_cap_mode)
+    FIXED_MAX: tl.constexpr,  # softmax against the soft cap, no running maximum (_attn_common.fixed_max)
     RETURN_LSE: tl.constexpr,  # write lse
     LSE_BASE2: tl.constexpr,  # lse in base 2 (else natural log)
     LOG_B: tl.constexpr,  # binary-search steps, >= log2(B) + 1
@@ -430,7 +441,10 @@ def _prefill_program(
             q_tail = (q_tail.to(tl.float32) * q_mul).to(tl.float16)
             qk_scale = qk_scale / q_mul
 
-        m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+        if FIXED_MAX:
+            m_i = tl.zeros([BLOCK_M], dtype=tl.float32) + cap_log2
+        else:
+            m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
 
@@ -458,14 +472,14 @@ def _prefill_program(
             acc, m_i, l_i = _tile(acc, m_i, l_i, q, q_tail, k_base, v_base, k_desc, v_desc, kvh, bt_row, kv_start, n0,
                                   kv_len, row_pos, window_left, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
                                   cap_log2, head2, b, vargs, SCORE_MOD, MASK_MOD, HAS_SCORE_MOD, HAS_MASK_MOD, SOFTMAX,
-                                  True, CAUSAL, WINDOW, SOFT_CAP, PAGED, TMA, HND, NUM_KV_HEADS, PAGE_SIZE, BLOCK_N,
+                                  True, CAUSAL, WINDOW, SOFT_CAP, FIXED_MAX, PAGED, TMA, HND, NUM_KV_HEADS, PAGE_SIZE, BLOCK_N,
                                   HEAD_MAIN, HEAD_TAIL,
                                   HEAD_DIM_V, BLOCK_DV, DOT_FP32, P_ROUND)
         for n0 in range(full_lo, full_hi, BLOCK_N):
             acc, m_i, l_i = _tile(acc, m_i, l_i, q, q_tail, k_base, v_base, k_desc, v_desc, kvh, bt_row, kv_start, n0,
                                   kv_len, row_pos, window_left, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
                                   cap_log2, head2, b, vargs, SCORE_MOD, MASK_MOD, HAS_SCORE_MOD, HAS_MASK_MOD, SOFTMAX,
-                                  False, CAUSAL, WINDOW, SOFT_CAP, PAGED, TMA, HND, NUM_KV_HEADS, PAGE_SIZE, BLOCK_N,
+                                  False, CAUSAL, WINDOW, SOFT_CAP, FIXED_MAX, PAGED, TMA, HND, NUM_KV_HEADS, PAGE_SIZE, BLOCK_N,
                                   HEAD_MAIN, HEAD_TAIL,
                                   HEAD_DIM_V, BLOCK_DV, DOT_FP32, P_ROUND)
         # narrower tiles here (DIAG_N) skip most of the keys past the diagonal that a BLOCK_N tile would mask
@@ -473,7 +487,7 @@ def _prefill_program(
             acc, m_i, l_i = _tile(acc, m_i, l_i, q, q_tail, k_base, v_base, kd_desc, vd_desc, kvh, bt_row, kv_start,
                                   n0, kv_len, row_pos, window_left, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
                                   cap_log2, head2, b, vargs, SCORE_MOD, MASK_MOD, HAS_SCORE_MOD, HAS_MASK_MOD, SOFTMAX,
-                                  True, CAUSAL, WINDOW, SOFT_CAP, PAGED, TMA, HND, NUM_KV_HEADS, PAGE_SIZE, DIAG_N,
+                                  True, CAUSAL, WINDOW, SOFT_CAP, FIXED_MAX, PAGED, TMA, HND, NUM_KV_HEADS, PAGE_SIZE, DIAG_N,
                                   HEAD_MAIN, HEAD_TAIL,
                                   HEAD_DIM_V, BLOCK_DV, DOT_FP32, P_ROUND)
 
@@ -616,7 +630,8 @@ def launch_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr:
         GROUP=group, NUM_KV_HEADS=kv_heads, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, DIAG_N=cfg.diag_n or cfg.block_n,
         HEAD_MAIN=main, HEAD_TAIL=tail, HEAD_DIM_V=dv, BLOCK_DV=triton.next_power_of_2(dv), PAGE_SIZE=page_size, PAGED=paged,
         TMA=descriptors is not None, HND=paged and layout == "HND", CAUSAL=bool(p.causal),
-        WINDOW=p.window_left >= 0, SOFT_CAP=soft_cap_mode(p.logits_soft_cap, q.dtype), RETURN_LSE=lse is not None,
+        WINDOW=p.window_left >= 0, SOFT_CAP=soft_cap_mode(p.logits_soft_cap, q.dtype),
+        FIXED_MAX=fixed_max(p.logits_soft_cap, q.dtype, f16_math, hooks), RETURN_LSE=lse is not None,
         LSE_BASE2=getattr(p, "lse_base2", False),
         LOG_B=max(1, batch.bit_length()), DOT_FP32=cfg.dot_fp32 and (q.dtype == torch.bfloat16 or fp8_q) and not f16_math,
         P_ROUND=cfg.dot_fp32 and fp8_q, F16_MATH=f16_math, K_SCALE_STRIDE=k_stride, V_SCALE_STRIDE=v_stride,
