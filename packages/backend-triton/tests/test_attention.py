@@ -17,6 +17,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import kernel_switchboard as ksb
 from kernel_switchboard.availability import triton_interpreting
@@ -24,6 +26,7 @@ from kernel_switchboard.errors import KernelUnavailableError
 from kernel_switchboard.paged import PagedKVCache, PageTable
 from kernel_switchboard.testing import assert_close, tolerance
 from kernel_switchboard.testing.cases.attention import unwritten_slots
+from kernel_switchboard_triton._attn_common import _exp2_fma
 from kernel_switchboard_triton._common import has_tma
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -199,15 +202,40 @@ def test_prefill_ragged_matches_reference(case: tuple) -> None:  # type: ignore[
     _close(got, want, dtype)
 
 
+@triton.jit
+def _apply_exp2_fma(x_ptr, y_ptr, n, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + offs, _exp2_fma(tl.load(x_ptr + offs, mask=offs < n)), mask=offs < n)
+
+
+def test_exp2_on_fma_pipe_is_within_its_error_bound() -> None:
+    """``_exp2_fma`` (the soft-capped prefill's exponentials without the SFU) over [-126, 0] and at its edges:
+    relative error <= 1.02e-4 against float64, and -127 (masked keys) gives 0 exactly."""
+    x = torch.cat([torch.linspace(-126.0, 0.0, 4093), torch.tensor([-0.5, -0.5 - 1e-6, -127.0])])
+    x = x.to(DEVICE, torch.float32)
+    y = torch.empty_like(x)
+    _apply_exp2_fma[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
+    want = torch.exp2(x[:-1].double())
+    assert ((y[:-1].double() - want).abs() / want).max().item() <= 1.02e-4
+    assert y[-1].item() == 0.0
+
+
+@pytest.mark.parametrize("exp2_fma", [False, True])
 @pytest.mark.parametrize("cap", [30.0, 41.0, 50.0])
 @pytest.mark.parametrize("raw", [0.0, -64.0])
-def test_prefill_soft_cap_rows_far_below_the_cap_match_reference(cap: float, raw: float) -> None:
+def test_prefill_soft_cap_rows_far_below_the_cap_match_reference(cap: float, raw: float, exp2_fma: bool,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """bf16 prefill under a soft cap up to ``FIXED_MAX_CAP`` (about 41.6) subtracts the cap instead of a running
-    row maximum; a row whose every score lies far below the cap (raw scores about ``raw``: capped near -cap + 4)
-    keeps its weights, which reach 2^-120 and stay normal numbers. Cap 50 keeps the running maximum."""
+    row maximum (its exponentials on the SFU, or by the polynomial of ``PrefillConfig.exp2_fma``); a row whose every
+    score lies far below the cap (raw scores about ``raw``: capped near -cap + 4) keeps its weights, which reach
+    2^-120 and stay normal numbers. Cap 50 keeps the running maximum."""
+    from kernel_switchboard_triton import _prefill
     from kernel_switchboard_triton._attn_common import fixed_max
 
-    assert fixed_max(cap, torch.bfloat16, False, {"SOFTMAX": True, "HAS_SCORE_MOD": False}) == (cap <= 41.0)
+    plain = {"SOFTMAX": True, "HAS_SCORE_MOD": False}
+    assert fixed_max(cap, torch.bfloat16, False, plain, exp2_fma) == ((1 + exp2_fma) if cap <= 41.0 else 0)
+    real_config = _prefill.prefill_config
+    monkeypatch.setattr(_prefill, "prefill_config", lambda *a: real_config(*a)._replace(exp2_fma=exp2_fma))
     qo, kv = [5, 3], [5, 12]
     g = _gen(4)
     q = (1.0 + 0.1 * torch.randn(sum(qo), 4, 64, generator=g)).to(DEVICE, torch.bfloat16)

@@ -64,14 +64,20 @@ def soft_cap_args(sm_scale: float, soft_cap: float | None, k_scale: float) -> tu
 FIXED_MAX_CAP = 60.0 / LOG2E
 
 
-def fixed_max(soft_cap: float | None, q_dtype: torch.dtype, f16_math: bool, hooks: dict[str, Any]) -> bool:
-    """``FIXED_MAX`` constexpr of the prefill kernels: a soft cap bounds every score by the cap, so the softmax can
-    subtract the cap rather than a running row maximum, with no maximum to reduce and no rescale of the accumulator
-    per tile. Only where each weight stays a normal number in the PV dot's operands: bfloat16 queries computed in
-    bfloat16 (float16 or fp8 operands flush the weights of a row whose scores all lie far below the cap), caps up to
-    ``FIXED_MAX_CAP``, softmax weights and no score hook (which may move scores past the cap)."""
-    return (soft_cap is not None and soft_cap <= FIXED_MAX_CAP and q_dtype == torch.bfloat16 and not f16_math
-            and hooks["SOFTMAX"] and not hooks["HAS_SCORE_MOD"])
+def fixed_max(soft_cap: float | None, q_dtype: torch.dtype, f16_math: bool, hooks: dict[str, Any],
+              exp2_fma: bool = False) -> int:
+    """``FIXED_MAX`` constexpr of the prefill kernels: 0 a running row maximum; 1 the cap instead, with the
+    exponentials on the SFU; 2 the cap, with half the exponentials on the FMA pipe (``exp2_fma``, :func:`_exp2_fma`).
+
+    A soft cap bounds every score by the cap, so the softmax can subtract the cap rather than a running row maximum,
+    with no maximum to reduce and no rescale of the accumulator per tile. Only where each weight stays a normal
+    number in the PV dot's operands: bfloat16 queries computed in bfloat16 (float16 or fp8 operands flush the weights
+    of a row whose scores all lie far below the cap), caps up to ``FIXED_MAX_CAP``, softmax weights and no score hook
+    (which may move scores past the cap)."""
+    if (soft_cap is None or soft_cap > FIXED_MAX_CAP or q_dtype != torch.bfloat16 or f16_math
+            or not hooks["SOFTMAX"] or hooks["HAS_SCORE_MOD"]):
+        return 0
+    return 2 if exp2_fma else 1
 
 
 def scale_args(scale: Any, like: torch.Tensor) -> tuple[float, torch.Tensor, int]:
@@ -98,6 +104,20 @@ def _tanh(x, FAST: tl.constexpr = False):
                                          pack=1)
     else:
         return 1.0 - 2.0 / (tl.exp2(x * 2.8853900817779268) + 1.0)
+
+
+@triton.jit
+def _exp2_fma(x):
+    """2^x for x in [-127, 0] on the FMA and integer pipes rather than the SFU, which the soft cap's tanh also
+    occupies: x = j + f with j an integer (rounded by adding 1.5 x 2^23, whose low bits then hold j) and |f| <= 1/2;
+    2^f by a cubic fitted for relative error (<= 1.02e-4, a fortieth of a bfloat16 rounding), and j added to its
+    exponent bits. -127 gives exactly 0 (the masked keys' value); (-127, -126) denormals; nothing below -127 is
+    valid (no clamp: it would cost an instruction per score)."""
+    t = x + 12582912.0
+    f = x - (t - 12582912.0)
+    p = ((0.05500836670398712 * f + 0.24220985174179077) * f + 0.6932828426361084) * f + 1.0
+    bits = p.to(tl.int32, bitcast=True) + (t.to(tl.int32, bitcast=True) << 23)
+    return bits.to(tl.float32, bitcast=True)
 
 
 def soft_cap_mode(soft_cap: float | None, dtype: torch.dtype) -> int:

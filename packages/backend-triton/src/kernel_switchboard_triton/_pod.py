@@ -91,7 +91,7 @@ def _pod_kernel(
     CAUSAL: tl.constexpr,  # the prefill part's causal mask
     WINDOW: tl.constexpr,  # sliding-window mask
     SOFT_CAP: tl.constexpr,  # logits soft cap mode (_attn_common.soft_cap_mode)
-    FIXED_MAX: tl.constexpr,  # softmax against the soft cap, no running maximum (_attn_common.fixed_max)
+    FIXED_MAX: tl.constexpr,  # 0 running maximum, 1 softmax against the soft cap, 2 and exp2 on FMAs (fixed_max)
     RETURN_LSE: tl.constexpr,  # write the LSEs
     LOG_B: tl.constexpr,  # binary-search steps over the prefill requests
     D_LOG_B: tl.constexpr,  # binary-search steps over the decode requests
@@ -197,7 +197,7 @@ def launch_pod(q: torch.Tensor, qo_indptr: torch.Tensor, q_decode: torch.Tensor,
         BLOCK_DV=triton.next_power_of_2(dv), PAGE_SIZE=page_size, TMA=descriptors is not None,
         HND=cache.layout == "HND", CAUSAL=bool(p.causal), WINDOW=p.window_left >= 0,
         SOFT_CAP=soft_cap_mode(p.logits_soft_cap, q.dtype),
-        FIXED_MAX=fixed_max(p.logits_soft_cap, q.dtype, f16_math, hooks), RETURN_LSE=lse is not None,
+        FIXED_MAX=fixed_max(p.logits_soft_cap, q.dtype, f16_math, hooks, pre.exp2_fma), RETURN_LSE=lse is not None,
         LOG_B=max(1, batch.bit_length()), D_LOG_B=max(1, dbatch.bit_length()),
         DOT_FP32=pre.dot_fp32 and q.dtype == torch.bfloat16 and not f16_math, F16_MATH=f16_math, SCHEDULE=SCHEDULES[cfg.schedule],
         K_SCALE_STRIDE=k_stride, V_SCALE_STRIDE=v_stride,
