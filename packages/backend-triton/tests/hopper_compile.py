@@ -83,7 +83,8 @@ def main() -> None:
     e4m3, e5m2 = torch.float8_e4m3fn, torch.float8_e5m2
     specs = [AttnSpec(torch.bfloat16, "NHD", 16, 32, 8, 96, kv_lens=(300, 40), lse=True),
              AttnSpec(torch.float16, "HND", 16, 32, 8, 80, kv_lens=(300, 40), kv_dtype=e4m3),
-             AttnSpec(torch.bfloat16, "NHD", 64, 32, 8, 128, kv_lens=(300, 40), kv_dtype=e5m2, lse=True)]
+             AttnSpec(torch.bfloat16, "NHD", 64, 32, 8, 128, kv_lens=(300, 40), kv_dtype=e5m2, lse=True),
+             AttnSpec(torch.bfloat16, "HND", 16, 32, 8, 128, kv_lens=(300, 40), soft_cap=30.0)]
     results = []
     for spec in specs:
         for kind in ("decode", "prefill"):

@@ -525,7 +525,10 @@ class PrefillConfig(NamedTuple):
     diag_n: int = 0
     #: where the softmax subtracts the soft cap (``_attn_common.fixed_max``), every other key's exponential by a
     #: polynomial on the FMA pipe rather than on the SFU, which the cap's tanh also occupies (sm_90 SASS of the
-    #: 128x128 tile loop: 96 SFU instructions instead of 128, 797 instructions in all instead of 604)
+    #: 128x128 tile loop: 96 SFU instructions instead of 128, 797 instructions in all instead of 604). On Hopper,
+    #: where an SM's SFU runs 16 exponentials or tanhs a clock against 4096 bf16 MMA flops (512 per score), so two
+    #: per score keep it as busy as the tensor cores: H100, cap 30, 1x8192 / 8x2048: 435-439 / 309-314 TFLOP/s
+    #: against 391-399 / 287-295 with both on the SFU; every exponential on the FMA pipe: 375-409 / 292-296
     exp2_fma: bool = False
 
 
@@ -559,7 +562,7 @@ def prefill_config(device: torch.device, head_dim: int, head_dim_v: int, rows_bu
     block_n = 32 if big else (128 if hopper and block_m >= 128 else 64)
     warps = 8 if block_m >= 128 or big else 4
     return PrefillConfig(block_m, block_n, warps, 3 if hopper and not big else 2, False, tma=hopper,
-                         diag_n=64 if block_n == 128 else 0)
+                         diag_n=64 if block_n == 128 else 0, exp2_fma=hopper)
 
 
 def _token_rows(t: torch.Tensor, layout: str | None) -> torch.Tensor | None:
