@@ -40,7 +40,7 @@ def _emulated_mla(kernel: str, heads: int, lens: list[int], splits: int, monkeyp
     case = mla_case(torch.bfloat16, tuple(lens), heads, 64, "cpu", lse=True, seed=seed)  # NaN in unwritten slots
     qn, qp, ckv, kpe, table = case.args
     cfg = _mla.MLAConfig(64, 64, splits, 8, 2, False, True, True, **fields)
-    plan = _mla.MLAPlan(table, heads, 512, 64, case.kwargs["sm_scale"], max(lens), case.args[0].dtype, cfg)
+    plan = _mla.MLAPlan(table, heads, 512, 64, case.kwargs["sm_scale"], max(lens), cfg)
     with emulating(module, name):
         out, lse = plan.run(qn, qp, ckv, kpe, torch.empty_like(qn))
     want = ksb.attention.mla_decode(*case.args, **case.kwargs, backend="reference")

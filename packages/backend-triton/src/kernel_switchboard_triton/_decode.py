@@ -226,7 +226,7 @@ def _merge_splits_kernel(
     w = tl.exp2((lse - m_safe) * 1.4426950408889634)
     denom = tl.sum(w, 0)
     po = tl.load(po_ptr + b * stride_pb + h * stride_ph + offs_s[:, None] * stride_ps + offs_dv[None, :],
-                 mask=mask_s[:, None] & mask_dv[None, :], other=0.0).to(tl.float32)
+                 mask=mask_s[:, None] & mask_dv[None, :], other=0.0)
     out = tl.sum(po * w[:, None], 0) / tl.where(denom == 0.0, 1.0, denom)
     tl.store(o_ptr + b * stride_ob + h * stride_oh + offs_dv, out.to(o_ptr.dtype.element_ty), mask=mask_dv)
     lse_out = tl.where(denom > 0.0, m_safe + tl.log(tl.where(denom > 0.0, denom, 1.0)), float("-inf"))
@@ -274,8 +274,7 @@ def _merge_splits_ordered_kernel(
         lse_s = tl.load(lse_row + s)
         keep = lse_s > float("-inf")
         w = tl.exp2((lse_s - m_safe) * 1.4426950408889634)
-        po = tl.load(po_ptr + b * stride_pb + h * stride_ph + s * stride_ps + offs_dv, mask=mask_dv,
-                     other=0.0).to(tl.float32)
+        po = tl.load(po_ptr + b * stride_pb + h * stride_ph + s * stride_ps + offs_dv, mask=mask_dv, other=0.0)
         denom = tl.where(keep, denom + w, denom)
         acc = tl.where(keep, acc + po * w, acc)
     out = acc / tl.where(denom == 0.0, 1.0, denom)
@@ -458,10 +457,9 @@ def launch_decode(q: torch.Tensor, cache: Any, table: Any, out: torch.Tensor, ls
 
 def launch_merge_splits(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                         ordered: bool = False, lse_base2: bool = False) -> None:
-    """Merge (B, H, S, Dv) partials (float32, or the output's dtype; added in float32) with their (B, H, S)
-    natural-log LSE into ``out`` (B, H, Dv) and ``lse`` (B, H), natural log or, with ``lse_base2``, base 2;
-    ``ordered``: add them one by one in split order (the batch-invariant merge). (Runs at every planned decode: its
-    arguments are made with plain integer arithmetic.)"""
+    """Merge (B, H, S, Dv) float32 partials with their (B, H, S) natural-log LSE into ``out`` (B, H, Dv) and ``lse``
+    (B, H), natural log or, with ``lse_base2``, base 2; ``ordered``: add them one by one in split order (the
+    batch-invariant merge). (Runs at every planned decode: its arguments are made with plain integer arithmetic.)"""
     batch, heads, splits, dv = part_out.shape
     po, pl, o, ls = part_out.stride(), part_lse.stride(), out.stride(), lse.stride()
     strides = (po[0], po[1], po[2], pl[0], pl[1], o[0], o[1], ls[0], ls[1])

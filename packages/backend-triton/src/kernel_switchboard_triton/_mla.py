@@ -389,7 +389,7 @@ class MLAPlan:
     MAX_PAGE_OPERANDS = 256
 
     def __init__(self, table: Any, heads: int, dc: int, page_size: int, sm_scale: float, max_kv_len: int,
-                 out_dtype: torch.dtype, cfg: MLAConfig | None = None) -> None:
+                 cfg: MLAConfig | None = None) -> None:
         device = table.block_table.device
         batch = table.block_table.shape[0]
         self.table, self.sm_scale = table, sm_scale
@@ -397,9 +397,7 @@ class MLAPlan:
         check_config(self.cfg)
         s = self.cfg.num_splits
         self.lse_scratch = torch.empty(batch, heads, device=device, dtype=torch.float32)
-        # the splits' outputs in the output's dtype, as FlashInfer keeps them: half the bytes of float32 to write and to
-        # merge (at B=16 L=4096, 128 heads: 8 MB less each way), each rounded once more before the float32 merge
-        self.part_out = torch.empty(batch, heads, s, dc, device=device, dtype=out_dtype) if s > 1 else None
+        self.part_out = torch.empty(batch, heads, s, dc, device=device, dtype=torch.float32) if s > 1 else None
         self.part_lse = torch.empty(batch, heads, s, device=device, dtype=torch.float32) if s > 1 else None
         self._operands: dict[tuple[Any, ...], PageOperands] = {}
 
@@ -429,7 +427,7 @@ class MLARunner:
 
     def __init__(self, problem: Any, table: Any, p: Any, **_: Any) -> None:
         self.plan = MLAPlan(table, problem.num_q_heads, problem.head_dim, problem.page_size, p.sm_scale, p.max_kv_len,
-                            problem.dtype, invariant_config(table, problem, p))
+                            invariant_config(table, problem, p))
         self.want_lse = p.return_lse
 
     def run(self, q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_pages: torch.Tensor, kpe_pages: torch.Tensor,
@@ -458,7 +456,6 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_pages: torch.Tensor
     if cfg is None and getattr(p, "batch_invariant", False):
         cfg = mla_config(table.block_table.device, q_nope.shape[0], q_nope.shape[1], round_len(p.max_kv_len),
                          ckv_pages.shape[1], 1)
-    plan = MLAPlan(table, q_nope.shape[1], q_nope.shape[2], ckv_pages.shape[1], p.sm_scale, p.max_kv_len, q_nope.dtype,
-                   cfg)
+    plan = MLAPlan(table, q_nope.shape[1], q_nope.shape[2], ckv_pages.shape[1], p.sm_scale, p.max_kv_len, cfg)
     out, lse = plan.run(q_nope, q_pe, ckv_pages, kpe_pages, q_nope.new_empty(q_nope.shape))
     return out, (lse if p.return_lse else None)
