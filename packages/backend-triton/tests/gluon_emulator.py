@@ -459,6 +459,16 @@ def _binary(op: Callable[..., torch.Tensor]) -> Callable[[Any, Any], Any]:
     return apply
 
 
+#: the PTX of ``inline_asm_elementwise`` the emulator runs: the instruction -> its value on one operand
+_ASM = {"tanh.approx.f32 $0, $1;": torch.tanh}
+
+
+def _inline_asm_elementwise(asm: str, constraints: str, args: Any, dtype: Any, is_pure: bool, pack: int) -> Tensor:
+    if asm not in _ASM or len(args) != 1 or pack != 1:
+        raise EmulationError(f"inline_asm_elementwise: the emulator does not run {asm!r} on {len(args)} operands")
+    return _t(_ASM[asm](args[0].float()), _dtype(dtype))
+
+
 def _program_id(axis: int) -> Tensor:
     return _t(_cta().pid[int(axis)], torch.int32)
 
@@ -485,6 +495,7 @@ _gl = types.SimpleNamespace(
     zeros_like=lambda t, **_: torch.zeros_like(t).as_subclass(Tensor),
     convert_layout=lambda x, layout=None, **_: x,
     where=_where,
+    inline_asm_elementwise=_inline_asm_elementwise,
     maximum=_binary(torch.maximum),
     minimum=_binary(torch.minimum),
     cdiv=lambda a, b: (a + b - 1) // b,

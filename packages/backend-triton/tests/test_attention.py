@@ -705,6 +705,33 @@ def test_gluon_ws_mla_kernel_compiles_for_hopper() -> None:
     assert kernel["shared"] <= 227 * 1024
 
 
+_PREFILL_WS_SIG = {"q_ptr": "*bf16", "k_desc": "", "v_desc": "", "qo_indptr_ptr": "*i32", "kv_indptr_ptr": "*i32",
+                   "block_table_ptr": "*i32", "seq_lens_ptr": "*i32", "o_ptr": "*bf16", "lse_ptr": "*fp32",
+                   **{name: "i32" for name in ("stride_qt", "stride_qh", "stride_bt", "stride_ot", "stride_oh",
+                                               "stride_lt", "stride_lh")},
+                   "qk_scale": "fp32", "cap_log2": "fp32", "batch": "i32"}
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_gluon_ws_prefill_kernel_compiles_for_hopper(paged: bool) -> None:
+    """The warp-specialised soft-capped prefill (``PrefillConfig.gluon_ws``), compiled for sm_90: 64 x 128 score and
+    output tiles per consumer warpgroup (m64n128), P from registers, the loader warp's registers given back, no
+    spills, within the 227 KB of shared memory."""
+    pytest.importorskip("triton.experimental.gluon")
+    from gluon_compile import compile_for_hopper
+
+    descriptors = {"k_desc": ("bfloat16", [128, 128]), "v_desc": ("bfloat16", [128, 128])}
+    kernel = compile_for_hopper("kernel_switchboard_triton._prefill_gluon_ws", "prefill_ws_kernel", _PREFILL_WS_SIG,
+                                descriptors, {"GROUP": 4, "NUM_KV_HEADS": 8, "PAGE_SIZE": 128, "PAGED": paged,
+                                              "HND": False, "CAUSAL": True, "RETURN_LSE": True, "LSE_BASE2": False,
+                                              "LOG_B": 4, "num_warps": 4}, 4, maxnreg=168)
+    ptx = kernel["ptx"]
+    assert "m64n128k16" in ptx and "tanh.approx.f32" in ptx
+    assert "setmaxnreg.dec.sync.aligned.u32 \t40" in ptx
+    assert ".local" not in ptx  # no spills to local memory
+    assert kernel["shared"] <= 227 * 1024
+
+
 def test_gluon_ws_mla_kernel_compiles_as_a_2cta_cluster() -> None:
     """``MLAConfig.cluster`` (Triton >= 3.9): the same kernel on 2-CTA clusters of 128 heads, compiled for sm_90.
     Each latent box is loaded once for both CTAs (a multicast copy, issued by CTA 0), the consumers free ring slots

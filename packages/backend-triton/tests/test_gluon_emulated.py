@@ -1,6 +1,7 @@
-"""The Hopper Gluon kernels (MLA decode, the fp8 block GEMM) run on the CPU by ``gluon_emulator`` (partitions as
-threads, mbarriers, TMA loads landing late, wgmma groups checked at retirement) against the reference kernels; and
-the emulator's own checks fail on a kernel with a planted race, a missing wait or a deadlock."""
+"""The Hopper Gluon kernels (MLA decode, the soft-capped prefill, the fp8 block GEMM) run on the CPU by
+``gluon_emulator`` (partitions as threads, mbarriers, TMA loads landing late, wgmma groups checked at retirement)
+against the reference kernels; and the emulator's own checks fail on a kernel with a planted race, a missing wait or
+a deadlock."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 import kernel_switchboard as ksb
 from kernel_switchboard.availability import triton_interpreting
 from kernel_switchboard.testing import assert_close, tolerance
-from kernel_switchboard.testing.cases.attention import mla_case
+from kernel_switchboard.testing.cases.attention import AttnSpec, mla_case, prefill_case, ragged_case
 from kernel_switchboard.testing.cases.gemm import quantize_fp8
 
 gluon = pytest.importorskip("triton.experimental.gluon")
@@ -22,7 +23,7 @@ from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait  # noqa: E402
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
-from kernel_switchboard_triton import _gemm_gluon, _mla, _mla_gluon, _mla_gluon_ws  # noqa: E402
+from kernel_switchboard_triton import _gemm_gluon, _mla, _mla_gluon, _mla_gluon_ws, _prefill, _prefill_gluon_ws  # noqa: E402
 
 #: kernel -> (MLAConfig fields, the module whose kernel runs emulated, its kernel's name)
 KERNELS = {
@@ -60,6 +61,44 @@ MLA_CASES = [(16, [0, 1, 64, 200], 1), (64, [130, 64, 257], 2), (128, [321, 5], 
 def test_gluon_mla_kernels_match_reference_emulated(kernel: str, heads: int, lens: list[int], splits: int,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     _emulated_mla(kernel, heads, lens, splits, monkeypatch)
+
+
+# -- the warp-specialised soft-capped prefill ------------------------------------------------------------------
+# (layout: None ragged, else pages of 128 slots; q heads over 2 KV heads; query and KV lengths per request): whole
+# and partial last tiles, several tiles, append rows (queries < keys), a decode row, an empty request, GQA groups
+# of 1 and 4, several row tiles of one request (heavy first)
+PREFILL_CASES = [
+    (None, 8, True, (40, 1, 0, 77), (300, 129, 0, 77)),
+    (None, 2, True, (128, 5), (256, 133)),
+    (None, 8, False, (33, 2), (200, 64)),
+    ("NHD", 8, True, (20, 1, 3), (260, 70, 128)),
+    ("HND", 2, True, (90,), (300,)),
+    ("HND", 8, False, (7, 1), (129, 40)),
+]
+
+
+@pytest.mark.parametrize(("layout", "q_heads", "causal", "q_lens", "kv_lens"), PREFILL_CASES, ids=str)
+def test_gluon_ws_prefill_matches_reference_emulated(layout: str | None, q_heads: int, causal: bool,
+                                                     q_lens: tuple[int, ...], kv_lens: tuple[int, ...],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_prefill_gluon_ws`` through the Triton backend's launcher (``PrefillConfig.gluon_ws``, the Hopper checks
+    answered yes), soft cap 30, lse, against the reference; pages' unwritten slots hold NaN."""
+    monkeypatch.setattr(_prefill, "gluon_hopper", lambda device: True)
+    real_config = _prefill.prefill_config
+    monkeypatch.setattr(_prefill, "prefill_config", lambda *a: real_config(*a)._replace(gluon_ws=True))
+    routes: list[object] = []
+    real_descriptors = _prefill.gluon_ws_descriptors
+    monkeypatch.setattr(_prefill, "gluon_ws_descriptors", lambda *a: routes.append(real_descriptors(*a)) or routes[-1])
+    spec = AttnSpec(torch.bfloat16, layout or "NHD", 128, q_heads, 2, 128, kv_lens=kv_lens, q_lens=q_lens,
+                    causal=causal, soft_cap=30.0, lse=True)
+    case = (ragged_case if layout is None else prefill_case)(spec, "cpu", 1)
+    with emulating(_prefill_gluon_ws, "prefill_ws_kernel"):
+        out, lse = getattr(ksb.attention, case.op.split(".")[1])(*case.args, **case.kwargs, backend="triton")
+    assert routes and routes[0] is not None  # the Gluon kernel ran
+    want = getattr(ksb.attention, case.op.split(".")[1])(*case.args, **case.kwargs, backend="reference")
+    atol, rtol = tolerance(torch.bfloat16)
+    assert_close(out, want[0], atol=atol, rtol=rtol)
+    assert_close(lse, want[1], atol=atol, rtol=rtol)
 
 
 # -- the emulator fails where the hardware would go wrong ------------------------------------------------------

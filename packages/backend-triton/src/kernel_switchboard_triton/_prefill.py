@@ -46,7 +46,7 @@ from ._attn_common import (
     soft_cap_mode,
     split_dim,
 )
-from ._common import has_tma, row_major_for_tma
+from ._common import gluon_hopper, has_tma, row_major_for_tma
 from ._moe_kernels import _round_e4m3
 
 
@@ -530,6 +530,8 @@ class PrefillConfig(NamedTuple):
     #: per score keep it as busy as the tensor cores: H100, cap 30, 1x8192 / 8x2048: 435-439 / 309-314 TFLOP/s
     #: against 391-399 / 287-295 with both on the SFU; every exponential on the FMA pipe: 375-409 / 292-296
     exp2_fma: bool = False
+    #: the warp-specialised Gluon kernel (``_prefill_gluon_ws``) for the calls it serves (:func:`gluon_ws_descriptors`)
+    gluon_ws: bool = False
 
 
 #: the packed rows the tile shape is chosen for in the batch-invariant scope (128-row tiles on Hopper at head dims up
@@ -596,6 +598,26 @@ def tma_descriptors(k: torch.Tensor, v: torch.Tensor, layout: str | None, page_s
             TensorDescriptor.from_tensor(rows[0], [diag, kd]), TensorDescriptor.from_tensor(rows[1], [diag, vd]))
 
 
+def gluon_ws_descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str | None, page_size: int,
+                         cfg: PrefillConfig, p: Any, hooks: dict[str, Any], scaled: bool) -> tuple[Any, Any] | None:
+    """Gluon TMA descriptors of K and V for ``_prefill_gluon_ws`` when ``cfg.gluon_ws`` and it serves the call: an sm_90
+    GPU, bfloat16 queries and K/V of head dim 128, a soft cap the softmax can subtract (``fixed_max``), no window, no
+    variant hook, no cache or query scale, rows TMA can describe (pages of a multiple of its 128-key tiles); else
+    None."""
+    if not (cfg.gluon_ws and q.dtype == k.dtype == v.dtype == torch.bfloat16 and q.shape[-1] == v.shape[-1] == 128
+            and p.window_left < 0 and not scaled and not any(hooks[h] for h in ("HAS_MASK_MOD", "HAS_OUTPUT_MOD"))
+            and fixed_max(p.logits_soft_cap, q.dtype, False, hooks) and gluon_hopper(q.device)):
+        return None
+    from . import _prefill_gluon_ws  # Gluon: imported once the GPU is known to run it
+
+    if layout is not None and page_size % _prefill_gluon_ws.BLOCK_N.value:
+        return None
+    rows = [_token_rows(t, layout) for t in (k, v)]
+    if any(r is None or not row_major_for_tma(r) for r in rows):
+        return None
+    return _prefill_gluon_ws.descriptors(rows[0], rows[1], q.shape[-1])
+
+
 def launch_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr: torch.Tensor,
                    kv_indptr: torch.Tensor | None, block_table: torch.Tensor | None, seq_lens: torch.Tensor | None,
                    layout: str | None, page_size: int, out: torch.Tensor, lse: torch.Tensor | None, p: Any,
@@ -635,6 +657,16 @@ def launch_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr:
     lse_t = lse if lse is not None else out
     vargs, hooks = variant_launch(getattr(p, "variant", None))
     f16_math = k.dtype in FP8_KV and q.dtype == torch.bfloat16 and hooks["SOFTMAX"]
+    scaled = k_factor != 1.0 or v_factor != 1.0 or k_stride >= 0 or v_stride >= 0 or q_scale is not None
+    ws = gluon_ws_descriptors(q, k, v, layout if paged else None, page_size, cfg, p, hooks, scaled)
+    if ws is not None:
+        from . import _prefill_gluon_ws
+
+        _prefill_gluon_ws.launch(q, *ws, qo_indptr, kv_indptr, block_table, seq_lens, out, lse, kv_heads=kv_heads,
+                                 page_size=page_size, paged=paged, hnd=paged and layout == "HND",
+                                 causal=bool(p.causal), qk_scale=qk_scale, cap_log2=cap_log2,
+                                 lse_base2=getattr(p, "lse_base2", False))
+        return
     descriptors = None if tail else tma_descriptors(k, v, layout if paged else None, page_size, cfg)
     launch = functools.partial(
         _prefill_kernel[(slots * kv_heads,)],

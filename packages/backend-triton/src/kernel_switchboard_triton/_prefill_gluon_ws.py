@@ -1,0 +1,316 @@
+"""Soft-capped causal prefill in Gluon with warp-specialised partitions (FlashAttention-3's schedule), Hopper.
+
+Why a second prefill kernel: with a soft cap every score costs the SFU a tanh and an exponential, two of its 16 a
+clock per SM against 512 of the tensor cores' 4096 bf16 flops a clock, so the softmax keeps the SFU as busy as the
+MMAs keep the tensor cores. The Triton kernel (``_prefill``, FlashAttention-2's order) runs them one after the
+other; here they overlap:
+
+- A one-warp loader partition fills a ring of ``STAGES`` K and V slots by TMA, each tile's K and V on barriers of
+  their own, so the scores of a tile start once its K has landed.
+- Two consumer warpgroups take 64 of the program's 128 packed query rows each (both read every K/V tile, which is
+  loaded once). Each issues the scores of tile j + 1 and the PV MMA of tile j back to back and computes tile
+  j + 1's weights while that PV MMA runs; the two warpgroups' softmaxes and MMAs interleave on the SM as the warp
+  scheduler finds them ready.
+- The softmax subtracts the cap instead of a running row maximum (``_attn_common.fixed_max``): the accumulator
+  is never rescaled, so the weights of the next tile do not wait for the PV MMA in flight.
+
+What it serves: bfloat16 queries and K/V, head dim 128 (qk and v), a soft cap up to ``FIXED_MAX_CAP``, causal or
+not, no window, no custom variant, ragged K/V or pages that hold whole 128-key tiles (TMA), on sm_90. The slots
+(request, 128-row tile, KV head) and their heavy-first order are the Triton kernel's (``_prefill`` module docstring),
+so each row's result depends on its request alone, as there. Rows of a partial last tile past the request's keys
+may hold anything (the next request's rows, a page's unwritten slots): the loader zeroes V's and the consumers mask
+the scores there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from ._mla_gluon import _tma_load
+from ._mla_gluon_ws import BOX_COLS, _as_boxes, _zero_rows_from
+
+BLOCK_M = gl.constexpr(128)  # packed query rows per program: 64 per consumer warpgroup (one m64 wgmma tile)
+BLOCK_N = gl.constexpr(128)  # keys per tile
+STAGES = gl.constexpr(2)  # ring slots of K and of V (160 KB of shared memory with the queries)
+BOX = gl.constexpr(BOX_COLS)  # V columns per TMA box (the 128-byte swizzle's width), zeroed box by box
+
+
+@gluon.jit
+def _slot(qo_indptr_ptr, kv_indptr_ptr, seq_lens_ptr, batch, GROUP: gl.constexpr, NUM_KV_HEADS: gl.constexpr,
+          PAGED: gl.constexpr, CAUSAL: gl.constexpr, LOG_B: gl.constexpr):
+    """This program's work: (request b, KV head, first packed row, packed rows of the request, first query token,
+    KV length, KV start (ragged), KV tiles to read, first tile that needs a mask). A slot past its request's rows
+    reads no tile. Slots as in ``_prefill``: request b owns ``[qo_indptr[b] * GROUP // BLOCK_M + b, ...)``, its
+    heavy (late causal) tiles first."""
+    slot_id = gl.program_id(0) // NUM_KV_HEADS
+    kvh = gl.program_id(0) % NUM_KV_HEADS
+    lo = 0
+    hi = batch
+    for _ in gl.static_range(LOG_B):  # the last b with start(b) <= slot_id
+        mid = (lo + hi) // 2
+        go = gl.load(qo_indptr_ptr + mid) * GROUP // BLOCK_M + mid <= slot_id
+        lo = gl.where(go, mid, lo)
+        hi = gl.where(go, hi, mid)
+    b = lo
+    q_start = gl.load(qo_indptr_ptr + b)
+    q_end = gl.load(qo_indptr_ptr + b + 1)
+    first_slot = q_start * GROUP // BLOCK_M + b
+    n_slots = q_end * GROUP // BLOCK_M + b + 1 - first_slot
+    row0 = (n_slots - 1 - (slot_id - first_slot)) * BLOCK_M
+    rows = (q_end - q_start) * GROUP
+    if PAGED:
+        kv_start = 0
+        kv_len = gl.load(seq_lens_ptr + b)
+    else:
+        kv_start = gl.load(kv_indptr_ptr + b)
+        kv_len = gl.load(kv_indptr_ptr + b + 1) - kv_start
+    end = kv_len
+    full = kv_len // BLOCK_N  # tiles wholly inside the request's keys
+    if CAUSAL:
+        past = kv_len - (q_end - q_start)  # the query token t sees keys [0, past + t]
+        end = gl.minimum(kv_len, past + (gl.minimum(row0 + BLOCK_M, rows) - 1) // GROUP + 1)
+        full = gl.minimum(full, (past + row0 // GROUP + 1) // BLOCK_N)
+    tiles = gl.where(row0 < rows, gl.cdiv(gl.maximum(end, 0), BLOCK_N), 0)
+    return b, kvh, row0, rows, q_start, kv_len, kv_start, tiles, full
+
+
+@gluon.jit
+def _kv_row(bt_row, kv_start, kvh, token, PAGED: gl.constexpr, HND: gl.constexpr, NUM_KV_HEADS: gl.constexpr,
+            PAGE_SIZE: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """(row, column) of the tile of keys starting at ``token`` in the K/V rows the descriptors address
+    (``_prefill._token_rows``)."""
+    if PAGED:
+        page = gl.load(bt_row + token // PAGE_SIZE)
+        if HND:
+            return (page * NUM_KV_HEADS + kvh) * PAGE_SIZE + token % PAGE_SIZE, 0
+        else:
+            return page * PAGE_SIZE + token % PAGE_SIZE, kvh * HEAD_DIM
+    else:
+        return kv_start + token, kvh * HEAD_DIM
+
+
+@gluon.jit
+def _loader(p, PAGED: gl.constexpr, HND: gl.constexpr, NUM_KV_HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr):
+    """Worker (1 warp): K and V of every tile into the ring, each once both consumers freed the slot's previous
+    tile. A partial last tile's V lands on a private barrier first; its rows past the keys are zeroed before it is
+    published (a weight of 0 times a NaN there would be NaN)."""
+    work, descs, smem, bars = p
+    b, kvh, row0, rows, q_start, kv_len, kv_start, tiles, full, bt_row = work  # noqa: RUF059
+    k_desc, v_desc = descs
+    q_smem, k_smem, v_smem = smem  # noqa: RUF059
+    k_ready, v_ready, k_empty, v_empty, tail = bars
+    HEAD_DIM: gl.constexpr = k_desc.block_type.shape[1]
+    STAGES: gl.constexpr = k_smem.shape[0]
+    for j in range(tiles):
+        slot = j % STAGES
+        freed = ((j // STAGES) & 1) ^ 1  # the phase that frees tile j - STAGES (a fresh barrier passes phase 1)
+        row, col = _kv_row(bt_row, kv_start, kvh, j * BLOCK_N, PAGED, HND, NUM_KV_HEADS, PAGE_SIZE, HEAD_DIM)
+        mbarrier.wait(k_empty.index(slot), freed)
+        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+        _tma_load(k_desc, [row, col], k_ready.index(slot), k_smem.index(slot))
+        mbarrier.wait(v_empty.index(slot), freed)
+        valid = kv_len - j * BLOCK_N
+        if valid >= BLOCK_N:
+            mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+            _tma_load(v_desc, [row, col], v_ready.index(slot), v_smem.index(slot))
+        else:  # the last tile, partial: once per program, so the private barrier's phase is 0
+            mbarrier.expect(tail, v_desc.block_type.nbytes)
+            _tma_load(v_desc, [row, col], tail, v_smem.index(slot))
+            mbarrier.wait(tail, 0)
+            boxes = _as_boxes(v_smem.index(slot), BOX)
+            for c in range(HEAD_DIM // BOX):
+                _zero_rows_from(boxes.index(c), valid, 1)
+            fence_async_shared()
+            mbarrier.arrive(v_ready.index(slot), count=1)
+
+
+@gluon.jit
+def _tanh(x):
+    """tanh on the SFU (``tanh.approx.f32``: relative error <= 2^-10.7, fine for bfloat16 scores)."""
+    return gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=gl.float32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _weights(s, j, row_pos, kv_len, full, qk_scale, cap_log2, CAUSAL: gl.constexpr, p_layout: gl.constexpr):
+    """Softmax weights of score tile ``j`` against the cap (``cap * tanh(s * qk_scale)`` in log2 units minus the
+    cap, in [-2 cap log2 e, 0]), 0 for masked keys (past the request, or past the row's position when causal), in
+    bfloat16 as the PV MMA's register operand; and their row sums."""
+    e = cap_log2 * _tanh(s * qk_scale) - cap_log2
+    if j >= full:  # a tile at the causal diagonal or the end of the keys
+        keys = j * BLOCK_N + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s.type.layout))
+        keep = (keys < kv_len)[None, :]
+        if CAUSAL:
+            keep = keep & (keys[None, :] <= row_pos[:, None])
+        pr = gl.where(keep, gl.exp2(e), 0.0)
+    else:
+        pr = gl.exp2(e)
+    return gl.convert_layout(pr.to(gl.bfloat16), p_layout), gl.sum(pr, 1)
+
+
+@gluon.jit
+def _consume(p, q_ptrs, o_ptrs, qk_scale, cap_log2, WG: gl.constexpr, CAUSAL: gl.constexpr, GROUP: gl.constexpr,
+             RETURN_LSE: gl.constexpr, LSE_BASE2: gl.constexpr):
+    """Consumer warpgroup ``WG`` (4 warps): packed rows [WG * 64, WG * 64 + 64) of the program's tile. Tile j + 1's
+    scores and tile j's PV MMA are in flight together while tile j + 1's weights are computed."""
+    work, descs, smem, bars = p  # noqa: RUF059
+    b, kvh, row0, rows, q_start, kv_len, kv_start, tiles, full, bt_row = work  # noqa: RUF059
+    q_smem, k_smem, v_smem = smem
+    k_ready, v_ready, k_empty, v_empty, tail = bars  # noqa: RUF059
+    STAGES: gl.constexpr = k_smem.shape[0]
+    HEAD_DIM: gl.constexpr = k_smem.shape[2]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    q = q_smem.index(WG)
+    offs_m = row0 + WG * 64 + gl.arange(0, 64, layout=row_s)
+    row_pos = kv_len - rows // GROUP + offs_m // GROUP  # the KV position of each row's query
+    s_zero = gl.zeros([64, BLOCK_N], gl.float32, layout=s_layout)
+    acc = gl.zeros([64, HEAD_DIM], gl.float32, layout=o_layout)
+    l_i = gl.zeros([64], gl.float32, layout=row_s)
+    if tiles > 0:
+        mbarrier.wait(k_ready.index(0), 0)
+        s = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False)
+        mbarrier.arrive(k_empty.index(0), count=1)
+        pr, psum = _weights(s, 0, row_pos, kv_len, full, qk_scale, cap_log2, CAUSAL, p_layout)
+        for j in range(1, tiles):
+            slot = j % STAGES
+            prev = (j - 1) % STAGES
+            mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
+            s_mma = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+            pv = warpgroup_mma(pr, v_smem.index(prev), acc, is_async=True)
+            l_i = l_i + psum
+            s = warpgroup_mma_wait(num_outstanding=1, deps=(s_mma,))  # the scores (issued first) are done
+            mbarrier.arrive(k_empty.index(slot), count=1)
+            pr_next, psum = _weights(s, j, row_pos, kv_len, full, qk_scale, cap_log2, CAUSAL, p_layout)
+            acc, pr = warpgroup_mma_wait(num_outstanding=0, deps=(pv, pr))
+            mbarrier.arrive(v_empty.index(prev), count=1)
+            pr = pr_next
+        last = (tiles - 1) % STAGES
+        mbarrier.wait(v_ready.index(last), ((tiles - 1) // STAGES) & 1)
+        acc = warpgroup_mma(pr, v_smem.index(last), acc)
+        mbarrier.arrive(v_empty.index(last), count=1)
+        l_i = l_i + psum
+
+    q_ptr, stride_qt, stride_qh, o_ptr, stride_ot, stride_oh, lse_ptr, stride_lt, stride_lh = q_ptrs + o_ptrs  # noqa: RUF059
+    empty_row = l_i == 0.0
+    safe = gl.where(empty_row, 1.0, l_i)
+    out = acc * gl.convert_layout(1.0 / safe, row_o)[:, None]
+    rows_o = row0 + WG * 64 + gl.arange(0, 64, layout=row_o)
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+    tok = q_start + rows_o // GROUP
+    head = kvh * GROUP + rows_o % GROUP
+    o_offs = tok.to(gl.int64) * stride_ot + head * stride_oh
+    gl.store(o_ptr + o_offs[:, None] + cols[None, :], out.to(o_ptr.dtype.element_ty), mask=(rows_o < rows)[:, None])
+    if RETURN_LSE:
+        lse = cap_log2 + gl.log2(safe)
+        if not LSE_BASE2:
+            lse = lse * 0.6931471805599453
+        lse = gl.where(empty_row, float("-inf"), lse)
+        tok_s = q_start + offs_m // GROUP
+        head_s = kvh * GROUP + offs_m % GROUP
+        gl.store(lse_ptr + tok_s.to(gl.int64) * stride_lt + head_s * stride_lh, lse, mask=offs_m < rows)
+
+
+@gluon.jit
+def _stage_queries(q_ptr, stride_qt, stride_qh, q_smem, q_start, row0, rows, kvh, GROUP: gl.constexpr,
+                   ld_layout: gl.constexpr):
+    """The program's 128 packed query rows into shared memory, 64 per consumer warpgroup (rows past the request
+    zero), by the default partition's warps before the partitions fork."""
+    HEAD_DIM: gl.constexpr = q_smem.shape[2]
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, ld_layout))
+    for w in gl.static_range(2):
+        r = row0 + w * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, ld_layout))
+        offs = (q_start + r // GROUP).to(gl.int64) * stride_qt + (kvh * GROUP + r % GROUP) * stride_qh
+        q_smem.index(w).store(gl.load(q_ptr + offs[:, None] + cols[None, :], mask=(r < rows)[:, None], other=0.0))
+
+
+@gluon.jit
+def prefill_ws_kernel(
+    q_ptr, k_desc, v_desc, qo_indptr_ptr, kv_indptr_ptr, block_table_ptr, seq_lens_ptr, o_ptr, lse_ptr,
+    stride_qt, stride_qh, stride_bt, stride_ot, stride_oh, stride_lt, stride_lh, qk_scale, cap_log2, batch,
+    GROUP: gl.constexpr,  # query heads per KV head
+    NUM_KV_HEADS: gl.constexpr,  # KV heads (grid: slots x KV heads, the head varying fastest)
+    PAGE_SIZE: gl.constexpr,  # tokens per page (PAGED), a multiple of BLOCK_N
+    PAGED: gl.constexpr,  # paged (else ragged) K/V
+    HND: gl.constexpr,  # paged HND pages: TMA rows are (page, KV head, slot)
+    CAUSAL: gl.constexpr,  # causal mask
+    RETURN_LSE: gl.constexpr,  # write lse
+    LSE_BASE2: gl.constexpr,  # lse in base 2 (else natural log)
+    LOG_B: gl.constexpr,  # binary-search steps, >= log2(B) + 1
+    num_warps: gl.constexpr,  # 4: the default partition is consumer warpgroup 0
+):
+    """Arguments as ``_prefill._prefill_kernel``'s where they share a name; ``k_desc`` / ``v_desc``: TMA
+    descriptors of K / V as token rows (``_prefill.tma_descriptors``), blocks (BLOCK_N, head dim); ``qk_scale`` =
+    sm_scale / cap, ``cap_log2`` = cap x log2 e (``_attn_common.soft_cap_args``)."""
+    HEAD_DIM: gl.constexpr = k_desc.block_type.shape[1]
+    dtype: gl.constexpr = k_desc.dtype
+    b, kvh, row0, rows, q_start, kv_len, kv_start, tiles, full = _slot(
+        qo_indptr_ptr, kv_indptr_ptr, seq_lens_ptr, batch, GROUP, NUM_KV_HEADS, PAGED, CAUSAL, LOG_B)
+    q_smem = gl.allocate_shared_memory(dtype, [2, 64, HEAD_DIM], gl.NVMMASharedLayout.get_default_for([64, HEAD_DIM],
+                                                                                                      dtype))
+    ld_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+    _stage_queries(q_ptr, stride_qt, stride_qh, q_smem, q_start, row0, rows, kvh, GROUP, ld_layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    # each barrier array its own allocation: the compiler syncs a partition's warps between two waits on one
+    # allocation (it cannot tell which barrier an index names)
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    tail = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)  # the loader's expect + the TMA bytes
+        mbarrier.init(v_ready.index(i), count=1)  # (or its arrive, for a partial last tile)
+        mbarrier.init(k_empty.index(i), count=2)  # both consumer warpgroups
+        mbarrier.init(v_empty.index(i), count=2)
+    mbarrier.init(tail, count=1)
+    fence_async_shared()
+    bt_row = block_table_ptr + b.to(gl.int64) * stride_bt
+    p = ((b, kvh, row0, rows, q_start, kv_len, kv_start, tiles, full, bt_row), (k_desc, v_desc),
+         (q_smem, k_smem, v_smem), (k_ready, v_ready, k_empty, v_empty, tail))
+    q_ptrs = (q_ptr, stride_qt, stride_qh)
+    o_ptrs = (o_ptr, stride_ot, stride_oh, lse_ptr, stride_lt, stride_lh)
+    # (constants passed on their own: a constant inside the tuple ``p`` reaches the partitions as a tensor)
+    gl.warp_specialize([
+        (_consume, (p, q_ptrs, o_ptrs, qk_scale, cap_log2, 0, CAUSAL, GROUP, RETURN_LSE, LSE_BASE2)),
+        (_consume, (p, q_ptrs, o_ptrs, qk_scale, cap_log2, 1, CAUSAL, GROUP, RETURN_LSE, LSE_BASE2)),
+        (_loader, (p, PAGED, HND, NUM_KV_HEADS, PAGE_SIZE)),
+    ], [4, 1], [232, 40])
+
+
+def descriptors(k_rows: Any, v_rows: Any, head_dim: int) -> tuple[Any, Any]:
+    """Gluon TMA descriptors of K and V as token rows (``_prefill._token_rows``), blocks (BLOCK_N, head_dim)."""
+    block = [BLOCK_N.value, head_dim]
+    layout = gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16)
+    return TensorDescriptor.from_tensor(k_rows, block, layout), TensorDescriptor.from_tensor(v_rows, block, layout)
+
+
+def launch(q: Any, k_desc: Any, v_desc: Any, qo_indptr: Any, kv_indptr: Any, block_table: Any, seq_lens: Any,
+           out: Any, lse: Any, *, kv_heads: int, page_size: int, paged: bool, hnd: bool, causal: bool,
+           qk_scale: float, cap_log2: float, lse_base2: bool) -> None:
+    """One launch over (slots x KV heads), slots of ``BLOCK_M`` rows; descriptors from :func:`descriptors`; ``lse``
+    None writes none."""
+    batch = qo_indptr.shape[0] - 1
+    group = q.shape[1] // kv_heads
+    slots = q.shape[0] * group // BLOCK_M.value + batch
+    lse_t = lse if lse is not None else out
+    bt = block_table if paged else qo_indptr
+    prefill_ws_kernel[(slots * kv_heads,)](
+        q, k_desc, v_desc, qo_indptr, kv_indptr if kv_indptr is not None else qo_indptr, bt,
+        seq_lens if seq_lens is not None else qo_indptr, out, lse_t,
+        q.stride(0), q.stride(1), block_table.stride(0) if paged else 0, out.stride(0), out.stride(1),
+        lse_t.stride(0), lse_t.stride(1), qk_scale, cap_log2, batch,
+        GROUP=group, NUM_KV_HEADS=kv_heads, PAGE_SIZE=page_size, PAGED=paged, HND=hnd, CAUSAL=causal,
+        RETURN_LSE=lse is not None, LSE_BASE2=lse_base2, LOG_B=max(1, batch.bit_length()),
+        num_warps=4, maxnreg=168)
