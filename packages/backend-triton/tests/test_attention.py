@@ -724,7 +724,7 @@ def test_gluon_ws_prefill_kernel_compiles_for_hopper(paged: bool) -> None:
     kernel = compile_for_hopper("kernel_switchboard_triton._prefill_gluon_ws", "prefill_ws_kernel", _PREFILL_WS_SIG,
                                 descriptors, {"GROUP": 4, "NUM_KV_HEADS": 8, "PAGE_SIZE": 128, "PAGED": paged,
                                               "HND": False, "CAUSAL": True, "RETURN_LSE": True, "LSE_BASE2": False,
-                                              "LOG_B": 4, "num_warps": 4}, 4, maxnreg=168)
+                                              "LOG_B": 4, "STAGES": 2, "num_warps": 4}, 4, maxnreg=168)
     ptx = kernel["ptx"]
     assert "m64n128k16" in ptx and "tanh.approx.f32" in ptx
     assert "setmaxnreg.dec.sync.aligned.u32 \t40" in ptx

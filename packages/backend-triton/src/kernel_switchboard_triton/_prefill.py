@@ -564,7 +564,7 @@ def prefill_config(device: torch.device, head_dim: int, head_dim_v: int, rows_bu
     block_n = 32 if big else (128 if hopper and block_m >= 128 else 64)
     warps = 8 if block_m >= 128 or big else 4
     return PrefillConfig(block_m, block_n, warps, 3 if hopper and not big else 2, False, tma=hopper,
-                         diag_n=64 if block_n == 128 else 0, exp2_fma=hopper)
+                         diag_n=64 if block_n == 128 else 0, exp2_fma=hopper, gluon_ws=hopper and block_m == 128)
 
 
 def _token_rows(t: torch.Tensor, layout: str | None) -> torch.Tensor | None:

@@ -36,7 +36,7 @@ from ._mla_gluon_ws import BOX_COLS, _as_boxes, _zero_rows_from
 
 BLOCK_M = gl.constexpr(128)  # packed query rows per program: 64 per consumer warpgroup (one m64 wgmma tile)
 BLOCK_N = gl.constexpr(128)  # keys per tile
-STAGES = gl.constexpr(2)  # ring slots of K and of V (160 KB of shared memory with the queries)
+STAGES = 2  # ring slots of K and of V by default (160 KB of shared memory with the queries)
 BOX = gl.constexpr(BOX_COLS)  # V columns per TMA box (the 128-byte swizzle's width), zeroed box by box
 
 
@@ -155,8 +155,9 @@ def _weights(s, j, row_pos, kv_len, full, qk_scale, cap_log2, CAUSAL: gl.constex
 @gluon.jit
 def _consume(p, q_ptrs, o_ptrs, qk_scale, cap_log2, WG: gl.constexpr, CAUSAL: gl.constexpr, GROUP: gl.constexpr,
              RETURN_LSE: gl.constexpr, LSE_BASE2: gl.constexpr):
-    """Consumer warpgroup ``WG`` (4 warps): packed rows [WG * 64, WG * 64 + 64) of the program's tile. Tile j + 1's
-    scores and tile j's PV MMA are in flight together while tile j + 1's weights are computed."""
+    """Consumer warpgroup ``WG`` (4 warps): packed rows [WG * 64, WG * 64 + 64) of the program's tile, staged in
+    shared memory by its own warps (while the loader's first K/V loads are in flight). Tile j + 1's scores and tile
+    j's PV MMA are in flight together while tile j + 1's weights are computed."""
     work, descs, smem, bars = p  # noqa: RUF059
     b, kvh, row0, rows, q_start, kv_len, kv_start, tiles, full, bt_row = work  # noqa: RUF059
     q_smem, k_smem, v_smem = smem
@@ -171,6 +172,9 @@ def _consume(p, q_ptrs, o_ptrs, qk_scale, cap_log2, WG: gl.constexpr, CAUSAL: gl
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     q = q_smem.index(WG)
+    q_ptr, stride_qt, stride_qh = q_ptrs
+    _stage_rows(q_ptr, stride_qt, stride_qh, q, q_start, row0 + WG * 64, rows, kvh, GROUP)
+    fence_async_shared()  # the rows' stores before the score MMAs read them (the async proxy)
     offs_m = row0 + WG * 64 + gl.arange(0, 64, layout=row_s)
     row_pos = kv_len - rows // GROUP + offs_m // GROUP  # the KV position of each row's query
     s_zero = gl.zeros([64, BLOCK_N], gl.float32, layout=s_layout)
@@ -201,7 +205,7 @@ def _consume(p, q_ptrs, o_ptrs, qk_scale, cap_log2, WG: gl.constexpr, CAUSAL: gl
         mbarrier.arrive(v_empty.index(last), count=1)
         l_i = l_i + psum
 
-    q_ptr, stride_qt, stride_qh, o_ptr, stride_ot, stride_oh, lse_ptr, stride_lt, stride_lh = q_ptrs + o_ptrs  # noqa: RUF059
+    o_ptr, stride_ot, stride_oh, lse_ptr, stride_lt, stride_lh = o_ptrs
     empty_row = l_i == 0.0
     safe = gl.where(empty_row, 1.0, l_i)
     out = acc * gl.convert_layout(1.0 / safe, row_o)[:, None]
@@ -222,16 +226,15 @@ def _consume(p, q_ptrs, o_ptrs, qk_scale, cap_log2, WG: gl.constexpr, CAUSAL: gl
 
 
 @gluon.jit
-def _stage_queries(q_ptr, stride_qt, stride_qh, q_smem, q_start, row0, rows, kvh, GROUP: gl.constexpr,
-                   ld_layout: gl.constexpr):
-    """The program's 128 packed query rows into shared memory, 64 per consumer warpgroup (rows past the request
-    zero), by the default partition's warps before the partitions fork."""
-    HEAD_DIM: gl.constexpr = q_smem.shape[2]
+def _stage_rows(q_ptr, stride_qt, stride_qh, q_smem, q_start, first, rows, kvh, GROUP: gl.constexpr):
+    """Packed query rows [first, first + 64) of the request into ``q_smem`` (64, head dim), rows past the request
+    zero, by one warpgroup."""
+    HEAD_DIM: gl.constexpr = q_smem.shape[1]
+    ld_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, ld_layout))
-    for w in gl.static_range(2):
-        r = row0 + w * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, ld_layout))
-        offs = (q_start + r // GROUP).to(gl.int64) * stride_qt + (kvh * GROUP + r % GROUP) * stride_qh
-        q_smem.index(w).store(gl.load(q_ptr + offs[:, None] + cols[None, :], mask=(r < rows)[:, None], other=0.0))
+    r = first + gl.arange(0, 64, layout=gl.SliceLayout(1, ld_layout))
+    offs = (q_start + r // GROUP).to(gl.int64) * stride_qt + (kvh * GROUP + r % GROUP) * stride_qh
+    q_smem.store(gl.load(q_ptr + offs[:, None] + cols[None, :], mask=(r < rows)[:, None], other=0.0))
 
 
 @gluon.jit
@@ -247,6 +250,7 @@ def prefill_ws_kernel(
     RETURN_LSE: gl.constexpr,  # write lse
     LSE_BASE2: gl.constexpr,  # lse in base 2 (else natural log)
     LOG_B: gl.constexpr,  # binary-search steps, >= log2(B) + 1
+    STAGES: gl.constexpr,  # ring slots of K and of V
     num_warps: gl.constexpr,  # 4: the default partition is consumer warpgroup 0
 ):
     """Arguments as ``_prefill._prefill_kernel``'s where they share a name; ``k_desc`` / ``v_desc``: TMA
@@ -258,8 +262,6 @@ def prefill_ws_kernel(
         qo_indptr_ptr, kv_indptr_ptr, seq_lens_ptr, batch, GROUP, NUM_KV_HEADS, PAGED, CAUSAL, LOG_B)
     q_smem = gl.allocate_shared_memory(dtype, [2, 64, HEAD_DIM], gl.NVMMASharedLayout.get_default_for([64, HEAD_DIM],
                                                                                                       dtype))
-    ld_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
-    _stage_queries(q_ptr, stride_qt, stride_qh, q_smem, q_start, row0, rows, kvh, GROUP, ld_layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
     # each barrier array its own allocation: the compiler syncs a partition's warps between two waits on one
@@ -298,9 +300,9 @@ def descriptors(k_rows: Any, v_rows: Any, head_dim: int) -> tuple[Any, Any]:
 
 def launch(q: Any, k_desc: Any, v_desc: Any, qo_indptr: Any, kv_indptr: Any, block_table: Any, seq_lens: Any,
            out: Any, lse: Any, *, kv_heads: int, page_size: int, paged: bool, hnd: bool, causal: bool,
-           qk_scale: float, cap_log2: float, lse_base2: bool) -> None:
+           qk_scale: float, cap_log2: float, lse_base2: bool, stages: int = STAGES) -> None:
     """One launch over (slots x KV heads), slots of ``BLOCK_M`` rows; descriptors from :func:`descriptors`; ``lse``
-    None writes none."""
+    None writes none; ``stages`` ring slots (3 fill 224 KB of shared memory)."""
     batch = qo_indptr.shape[0] - 1
     group = q.shape[1] // kv_heads
     slots = q.shape[0] * group // BLOCK_M.value + batch
@@ -312,5 +314,5 @@ def launch(q: Any, k_desc: Any, v_desc: Any, qo_indptr: Any, kv_indptr: Any, blo
         q.stride(0), q.stride(1), block_table.stride(0) if paged else 0, out.stride(0), out.stride(1),
         lse_t.stride(0), lse_t.stride(1), qk_scale, cap_log2, batch,
         GROUP=group, NUM_KV_HEADS=kv_heads, PAGE_SIZE=page_size, PAGED=paged, HND=hnd, CAUSAL=causal,
-        RETURN_LSE=lse is not None, LSE_BASE2=lse_base2, LOG_B=max(1, batch.bit_length()),
+        RETURN_LSE=lse is not None, LSE_BASE2=lse_base2, LOG_B=max(1, batch.bit_length()), STAGES=stages,
         num_warps=4, maxnreg=168)
