@@ -709,7 +709,7 @@ _PREFILL_WS_SIG = {"q_ptr": "*bf16", "k_desc": "", "v_desc": "", "qo_indptr_ptr"
                    "block_table_ptr": "*i32", "seq_lens_ptr": "*i32", "o_ptr": "*bf16", "lse_ptr": "*fp32",
                    **{name: "i32" for name in ("stride_qt", "stride_qh", "stride_bt", "stride_ot", "stride_oh",
                                                "stride_lt", "stride_lh")},
-                   "qk_scale": "fp32", "cap_log2": "fp32", "batch": "i32"}
+                   "qk_scale": "fp32", "cap_log2": "fp32", "batch": "i32", "n_items": "i32"}
 
 
 @pytest.mark.parametrize("paged", [False, True])

@@ -5,6 +5,8 @@ a deadlock."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -77,13 +79,17 @@ PREFILL_CASES = [
 ]
 
 
+@pytest.mark.parametrize("programs", [None, 3])
 @pytest.mark.parametrize(("layout", "q_heads", "causal", "q_lens", "kv_lens"), PREFILL_CASES, ids=str)
 def test_gluon_ws_prefill_matches_reference_emulated(layout: str | None, q_heads: int, causal: bool,
                                                      q_lens: tuple[int, ...], kv_lens: tuple[int, ...],
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+                                                     programs: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
     """``_prefill_gluon_ws`` through the Triton backend's launcher (``PrefillConfig.gluon_ws``, the Hopper checks
-    answered yes), soft cap 30, lse, against the reference; pages' unwritten slots hold NaN."""
+    answered yes), soft cap 30, lse, against the reference; pages' unwritten slots hold NaN. ``programs``: one
+    program per work item, or 3 persistent programs taking several items each (the ring and the partial-tile
+    barrier carry on across items)."""
     monkeypatch.setattr(_prefill, "gluon_hopper", lambda device: True)
+    monkeypatch.setattr(_prefill_gluon_ws, "launch", functools.partial(_prefill_gluon_ws.launch, programs=programs))
     real_config = _prefill.prefill_config
     monkeypatch.setattr(_prefill, "prefill_config", lambda *a: real_config(*a)._replace(gluon_ws=True))
     routes: list[object] = []

@@ -41,14 +41,24 @@ BOX = gl.constexpr(BOX_COLS)  # V columns per TMA box (the 128-byte swizzle's wi
 
 
 @gluon.jit
-def _slot(qo_indptr_ptr, kv_indptr_ptr, seq_lens_ptr, batch, GROUP: gl.constexpr, NUM_KV_HEADS: gl.constexpr,
-          PAGED: gl.constexpr, CAUSAL: gl.constexpr, LOG_B: gl.constexpr):
-    """This program's work: (request b, KV head, first packed row, packed rows of the request, first query token,
+def _item(r, n_items):
+    """This program's ``r``-th work item (``n_items`` or more: none): items go to programs in turn, in a snake order
+    (forward, then backward) so that each program's share of the heavy-first items evens out."""
+    programs = gl.num_programs(0)
+    pid = gl.program_id(0)
+    return r * programs + gl.where(r % 2 == 0, pid, programs - 1 - pid)
+
+
+@gluon.jit
+def _slot(item, work, GROUP: gl.constexpr, NUM_KV_HEADS: gl.constexpr, PAGED: gl.constexpr, CAUSAL: gl.constexpr,
+          LOG_B: gl.constexpr):
+    """Work item ``item``: (request b, KV head, first packed row, packed rows of the request, first query token,
     KV length, KV start (ragged), KV tiles to read, first tile that needs a mask). A slot past its request's rows
     reads no tile. Slots as in ``_prefill``: request b owns ``[qo_indptr[b] * GROUP // BLOCK_M + b, ...)``, its
-    heavy (late causal) tiles first."""
-    slot_id = gl.program_id(0) // NUM_KV_HEADS
-    kvh = gl.program_id(0) % NUM_KV_HEADS
+    heavy (late causal) tiles first; item = slot x KV heads + KV head."""
+    qo_indptr_ptr, kv_indptr_ptr, seq_lens_ptr, block_table_ptr, stride_bt, batch, n_items = work  # noqa: RUF059
+    slot_id = item // NUM_KV_HEADS
+    kvh = item % NUM_KV_HEADS
     lo = 0
     hi = batch
     for _ in gl.static_range(LOG_B):  # the last b with start(b) <= slot_id
@@ -95,38 +105,51 @@ def _kv_row(bt_row, kv_start, kvh, token, PAGED: gl.constexpr, HND: gl.constexpr
 
 
 @gluon.jit
-def _loader(p, PAGED: gl.constexpr, HND: gl.constexpr, NUM_KV_HEADS: gl.constexpr, PAGE_SIZE: gl.constexpr):
-    """Worker (1 warp): K and V of every tile into the ring, each once both consumers freed the slot's previous
-    tile. A partial last tile's V lands on a private barrier first; its rows past the keys are zeroed before it is
-    published (a weight of 0 times a NaN there would be NaN)."""
-    work, descs, smem, bars = p
-    b, kvh, row0, rows, q_start, kv_len, kv_start, tiles, full, bt_row = work  # noqa: RUF059
+def _loader(p, GROUP: gl.constexpr, NUM_KV_HEADS: gl.constexpr, PAGED: gl.constexpr, HND: gl.constexpr,
+            CAUSAL: gl.constexpr, LOG_B: gl.constexpr, PAGE_SIZE: gl.constexpr):
+    """Worker (1 warp): K and V of every tile of the program's items into the ring, each once both consumers freed
+    the slot's previous tile (the next item's first tiles load while the consumers finish the last one). A partial
+    last tile's V lands on a private barrier first; its rows past the keys are zeroed before it is published (a
+    weight of 0 times a NaN there would be NaN)."""
+    work, descs, smem, bars, q_ptrs, o_ptrs, scales = p  # noqa: RUF059
+    block_table_ptr, stride_bt, n_items = work[3], work[4], work[6]
     k_desc, v_desc = descs
     q_smem, k_smem, v_smem = smem  # noqa: RUF059
     k_ready, v_ready, k_empty, v_empty, tail = bars
     HEAD_DIM: gl.constexpr = k_desc.block_type.shape[1]
     STAGES: gl.constexpr = k_smem.shape[0]
-    for j in range(tiles):
-        slot = j % STAGES
-        freed = ((j // STAGES) & 1) ^ 1  # the phase that frees tile j - STAGES (a fresh barrier passes phase 1)
-        row, col = _kv_row(bt_row, kv_start, kvh, j * BLOCK_N, PAGED, HND, NUM_KV_HEADS, PAGE_SIZE, HEAD_DIM)
-        mbarrier.wait(k_empty.index(slot), freed)
-        mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-        _tma_load(k_desc, [row, col], k_ready.index(slot), k_smem.index(slot))
-        mbarrier.wait(v_empty.index(slot), freed)
-        valid = kv_len - j * BLOCK_N
-        if valid >= BLOCK_N:
-            mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-            _tma_load(v_desc, [row, col], v_ready.index(slot), v_smem.index(slot))
-        else:  # the last tile, partial: once per program, so the private barrier's phase is 0
-            mbarrier.expect(tail, v_desc.block_type.nbytes)
-            _tma_load(v_desc, [row, col], tail, v_smem.index(slot))
-            mbarrier.wait(tail, 0)
-            boxes = _as_boxes(v_smem.index(slot), BOX)
-            for c in range(HEAD_DIM // BOX):
-                _zero_rows_from(boxes.index(c), valid, 1)
-            fence_async_shared()
-            mbarrier.arrive(v_ready.index(slot), count=1)
+    done = 0  # tiles loaded by this program: the ring's position
+    tails = 0  # partial tiles loaded: the private barrier's phase
+    for r in range(gl.cdiv(n_items, gl.num_programs(0))):
+        item = _item(r, n_items)
+        if item < n_items:
+            b, kvh, row0, rows, q_start, kv_len, kv_start, tiles, full = _slot(  # noqa: RUF059
+                item, work, GROUP, NUM_KV_HEADS, PAGED, CAUSAL, LOG_B)
+            bt_row = block_table_ptr + b.to(gl.int64) * stride_bt
+            for j in range(tiles):
+                n = done + j
+                slot = n % STAGES
+                freed = ((n // STAGES) & 1) ^ 1  # the phase that frees tile n - STAGES (a fresh barrier passes 1)
+                row, col = _kv_row(bt_row, kv_start, kvh, j * BLOCK_N, PAGED, HND, NUM_KV_HEADS, PAGE_SIZE, HEAD_DIM)
+                mbarrier.wait(k_empty.index(slot), freed)
+                mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+                _tma_load(k_desc, [row, col], k_ready.index(slot), k_smem.index(slot))
+                mbarrier.wait(v_empty.index(slot), freed)
+                valid = kv_len - j * BLOCK_N
+                if valid >= BLOCK_N:
+                    mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+                    _tma_load(v_desc, [row, col], v_ready.index(slot), v_smem.index(slot))
+                else:  # the item's last tile, partial
+                    mbarrier.expect(tail, v_desc.block_type.nbytes)
+                    _tma_load(v_desc, [row, col], tail, v_smem.index(slot))
+                    mbarrier.wait(tail, tails & 1)
+                    tails += 1
+                    boxes = _as_boxes(v_smem.index(slot), BOX)
+                    for c in range(HEAD_DIM // BOX):
+                        _zero_rows_from(boxes.index(c), valid, 1)
+                    fence_async_shared()
+                    mbarrier.arrive(v_ready.index(slot), count=1)
+            done += tiles
 
 
 @gluon.jit
@@ -153,15 +176,31 @@ def _weights(s, j, row_pos, kv_len, full, qk_scale, cap_log2, CAUSAL: gl.constex
 
 
 @gluon.jit
-def _consume(p, q_ptrs, o_ptrs, qk_scale, cap_log2, WG: gl.constexpr, CAUSAL: gl.constexpr, GROUP: gl.constexpr,
-             RETURN_LSE: gl.constexpr, LSE_BASE2: gl.constexpr):
-    """Consumer warpgroup ``WG`` (4 warps): packed rows [WG * 64, WG * 64 + 64) of the program's tile, staged in
-    shared memory by its own warps (while the loader's first K/V loads are in flight). Tile j + 1's scores and tile
-    j's PV MMA are in flight together while tile j + 1's weights are computed."""
-    work, descs, smem, bars = p  # noqa: RUF059
-    b, kvh, row0, rows, q_start, kv_len, kv_start, tiles, full, bt_row = work  # noqa: RUF059
+def _consume(p, WG: gl.constexpr, GROUP: gl.constexpr, NUM_KV_HEADS: gl.constexpr, PAGED: gl.constexpr,
+             CAUSAL: gl.constexpr, LOG_B: gl.constexpr, RETURN_LSE: gl.constexpr, LSE_BASE2: gl.constexpr):
+    """Consumer warpgroup ``WG`` (4 warps): packed rows [WG * 64, WG * 64 + 64) of each of the program's items."""
+    work, descs, smem, bars, q_ptrs, o_ptrs, scales = p  # noqa: RUF059
+    n_items = work[6]
+    done = 0  # tiles consumed by this program: the ring's position
+    for r in range(gl.cdiv(n_items, gl.num_programs(0))):
+        item = _item(r, n_items)
+        if item < n_items:
+            b, kvh, row0, rows, q_start, kv_len, kv_start, tiles, full = _slot(  # noqa: RUF059
+                item, work, GROUP, NUM_KV_HEADS, PAGED, CAUSAL, LOG_B)
+            _attend(p, kvh, row0, rows, q_start, kv_len, tiles, full, done, WG, GROUP, CAUSAL, RETURN_LSE, LSE_BASE2)
+            done += tiles
+
+
+@gluon.jit
+def _attend(p, kvh, row0, rows, q_start, kv_len, tiles, full, done, WG: gl.constexpr, GROUP: gl.constexpr,
+            CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, LSE_BASE2: gl.constexpr):
+    """One item's rows of consumer warpgroup ``WG``: staged in shared memory by its own warps (while the loader's
+    first K/V loads are in flight), its ``tiles`` tiles from ring position ``done`` on, then its output. Tile j + 1's
+    scores and tile j's PV MMA are in flight together while tile j + 1's weights are computed."""
+    work, descs, smem, bars, q_ptrs, o_ptrs, scales = p  # noqa: RUF059
     q_smem, k_smem, v_smem = smem
     k_ready, v_ready, k_empty, v_empty, tail = bars  # noqa: RUF059
+    qk_scale, cap_log2 = scales
     STAGES: gl.constexpr = k_smem.shape[0]
     HEAD_DIM: gl.constexpr = k_smem.shape[2]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -181,16 +220,18 @@ def _consume(p, q_ptrs, o_ptrs, qk_scale, cap_log2, WG: gl.constexpr, CAUSAL: gl
     acc = gl.zeros([64, HEAD_DIM], gl.float32, layout=o_layout)
     l_i = gl.zeros([64], gl.float32, layout=row_s)
     if tiles > 0:
-        mbarrier.wait(k_ready.index(0), 0)
-        s = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False)
-        mbarrier.arrive(k_empty.index(0), count=1)
+        first = done % STAGES
+        mbarrier.wait(k_ready.index(first), (done // STAGES) & 1)
+        s = warpgroup_mma(q, k_smem.index(first).permute((1, 0)), s_zero, use_acc=False)
+        mbarrier.arrive(k_empty.index(first), count=1)
         pr, psum = _weights(s, 0, row_pos, kv_len, full, qk_scale, cap_log2, CAUSAL, p_layout)
         for j in range(1, tiles):
-            slot = j % STAGES
-            prev = (j - 1) % STAGES
-            mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
+            n = done + j
+            slot = n % STAGES
+            prev = (n - 1) % STAGES
+            mbarrier.wait(k_ready.index(slot), (n // STAGES) & 1)
             s_mma = warpgroup_mma(q, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+            mbarrier.wait(v_ready.index(prev), ((n - 1) // STAGES) & 1)
             pv = warpgroup_mma(pr, v_smem.index(prev), acc, is_async=True)
             l_i = l_i + psum
             s = warpgroup_mma_wait(num_outstanding=1, deps=(s_mma,))  # the scores (issued first) are done
@@ -199,10 +240,10 @@ def _consume(p, q_ptrs, o_ptrs, qk_scale, cap_log2, WG: gl.constexpr, CAUSAL: gl
             acc, pr = warpgroup_mma_wait(num_outstanding=0, deps=(pv, pr))
             mbarrier.arrive(v_empty.index(prev), count=1)
             pr = pr_next
-        last = (tiles - 1) % STAGES
-        mbarrier.wait(v_ready.index(last), ((tiles - 1) // STAGES) & 1)
-        acc = warpgroup_mma(pr, v_smem.index(last), acc)
-        mbarrier.arrive(v_empty.index(last), count=1)
+        n = done + tiles - 1
+        mbarrier.wait(v_ready.index(n % STAGES), (n // STAGES) & 1)
+        acc = warpgroup_mma(pr, v_smem.index(n % STAGES), acc)
+        mbarrier.arrive(v_empty.index(n % STAGES), count=1)
         l_i = l_i + psum
 
     o_ptr, stride_ot, stride_oh, lse_ptr, stride_lt, stride_lh = o_ptrs
@@ -240,9 +281,9 @@ def _stage_rows(q_ptr, stride_qt, stride_qh, q_smem, q_start, first, rows, kvh, 
 @gluon.jit
 def prefill_ws_kernel(
     q_ptr, k_desc, v_desc, qo_indptr_ptr, kv_indptr_ptr, block_table_ptr, seq_lens_ptr, o_ptr, lse_ptr,
-    stride_qt, stride_qh, stride_bt, stride_ot, stride_oh, stride_lt, stride_lh, qk_scale, cap_log2, batch,
+    stride_qt, stride_qh, stride_bt, stride_ot, stride_oh, stride_lt, stride_lh, qk_scale, cap_log2, batch, n_items,
     GROUP: gl.constexpr,  # query heads per KV head
-    NUM_KV_HEADS: gl.constexpr,  # KV heads (grid: slots x KV heads, the head varying fastest)
+    NUM_KV_HEADS: gl.constexpr,  # KV heads (items: slots x KV heads, the head varying fastest)
     PAGE_SIZE: gl.constexpr,  # tokens per page (PAGED), a multiple of BLOCK_N
     PAGED: gl.constexpr,  # paged (else ragged) K/V
     HND: gl.constexpr,  # paged HND pages: TMA rows are (page, KV head, slot)
@@ -255,11 +296,10 @@ def prefill_ws_kernel(
 ):
     """Arguments as ``_prefill._prefill_kernel``'s where they share a name; ``k_desc`` / ``v_desc``: TMA
     descriptors of K / V as token rows (``_prefill.tma_descriptors``), blocks (BLOCK_N, head dim); ``qk_scale`` =
-    sm_scale / cap, ``cap_log2`` = cap x log2 e (``_attn_common.soft_cap_args``)."""
+    sm_scale / cap, ``cap_log2`` = cap x log2 e (``_attn_common.soft_cap_args``); ``n_items`` work items (slots x
+    KV heads), taken by the programs in turn (``_item``)."""
     HEAD_DIM: gl.constexpr = k_desc.block_type.shape[1]
     dtype: gl.constexpr = k_desc.dtype
-    b, kvh, row0, rows, q_start, kv_len, kv_start, tiles, full = _slot(
-        qo_indptr_ptr, kv_indptr_ptr, seq_lens_ptr, batch, GROUP, NUM_KV_HEADS, PAGED, CAUSAL, LOG_B)
     q_smem = gl.allocate_shared_memory(dtype, [2, 64, HEAD_DIM], gl.NVMMASharedLayout.get_default_for([64, HEAD_DIM],
                                                                                                       dtype))
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
@@ -278,16 +318,14 @@ def prefill_ws_kernel(
         mbarrier.init(v_empty.index(i), count=2)
     mbarrier.init(tail, count=1)
     fence_async_shared()
-    bt_row = block_table_ptr + b.to(gl.int64) * stride_bt
-    p = ((b, kvh, row0, rows, q_start, kv_len, kv_start, tiles, full, bt_row), (k_desc, v_desc),
-         (q_smem, k_smem, v_smem), (k_ready, v_ready, k_empty, v_empty, tail))
-    q_ptrs = (q_ptr, stride_qt, stride_qh)
-    o_ptrs = (o_ptr, stride_ot, stride_oh, lse_ptr, stride_lt, stride_lh)
+    p = ((qo_indptr_ptr, kv_indptr_ptr, seq_lens_ptr, block_table_ptr, stride_bt, batch, n_items), (k_desc, v_desc),
+         (q_smem, k_smem, v_smem), (k_ready, v_ready, k_empty, v_empty, tail), (q_ptr, stride_qt, stride_qh),
+         (o_ptr, stride_ot, stride_oh, lse_ptr, stride_lt, stride_lh), (qk_scale, cap_log2))
     # (constants passed on their own: a constant inside the tuple ``p`` reaches the partitions as a tensor)
     gl.warp_specialize([
-        (_consume, (p, q_ptrs, o_ptrs, qk_scale, cap_log2, 0, CAUSAL, GROUP, RETURN_LSE, LSE_BASE2)),
-        (_consume, (p, q_ptrs, o_ptrs, qk_scale, cap_log2, 1, CAUSAL, GROUP, RETURN_LSE, LSE_BASE2)),
-        (_loader, (p, PAGED, HND, NUM_KV_HEADS, PAGE_SIZE)),
+        (_consume, (p, 0, GROUP, NUM_KV_HEADS, PAGED, CAUSAL, LOG_B, RETURN_LSE, LSE_BASE2)),
+        (_consume, (p, 1, GROUP, NUM_KV_HEADS, PAGED, CAUSAL, LOG_B, RETURN_LSE, LSE_BASE2)),
+        (_loader, (p, GROUP, NUM_KV_HEADS, PAGED, HND, CAUSAL, LOG_B, PAGE_SIZE)),
     ], [4, 1], [232, 40])
 
 
@@ -300,19 +338,22 @@ def descriptors(k_rows: Any, v_rows: Any, head_dim: int) -> tuple[Any, Any]:
 
 def launch(q: Any, k_desc: Any, v_desc: Any, qo_indptr: Any, kv_indptr: Any, block_table: Any, seq_lens: Any,
            out: Any, lse: Any, *, kv_heads: int, page_size: int, paged: bool, hnd: bool, causal: bool,
-           qk_scale: float, cap_log2: float, lse_base2: bool, stages: int = STAGES) -> None:
-    """One launch over (slots x KV heads), slots of ``BLOCK_M`` rows; descriptors from :func:`descriptors`; ``lse``
-    None writes none; ``stages`` ring slots (3 fill 224 KB of shared memory)."""
+           qk_scale: float, cap_log2: float, lse_base2: bool, stages: int = STAGES, programs: int | None = None
+           ) -> None:
+    """One launch over the (slots x KV heads) work items, slots of ``BLOCK_M`` rows; descriptors from
+    :func:`descriptors`; ``lse`` None writes none; ``stages`` ring slots (3 fill 224 KB of shared memory);
+    ``programs``: that many persistent programs take the items in turn (default: one program per item)."""
     batch = qo_indptr.shape[0] - 1
     group = q.shape[1] // kv_heads
     slots = q.shape[0] * group // BLOCK_M.value + batch
     lse_t = lse if lse is not None else out
     bt = block_table if paged else qo_indptr
-    prefill_ws_kernel[(slots * kv_heads,)](
+    n_items = slots * kv_heads
+    prefill_ws_kernel[(min(programs or n_items, n_items),)](
         q, k_desc, v_desc, qo_indptr, kv_indptr if kv_indptr is not None else qo_indptr, bt,
         seq_lens if seq_lens is not None else qo_indptr, out, lse_t,
         q.stride(0), q.stride(1), block_table.stride(0) if paged else 0, out.stride(0), out.stride(1),
-        lse_t.stride(0), lse_t.stride(1), qk_scale, cap_log2, batch,
+        lse_t.stride(0), lse_t.stride(1), qk_scale, cap_log2, batch, n_items,
         GROUP=group, NUM_KV_HEADS=kv_heads, PAGE_SIZE=page_size, PAGED=paged, HND=hnd, CAUSAL=causal,
         RETURN_LSE=lse is not None, LSE_BASE2=lse_base2, LOG_B=max(1, batch.bit_length()), STAGES=stages,
         num_warps=4, maxnreg=168)
