@@ -33,7 +33,9 @@ PRESETS: dict[str, Callable[[], list[Point]]] = {
         for op, params, label in (("attention.decode", {"batch": 128, "kv_len": 8192, "page_size": 16}, "B=128 L=8192"),
                                   ("attention.prefill_ragged", {"batch": 1, "q_len": 8192, "kv_len": 8192}, "1x8192"))
         for tag, extra in (("plain", {}), ("soft_cap=30", {"soft_cap": 30.0}), ("variant soft_cap", {"variant": "soft_cap"}),
-                           ("variant alibi", {"variant": "alibi"}))],
+                           ("variant alibi", {"variant": "alibi"}))]
+    + [Point("attention.prefill_ragged", {"batch": 8, "q_len": 2048, "kv_len": 2048, "num_q_heads": 32, "num_kv_heads": 8,
+                                          "head_dim": 128, "dtype": "bfloat16", "soft_cap": 30.0}, "8x2048 soft_cap=30")],
     "llama3-8b": lambda: _decode_points((16, 128), (2048, 8192), (16,)) + _prefill_points(((1, 8192), (8, 2048))),
     "llama3-70b": lambda: _decode_points((16, 128), (2048, 8192), (16,), q=64, kv=8)
     + _prefill_points(((1, 8192),), q=64, kv=8),
