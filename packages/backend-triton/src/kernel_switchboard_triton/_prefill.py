@@ -582,15 +582,23 @@ def _token_rows(t: torch.Tensor, layout: str | None) -> torch.Tensor | None:
     return None
 
 
+def _tma_rows(k: torch.Tensor, v: torch.Tensor, layout: str | None, page_size: int, block_n: int
+              ) -> list[torch.Tensor] | None:
+    """K and V as the token rows TMA addresses (:func:`_token_rows`), or None where TMA cannot describe them or a
+    page would not hold whole ``block_n``-key tiles."""
+    if layout is not None and page_size % block_n:
+        return None
+    rows = [r for r in (_token_rows(k, layout), _token_rows(v, layout)) if r is not None and row_major_for_tma(r)]
+    return rows if len(rows) == 2 else None
+
+
 def tma_descriptors(k: torch.Tensor, v: torch.Tensor, layout: str | None, page_size: int,
                     cfg: PrefillConfig) -> tuple[Any, Any, Any, Any] | None:
     """TMA descriptors of K and V as token rows (:func:`_token_rows`), blocks (BLOCK_N, D), then blocks
     (DIAG_N, D) for the diagonal tiles: None unless ``cfg.tma``, the GPU has TMA, head dims are powers of two
     up to 256 (one box), pages hold whole tiles (BLOCK_N divides the page size) and TMA can describe the rows."""
-    if not cfg.tma or not has_tma(k.device) or (layout is not None and page_size % cfg.block_n):
-        return None
-    rows = [_token_rows(t, layout) for t in (k, v)]
-    if any(r is None or not row_major_for_tma(r) for r in rows):
+    rows = _tma_rows(k, v, layout, page_size, cfg.block_n) if cfg.tma and has_tma(k.device) else None
+    if rows is None:
         return None
     kd, vd = k.shape[-1], v.shape[-1]
     diag = cfg.diag_n or cfg.block_n
@@ -610,12 +618,8 @@ def gluon_ws_descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layo
         return None
     from . import _prefill_gluon_ws  # Gluon: imported once the GPU is known to run it
 
-    if layout is not None and page_size % _prefill_gluon_ws.BLOCK_N.value:
-        return None
-    rows = [_token_rows(t, layout) for t in (k, v)]
-    if any(r is None or not row_major_for_tma(r) for r in rows):
-        return None
-    return _prefill_gluon_ws.descriptors(rows[0], rows[1], q.shape[-1])
+    rows = _tma_rows(k, v, layout, page_size, _prefill_gluon_ws.BLOCK_N.value)
+    return None if rows is None else _prefill_gluon_ws.descriptors(rows[0], rows[1], q.shape[-1])
 
 
 def launch_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qo_indptr: torch.Tensor,
