@@ -50,6 +50,17 @@ start)
         $parallel "$path" $ignore > "'"$S"'/tests/$name.log" 2>&1
       echo "$path (exit $?): $(grep -E " in [0-9.]+s" "'"$S"'/tests/$name.log" | tail -1)" \
         >> "'"$S"'/tests/summary.txt"
+      # where xdist processes ran the card out of memory (an 80 GB card holds the folder, not 8 copies of its largest
+      # tests), the failed tests run again in one process and report on a line of their own
+      oom=$(grep -q OutOfMemoryError "'"$S"'/tests/$name.log" \
+            && grep -E "^(FAILED|ERROR) " "'"$S"'/tests/$name.log" | sed "s/^[A-Z]* //; s/ - .*//")
+      if [ -n "$parallel" ] && [ -n "$oom" ]; then
+        timeout -s INT -k 20 "$limit" python3 -m pytest -q -m gpu --no-header -rfE -p no:cacheprovider $oom \
+          > "'"$S"'/tests/$name.oom-rerun.log" 2>&1
+        rc=$?
+        echo "$path, the $(echo "$oom" | wc -l) failed where $workers processes ran out of memory, alone (exit $rc):" \
+          "$(grep -E " in [0-9.]+s" "'"$S"'/tests/$name.oom-rerun.log" | tail -1)" >> "'"$S"'/tests/summary.txt"
+      fi
     done
     touch "'"$S"'/tests/done-$LANE"' < /dev/null > /dev/null 2>&1 &
   done

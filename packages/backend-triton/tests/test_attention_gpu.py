@@ -111,6 +111,35 @@ def test_prefill_paged_and_ragged(dims: tuple[int, int], kwargs: dict) -> None: 
     _close(got, ksb.attention.prefill_ragged(*rargs, return_lse=True, backend="reference", **kwargs), torch.bfloat16)
 
 
+@pytest.mark.parametrize("layout", [None, "NHD", "HND"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_prefill_soft_cap_takes_the_warp_specialised_gluon_kernel_on_hopper(layout: str | None, causal: bool,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """bf16, head dim 128, cap 30, ragged K/V or pages of 128 slots: on sm_90 the default route is
+    ``_prefill_gluon_ws`` (asserted, so the check cannot pass on the Triton kernel); long prefill, decode rows, an
+    empty request and partial last tiles, against the float32 reference."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the warp-specialised Gluon prefill is an sm_90 kernel")
+    from kernel_switchboard_triton import _prefill
+
+    routes: list[object] = []
+    real_descriptors = _prefill.gluon_ws_descriptors
+    monkeypatch.setattr(_prefill, "gluon_ws_descriptors", lambda *a: routes.append(real_descriptors(*a)) or routes[-1])
+    qo, kv = [2048, 1, 0, 333, 1], [2048, 4100, 500, 900, 129]
+    q = _q(sum(qo), 32, 128)
+    if layout is None:
+        k, v = _q(sum(kv), 8, 128, seed=2), _q(sum(kv), 8, 128, seed=3)
+        args: tuple = (q, k, v, _indptr(qo), _indptr(kv))  # type: ignore[type-arg]
+        op = ksb.attention.prefill_ragged
+    else:
+        cache, table = _cache(kv, 128, 8, 128, layout=layout)
+        args, op = (q, _indptr(qo), cache, table), ksb.attention.prefill
+    kwargs = {"logits_soft_cap": 30.0, "causal": causal, "return_lse": True}
+    got = op(*args, backend="triton", **kwargs)
+    assert routes and routes[0] is not None, "the soft-capped bf16 prefill did not take the Gluon kernel"
+    _close(got, op(*args, backend="reference", **kwargs), torch.bfloat16)
+
+
 def test_prefill_fp8_hnd() -> None:
     qo, kv = [512, 1, 64], [512, 700, 1000]
     cache, table = _cache(kv, 32, 8, 128, layout="HND", fp8=True)
