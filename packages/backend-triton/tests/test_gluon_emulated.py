@@ -79,16 +79,20 @@ PREFILL_CASES = [
 ]
 
 
-@pytest.mark.parametrize("programs", [None, 3])
+@pytest.mark.parametrize(("programs", "search"), [(None, False), (3, False), (None, True)], ids=str)
 @pytest.mark.parametrize(("layout", "q_heads", "causal", "q_lens", "kv_lens"), PREFILL_CASES, ids=str)
 def test_gluon_ws_prefill_matches_reference_emulated(layout: str | None, q_heads: int, causal: bool,
                                                      q_lens: tuple[int, ...], kv_lens: tuple[int, ...],
-                                                     programs: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
+                                                     programs: int | None, search: bool,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """``_prefill_gluon_ws`` through the Triton backend's launcher (``PrefillConfig.gluon_ws``, the Hopper checks
     answered yes), soft cap 30, lse, against the reference; pages' unwritten slots hold NaN. ``programs``: one
     program per work item, or 3 persistent programs taking several items each (the ring and the partial-tile
-    barrier carry on across items)."""
+    barrier carry on across items); ``search``: requests found by binary search (the large-batch path), not by
+    vector loads."""
     monkeypatch.setattr(_prefill, "gluon_hopper", lambda device: True)
+    if search:
+        monkeypatch.setattr(_prefill_gluon_ws, "MAX_VEC_B", 0)
     monkeypatch.setattr(_prefill_gluon_ws, "launch", functools.partial(_prefill_gluon_ws.launch, programs=programs))
     real_config = _prefill.prefill_config
     monkeypatch.setattr(_prefill, "prefill_config", lambda *a: real_config(*a)._replace(gluon_ws=True))

@@ -44,6 +44,7 @@ from ._mla_gluon_ws import BOX_COLS, _as_boxes, _zero_rows_from
 BLOCK_M = gl.constexpr(128)  # packed query rows per program: 64 per consumer warpgroup (one m64 wgmma tile)
 BLOCK_N = gl.constexpr(128)  # keys per tile
 STAGES = 2  # ring slots of K and of V by default (160 KB of shared memory with the queries)
+MAX_VEC_B = 256  # batches below it find their requests by vector loads (``_request``), larger ones by search
 BOX = gl.constexpr(BOX_COLS)  # V columns per TMA box (the 128-byte swizzle's width), zeroed box by box
 
 
@@ -57,35 +58,68 @@ def _item(r, n_items):
 
 
 @gluon.jit
+def _request(slot_id, work, GROUP: gl.constexpr, PAGED: gl.constexpr, VEC_B: gl.constexpr, LOG_B: gl.constexpr,
+             WARPS: gl.constexpr):
+    """The request b of slot ``slot_id`` (the last b with ``qo_indptr[b] * GROUP // BLOCK_M + b <= slot_id``), its
+    query tokens [q_start, q_end) and its KV start (ragged) and length. ``VEC_B`` > 0 (a power of two above the
+    batch, 32 or more): every request's bounds in one vector load per array and reductions over them, so the item's
+    first K/V load waits for one memory round trip, not one per step of a binary search; 0: the binary search
+    (``LOG_B`` steps, large batches). ``WARPS``: the calling partition's warps."""
+    qo_indptr_ptr, kv_indptr_ptr, seq_lens_ptr, block_table_ptr, stride_bt, batch, n_items = work  # noqa: RUF059
+    if VEC_B > 0:
+        layout: gl.constexpr = gl.BlockedLayout([VEC_B // 32], [32], [WARPS], [0])  # each warp a whole copy
+        idx = gl.arange(0, VEC_B, layout=layout)
+        qo = gl.load(qo_indptr_ptr + idx, mask=idx <= batch, other=0)
+        if PAGED:
+            kv = gl.load(seq_lens_ptr + idx, mask=idx < batch, other=0)
+        else:
+            kv = gl.load(kv_indptr_ptr + idx, mask=idx <= batch, other=0)
+        seen = (idx < batch) & (qo * GROUP // BLOCK_M + idx <= slot_id)
+        b = gl.maximum(gl.sum(seen.to(gl.int32), 0) - 1, 0)
+        q_start = gl.sum(gl.where(idx == b, qo, 0), 0)
+        q_end = gl.sum(gl.where(idx == b + 1, qo, 0), 0)
+        kv_at_b = gl.sum(gl.where(idx == b, kv, 0), 0)
+        if PAGED:
+            kv_start = 0
+            kv_len = kv_at_b
+        else:
+            kv_start = kv_at_b
+            kv_len = gl.sum(gl.where(idx == b + 1, kv, 0), 0) - kv_at_b
+    else:
+        lo = 0
+        hi = batch
+        for _ in gl.static_range(LOG_B):
+            mid = (lo + hi) // 2
+            go = gl.load(qo_indptr_ptr + mid) * GROUP // BLOCK_M + mid <= slot_id
+            lo = gl.where(go, mid, lo)
+            hi = gl.where(go, hi, mid)
+        b = lo
+        q_start = gl.load(qo_indptr_ptr + b)
+        q_end = gl.load(qo_indptr_ptr + b + 1)
+        if PAGED:
+            kv_start = 0
+            kv_len = gl.load(seq_lens_ptr + b)
+        else:
+            kv_start = gl.load(kv_indptr_ptr + b)
+            kv_len = gl.load(kv_indptr_ptr + b + 1) - kv_start
+    return b, q_start, q_end, kv_start, kv_len
+
+
+@gluon.jit
 def _slot(item, work, GROUP: gl.constexpr, NUM_KV_HEADS: gl.constexpr, PAGED: gl.constexpr, CAUSAL: gl.constexpr,
-          LOG_B: gl.constexpr):
+          VEC_B: gl.constexpr, LOG_B: gl.constexpr, WARPS: gl.constexpr):
     """Work item ``item``: (request b, KV head, first packed row, packed rows of the request, first query token,
     KV length, KV start (ragged), KV tiles to read, first tile that needs a mask). A slot past its request's rows
     reads no tile. Slots as in ``_prefill``: request b owns ``[qo_indptr[b] * GROUP // BLOCK_M + b, ...)``, its
-    heavy (late causal) tiles first; item = slot x KV heads + KV head."""
-    qo_indptr_ptr, kv_indptr_ptr, seq_lens_ptr, block_table_ptr, stride_bt, batch, n_items = work  # noqa: RUF059
+    heavy (late causal) tiles first; item = slot x KV heads + KV head. ``VEC_B``, ``LOG_B``, ``WARPS``: as
+    :func:`_request`'s."""
     slot_id = item // NUM_KV_HEADS
     kvh = item % NUM_KV_HEADS
-    lo = 0
-    hi = batch
-    for _ in gl.static_range(LOG_B):  # the last b with start(b) <= slot_id
-        mid = (lo + hi) // 2
-        go = gl.load(qo_indptr_ptr + mid) * GROUP // BLOCK_M + mid <= slot_id
-        lo = gl.where(go, mid, lo)
-        hi = gl.where(go, hi, mid)
-    b = lo
-    q_start = gl.load(qo_indptr_ptr + b)
-    q_end = gl.load(qo_indptr_ptr + b + 1)
+    b, q_start, q_end, kv_start, kv_len = _request(slot_id, work, GROUP, PAGED, VEC_B, LOG_B, WARPS)
     first_slot = q_start * GROUP // BLOCK_M + b
     n_slots = q_end * GROUP // BLOCK_M + b + 1 - first_slot
     row0 = (n_slots - 1 - (slot_id - first_slot)) * BLOCK_M
     rows = (q_end - q_start) * GROUP
-    if PAGED:
-        kv_start = 0
-        kv_len = gl.load(seq_lens_ptr + b)
-    else:
-        kv_start = gl.load(kv_indptr_ptr + b)
-        kv_len = gl.load(kv_indptr_ptr + b + 1) - kv_start
     end = kv_len
     full = kv_len // BLOCK_N  # tiles wholly inside the request's keys
     if CAUSAL:
@@ -113,7 +147,7 @@ def _kv_row(bt_row, kv_start, kvh, token, PAGED: gl.constexpr, HND: gl.constexpr
 
 @gluon.jit
 def _loader(p, GROUP: gl.constexpr, NUM_KV_HEADS: gl.constexpr, PAGED: gl.constexpr, HND: gl.constexpr,
-            CAUSAL: gl.constexpr, LOG_B: gl.constexpr, PAGE_SIZE: gl.constexpr):
+            CAUSAL: gl.constexpr, VEC_B: gl.constexpr, LOG_B: gl.constexpr, PAGE_SIZE: gl.constexpr):
     """Worker (1 warp): K and V of every tile of the program's items into the ring, each once both consumers freed
     the slot's previous tile (the next item's first tiles load while the consumers finish the last one). A partial
     last tile's V lands on a private barrier first; its rows past the keys are zeroed before it is published (a
@@ -131,7 +165,7 @@ def _loader(p, GROUP: gl.constexpr, NUM_KV_HEADS: gl.constexpr, PAGED: gl.conste
         item = _item(r, n_items)
         if item < n_items:
             b, kvh, row0, rows, q_start, kv_len, kv_start, tiles, full = _slot(  # noqa: RUF059
-                item, work, GROUP, NUM_KV_HEADS, PAGED, CAUSAL, LOG_B)
+                item, work, GROUP, NUM_KV_HEADS, PAGED, CAUSAL, VEC_B, LOG_B, 1)
             bt_row = block_table_ptr + b.to(gl.int64) * stride_bt
             for j in range(tiles):
                 n = done + j
@@ -184,7 +218,8 @@ def _weights(s, j, row_pos, kv_len, full, qk_scale, cap_log2, CAUSAL: gl.constex
 
 @gluon.jit
 def _consume(p, WG: gl.constexpr, GROUP: gl.constexpr, NUM_KV_HEADS: gl.constexpr, PAGED: gl.constexpr,
-             CAUSAL: gl.constexpr, LOG_B: gl.constexpr, RETURN_LSE: gl.constexpr, LSE_BASE2: gl.constexpr):
+             CAUSAL: gl.constexpr, VEC_B: gl.constexpr, LOG_B: gl.constexpr, RETURN_LSE: gl.constexpr,
+             LSE_BASE2: gl.constexpr):
     """Consumer warpgroup ``WG`` (4 warps): packed rows [WG * 64, WG * 64 + 64) of each of the program's items."""
     work, descs, smem, bars, q_ptrs, o_ptrs, scales = p  # noqa: RUF059
     n_items = work[6]
@@ -193,7 +228,7 @@ def _consume(p, WG: gl.constexpr, GROUP: gl.constexpr, NUM_KV_HEADS: gl.constexp
         item = _item(r, n_items)
         if item < n_items:
             b, kvh, row0, rows, q_start, kv_len, kv_start, tiles, full = _slot(  # noqa: RUF059
-                item, work, GROUP, NUM_KV_HEADS, PAGED, CAUSAL, LOG_B)
+                item, work, GROUP, NUM_KV_HEADS, PAGED, CAUSAL, VEC_B, LOG_B, 4)
             _attend(p, kvh, row0, rows, q_start, kv_len, tiles, full, done, WG, GROUP, CAUSAL, RETURN_LSE, LSE_BASE2)
             done += tiles
 
@@ -297,7 +332,8 @@ def prefill_ws_kernel(
     CAUSAL: gl.constexpr,  # causal mask
     RETURN_LSE: gl.constexpr,  # write lse
     LSE_BASE2: gl.constexpr,  # lse in base 2 (else natural log)
-    LOG_B: gl.constexpr,  # binary-search steps, >= log2(B) + 1
+    VEC_B: gl.constexpr,  # a power of two above the batch: requests found by one vector load (0: binary search)
+    LOG_B: gl.constexpr,  # binary-search steps, >= log2(B) + 1 (VEC_B 0)
     STAGES: gl.constexpr,  # ring slots of K and of V
     num_warps: gl.constexpr,  # 4: the default partition is consumer warpgroup 0
 ):
@@ -330,9 +366,9 @@ def prefill_ws_kernel(
          (o_ptr, stride_ot, stride_oh, lse_ptr, stride_lt, stride_lh), (qk_scale, cap_log2))
     # (constants passed on their own: a constant inside the tuple ``p`` reaches the partitions as a tensor)
     gl.warp_specialize([
-        (_consume, (p, 0, GROUP, NUM_KV_HEADS, PAGED, CAUSAL, LOG_B, RETURN_LSE, LSE_BASE2)),
-        (_consume, (p, 1, GROUP, NUM_KV_HEADS, PAGED, CAUSAL, LOG_B, RETURN_LSE, LSE_BASE2)),
-        (_loader, (p, GROUP, NUM_KV_HEADS, PAGED, HND, CAUSAL, LOG_B, PAGE_SIZE)),
+        (_consume, (p, 0, GROUP, NUM_KV_HEADS, PAGED, CAUSAL, VEC_B, LOG_B, RETURN_LSE, LSE_BASE2)),
+        (_consume, (p, 1, GROUP, NUM_KV_HEADS, PAGED, CAUSAL, VEC_B, LOG_B, RETURN_LSE, LSE_BASE2)),
+        (_loader, (p, GROUP, NUM_KV_HEADS, PAGED, HND, CAUSAL, VEC_B, LOG_B, PAGE_SIZE)),
     ], [4, 1], [232, 40])
 
 
@@ -351,6 +387,7 @@ def launch(q: Any, k_desc: Any, v_desc: Any, qo_indptr: Any, kv_indptr: Any, blo
     :func:`descriptors`; ``lse`` None writes none; ``stages`` ring slots (3 fill 224 KB of shared memory);
     ``programs``: that many persistent programs take the items in turn (default: one program per item)."""
     batch = qo_indptr.shape[0] - 1
+    vec_b = max(32, 1 << batch.bit_length())  # > batch: indptr[0..batch] fits; a warp's width at least
     group = q.shape[1] // kv_heads
     slots = q.shape[0] * group // BLOCK_M.value + batch
     lse_t = lse if lse is not None else out
@@ -362,5 +399,6 @@ def launch(q: Any, k_desc: Any, v_desc: Any, qo_indptr: Any, kv_indptr: Any, blo
         q.stride(0), q.stride(1), block_table.stride(0) if paged else 0, out.stride(0), out.stride(1),
         lse_t.stride(0), lse_t.stride(1), qk_scale, cap_log2, batch, n_items,
         GROUP=group, NUM_KV_HEADS=kv_heads, PAGE_SIZE=page_size, PAGED=paged, HND=hnd, CAUSAL=causal,
-        RETURN_LSE=lse is not None, LSE_BASE2=lse_base2, LOG_B=max(1, batch.bit_length()), STAGES=stages,
+        RETURN_LSE=lse is not None, LSE_BASE2=lse_base2, VEC_B=vec_b if vec_b <= MAX_VEC_B else 0,
+        LOG_B=max(1, batch.bit_length()), STAGES=stages,
         num_warps=4, maxnreg=168)
