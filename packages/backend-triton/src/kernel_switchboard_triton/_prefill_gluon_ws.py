@@ -155,20 +155,25 @@ def _publish(handoff, r, item, kvh, row0, rows, q_start, kv_len, tiles, full):
 
 
 @gluon.jit
-def _take(handoff, r):
+def _peek(handoff, r):
     """The consumers' side of :func:`_publish`: (item, KV head, first packed row, packed rows, first query token,
-    KV length, KV tiles, first tile that needs a mask) of the ``r``-th item."""
-    info, info_ready, info_empty = handoff
-    s = r % 2
+    KV length, KV tiles, first tile that needs a mask) of the ``r``-th item, read again as often as needed until
+    :func:`_release` (the loader writes the slot again only after both consumers released it)."""
+    info, info_ready, info_empty = handoff  # noqa: RUF059
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     k = gl.arange(0, INFO, layout=layout)
-    mbarrier.wait(info_ready.index(s), (r // 2) & 1)
-    fields = info.index(s).load(layout)
-    mbarrier.arrive(info_empty.index(s), count=1)
+    mbarrier.wait(info_ready.index(r % 2), (r // 2) & 1)
+    fields = info.index(r % 2).load(layout)
     return (gl.sum(gl.where(k == 0, fields, 0), 0), gl.sum(gl.where(k == 1, fields, 0), 0),
             gl.sum(gl.where(k == 2, fields, 0), 0), gl.sum(gl.where(k == 3, fields, 0), 0),
             gl.sum(gl.where(k == 4, fields, 0), 0), gl.sum(gl.where(k == 5, fields, 0), 0),
             gl.sum(gl.where(k == 6, fields, 0), 0), gl.sum(gl.where(k == 7, fields, 0), 0))
+
+
+@gluon.jit
+def _release(handoff, r):
+    """This consumer warpgroup is done reading the ``r``-th item's fields."""
+    mbarrier.arrive(handoff[2].index(r % 2), count=1)
 
 
 @gluon.jit
@@ -270,25 +275,27 @@ def _consume(p, WG: gl.constexpr, GROUP: gl.constexpr, CAUSAL: gl.constexpr, RET
     work, descs, smem, bars, q_ptrs, o_ptrs, scales, handoff, counter = p  # noqa: RUF059
     n_items = work[6]
     q_smem = smem[0]
-    item, kvh, row0, rows, q_start, kv_len, tiles, full = _take(handoff, 0)
+    item, kvh, row0, rows, q_start, kv_len, tiles, full = _peek(handoff, 0)
+    _release(handoff, 0)
     _stage_rows(q_ptrs, q_smem.index(WG * 2), q_start, row0 + WG * 64, rows, kvh, GROUP)
     done = 0  # tiles consumed by this program: the ring's position
     r = 0
     while item < n_items:
-        item, kvh, row0, rows, q_start, kv_len, tiles_next, full = _attend(
-            p, kvh, row0, rows, q_start, kv_len, tiles, full, done, r, WG, GROUP, CAUSAL, RETURN_LSE, LSE_BASE2)
+        _attend(p, kvh, row0, rows, q_start, kv_len, tiles, full, done, r, WG, GROUP, CAUSAL, RETURN_LSE, LSE_BASE2)
         done += tiles
-        tiles = tiles_next
         r += 1
+        # the next item's fields again (read before, for its rows' copy; not kept through this item's tiles)
+        item, kvh, row0, rows, q_start, kv_len, tiles, full = _peek(handoff, r)
+        _release(handoff, r)
 
 
 @gluon.jit
 def _attend(p, kvh, row0, rows, q_start, kv_len, tiles, full, done, r, WG: gl.constexpr, GROUP: gl.constexpr,
             CAUSAL: gl.constexpr, RETURN_LSE: gl.constexpr, LSE_BASE2: gl.constexpr):
     """The ``r``-th item's rows of consumer warpgroup ``WG``: its ``tiles`` tiles from ring position ``done`` on, then
-    its output; returns the next item's fields (:func:`_take`), taken once this item's first scores are issued, when
-    its rows' copy into the other query buffer starts. Tile j + 1's scores and tile j's PV MMA are in flight together
-    while tile j + 1's weights are computed."""
+    its output. Once its first scores are issued, the next item's rows start their copy into the other query buffer
+    (:func:`_next_rows`). Tile j + 1's scores and tile j's PV MMA are in flight together while tile j + 1's weights
+    are computed."""
     work, descs, smem, bars, q_ptrs, o_ptrs, scales, handoff, counter = p  # noqa: RUF059
     q_smem, k_smem, v_smem = smem
     k_ready, v_ready, k_empty, v_empty, tail = bars  # noqa: RUF059
@@ -314,7 +321,7 @@ def _attend(p, kvh, row0, rows, q_start, kv_len, tiles, full, done, r, WG: gl.co
     if tiles > 0:
         mbarrier.wait(k_ready.index(first), (done // STAGES) & 1)
         s_mma = warpgroup_mma(q, k_smem.index(first).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        nxt = _next_rows(p, r, WG, GROUP)
+        _next_rows(p, r, WG, GROUP)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s_mma,))
         mbarrier.arrive(k_empty.index(first), count=1)
         pr, psum = _weights(s, 0, row_pos, kv_len, full, qk_scale, cap_log2, CAUSAL, p_layout)
@@ -339,7 +346,7 @@ def _attend(p, kvh, row0, rows, q_start, kv_len, tiles, full, done, r, WG: gl.co
         mbarrier.arrive(v_empty.index(n % STAGES), count=1)
         l_i = l_i + psum
     else:
-        nxt = _next_rows(p, r, WG, GROUP)
+        _next_rows(p, r, WG, GROUP)
 
     o_ptr, stride_ot, stride_oh, lse_ptr, stride_lt, stride_lh = o_ptrs
     empty_row = l_i == 0.0
@@ -359,18 +366,16 @@ def _attend(p, kvh, row0, rows, q_start, kv_len, tiles, full, done, r, WG: gl.co
         tok_s = q_start + offs_m // GROUP
         head_s = kvh * GROUP + offs_m % GROUP
         gl.store(lse_ptr + tok_s.to(gl.int64) * stride_lt + head_s * stride_lh, lse, mask=offs_m < rows)
-    return nxt
 
 
 @gluon.jit
 def _next_rows(p, r, WG: gl.constexpr, GROUP: gl.constexpr):
-    """The item after the ``r``-th (:func:`_take`); its rows' copy into the warpgroup's other query buffer started
-    (that buffer's MMAs retired with the item before)."""
+    """Start the copy of the next item's rows (the ``r + 1``-th, :func:`_peek`) into the warpgroup's other query
+    buffer (whose MMAs retired with the item before this one)."""
     work, descs, smem, bars, q_ptrs, o_ptrs, scales, handoff, counter = p  # noqa: RUF059
-    nxt = _take(handoff, r + 1)
-    if nxt[0] < work[6]:
-        _stage_rows(q_ptrs, smem[0].index(WG * 2 + (r + 1) % 2), nxt[4], nxt[2] + WG * 64, nxt[3], nxt[1], GROUP)
-    return nxt
+    item, kvh, row0, rows, q_start, kv_len, tiles, full = _peek(handoff, r + 1)  # noqa: RUF059
+    if item < work[6]:
+        _stage_rows(q_ptrs, smem[0].index(WG * 2 + (r + 1) % 2), q_start, row0 + WG * 64, rows, kvh, GROUP)
 
 
 @gluon.jit
