@@ -141,6 +141,7 @@ def test_gluon_fp8_block_kernel_compiles_for_hopper() -> None:
     ptx = kernel["ptx"]
     assert "setmaxnreg.dec.sync.aligned.u32 \t40" in ptx  # the loader / storer warps give registers back
     assert ptx.count("wgmma.mma_async") == 8  # two consumer warpgroups, four m64n128k32 MMAs per K step each
+    assert kernel["spill_stores"] == 0, kernel | {"ptx": "..."}
     assert kernel["shared"] <= 227 * 1024
     # each K step's three scale loads (two rows of scale_a, scale_b) are issued after its MMAs, before their wait:
     # loaded first, they held back the MMAs' issue by a global load every step

@@ -35,7 +35,8 @@ heads, 64 per CTA (each CTA runs the code above on its rows: the layouts split t
 latent box is loaded once into both CTAs by a TMA multicast that CTA 0 issues. The ring's "free" barriers live in
 CTA 0, where both CTAs' consumers arrive; each CTA's loader posts the bytes of its own ready barriers, the other
 CTA's after its consumers have seen the slot's previous tile (the bytes may land first: the phase stays open until
-then). Host ptxas sm_90 (Triton 3.9): 168 registers, no spills, 225 KB of shared memory per CTA, as with one CTA.
+then). Host ptxas sm_90 (Triton 3.9): 168 registers, 225 KB of shared memory per CTA, as with one CTA, and 184
+bytes of spills (148 for one CTA: Triton 3.9 runs ptxas with ``--regAllocOptLevel=2``; 3.6 and 3.7 spill nothing).
 On the H200 (Triton 3.9) it is correct but slightly slower than the one-CTA kernel at B=128 L=8192 H=128, and its
 first call compiles for about twice as long: the one-CTA kernel is not waiting on L2. Off by default; kept for
 experiments (``MLAConfig(cluster=True)``).
