@@ -52,7 +52,7 @@ def compile_for_hopper(module: str, kernel: str, signature: dict[str, str], desc
     ``module.kernel`` compiled for sm_90 (registers and spills as ptxas reports them). ``descriptors``: name -> (Gluon dtype
     name, block shape[, CGA bases]) of each TMA descriptor argument (default NVMMA shared layout); ``maxnreg`` and
     ``num_ctas`` (the CTAs of a cluster) as at launch."""
-    # a fresh cache: a cached kernel is not passed through ptxas again, and ptxas's report is what is read here
+    # compiled afresh (TRITON_ALWAYS_COMPILE): a cached kernel does not pass through ptxas, whose report is read here
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {
         "TRITON_DUMP_PTXAS_LOG": "1", "TRITON_ALWAYS_COMPILE": "1"}
     options = ({"num_warps": num_warps} | ({"maxnreg": maxnreg} if maxnreg else {})
