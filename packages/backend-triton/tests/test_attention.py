@@ -742,7 +742,7 @@ def test_gluon_ws_mla_kernel_compiles_as_a_2cta_cluster() -> None:
     """``MLAConfig.cluster`` (Triton >= 3.9): the same kernel on 2-CTA clusters of 128 heads, compiled for sm_90.
     Each latent box is loaded once for both CTAs (a multicast copy, issued by CTA 0), the consumers free ring slots
     on CTA 0's barriers (remote arrivals), and each CTA keeps the one-CTA kernel's registers and shared memory (its
-    spills: 184 bytes with Triton 3.9's ptxas flags, ``gluon_compile.spill_limit``)."""
+    spills: 184 bytes, as measured with Triton 3.9's ptxas flags; the one-CTA kernel's 148)."""
     pytest.importorskip("triton.experimental.gluon")
     from gluon_compile import compile_for_hopper
 
