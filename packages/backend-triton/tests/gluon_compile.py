@@ -19,7 +19,7 @@ _SCRIPT = textwrap.dedent("""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    module, kernel, signature, descriptors, constexprs, options = json.loads(sys.argv[1])
+    module, kernel, signature, descriptors, constexprs, options, aligned = json.loads(sys.argv[1])
     for name, (dtype, block, *cga) in descriptors.items():
         layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, dtype), **({"cga_layout": cga[0]} if cga else {}))
         short = {"bfloat16": "bf16", "float16": "fp16", "float8e4nv": "fp8e4nv", "float32": "fp32"}[dtype]
@@ -27,7 +27,8 @@ _SCRIPT = textwrap.dedent("""
     for name in constexprs:
         signature[name] = "constexpr"
     fn = getattr(importlib.import_module(module), kernel)
-    compiled = triton.compile(GluonASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
+    compiled = triton.compile(GluonASTSource(fn, signature, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
                               options=options)
     print(json.dumps({"ptx": compiled.asm["ptx"], "shared": compiled.metadata.shared}))
 """)
@@ -47,17 +48,18 @@ def spill_limit(through_3_7: int, newer: int) -> int:
 
 def compile_for_hopper(module: str, kernel: str, signature: dict[str, str], descriptors: dict[str, Any],
                        constexprs: dict[str, Any], num_warps: int, maxnreg: int | None = None,
-                       num_ctas: int = 1) -> dict[str, Any]:
+                       num_ctas: int = 1, aligned: tuple[str, ...] = ()) -> dict[str, Any]:
     """{"ptx": str, "shared": bytes, "registers": n, "spill_stores": bytes, "spill_loads": bytes} of
     ``module.kernel`` compiled for sm_90 (registers and spills as ptxas reports them). ``descriptors``: name -> (Gluon dtype
     name, block shape[, CGA bases]) of each TMA descriptor argument (default NVMMA shared layout); ``maxnreg`` and
-    ``num_ctas`` (the CTAs of a cluster) as at launch."""
+    ``num_ctas`` (the CTAs of a cluster) as at launch; ``aligned``: arguments specialised as divisible by 16 (as
+    Triton's launcher specialises 16-byte-aligned pointers and integers divisible by 16)."""
     # compiled afresh (TRITON_ALWAYS_COMPILE): a cached kernel does not pass through ptxas, whose report is read here
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {
         "TRITON_DUMP_PTXAS_LOG": "1", "TRITON_ALWAYS_COMPILE": "1"}
     options = ({"num_warps": num_warps} | ({"maxnreg": maxnreg} if maxnreg else {})
                | ({"num_ctas": num_ctas} if num_ctas > 1 else {}))
-    args = json.dumps([module, kernel, signature, descriptors, constexprs, options])
+    args = json.dumps([module, kernel, signature, descriptors, constexprs, options, list(aligned)])
     done = subprocess.run([sys.executable, "-c", _SCRIPT, args], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])

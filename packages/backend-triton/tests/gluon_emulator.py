@@ -10,6 +10,8 @@ ignored. What the emulator models, and checks, is what the kernels' correctness 
   load completes, which happens at a random later sync point or when a partition waits on its barrier. Two loads in
   flight into one buffer, and a load never waited for, are errors. **TMA stores** complete at ``store_wait``: a
   source overwritten before then is an error.
+- **cp.async** (``async_copy``): a copy's destination holds no data from the issue until ``wait_group`` retires
+  its commit group; a copy never committed or waited for is an error.
 - **wgmma**: each asynchronous ``warpgroup_mma`` is a commit group, computed in float32 when issued. A shared-memory
   operand with undefined elements is an error at the issue. When ``warpgroup_mma_wait`` retires a group, it is
   computed again from the operands as they are then: a difference means a buffer was overwritten under an MMA in
@@ -44,6 +46,7 @@ from typing import Any
 import torch
 from triton.experimental.gluon import language as real_gl
 from triton.experimental.gluon.language.nvidia import hopper as real_hopper
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as real_async_copy
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier as real_mbarrier
 from triton.experimental.gluon.language.nvidia.hopper import tma as real_tma
 from triton.runtime.jit import ConstexprFunction, JITFunction
@@ -122,6 +125,16 @@ def _store(pointer: Pointer, value: Any, mask: Any = None, **_: Any) -> None:
     flat, offsets, mask = pointer.checked(mask)
     offsets, mask, value = torch.broadcast_tensors(offsets, mask, torch.as_tensor(value).to(flat.dtype))
     flat[offsets[mask]] = value[mask]
+
+
+def _atomic_add(pointer: Pointer, val: Any, mask: Any = None, sem: Any = None, scope: Any = None, **_: Any) -> Any:
+    """The old values; the partitions' threads take the CTA's lock, and CTAs run one after another."""
+    with _cta().cond:
+        flat, offsets, mask = pointer.checked(mask)
+        old = flat[offsets].clone()
+        add = torch.as_tensor(val, dtype=flat.dtype).expand_as(offsets)
+        flat.index_put_((offsets[mask],), add[mask], accumulate=True)
+    return old.as_subclass(Tensor)
 
 
 # -- shared memory ------------------------------------------------------------------------------------------
@@ -358,6 +371,7 @@ class _CTA:
     def run(self, name: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         """Run partition ``name`` in this thread to its end; a failure is recorded, not raised."""
         _tls.cta, _tls.name, _tls.groups, _tls.stores = self, name, [], []
+        _tls.copies_open, _tls.copy_groups = [], []
         try:
             fn(*args)
             _check_drained()
@@ -376,6 +390,8 @@ def _check_drained() -> None:
         raise EmulationError(f"{_tls.name} ended with {len(_tls.groups)} wgmma groups never waited for")
     if _tls.stores:
         raise EmulationError(f"{_tls.name} ended with {len(_tls.stores)} TMA stores never waited for")
+    if _tls.copies_open or _tls.copy_groups:
+        raise EmulationError(f"{_tls.name} ended with cp.async copies never committed or waited for")
 
 
 def _warp_specialize(functions_and_args: Any, worker_num_warps: Any = None, worker_num_regs: Any = None) -> Any:
@@ -489,11 +505,13 @@ _gl = types.SimpleNamespace(
     static_range=_static_range,
     load=_load,
     store=_store,
+    atomic_add=_atomic_add,
     arange=lambda start, end, layout=None: _t(torch.arange(int(start), int(end), dtype=torch.int32)),
     zeros=lambda shape, dtype, layout=None: _t(torch.zeros([int(s) for s in shape], dtype=_dtype(dtype))),
     full=lambda shape, value, dtype, layout=None: _t(torch.full([int(s) for s in shape], value, dtype=_dtype(dtype))),
     zeros_like=lambda t, **_: torch.zeros_like(t).as_subclass(Tensor),
     convert_layout=lambda x, layout=None, **_: x,
+    multiple_of=lambda x, values: x, max_contiguous=lambda x, values: x,
     where=_where,
     inline_asm_elementwise=_inline_asm_elementwise,
     maximum=_binary(torch.maximum),
@@ -644,6 +662,43 @@ _tma = types.SimpleNamespace(async_load=_tma_load, async_copy_global_to_shared=_
                              async_copy_shared_to_global=_tma_store, store_wait=_store_wait)
 
 
+def _async_copy_load(smem: SharedMemory, pointer: Pointer, mask: Any = None, **_: Any) -> None:
+    """cp.async: the values (zeros where masked out) land at this partition's ``wait_group``."""
+    cta = _cta()
+    values = _load(pointer, mask, other=0)
+    if list(values.shape) != smem.shape:
+        raise EmulationError(f"cp.async of {list(values.shape)} into {smem.storage.name} viewed as {smem.shape}")
+    with cta.cond:
+        storage = smem.storage
+        if storage.loading[smem.offsets].any():
+            raise EmulationError(f"two copies in flight into {storage.name}")
+        storage.loading[smem.offsets] = True
+        storage.defined[smem.offsets] = False
+        storage.data[smem.offsets] = float("nan") if storage.data.is_floating_point() else 0
+    _tls.copies_open.append((smem, torch.as_tensor(values).clone()))
+    cta.jitter()
+
+
+def _commit_group() -> None:
+    _tls.copy_groups.append(_tls.copies_open)
+    _tls.copies_open = []
+
+
+def _wait_group(num_outstanding: int = 0) -> None:
+    """Land this partition's committed cp.async groups but the last ``num_outstanding``."""
+    cta = _cta()
+    cta.jitter()
+    while len(_tls.copy_groups) > int(num_outstanding):
+        for smem, values in _tls.copy_groups.pop(0):
+            with cta.cond:
+                smem._write(values)
+                smem.storage.loading[smem.offsets] = False
+
+
+_async_copy = types.SimpleNamespace(async_load=_async_copy_load, async_copy_global_to_shared=_async_copy_load,
+                                    commit_group=_commit_group, wait_group=_wait_group)
+
+
 class _Group:
     """An asynchronous wgmma: its operands and its result as computed at the issue."""
 
@@ -744,8 +799,9 @@ _hopper = types.SimpleNamespace(warpgroup_mma=_warpgroup_mma, warpgroup_mma_wait
 def _replacements() -> dict[int, Any]:
     """id(real Gluon object) -> its stand-in, for the names a kernel module may hold."""
     pairs: dict[int, Any] = {id(real_gl): _gl, id(real_mbarrier): _mbarrier, id(real_tma): _tma,
-                             id(real_hopper): _hopper}
-    for real, fake in ((real_gl, _gl), (real_mbarrier, _mbarrier), (real_tma, _tma), (real_hopper, _hopper)):
+                             id(real_hopper): _hopper, id(real_async_copy): _async_copy}
+    for real, fake in ((real_gl, _gl), (real_mbarrier, _mbarrier), (real_tma, _tma), (real_hopper, _hopper),
+                       (real_async_copy, _async_copy)):
         for name, value in vars(fake).items():
             original = getattr(real, name, None)
             if original is not None and callable(value) and not isinstance(original, type):

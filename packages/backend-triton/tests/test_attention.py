@@ -709,18 +709,21 @@ def test_gluon_ws_mla_kernel_compiles_for_hopper() -> None:
 
 _PREFILL_WS_SIG = {"q_ptr": "*bf16", "k_desc": "", "v_desc": "", "qo_indptr_ptr": "*i32", "kv_indptr_ptr": "*i32",
                    "block_table_ptr": "*i32", "seq_lens_ptr": "*i32", "o_ptr": "*bf16", "lse_ptr": "*fp32",
+                   "counter": "*i32", "words": "*i32",
                    **{name: "i32" for name in ("stride_qt", "stride_qh", "stride_bt", "stride_ot", "stride_oh",
                                                "stride_lt", "stride_lh")},
                    "qk_scale": "fp32", "cap_log2": "fp32", "batch": "i32", "n_items": "i32"}
 
 
-@pytest.mark.parametrize(("paged", "vec_b"), [(False, 32), (True, 32), (False, 0)], ids=str)
-def test_gluon_ws_prefill_kernel_compiles_for_hopper(paged: bool, vec_b: int) -> None:
+@pytest.mark.parametrize(("paged", "vec_b", "dynamic"), [(False, 32, True), (True, 32, True), (False, 0, True),
+                                                         (False, 32, False)], ids=str)
+def test_gluon_ws_prefill_kernel_compiles_for_hopper(paged: bool, vec_b: int, dynamic: bool) -> None:
     """The warp-specialised soft-capped prefill (``PrefillConfig.gluon_ws``), compiled for sm_90: 64 x 128 score and
-    output tiles per consumer warpgroup (m64n128), P from registers, the loader warp's registers given back, no
-    spills beyond what ptxas was measured to need (8 bytes with Triton 3.6, the GPU image's, 4 with 3.7.1, torch
-    2.13's CUDA pin; 224 with 3.9, whose ptxas runs with ``--regAllocOptLevel=2``), within the 227 KB of shared
-    memory; requests found by vector loads (``vec_b`` 32) or binary search."""
+    output tiles per consumer warpgroup (m64n128), P from registers, the queries by cp.async, the loader warp's
+    registers given back, no spills beyond what ptxas was measured to need (Triton 3.6, the GPU image's: 8 bytes;
+    3.9, whose ptxas runs with ``--regAllocOptLevel=2``: 228), within the 227 KB of shared memory; requests found by
+    vector loads (``vec_b`` 32) or binary search; persistent programs claiming items from a counter (``dynamic``,
+    the default) or one item per program."""
     pytest.importorskip("triton.experimental.gluon")
     from gluon_compile import compile_for_hopper, spill_limit
 
@@ -728,13 +731,16 @@ def test_gluon_ws_prefill_kernel_compiles_for_hopper(paged: bool, vec_b: int) ->
     kernel = compile_for_hopper("kernel_switchboard_triton._prefill_gluon_ws", "prefill_ws_kernel", _PREFILL_WS_SIG,
                                 descriptors, {"GROUP": 4, "NUM_KV_HEADS": 8, "PAGE_SIZE": 128, "PAGED": paged,
                                               "HND": False, "CAUSAL": True, "RETURN_LSE": True, "LSE_BASE2": False,
-                                              "VEC_B": vec_b, "LOG_B": 4, "STAGES": 2, "num_warps": 4}, 4,
-                                maxnreg=168)
+                                              "VEC_B": vec_b, "LOG_B": 4, "DYNAMIC": dynamic, "num_warps": 4}, 4,
+                                maxnreg=168, aligned=("q_ptr", "stride_qt", "stride_qh"))
     ptx = kernel["ptx"]
-    assert "m64n128k16" in ptx and "tanh.approx.f32" in ptx
+    assert "m64n128k16" in ptx and "tanh.approx.f32" in ptx and "cp.async.cg.shared.global" in ptx
+    assert ("atom.global" in ptx) == dynamic
     assert "setmaxnreg.dec.sync.aligned.u32 \t40" in ptx
     assert ".local" not in ptx  # no local arrays
-    assert kernel["registers"] == 168 and kernel["spill_stores"] <= spill_limit(8, 224), kernel | {"ptx": "..."}
+    # the binary search's 28 bytes (Triton 3.6) are the loader warp's (40 registers), outside the consumers' loops
+    limit = spill_limit(28 if vec_b == 0 else 8, 228)
+    assert kernel["registers"] == 168 and kernel["spill_stores"] <= limit, kernel | {"ptx": "..."}
     assert kernel["shared"] <= 227 * 1024
 
 

@@ -610,9 +610,10 @@ def gluon_ws_descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layo
                          cfg: PrefillConfig, p: Any, hooks: dict[str, Any], scaled: bool) -> tuple[Any, Any] | None:
     """Gluon TMA descriptors of K and V for ``_prefill_gluon_ws`` when ``cfg.gluon_ws`` and it serves the call: an sm_90
     GPU, bfloat16 queries and K/V of head dim 128, a soft cap the softmax can subtract (``fixed_max``), no window, no
-    variant hook, no cache or query scale, rows TMA can describe (pages of a multiple of its 128-key tiles); else
-    None."""
+    variant hook, no cache or query scale, rows TMA can describe (pages of a multiple of its 128-key tiles), query
+    rows cp.async copies in 16-byte pieces (aligned, strides of whole 8 elements); else None."""
     if not (cfg.gluon_ws and q.dtype == k.dtype == v.dtype == torch.bfloat16 and q.shape[-1] == v.shape[-1] == 128
+            and q.stride(2) == 1 and q.stride(0) % 8 == q.stride(1) % 8 == 0 and q.data_ptr() % 16 == 0
             and p.window_left < 0 and not scaled and not any(hooks[h] for h in ("HAS_MASK_MOD", "HAS_OUTPUT_MOD"))
             and fixed_max(p.logits_soft_cap, q.dtype, False, hooks) and gluon_hopper(q.device)):
         return None
