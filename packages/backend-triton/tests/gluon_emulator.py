@@ -609,6 +609,18 @@ class Descriptor:
         return out
 
 
+def _claim(dest: SharedMemory, what: str) -> None:
+    """Mark ``dest`` as the destination of an asynchronous copy (``what``, for the error): it holds no data (NaN, or
+    0 for integers, and undefined) until the copy lands; two copies in flight into one element are an error. Called
+    under the CTA's lock."""
+    storage = dest.storage
+    if storage.loading[dest.offsets].any():
+        raise EmulationError(f"two {what} in flight into {storage.name}")
+    storage.loading[dest.offsets] = True
+    storage.defined[dest.offsets] = False
+    storage.data[dest.offsets] = float("nan") if storage.data.is_floating_point() else 0
+
+
 def _tma_load(desc: Descriptor, coord: Any, bar: BarrierArray, result: SharedMemory, pred: Any = True,
               multicast: bool = False, **_: Any) -> None:
     cta = _cta()
@@ -620,12 +632,7 @@ def _tma_load(desc: Descriptor, coord: Any, bar: BarrierArray, result: SharedMem
     if list(box.shape) != result.shape:
         raise EmulationError(f"TMA box {list(box.shape)} into {result.storage.name} viewed as {result.shape}")
     with cta.cond:
-        storage = result.storage
-        if storage.loading[result.offsets].any():
-            raise EmulationError(f"two TMA loads in flight into {storage.name}")
-        storage.loading[result.offsets] = True
-        storage.defined[result.offsets] = False
-        storage.data[result.offsets] = float("nan")
+        _claim(result, "TMA loads")
         cta.copies.append(_Copy(bar.one(), result, box))
         cta.changed()  # a partition waiting on ``bar`` can now land it
     cta.jitter()
@@ -669,12 +676,7 @@ def _async_copy_load(smem: SharedMemory, pointer: Pointer, mask: Any = None, **_
     if list(values.shape) != smem.shape:
         raise EmulationError(f"cp.async of {list(values.shape)} into {smem.storage.name} viewed as {smem.shape}")
     with cta.cond:
-        storage = smem.storage
-        if storage.loading[smem.offsets].any():
-            raise EmulationError(f"two copies in flight into {storage.name}")
-        storage.loading[smem.offsets] = True
-        storage.defined[smem.offsets] = False
-        storage.data[smem.offsets] = float("nan") if storage.data.is_floating_point() else 0
+        _claim(smem, "copies")
     _tls.copies_open.append((smem, torch.as_tensor(values).clone()))
     cta.jitter()
 
