@@ -65,7 +65,8 @@ def _request(slot_id, work, GROUP: gl.constexpr, PAGED: gl.constexpr, VEC_B: gl.
     query tokens [q_start, q_end) and its KV start (ragged) and length. ``VEC_B`` > 0 (a power of two above the
     batch, 32 or more): every request's bounds in one vector load per array and reductions over them, so the item's
     first K/V load waits for one memory round trip, not one per step of a binary search; 0: the binary search
-    (``LOG_B`` steps, large batches). Run by the loader warp."""
+    (``LOG_B`` steps, large batches), the search ``_mla_prefill``'s Triton kernel also runs (a Gluon kernel cannot
+    call a Triton jit helper). Run by the loader warp."""
     qo_indptr_ptr, kv_indptr_ptr, seq_lens_ptr, block_table_ptr, stride_bt, batch, n_items = work  # noqa: RUF059
     if VEC_B > 0:
         layout: gl.constexpr = gl.BlockedLayout([VEC_B // 32], [32], [1], [0])
