@@ -511,7 +511,7 @@ _gl = types.SimpleNamespace(
     full=lambda shape, value, dtype, layout=None: _t(torch.full([int(s) for s in shape], value, dtype=_dtype(dtype))),
     zeros_like=lambda t, **_: torch.zeros_like(t).as_subclass(Tensor),
     convert_layout=lambda x, layout=None, **_: x,
-    multiple_of=lambda x, values: x, max_contiguous=lambda x, values: x,
+    multiple_of=lambda x, values: x,
     where=_where,
     inline_asm_elementwise=_inline_asm_elementwise,
     maximum=_binary(torch.maximum),

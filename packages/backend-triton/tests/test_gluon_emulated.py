@@ -79,48 +79,48 @@ PREFILL_CASES = [
 ]
 
 
+@pytest.fixture
+def ws_routes(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """The Triton backend's prefill as on a Hopper GPU with ``PrefillConfig.gluon_ws``; the list it returns collects
+    each call's Gluon descriptors (None: the call did not take the Gluon kernel)."""
+    monkeypatch.setattr(_prefill, "gluon_hopper", lambda device: True)
+    real_config = _prefill.prefill_config
+    monkeypatch.setattr(_prefill, "prefill_config", lambda *a: real_config(*a)._replace(gluon_ws=True))
+    routes: list[object] = []
+    real_descriptors = _prefill.gluon_ws_descriptors
+    monkeypatch.setattr(_prefill, "gluon_ws_descriptors", lambda *a: routes.append(real_descriptors(*a)) or routes[-1])
+    return routes
+
+
 @pytest.mark.parametrize(("programs", "search"), [(None, False), (3, False), (10**6, False), (None, True)], ids=str)
 @pytest.mark.parametrize(("layout", "q_heads", "causal", "q_lens", "kv_lens"), PREFILL_CASES, ids=str)
 def test_gluon_ws_prefill_matches_reference_emulated(layout: str | None, q_heads: int, causal: bool,
                                                      q_lens: tuple[int, ...], kv_lens: tuple[int, ...],
-                                                     programs: int | None, search: bool,
+                                                     programs: int | None, search: bool, ws_routes: list[object],
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """``_prefill_gluon_ws`` through the Triton backend's launcher (``PrefillConfig.gluon_ws``, the Hopper checks
     answered yes), soft cap 30, lse, against the reference; pages' unwritten slots hold NaN. ``programs``: the
     default (one per SM: 2 on the CPU) or 3 persistent programs claiming several items each (the ring, the
     partial-tile barrier and the item handoff carry on across items), or one program per item; ``search``:
     requests found by binary search (the large-batch path), not by vector loads."""
-    monkeypatch.setattr(_prefill, "gluon_hopper", lambda device: True)
     if search:
         monkeypatch.setattr(_prefill_gluon_ws, "MAX_VEC_B", 0)
     monkeypatch.setattr(_prefill_gluon_ws, "launch", functools.partial(_prefill_gluon_ws.launch, programs=programs))
-    real_config = _prefill.prefill_config
-    monkeypatch.setattr(_prefill, "prefill_config", lambda *a: real_config(*a)._replace(gluon_ws=True))
-    routes: list[object] = []
-    real_descriptors = _prefill.gluon_ws_descriptors
-    monkeypatch.setattr(_prefill, "gluon_ws_descriptors", lambda *a: routes.append(real_descriptors(*a)) or routes[-1])
     spec = AttnSpec(torch.bfloat16, layout or "NHD", 128, q_heads, 2, 128, kv_lens=kv_lens, q_lens=q_lens,
                     causal=causal, soft_cap=30.0, lse=True)
     case = (ragged_case if layout is None else prefill_case)(spec, "cpu", 1)
     with emulating(_prefill_gluon_ws, "prefill_ws_kernel"):
         out, lse = getattr(ksb.attention, case.op.split(".")[1])(*case.args, **case.kwargs, backend="triton")
-    assert routes and routes[0] is not None  # the Gluon kernel ran
+    assert ws_routes and ws_routes[0] is not None  # the Gluon kernel ran
     want = getattr(ksb.attention, case.op.split(".")[1])(*case.args, **case.kwargs, backend="reference")
     atol, rtol = tolerance(torch.bfloat16)
     assert_close(out, want[0], atol=atol, rtol=rtol)
     assert_close(lse, want[1], atol=atol, rtol=rtol)
 
 
-def test_gluon_ws_prefill_leaves_queries_cp_async_cannot_copy_to_the_triton_kernel(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gluon_ws_prefill_leaves_queries_cp_async_cannot_copy_to_the_triton_kernel(ws_routes: list[object]) -> None:
     """Queries whose rows are not whole 16-byte pieces (a view with a head stride of 129 elements) do not take the
     Gluon kernel, whose consumers copy them 16 bytes at a time with cp.async; the Triton kernel serves them."""
-    monkeypatch.setattr(_prefill, "gluon_hopper", lambda device: True)
-    real_config = _prefill.prefill_config
-    monkeypatch.setattr(_prefill, "prefill_config", lambda *a: real_config(*a)._replace(gluon_ws=True))
-    routes: list[object] = []
-    real_descriptors = _prefill.gluon_ws_descriptors
-    monkeypatch.setattr(_prefill, "gluon_ws_descriptors", lambda *a: routes.append(real_descriptors(*a)) or routes[-1])
     spec = AttnSpec(torch.bfloat16, "NHD", 128, 4, 2, 128, kv_lens=(90,), q_lens=(20,), causal=True, soft_cap=30.0,
                     lse=True)
     case = ragged_case(spec, "cpu", 1)
@@ -130,7 +130,7 @@ def test_gluon_ws_prefill_leaves_queries_cp_async_cannot_copy_to_the_triton_kern
     args = (wide[..., :128], *case.args[1:])
     with emulating(_prefill_gluon_ws, "prefill_ws_kernel"):
         out, lse = ksb.attention.prefill_ragged(*args, **case.kwargs, backend="triton")
-    assert routes == [None]
+    assert ws_routes == [None]
     want = ksb.attention.prefill_ragged(*case.args, **case.kwargs, backend="reference")
     atol, rtol = tolerance(torch.bfloat16)
     assert_close(out, want[0], atol=atol, rtol=rtol)

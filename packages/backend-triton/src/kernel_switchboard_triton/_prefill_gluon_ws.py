@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
@@ -475,8 +476,6 @@ def launch(q: Any, k_desc: Any, v_desc: Any, qo_indptr: Any, kv_indptr: Any, blo
     """One launch over the (slots x KV heads) work items, slots of ``BLOCK_M`` rows; descriptors from
     :func:`descriptors`; ``lse`` None writes none; ``programs``: that many persistent programs claim the items
     (default: one per SM; as many as items or more: one program per item)."""
-    import torch
-
     programs = programs or sm_count(q.device)
     batch = qo_indptr.shape[0] - 1
     vec_b = max(32, 1 << batch.bit_length())  # > batch: indptr[0..batch] fits; a warp's width at least
