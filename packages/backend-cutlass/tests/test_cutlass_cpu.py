@@ -182,7 +182,7 @@ def test_tile_choice_by_shape(monkeypatch) -> None:
     with pytest.raises(ValueError, match="KSB_CUTLASS_MM_TILE='huge'"):
         configs.mm_config("bf16", "row", "row", 8192, 8192)
     assert configs.fp8_block_config("bf16", 64).tile == (64, 128, 128)
-    assert configs.fp8_block_config("bf16", 128).cluster == (1, 2, 1)  # one tile row: no cluster along M
+    assert configs.fp8_block_config("bf16", 128).tile == (64, 128, 128)  # two tile rows: twice the programs
     assert configs.fp8_block_config("bf16", 8192).cluster == (2, 1, 1)
     assert configs.fp8_block_config("bf16", 8192, "coop_c1x1").cluster == (1, 1, 1)  # a tile named by the caller
     monkeypatch.setenv("KSB_CUTLASS_FP8_BLOCK_TILE", "coop")

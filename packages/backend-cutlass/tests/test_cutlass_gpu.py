@@ -21,7 +21,7 @@ BF16, F16 = torch.bfloat16, torch.float16
 #: (M, N, K, layout): odd extents take the zero-padding path, aligned ones run in place
 MM_SHAPES = [(1, 4096, 4096, "RC"), (33, 40, 24, "RR"), (127, 33, 24, "RC"), (1000, 1000, 1000, "CR"),
              (2048, 2048, 512, "CC"), (8192, 8192, 8192, "RR")]
-# block: the 2x1 cluster default (333 rows cut a cluster), 128 rows (one tile row, the 1x2 cluster), 64 (small_m)
+# block: the 2x1 cluster default (333 rows cut a cluster), 128 and 64 rows (small_m: two tile rows and one)
 FP8_SHAPES = [(4096, 4096, 4096, "block"), (333, 2112, 7168, "block"), (128, 2048, 1024, "block"), (64, 7168, 2048, "block"),
               (4096, 4096, 4096, "tensor"), (333, 2112, 7168, "tensor"), (7, 136, 256, "tensor")]
 GROUPS = [(0, 512, 3, 0, 1024, 77), (128,) * 8]
@@ -99,7 +99,7 @@ def test_mm_fp8(device: torch.device, m: int, n: int, k: int, mode: str) -> None
 
 
 #: fp8 tiles the benchmark forces that no shape takes by default (the conftest compiles them up front), by scale mode
-FORCED_FP8_TILES = {"block": ("coop_c1x1", "coop_c2x1", "coop_sk2"), "tensor": ("coop_c2x1",)}
+FORCED_FP8_TILES = {"block": ("coop", "coop_c1x1", "coop_c2x1", "coop_sk2"), "tensor": ("coop_c2x1",)}
 _FORCING = {"block": "KSB_CUTLASS_FP8_BLOCK_TILE", "tensor": "KSB_CUTLASS_FP8_TENSOR_TILE"}
 
 
