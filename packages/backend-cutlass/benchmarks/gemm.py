@@ -15,6 +15,8 @@ timed; a failure becomes a row with ``error``, never an exception. Rows:
   block scales (the default tile and each of ``FP8_BLOCK_CANDIDATES``), Triton block scales;
 - speed ratios measured in turn (``_in_turn``): CUTLASS against cuBLAS (bf16), CUTLASS block scales
   against ``torch._scaled_mm`` per-tensor and against Triton block scales, CUTLASS grouped against Triton;
+- fp8 block scales at 128 rows (``SKINNY``): torch._scaled_mm, CUTLASS's default tile and the 128-row ``coop``, each
+  replayed from a CUDA graph (the GPU's time alone), and each call's eager host time (50 calls, then one sync);
 - grouped mm, DeepSeek-V3 experts (256 x 7168 -> 2048, 4096 tokens top-8 routed uniformly at random):
   CUTLASS, Triton, torch._grouped_mm when this torch has it;
 - on a GPU, the time nvcc took to build every kernel above (in parallel), and the first call after a process
@@ -42,6 +44,8 @@ ROWS: list[dict[str, Any]] = []
 #: the H200 sizes; ``bench_gemm(..., sizes=SMOKE)`` runs the same code on tiny shapes (CPU smoke test)
 FULL = {"n": 8192, "experts": 256, "hidden": 7168, "inter": 2048, "tokens": 4096, "top_k": 8}
 SMOKE = {"n": 128, "experts": 4, "hidden": 128, "inter": 64, "tokens": 16, "top_k": 2}
+#: fp8 block-scaled problems of 128 rows (M, N, K): a 128-row tile row leaves half of 132 SMs idle at N = 8192
+SKINNY = ((128, 8192, 8192), (128, 7168, 2048), (128, 2112, 7168))
 #: fp8 block-scaled tiles forced besides the shape's default (``configs.FP8_BLOCK_TILES``)
 FP8_BLOCK_CANDIDATES = ("coop", "coop_c1x1", "coop_c2x1", "coop_sk2")
 
@@ -227,6 +231,9 @@ def bench_gemm(device: torch.device | str = "cuda", sizes: dict[str, int] | None
     # the mainloop without the overlapped promotion (overlap_promotion.hpp), against the same anchor
     _in_turn(w, "cutlass block tile=coop_c2x1", block, anchor, scaled_mm, env={"KSB_CUTLASS_FP8_BLOCK_TILE": "coop_c2x1"})
 
+    for shape in SKINNY if n >= 4096 else ((128, n, n),):
+        _skinny_fp8_block(*shape, device)
+
     w = f"grouped mm {experts}x{hidden}->{inter}, {tokens} tok top-{top_k}"
     gflops = 2.0 * tokens * top_k * hidden * inter
     want_g = ref.grouped_mm(ga, gb, offsets)
@@ -242,6 +249,53 @@ def bench_gemm(device: torch.device | str = "cuda", sizes: dict[str, int] | None
 
     _first_call(a, b_rr)
     return ROWS
+
+
+def _graphed(run: Callable[[], torch.Tensor], env: dict[str, str] | None) -> Callable[[], torch.Tensor]:
+    """``run`` (under ``env``) captured in a CUDA graph: calling the result replays it and returns its output. On a
+    CPU, ``run`` itself."""
+    if not torch.cuda.is_available():
+        return run
+    from kernel_switchboard.bench.timing import captured_graph
+
+    with _env(env):
+        run()  # compiled and loaded outside the capture
+        out: list[torch.Tensor] = []
+        graph = captured_graph(lambda: out.append(run()))
+    return lambda: (graph.replay(), out[0])[1]
+
+
+def _host_us(run: Callable[[], Any], env: dict[str, str] | None, calls: int = 50) -> float:
+    """Eager host time of one call: ``calls`` calls back to back, then one synchronisation."""
+    with _env(env):
+        run()
+        _sync()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            run()
+        _sync()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def _skinny_fp8_block(m: int, n: int, k: int, device: torch.device) -> None:
+    """One ``SKINNY`` problem: torch's block-scaled kernel, CUTLASS's default tile and ``coop``."""
+    import kernel_switchboard as ksb
+    from kernel_switchboard.bench.flashinfer import _block_scaled
+
+    a, w, sa, sw, want = _block_scaled(m, n, k, device)
+    b, sb, sa_col = w.t(), sw.t().contiguous(), sa.t().contiguous().t()  # cuBLAS: sa outer-dimension major
+    calls: dict[str, tuple[Callable[[], torch.Tensor], dict[str, str] | None]] = {
+        "torch._scaled_mm block": (lambda: torch._scaled_mm(a, b, scale_a=sa_col, scale_b=sw.t(),
+                                                             out_dtype=torch.bfloat16), None),
+        "cutlass default tile": (lambda: ksb.gemm.mm_fp8(a, b, sa, sb, backend="cutlass"), None),
+        "cutlass tile=coop": (lambda: ksb.gemm.mm_fp8(a, b, sa, sb, backend="cutlass"),
+                              {"KSB_CUTLASS_FP8_BLOCK_TILE": "coop"})}
+    workload = f"fp8 block {m}x{n}x{k}, CUDA graph replays"
+    for name, (run, env) in calls.items():
+        row = _row(workload, name, "", _graphed(run, env), want, 2.0 * m * n * k)
+        if "error" not in row:
+            row["eager_host_us"] = round(_host_us(run, env), 1)
+            print(f"  {name}: eager host time {row['eager_host_us']} us a call", flush=True)
 
 
 def _first_call(a: torch.Tensor, b: torch.Tensor) -> None:

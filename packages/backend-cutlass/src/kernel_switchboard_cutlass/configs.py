@@ -112,8 +112,7 @@ def mm_config(dtype: str, layout_a: str, layout_b: str, m: int, n: int, sm_count
 #: fp8 block-scaled tiles by role: ``small_m`` (M <= 128) and ``coop_c2x1_ovl`` (larger M) are the defaults;
 #: ``coop``, ``coop_c1x1``, ``coop_c2x1`` and ``coop_sk2`` are candidates the benchmark measures
 #: (``KSB_CUTLASS_FP8_BLOCK_TILE`` forces one). At M = 128 the 64-row tiles make two tile rows, so N = 8192 gives 128
-#: programs for the 132 SMs where 128-row tiles give 64: on the H200 (CUDA graph replays) 128x8192x8192 ran 35.5 us
-#: against ``coop``'s 40.7, 128x7168x2048 17.6 against 18.7, 128x2112x7168 26.9 against 30.6.
+#: programs for the 132 SMs where 128-row tiles give 64: 6-13% faster than ``coop`` on the H200 (docs/benchmarks.md).
 #: ``coop_c2x1_ovl`` is coop_c2x1 with the promotion overlapped (``overlap_promotion.hpp``): on the H200 at 8192^3
 #: (swizzle 8, timed in turn against torch._scaled_mm per-tensor) it is the faster of the two and comes close to
 #: torch's per-tensor kernel. Both pass GPU conformance with clusters cut by the problem's edge (M = 333, 1100).
