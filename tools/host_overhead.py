@@ -3,7 +3,8 @@
 Small decode problems (B=1, L=1024) are bound by the host: the time per ``plan.run`` with no sync in
 the loop is the host's. Prints microseconds per run for each eligible backend and FlashInfer's wrapper,
 then each eager ``ksb.attention.decode`` call (automatic choice and explicit backends) with a cProfile of
-the automatic one, then a cProfile of the Triton plan's runs.
+the automatic one, then a cProfile of the Triton plan's runs, then each GEMM backend's eager call on a small
+problem (16x1024x1024: bf16 mm, fp8 block-scaled mm) beside torch's.
 
     python3 tools/host_overhead.py
 """
@@ -80,7 +81,30 @@ def main() -> int:
         prof.disable()
         torch.cuda.synchronize()
         pstats.Stats(prof).sort_stats("tottime").print_stats(22)
+    gemm_host_times()
     return 0
+
+
+def gemm_host_times() -> None:
+    """Eager host time of ``ksb.gemm.mm`` / ``mm_fp8`` per backend on a problem the GPU finishes in microseconds."""
+    from kernel_switchboard.bench.flashinfer import _block_scaled
+
+    a16 = torch.randn(16, 1024, device="cuda", dtype=torch.bfloat16)
+    b16 = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
+    a8, w8, sa, sw, _ = _block_scaled(16, 1024, 1024, torch.device("cuda"))
+    b8, sb = w8.t(), sw.t().contiguous()
+    sa_col = sa.t().contiguous().t()  # cuBLAS takes the 1x128 scales outer-dimension major
+    calls = {"torch.mm": lambda: torch.mm(a16, b16),
+             "torch._scaled_mm block": lambda: torch._scaled_mm(a8, b8, scale_a=sa_col, scale_b=sw.t(),
+                                                                 out_dtype=torch.bfloat16)}
+    for backend in ("cutlass", "triton"):
+        calls[f"{backend} mm"] = lambda b=backend: ksb.gemm.mm(a16, b16, backend=b)
+        calls[f"{backend} mm_fp8 block"] = lambda b=backend: ksb.gemm.mm_fp8(a8, b8, sa, sb, backend=b)
+    for name, call in calls.items():
+        try:
+            print(f"eager {name:24s} {host_us(call):7.1f} us/call", flush=True)
+        except Exception as exc:  # noqa: BLE001 - a backend not installed here is reported
+            print(f"eager {name}: {type(exc).__name__}: {str(exc)[:120]}")
 
 
 if __name__ == "__main__":
