@@ -10,6 +10,7 @@ Layout words describe the switchboard's operands: ``a`` is (M, K) and ``b`` is (
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -75,8 +76,13 @@ class GemmConfig:
         return f"{self.kind}_{self.dtype}_{self.out_dtype}_{lay}_{t}_c{c}_{sched}{ovl}{split}"
 
 
+#: one validated instance per distinct set of template arguments: a call's configuration is looked up, not rebuilt
+#: and re-validated (the heuristics run on every eager call)
+_config = functools.lru_cache(maxsize=None)(GemmConfig)
+
+
 def _mm(dtype: str, la: str, lb: str, tile: tuple[int, int, int], cluster: tuple[int, int, int], sched: str) -> GemmConfig:
-    return GemmConfig("mm", dtype, dtype, la, lb, tile, cluster, sched)
+    return _config("mm", dtype, dtype, la, lb, tile, cluster, sched)
 
 
 #: bf16/fp16 mm tiles, by name of the role each plays in :func:`mm_config`
@@ -136,7 +142,7 @@ def _fp8_config(kind: str, tiles: dict[str, Any], variable: str, out_dtype: str,
     role = role or os.environ.get(variable) or default
     if role not in tiles:
         raise ValueError(f"{variable}={role!r}: expected one of {sorted(tiles)}")
-    return GemmConfig(kind, "e4m3", out_dtype, "row", "col", *tiles[role])
+    return _config(kind, "e4m3", out_dtype, "row", "col", *tiles[role])
 
 
 def fp8_block_config(out_dtype: str, m: int, role: str | None = None) -> GemmConfig:
@@ -167,4 +173,4 @@ def fp8_tensor_config(out_dtype: str, m: int, role: str | None = None) -> GemmCo
 
 def grouped_config(dtype: str, layout_b: str) -> GemmConfig:
     """Ptr-array grouped GEMM (one problem per expert): a row-major, b (G, K, N) row or col."""
-    return GemmConfig("grouped_mm", dtype, dtype, "row", layout_b, (128, 128, 64), (1, 2, 1), "cooperative")
+    return _config("grouped_mm", dtype, dtype, "row", layout_b, (128, 128, 64), (1, 2, 1), "cooperative")

@@ -58,18 +58,31 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
+@functools.lru_cache(maxsize=256)
+def _workspace_bytes(lib: Any, m: int, n: int, k: int, groups: int, swz: int, sm: int) -> int:
+    """Workspace bytes of a call (a stream-K scheduler's grows with the swizzle); asked of the library once per shape."""
+    return int(lib.ksb_workspace(m, n, k, groups, swz, sm))
+
+
 def _call(cfg: configs.GemmConfig, fn: str, device: torch.device, *args: Any, m: int, n: int, k: int,
-          groups: int = 0) -> None:
-    """Load ``cfg`` and call ``fn(*args, sm_count, device, workspace, stream)``; raise on a nonzero status."""
+          groups: int = 0, swz: int = 1) -> None:
+    """Load ``cfg`` and call ``fn(*args, sm_count, device, workspace, stream)``; raise on a nonzero status.
+
+    An eager call is bound by this host work (the GPU finishes a small GEMM first), so it does no more than the
+    call needs: the workspace size is cached per shape, the stream is read without a Stream object, and the
+    device is switched only when the operands are not on the current one.
+    """
     lib = build.load(cfg)
     index = device.index if device.index is not None else torch.cuda.current_device()
     sm = _sm_count(index)
-    # the workspace of the swizzle the call passes (Launch.args): a stream-K scheduler's grows with it
-    ws_bytes = int(lib.ksb_workspace(m, n, k, groups, swizzle(cfg.kind), sm))
+    ws_bytes = _workspace_bytes(lib, m, n, k, groups, swz, sm)
     ws = torch.empty(ws_bytes, dtype=torch.uint8, device=device) if ws_bytes else None
-    stream = torch.cuda.current_stream(device).cuda_stream
-    with torch.cuda.device(index):
+    stream = torch._C._cuda_getCurrentRawStream(index)
+    if index == torch.cuda.current_device():
         rc = getattr(lib, fn)(*args, sm, index, _ptr(ws), stream)
+    else:
+        with torch.cuda.device(index):
+            rc = getattr(lib, fn)(*args, sm, index, _ptr(ws), stream)
     if rc != 0:
         raise RuntimeError(f"CUTLASS kernel {cfg.name}: {STATUS.get(rc, f'status {rc}')} "
                            f"(m={m}, n={n}, k={k}{f', groups={groups}' if groups else ''})")
@@ -95,18 +108,19 @@ class Launch(NamedTuple):
     extra: tuple[torch.Tensor | None, ...] = ()  # alpha (tensor mode) / sfa, sfb (block mode) / offsets (grouped)
     groups: int = 0
 
-    def args(self) -> tuple[Any, ...]:
-        """The C arguments before (sm_count, device, workspace, stream)."""
+    def args(self, swz: int | None = None) -> tuple[Any, ...]:
+        """The C arguments before (sm_count, device, workspace, stream); ``swz`` the swizzle (else :func:`swizzle`)."""
         a, b, d = _ptr(self.a.tensor), _ptr(self.b.tensor), _ptr(self.d)
         if self.fn == "ksb_grouped":
             return (a, b, d, _ptr(self.extra[0]), self.groups, self.n, self.k, self.a.ld, self.b.ld, self.d.stride(0),
                     self.b.tensor.stride(0))
         return (a, b, d, *(_ptr(t) for t in self.extra), self.m, self.n, self.k, self.a.ld, self.b.ld, self.d.stride(0),
-                swizzle(self.cfg.kind))
+                swizzle(self.cfg.kind) if swz is None else swz)
 
 
 def launch(job: Launch) -> None:
-    _call(job.cfg, job.fn, job.d.device, *job.args(), m=job.m, n=job.n, k=job.k, groups=job.groups)
+    swz = swizzle(job.cfg.kind)
+    _call(job.cfg, job.fn, job.d.device, *job.args(swz), m=job.m, n=job.n, k=job.k, groups=job.groups, swz=swz)
 
 
 def prepare_mm(a: torch.Tensor, b: torch.Tensor) -> Launch:

@@ -29,7 +29,7 @@ class Operand(NamedTuple):
 
 def elems(dtype: torch.dtype) -> int:
     """How many elements make 16 bytes."""
-    return ALIGN_BYTES // torch.empty((), dtype=dtype).element_size()
+    return ALIGN_BYTES // dtype.itemsize
 
 
 def _aligned_ptr(t: torch.Tensor) -> bool:
