@@ -235,3 +235,21 @@ def test_gluon_block_fp8_cost_counts_the_sms_its_tiles_leave_idle(monkeypatch: p
     assert catalog._grid_fill("mm_fp8", problem(128)) == pytest.approx(64 / 132)
     assert catalog._grid_fill("mm_fp8", problem(8192)) == 1.0
     assert kernel.cost(problem(128)) > kernel.cost(problem(256))
+
+
+@pytest.mark.parametrize("mode", ["tensor", "block"])
+def test_small_m_fp8_cost_counts_the_sms_its_tiles_leave_idle(mode: str) -> None:
+    """Below 65 rows every fp8 call takes the pointer kernel, one program per 64x128 output tile: 64 rows x 8192
+    columns make 64 programs for 132 SMs (16 rows as many: one tile row), so its estimate is the roofline's over
+    64/132; 32768 columns fill the SMs."""
+    from kernel_switchboard.ops.gemm import GemmProblem
+    from kernel_switchboard_triton.catalog import gemm as catalog
+
+    def problem(m: int, n: int = 8192, device: str = "cuda") -> GemmProblem:
+        return GemmProblem(device, (9, 0), torch.float8_e4m3fn, torch.bfloat16, m, n, 8192, "RC", 16, mode, None,
+                           frozenset())
+
+    assert catalog._grid_fill("mm_fp8", problem(64)) == pytest.approx(64 / 132)
+    assert catalog._grid_fill("mm_fp8", problem(16)) == pytest.approx(64 / 132)
+    assert catalog._grid_fill("mm_fp8", problem(64, n=32768)) == 1.0
+    assert catalog._grid_fill("mm_fp8", problem(64, device="cpu")) == 1.0

@@ -49,18 +49,29 @@ def _rate(name: str, problem: Any) -> float | None:
 
 #: SMs of the H100 SXM and the H200, where the rates were measured
 SMS = 132
-#: rows from which block-scaled fp8 takes the Gluon kernel (``gemm.TMA_MIN_M`` on a GPU)
+#: rows from which block-scaled fp8 takes the Gluon kernel (``gemm.TMA_MIN_M`` on a GPU); below it every fp8 call takes
+#: the pointer kernel with 64x128 tiles (``gemm.fp8_tiles``)
 GLUON_MIN_M = 65
+SMALL_M_TILE = (64, 128)
+GLUON_TILE = (128, 128)
 
 
 def _grid_fill(name: str, problem: Any) -> float:
-    """The share of the SMs that the Gluon block-fp8 kernel's 128x128 output tiles keep busy (at most 1). Its
-    persistent grid holds one program per tile up to one per SM, and each program runs a tile's whole K: with fewer
-    tiles than SMs the idle SMs neither compute nor stream B. Measured on the H100 at 128x8192x8192 (64 tiles): 68 us,
-    against CUTLASS's 46 us, which the roofline alone ranked below it."""
-    if name != "mm_fp8" or problem.m < GLUON_MIN_M or not _gluon_block_fp8(problem):
+    """The share of the SMs that an fp8 kernel's output tiles keep busy (at most 1). Each program runs a tile's whole
+    K, so with fewer tiles than SMs the idle SMs neither compute nor stream B. Two kernels fall short on decode-sized
+    problems: the pointer kernel below ``GLUON_MIN_M`` rows (one program per 64x128 tile: 64 of them at 64x8192) and
+    the Gluon block-fp8 kernel's persistent grid (one program per 128x128 tile up to one per SM: 64 at 128x8192).
+    Without this share the roofline ranked both above CUTLASS's persistent kernels there, which ran faster
+    (docs/benchmarks.md, "fp8 block GEMM")."""
+    if name != "mm_fp8" or not on_gpu(problem):
         return 1.0
-    tiles = -(-problem.m // 128) * -(-problem.n // 128)
+    if problem.m < GLUON_MIN_M:
+        block_m, block_n = SMALL_M_TILE
+    elif _gluon_block_fp8(problem):
+        block_m, block_n = GLUON_TILE
+    else:
+        return 1.0
+    tiles = -(-problem.m // block_m) * -(-problem.n // block_n)
     return min(1.0, tiles / SMS)
 
 
