@@ -183,6 +183,7 @@ def test_tile_choice_by_shape(monkeypatch) -> None:
         configs.mm_config("bf16", "row", "row", 8192, 8192)
     assert configs.fp8_block_config("bf16", 64).tile == (64, 128, 128)
     assert configs.fp8_block_config("bf16", 128).tile == (64, 128, 128)  # two tile rows: twice the programs
+    assert configs.fp8_block_config("bf16", 256).name == configs.fp8_block_config("bf16", 0, "coop_c1x1").name
     assert configs.fp8_block_config("bf16", 8192).cluster == (2, 1, 1)
     assert configs.fp8_block_config("bf16", 8192, "coop_c1x1").cluster == (1, 1, 1)  # a tile named by the caller
     monkeypatch.setenv("KSB_CUTLASS_FP8_BLOCK_TILE", "coop")
@@ -440,6 +441,68 @@ def test_scheduler_swizzle_per_kind_and_override(monkeypatch) -> None:
     assert (block.args()[-1], tensor.args()[-1], mm.args()[-1]) == (8, 8, 1)
     monkeypatch.setenv("KSB_CUTLASS_SWIZZLE", "2")
     assert (block.args()[-1], tensor.args()[-1], mm.args()[-1]) == (2, 2, 2)
+
+
+class _FakeLibrary:
+    """Stands in for a loaded configuration: records each call of its C entry points."""
+
+    def __init__(self, workspace: int) -> None:
+        self.workspace, self.calls, self.workspace_queries = workspace, [], 0
+
+    def ksb_workspace(self, *args: int) -> int:
+        self.workspace_queries += 1
+        return self.workspace
+
+    def ksb_gemm_block(self, *args: object) -> int:
+        self.calls.append(args)
+        return 0
+
+
+@pytest.mark.parametrize("current", [0, 1])
+def test_launch_passes_sm_count_device_workspace_and_stream_and_asks_the_workspace_once_per_shape(
+        monkeypatch, current: int) -> None:
+    """The host work of an eager call (what bounds a small GEMM outside a CUDA graph): the C entry point gets the job's
+    arguments, then the SM count, the device index, the workspace and the device's current stream; the workspace
+    size is asked of the library once per shape and swizzle; the device is switched only when the operands are not
+    on the current one."""
+    lib = _FakeLibrary(workspace=256)
+    switched = []
+
+    class _Device:
+        def __init__(self, index: int) -> None:
+            self.index = index
+
+        def __enter__(self) -> None:
+            switched.append(self.index)
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+    monkeypatch.setattr(build, "load", lambda cfg: lib)
+    monkeypatch.setattr(gemm, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(gemm.torch.cuda, "current_device", lambda: current)
+    monkeypatch.setattr(gemm.torch.cuda, "device", _Device)
+    monkeypatch.setattr(gemm.torch._C, "_cuda_getCurrentRawStream", lambda index: 7000 + index, raising=False)
+    workspace = torch.empty(256, dtype=torch.uint8)
+    monkeypatch.setattr(gemm, "_workspace", lambda nbytes, device: workspace if nbytes == 256 else None)
+    gemm._workspace_bytes.cache_clear()
+
+    class _Output:  # the output buffer says where the call runs: the second GPU
+        device = torch.device("cuda", 1)
+
+        def data_ptr(self) -> int:
+            return 4096
+
+        def stride(self, dim: int) -> int:
+            return 32
+
+    qa, qb = torch.ones(16, 256, dtype=FP8), torch.ones(32, 256, dtype=FP8).t()
+    job = gemm.prepare_mm_fp8(qa, qb, torch.ones(16, 2), torch.ones(2, 1), "block", BF16)._replace(d=_Output())
+    for _ in range(3):
+        gemm.launch(job)
+    assert len(lib.calls) == 3 and lib.workspace_queries == 1
+    assert lib.calls[0] == (*job.args(), 132, 1, workspace.data_ptr(), 7001)
+    assert switched == ([] if current == 1 else [1, 1, 1])
 
 
 def test_dense_attention_refused_by_torch_raises_a_clear_error() -> None:

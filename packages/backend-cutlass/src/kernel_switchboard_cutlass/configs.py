@@ -115,10 +115,11 @@ def mm_config(dtype: str, layout_a: str, layout_b: str, m: int, n: int, sm_count
     return _mm(dtype, layout_a, layout_b, *MM_TILES[role])
 
 
-#: fp8 block-scaled tiles by role: ``small_m`` (M <= 128) and ``coop_c2x1_ovl`` (larger M) are the defaults;
-#: ``coop``, ``coop_c1x1``, ``coop_c2x1`` and ``coop_sk2`` are candidates the benchmark measures
+#: fp8 block-scaled tiles by role: ``small_m`` (M <= 128), ``coop_c1x1`` (M <= 256) and ``coop_c2x1_ovl`` (larger M)
+#: are the defaults; ``coop``, ``coop_c2x1`` and ``coop_sk2`` are candidates the benchmark measures
 #: (``KSB_CUTLASS_FP8_BLOCK_TILE`` forces one). At M = 128 the 64-row tiles make two tile rows, so N = 8192 gives 128
 #: programs for the 132 SMs where 128-row tiles give 64: 6-13% faster than ``coop`` on the H200 (docs/benchmarks.md).
+#: At M = 256 the 2x1-cluster overlapped tile ran far slower than the 128-row tiles without a cluster (same page).
 #: ``coop_c2x1_ovl`` is coop_c2x1 with the promotion overlapped (``overlap_promotion.hpp``): on the H200 at 8192^3
 #: (swizzle 8, timed in turn against torch._scaled_mm per-tensor) it is the faster of the two and comes close to
 #: torch's per-tensor kernel. Both pass GPU conformance with clusters cut by the problem's edge (M = 333, 1100).
@@ -148,7 +149,7 @@ def _fp8_config(kind: str, tiles: dict[str, Any], variable: str, out_dtype: str,
 def fp8_block_config(out_dtype: str, m: int, role: str | None = None) -> GemmConfig:
     """DeepSeek-style fp8 GEMM with 1x128 (A) and 128x128 (B) float32 scales; ``role`` (else
     ``KSB_CUTLASS_FP8_BLOCK_TILE``, else chosen by ``m``) names one of ``FP8_BLOCK_TILES``."""
-    default = "small_m" if m <= 128 else "coop_c2x1_ovl"
+    default = "small_m" if m <= 128 else "coop_c1x1" if m <= 256 else "coop_c2x1_ovl"
     return _fp8_config("mm_fp8_block", FP8_BLOCK_TILES, "KSB_CUTLASS_FP8_BLOCK_TILE", out_dtype, role, default)
 
 

@@ -64,6 +64,10 @@ def _workspace_bytes(lib: Any, m: int, n: int, k: int, groups: int, swz: int, sm
     return int(lib.ksb_workspace(m, n, k, groups, swz, sm))
 
 
+def _workspace(nbytes: int, device: torch.device) -> torch.Tensor | None:
+    return torch.empty(nbytes, dtype=torch.uint8, device=device) if nbytes else None
+
+
 def _call(cfg: configs.GemmConfig, fn: str, device: torch.device, *args: Any, m: int, n: int, k: int,
           groups: int = 0, swz: int = 1) -> None:
     """Load ``cfg`` and call ``fn(*args, sm_count, device, workspace, stream)``; raise on a nonzero status.
@@ -75,8 +79,7 @@ def _call(cfg: configs.GemmConfig, fn: str, device: torch.device, *args: Any, m:
     lib = build.load(cfg)
     index = device.index if device.index is not None else torch.cuda.current_device()
     sm = _sm_count(index)
-    ws_bytes = _workspace_bytes(lib, m, n, k, groups, swz, sm)
-    ws = torch.empty(ws_bytes, dtype=torch.uint8, device=device) if ws_bytes else None
+    ws = _workspace(_workspace_bytes(lib, m, n, k, groups, swz, sm), device)
     stream = torch._C._cuda_getCurrentRawStream(index)
     if index == torch.cuda.current_device():
         rc = getattr(lib, fn)(*args, sm, index, _ptr(ws), stream)
