@@ -15,8 +15,9 @@ timed; a failure becomes a row with ``error``, never an exception. Rows:
   block scales (the default tile and each of ``FP8_BLOCK_CANDIDATES``), Triton block scales;
 - speed ratios measured in turn (``_in_turn``): CUTLASS against cuBLAS (bf16), CUTLASS block scales
   against ``torch._scaled_mm`` per-tensor and against Triton block scales, CUTLASS grouped against Triton;
-- fp8 block scales at 128 rows (``SKINNY``): torch._scaled_mm, CUTLASS's default tile and the 128-row ``coop``, each
-  replayed from a CUDA graph (the GPU's time alone), and each call's eager host time (50 calls, then one sync);
+- fp8 block scales at 64-256 rows (``SKINNY``): torch._scaled_mm, the automatic choice, CUTLASS's default tile and
+  each tile of ``SKINNY_TILES``, each replayed from a CUDA graph (the GPU's time alone), and each call's eager host
+  time (50 calls, then one sync); every call gets the scales in the layout its kernel reads (no transposes);
 - grouped mm, DeepSeek-V3 experts (256 x 7168 -> 2048, 4096 tokens top-8 routed uniformly at random):
   CUTLASS, Triton, torch._grouped_mm when this torch has it;
 - on a GPU, the time nvcc took to build every kernel above (in parallel), and the first call after a process
@@ -45,7 +46,9 @@ ROWS: list[dict[str, Any]] = []
 FULL = {"n": 8192, "experts": 256, "hidden": 7168, "inter": 2048, "tokens": 4096, "top_k": 8}
 SMOKE = {"n": 128, "experts": 4, "hidden": 128, "inter": 64, "tokens": 16, "top_k": 2}
 #: fp8 block-scaled problems of 128 rows (M, N, K): a 128-row tile row leaves half of 132 SMs idle at N = 8192
-SKINNY = ((128, 8192, 8192), (128, 7168, 2048), (128, 2112, 7168))
+SKINNY = ((64, 8192, 8192), (128, 8192, 8192), (256, 8192, 8192), (128, 7168, 2048), (128, 2112, 7168))
+#: fp8 block-scaled tiles forced at the ``SKINNY`` shapes: the defaults up to 256 rows and the large-M one
+SKINNY_TILES = ("small_m", "coop", "coop_c1x1", "coop_c2x1_ovl")
 #: fp8 block-scaled tiles forced besides the shape's default (``configs.FP8_BLOCK_TILES``)
 FP8_BLOCK_CANDIDATES = ("coop", "coop_c1x1", "coop_c2x1", "coop_sk2")
 
@@ -278,21 +281,31 @@ def _host_us(run: Callable[[], Any], env: dict[str, str] | None, calls: int = 50
 
 
 def _skinny_fp8_block(m: int, n: int, k: int, device: torch.device) -> None:
-    """One ``SKINNY`` problem: torch's block-scaled kernel, CUTLASS's default tile and ``coop``."""
+    """One ``SKINNY`` problem: torch's block-scaled kernel, the automatic choice, CUTLASS's default and forced tiles."""
     import kernel_switchboard as ksb
     from kernel_switchboard.bench.flashinfer import _block_scaled
+    from kernel_switchboard.dispatch import select_kernel
+    from kernel_switchboard.ops.gemm import mm_fp8_call
 
     a, w, sa, sw, want = _block_scaled(m, n, k, device)
-    b, sb, sa_col = w.t(), sw.t().contiguous(), sa.t().contiguous().t()  # cuBLAS: sa outer-dimension major
+    # the scales as torch and CUTLASS read them, so no call pays a transpose: sa M-major (cuBLAS: outer-dimension
+    # major), sb the transposed view of the weight's (N/128, K/128) scales
+    b, sa_col, sb = w.t(), sa.t().contiguous().t(), sw.t()
+
+    def cutlass() -> torch.Tensor:
+        return ksb.gemm.mm_fp8(a, b, sa_col, sb, backend="cutlass")
+
     calls: dict[str, tuple[Callable[[], torch.Tensor], dict[str, str] | None]] = {
-        "torch._scaled_mm block": (lambda: torch._scaled_mm(a, b, scale_a=sa_col, scale_b=sw.t(),
+        "torch._scaled_mm block": (lambda: torch._scaled_mm(a, b, scale_a=sa_col, scale_b=sb,
                                                              out_dtype=torch.bfloat16), None),
-        "cutlass default tile": (lambda: ksb.gemm.mm_fp8(a, b, sa, sb, backend="cutlass"), None),
-        "cutlass tile=coop": (lambda: ksb.gemm.mm_fp8(a, b, sa, sb, backend="cutlass"),
-                              {"KSB_CUTLASS_FP8_BLOCK_TILE": "coop"})}
+        "automatic choice": (lambda: ksb.gemm.mm_fp8(a, b, sa_col, sb), None),
+        "cutlass default tile": (cutlass, None)}
+    calls.update({f"cutlass tile={role}": (cutlass, {"KSB_CUTLASS_FP8_BLOCK_TILE": role}) for role in SKINNY_TILES})
+    problem = mm_fp8_call(a, b, sa_col, sb)[0]
+    chosen = {"automatic choice": select_kernel("gemm.mm_fp8", problem).id}  # the kernel the ranking took
     workload = f"fp8 block {m}x{n}x{k}, CUDA graph replays"
     for name, (run, env) in calls.items():
-        row = _row(workload, name, "", _graphed(run, env), want, 2.0 * m * n * k)
+        row = _row(workload, name, chosen.get(name, ""), _graphed(run, env), want, 2.0 * m * n * k)
         if "error" not in row:
             row["eager_host_us"] = round(_host_us(run, env), 1)
             print(f"  {name}: eager host time {row['eager_host_us']} us a call", flush=True)
