@@ -143,12 +143,12 @@ def scale_mode_of(scale_a: torch.Tensor, scale_b: torch.Tensor, m: int, n: int, 
     if scale_a.numel() == 1 and scale_b.numel() == 1 and scale_a.dim() <= 2 and scale_b.dim() <= 2:
         return "tensor"
     sa, sb = tuple(scale_a.shape), tuple(scale_b.shape)
-    of = f", for a (M, K) = {(m, k)} and b (K, N) = {(k, n)}"  # the shapes the scales must fit
     kb, nb = -(-k // BLOCK), -(-n // BLOCK)
     if sa == (m, 1) and sb == (1, n):
         return "row_col"
     if sa == (m, kb) and sb == (kb, nb):
         return "block"
+    of = f", for a (M, K) = {(m, k)} and b (K, N) = {(k, n)}"  # the shapes the scales must fit
     if sa == (m, 1) and kb != 1:
         raise fail("scale_b.shape", sb, f"(1, {n}) for per-column scales, as scale_a {sa} is per-row" + of)
     if sa == (m, 1):
