@@ -92,14 +92,15 @@ def gemm_host_times() -> None:
     a16 = torch.randn(16, 1024, device="cuda", dtype=torch.bfloat16)
     b16 = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
     a8, w8, sa, sw, _ = _block_scaled(16, 1024, 1024, torch.device("cuda"))
-    b8, sb = w8.t(), sw.t().contiguous()
-    sa_col = sa.t().contiguous().t()  # cuBLAS takes the 1x128 scales outer-dimension major
+    # the scales in the layout the kernels read, so no call pays a transpose: 1x128 scales M-major (cuBLAS: outer
+    # dimension major), 128x128 scales as the transposed view of the weight's (N/128, K/128)
+    b8, sa_col, sb = w8.t(), sa.t().contiguous().t(), sw.t()
     calls = {"torch.mm": lambda: torch.mm(a16, b16),
-             "torch._scaled_mm block": lambda: torch._scaled_mm(a8, b8, scale_a=sa_col, scale_b=sw.t(),
+             "torch._scaled_mm block": lambda: torch._scaled_mm(a8, b8, scale_a=sa_col, scale_b=sb,
                                                                  out_dtype=torch.bfloat16)}
     for backend in ("cutlass", "triton"):
         calls[f"{backend} mm"] = lambda b=backend: ksb.gemm.mm(a16, b16, backend=b)
-        calls[f"{backend} mm_fp8 block"] = lambda b=backend: ksb.gemm.mm_fp8(a8, b8, sa, sb, backend=b)
+        calls[f"{backend} mm_fp8 block"] = lambda b=backend: ksb.gemm.mm_fp8(a8, b8, sa_col, sb, backend=b)
     for name, call in calls.items():
         try:
             print(f"eager {name:24s} {host_us(call):7.1f} us/call", flush=True)
