@@ -115,18 +115,13 @@ def mm_config(dtype: str, layout_a: str, layout_b: str, m: int, n: int, sm_count
     return _mm(dtype, layout_a, layout_b, *MM_TILES[role])
 
 
-#: fp8 block-scaled tiles by role: ``small_m`` (M <= 128), ``coop_c1x1`` (M <= 256) and ``coop_c2x1_ovl`` (larger M)
-#: are the defaults; ``coop``, ``coop_c2x1`` and ``coop_sk2`` are candidates the benchmark measures
-#: (``KSB_CUTLASS_FP8_BLOCK_TILE`` forces one). At M = 128 the 64-row tiles make two tile rows, so N = 8192 gives 128
-#: programs for the 132 SMs where 128-row tiles give 64: 6-13% faster than ``coop`` on the H200 (docs/benchmarks.md).
-#: At M = 256 the 2x1-cluster overlapped tile ran far slower than the 128-row tiles without a cluster (same page).
+#: fp8 block-scaled tiles by role (:func:`fp8_block_role` picks the default); ``coop``, ``coop_c2x1`` and
+#: ``coop_sk2`` are candidates the benchmark measures (``KSB_CUTLASS_FP8_BLOCK_TILE`` forces one). At M = 128 the
+#: 64-row tiles make two tile rows, so N = 8192 gives 128 programs for the 132 SMs where 128-row tiles give 64.
 #: ``coop_c2x1_ovl`` is coop_c2x1 with the promotion overlapped (``overlap_promotion.hpp``): on the H200 at 8192^3
 #: (swizzle 8, timed in turn against torch._scaled_mm per-tensor) it is the faster of the two and comes close to
-#: torch's per-tensor kernel. Both pass GPU conformance with clusters cut by the problem's edge (M = 333, 1100).
-#: ``coop_sk2`` splits K in two: at M = 128 and N = 8192 the 128x128 tiles are 64, half the H100's SMs; two K halves
-#: make 128 work units, yet on an H100 it ran 50.8 us against ``coop``'s 46.0 there (43.5 against 20.7 at
-#: 128x7168x2048; faster only at 128x2112x7168, 29.7 against 32.3), so no role picks it. Not offered: 64x128x128
-#: pingpong with a 1x2 cluster (slower) and 128x256x128 cooperative (nvcc rejects it).
+#: torch's per-tensor kernel, but up to 1024 rows it ran far slower than 128-row tiles without a cluster
+#: (docs/benchmarks.md). All pass GPU conformance with clusters cut by the problem's edge (M = 333, 1100).
 FP8_BLOCK_TILES: dict[str, tuple[tuple[int, int, int], tuple[int, int, int], str, bool, int]] = {
     "small_m": ((64, 128, 128), (1, 1, 1), "pingpong", False, 1),
     "coop": ((128, 128, 128), (1, 2, 1), "cooperative", False, 1),
@@ -146,11 +141,21 @@ def _fp8_config(kind: str, tiles: dict[str, Any], variable: str, out_dtype: str,
     return _config(kind, "e4m3", out_dtype, "row", "col", *tiles[role])
 
 
-def fp8_block_config(out_dtype: str, m: int, role: str | None = None) -> GemmConfig:
+def fp8_block_role(m: int, n: int | None = None, sm_count: int = 132) -> str:
+    """The default fp8 block-scaled tile for an (m, n) output: 64-row tiles while 128-row ones would leave more than
+    half the SMs idle (up to 128 rows, or an N so small that the 128x128 tiles number under half the SMs); 128-row
+    tiles without a cluster up to 1024 rows; the overlapped 2x1-cluster tile beyond (``n`` None: a wide output)."""
+    if m <= 128 or (n is not None and -(-m // 128) * -(-n // 128) < sm_count // 2):
+        return "small_m"
+    return "coop_c1x1" if m <= 1024 else "coop_c2x1_ovl"
+
+
+def fp8_block_config(out_dtype: str, m: int, role: str | None = None, n: int | None = None) -> GemmConfig:
     """DeepSeek-style fp8 GEMM with 1x128 (A) and 128x128 (B) float32 scales; ``role`` (else
-    ``KSB_CUTLASS_FP8_BLOCK_TILE``, else chosen by ``m``) names one of ``FP8_BLOCK_TILES``."""
-    default = "small_m" if m <= 128 else "coop_c1x1" if m <= 256 else "coop_c2x1_ovl"
-    return _fp8_config("mm_fp8_block", FP8_BLOCK_TILES, "KSB_CUTLASS_FP8_BLOCK_TILE", out_dtype, role, default)
+    ``KSB_CUTLASS_FP8_BLOCK_TILE``, else :func:`fp8_block_role` of ``m`` and ``n``) names one of
+    ``FP8_BLOCK_TILES``."""
+    return _fp8_config("mm_fp8_block", FP8_BLOCK_TILES, "KSB_CUTLASS_FP8_BLOCK_TILE", out_dtype, role,
+                       fp8_block_role(m, n))
 
 
 #: fp8 per-tensor tiles by role, as ``FP8_BLOCK_TILES`` (``KSB_CUTLASS_FP8_TENSOR_TILE`` forces one). CUTLASS's fp8

@@ -155,10 +155,11 @@ def _mm_config_of_problem(problem: Any) -> configs.GemmConfig:
 
 
 # -- gemm.mm_fp8 ------------------------------------------------------------------------------------------
-def fp8_config_for(mode: str, out_dtype: torch.dtype, m: int) -> configs.GemmConfig:
+def fp8_config_for(mode: str, out_dtype: torch.dtype, m: int, n: int) -> configs.GemmConfig:
+    """The fp8 configuration for a call of this scale mode and (bucketed) output size."""
     word = WORD[out_dtype]
     if mode == "block":
-        return configs.fp8_block_config(word, bucket(m))
+        return configs.fp8_block_config(word, bucket(m), n=bucket(n))
     return configs.fp8_tensor_config(word, bucket(m))
 
 
@@ -171,7 +172,7 @@ def prepare_mm_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scal
     mr = round_up(m, 4) if scale_mode == "block" else m
     op_a, op_b = as_operand(a, mr, kp, allow_col=False), as_k_major_b(b, kp, np_)
     d, _ = padded_output(mr, np_, out_dtype, a.device)
-    cfg = fp8_config_for(scale_mode, out_dtype, m)
+    cfg = fp8_config_for(scale_mode, out_dtype, m, n)
     if scale_mode == "block":
         # CUTLASS layouts: SFA M-major (K/128, M), SFB K-major (N/128, K/128), each free where the scales already are
         sfa = scale_a.t().contiguous() if mr == m else None
@@ -197,7 +198,7 @@ def mm_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: tor
 
 
 def _fp8_config_of_problem(problem: Any) -> configs.GemmConfig:
-    return fp8_config_for(problem.scale_mode or "tensor", problem.out_dtype, problem.m)
+    return fp8_config_for(problem.scale_mode or "tensor", problem.out_dtype, problem.m, problem.n)
 
 
 # -- gemm.grouped_mm --------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ def config_for_call(op: str, args: tuple[Any, ...], kwargs: dict[str, Any] | Non
         sa, sb = args[2], args[3]
         mode = scale_mode_of(sa, sb, a.shape[0], b.shape[1], a.shape[1])
         out = kwargs.get("out_dtype", torch.bfloat16)
-        return gemm.fp8_config_for(mode, out, a.shape[0]) if mode in ("tensor", "block") else None
+        return gemm.fp8_config_for(mode, out, a.shape[0], b.shape[1]) if mode in ("tensor", "block") else None
     if op == "gemm.grouped_mm" and a.dtype in gemm.HALF:
         return gemm.prepare_grouped(a, b, args[2]).cfg
     return None
