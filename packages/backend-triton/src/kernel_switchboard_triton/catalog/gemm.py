@@ -22,9 +22,10 @@ FP8_OUT = frozenset({torch.bfloat16, torch.float16, torch.float32})
 #: mode below
 RATE = {"mm": 720e12, "grouped_mm": 240e12}
 #: fp8 by scale mode, as RATE; the sm_90 Gluon kernel's block-scaled rate depends on scale_b's layout (a checkpoint's
-#: transposed (N/128, K/128) view runs faster than a row-major (K/128, N/128) one), and ``block_gluon`` sits near
-#: the faster
-FP8_RATE = {"tensor": 1050e12, "row_col": 1050e12, "block": 830e12, "block_gluon": 1000e12}
+#: transposed (N/128, K/128) view runs faster than a row-major (K/128, N/128) one) and on the size: with the faster
+#: layout it nears 1000e12 only at 8192^3, and from 256 to 2048 rows it sustained 650-920e12 (docs/benchmarks.md),
+#: where CUTLASS's kernels ran faster; ``block_gluon`` is set for that range
+FP8_RATE = {"tensor": 1050e12, "row_col": 1050e12, "block": 830e12, "block_gluon": 830e12}
 _FEATURES = frozenset({"cuda_graph", "deterministic"})
 #: mm and mm_fp8: a row's result does not depend on the other rows (fixed tiles in the batch-invariant scope)
 _ROWS_FEATURES = _FEATURES | {"batch_invariant"}
