@@ -122,6 +122,10 @@ def mm_config(dtype: str, layout_a: str, layout_b: str, m: int, n: int, sm_count
 #: (swizzle 8, timed in turn against torch._scaled_mm per-tensor) it is the faster of the two and comes close to
 #: torch's per-tensor kernel, but up to 1024 rows it ran far slower than 128-row tiles without a cluster
 #: (docs/benchmarks.md). All pass GPU conformance with clusters cut by the problem's edge (M = 333, 1100).
+#: ``coop_sk2`` splits K in two: at M = 128 and N = 8192 the 128x128 tiles are 64, half the H100's SMs; two K halves
+#: make 128 work units, yet on an H100 it ran 50.8 us against ``coop``'s 46.0 there (43.5 against 20.7 at
+#: 128x7168x2048; faster only at 128x2112x7168, 29.7 against 32.3), so no role picks it. Not offered: 64x128x128
+#: pingpong with a 1x2 cluster (slower) and 128x256x128 cooperative (nvcc rejects it).
 FP8_BLOCK_TILES: dict[str, tuple[tuple[int, int, int], tuple[int, int, int], str, bool, int]] = {
     "small_m": ((64, 128, 128), (1, 1, 1), "pingpong", False, 1),
     "coop": ((128, 128, 128), (1, 2, 1), "cooperative", False, 1),
