@@ -45,9 +45,9 @@ ROWS: list[dict[str, Any]] = []
 #: the H200 sizes; ``bench_gemm(..., sizes=SMOKE)`` runs the same code on tiny shapes (CPU smoke test)
 FULL = {"n": 8192, "experts": 256, "hidden": 7168, "inter": 2048, "tokens": 4096, "top_k": 8}
 SMOKE = {"n": 128, "experts": 4, "hidden": 128, "inter": 64, "tokens": 16, "top_k": 2}
-#: fp8 block-scaled problems of 128 rows (M, N, K): a 128-row tile row leaves half of 132 SMs idle at N = 8192
+#: fp8 block-scaled problems of 64-256 rows (M, N, K), where the tile decides how many of the 132 SMs work
 SKINNY = ((64, 8192, 8192), (128, 8192, 8192), (256, 8192, 8192), (128, 7168, 2048), (128, 2112, 7168))
-#: fp8 block-scaled tiles forced at the ``SKINNY`` shapes: the defaults up to 256 rows and the large-M one
+#: fp8 block-scaled tiles forced at the ``SKINNY`` shapes: the defaults up to 1024 rows, ``coop`` and the large-M one
 SKINNY_TILES = ("small_m", "coop", "coop_c1x1", "coop_c2x1_ovl")
 #: fp8 block-scaled tiles forced besides the shape's default (``configs.FP8_BLOCK_TILES``)
 FP8_BLOCK_CANDIDATES = ("coop", "coop_c1x1", "coop_c2x1", "coop_sk2")

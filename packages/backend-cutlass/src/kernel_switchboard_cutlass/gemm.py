@@ -77,11 +77,12 @@ def _call(cfg: configs.GemmConfig, fn: str, device: torch.device, *args: Any, m:
     device is switched only when the operands are not on the current one.
     """
     lib = build.load(cfg)
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    current = torch.cuda.current_device()
+    index = current if device.index is None else device.index
     sm = _sm_count(index)
     ws = _workspace(_workspace_bytes(lib, m, n, k, groups, swz, sm), device)
     stream = torch._C._cuda_getCurrentRawStream(index)
-    if index == torch.cuda.current_device():
+    if index == current:
         rc = getattr(lib, fn)(*args, sm, index, _ptr(ws), stream)
     else:
         with torch.cuda.device(index):

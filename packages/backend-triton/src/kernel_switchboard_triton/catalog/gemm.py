@@ -21,11 +21,11 @@ FP8_OUT = frozenset({torch.bfloat16, torch.float16, torch.float32})
 #: rounded sustained rates of these kernels on the H200 at 8192^3 (grouped: DeepSeek-V3's experts); fp8 by scale
 #: mode below
 RATE = {"mm": 720e12, "grouped_mm": 240e12}
-#: fp8 by scale mode, as RATE; the sm_90 Gluon kernel's block-scaled rate depends on scale_b's layout (a checkpoint's
+#: fp8 by scale mode, as RATE. Block scales: the sm_90 Gluon kernel's rate depends on scale_b's layout (a checkpoint's
 #: transposed (N/128, K/128) view runs faster than a row-major (K/128, N/128) one) and on the size: with the faster
 #: layout it nears 1000e12 only at 8192^3, and from 256 to 2048 rows it sustained 650-920e12 (docs/benchmarks.md),
-#: where CUTLASS's kernels ran faster; ``block_gluon`` is set for that range
-FP8_RATE = {"tensor": 1050e12, "row_col": 1050e12, "block": 830e12, "block_gluon": 830e12}
+#: where CUTLASS's kernels ran faster; the rate is set for that range, as for the other kernels' block scales
+FP8_RATE = {"tensor": 1050e12, "row_col": 1050e12, "block": 830e12}
 _FEATURES = frozenset({"cuda_graph", "deterministic"})
 #: mm and mm_fp8: a row's result does not depend on the other rows (fixed tiles in the batch-invariant scope)
 _ROWS_FEATURES = _FEATURES | {"batch_invariant"}
@@ -45,7 +45,7 @@ def _rate(name: str, problem: Any) -> float | None:
         return None
     if name != "mm_fp8":
         return RATE[name]
-    return FP8_RATE["block_gluon" if _gluon_block_fp8(problem) else problem.scale_mode]
+    return FP8_RATE[problem.scale_mode]
 
 
 #: SMs of the H100 SXM and the H200, where the rates were measured
