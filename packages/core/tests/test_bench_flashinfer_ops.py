@@ -62,3 +62,18 @@ def test_the_table_prints_ratio_rows_without_a_time_or_a_ceiling(capsys: pytest.
     ours, ratio = capsys.readouterr().out.splitlines()[2:]
     assert "0.0648" in ours and "69%" in ours
     assert "1.01 x" in ratio and "%" not in ratio
+
+
+@pytest.mark.parametrize(("op", "params"), [
+    ("flashinfer.decode", {"batch": 2, "kv_len": 40}),
+    ("flashinfer.decode", {"batch": 2, "kv_len": 40, "kv_dtype": "e4m3"}),
+    ("flashinfer.ragged_prefill", {"batch": 2, "q_len": 24, "soft_cap": 30.0}),
+], ids=["decode-bf16", "decode-fp8", "ragged-prefill-soft-cap"])
+def test_attention_points_of_the_compat_preset_run_on_cpu(op: str, params: dict[str, object]) -> None:
+    """The GPU preset's attention points (fp8 pages, soft cap) at CPU sizes: the compat layer's row is timed and names
+    the kernel its plan chose; the point's variant is in the preset."""
+    rows = bench.run_point("flashinfer-compat", bench_flashinfer._point(op, params, "small"), torch.device("cpu"), 1.0)
+    assert [r.error for r in rows if r.error] == []
+    ours = [r for r in rows if r.kernel.startswith("kernel_switchboard")]
+    assert len(ours) == 1 and ours[0].ms is not None and ours[0].ms > 0 and "->" in ours[0].kernel
+    assert ours[0].metric is not None and ours[0].metric > 0

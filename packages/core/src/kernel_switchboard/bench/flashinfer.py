@@ -1,8 +1,8 @@
 """``switchboard bench --preset flashinfer-compat``: :mod:`kernel_switchboard.flashinfer` beside the real FlashInfer
 on identical inputs, in one process, called the same way (a wrapper planned once, then ``run``).
 
-Points (GPU): decode B in {16, 128} x L in {2048, 8192} (Llama-3-8B heads, page 16, bf16), ragged and paged causal
-prefill 1x8192 and 8x2048, MLA decode B in {16, 128} (128 heads, 512 + 64, page 64), top-p and top-k + top-p
+Points (GPU): decode B in {16, 128} x L in {2048, 8192} (Llama-3-8B heads, page 16, bf16) and B=128 L=8192 on fp8
+e4m3 pages, ragged and paged causal prefill 1x8192 and 8x2048, ragged with logits soft cap 30 too, MLA decode B in {16, 128} (128 heads, 512 + 64, page 64), top-p and top-k + top-p
 sampling 128 x 128256 from probabilities, RMSNorm 8192 x 8192. Each point gives a row per implementation (FlashInfer's
 default and, for decode, its tensor-core wrapper) and a ``ratio vs FlashInfer`` row: the best FlashInfer time over
 the compat layer's (>= 1: the compat layer is at least as fast). Calls are timed in alternating rounds
@@ -53,8 +53,12 @@ def points() -> list[Point]:
         return out
     out += [_point("flashinfer.decode", {"batch": b, "kv_len": n}, f"B={b} L={n} p16")
             for b in (16, 128) for n in (2048, 8192)]
+    out.append(_point("flashinfer.decode", {"batch": 128, "kv_len": 8192, "kv_dtype": "e4m3"},
+                      "B=128 L=8192 p16, fp8 e4m3 pages"))
     out += [_point(f"flashinfer.{kind}_prefill", {"batch": b, "q_len": n}, f"{b}x{n} causal")
             for kind in ("ragged", "paged") for b, n in ((1, 8192), (8, 2048))]
+    out += [_point("flashinfer.ragged_prefill", {"batch": b, "q_len": n, "soft_cap": 30.0},
+                   f"{b}x{n} causal, logits soft cap 30") for b, n in ((1, 8192), (8, 2048))]
     out += [_point("flashinfer.mla_decode", {"batch": b, "kv_len": n}, f"B={b} L={n} p64")
             for b, n in ((16, 4096), (128, 8192))]
     out.append(_point("flashinfer.rmsnorm", {}, "8192x8192 bf16"))
@@ -133,24 +137,27 @@ def _compat_name(wrapper: Any) -> str:
 
 # -- points -------------------------------------------------------------------------------------------------------
 def _decode(point: Point, preset: str, device: torch.device, reps_ms: float) -> list[Row]:
+    """Llama-3-8B heads on NHD pages of 16; ``kv_dtype="e4m3"``: fp8 pages with scalar K / V scales (bytes counted at
+    one per element)."""
     b, n, page = point.params["batch"], point.params["kv_len"], 16
     hq, hkv, d, dtype = LLAMA["num_q_heads"], LLAMA["num_kv_heads"], LLAMA["head_dim"], torch.bfloat16
+    kv_dtype = torch.float8_e4m3fn if point.params.get("kv_dtype") == "e4m3" else dtype
+    scales = {"k_scale": 0.5, "v_scale": 2.0} if kv_dtype != dtype else {}
     indptr, indices, last = _pages(b, n, page, device)
-    kv = (torch.randn(int(indptr[-1]), page, hkv, d, dtype=dtype, device=device),
-          torch.randn(int(indptr[-1]), page, hkv, d, dtype=dtype, device=device))
+    kv = tuple(torch.randn(int(indptr[-1]), page, hkv, d, dtype=dtype, device=device).to(kv_dtype) for _ in range(2))
     q = torch.randn(b, hq, d, dtype=dtype, device=device)
     ws = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
     calls: dict[str, Callable[[], Any]] = {}
     compat = _compat().BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
-    compat.plan(indptr, indices, last, hq, hkv, d, page, q_data_type=dtype)
-    calls[_compat_name(compat)] = lambda: compat.run(q, kv)
+    compat.plan(indptr, indices, last, hq, hkv, d, page, q_data_type=dtype, kv_data_type=kv_dtype)
+    calls[_compat_name(compat)] = lambda: compat.run(q, kv, **scales)
     fi = _flashinfer()
     if fi is not None:
         for name, tc in (("flashinfer (default)", False), ("flashinfer (tensor cores)", True)):
             w = fi.BatchDecodeWithPagedKVCacheWrapper(torch.zeros_like(ws), "NHD", use_tensor_cores=tc)
-            w.plan(indptr, indices, last, hq, hkv, d, page, q_data_type=dtype)
-            calls[name] = lambda w=w: w.run(q, kv)
-    return _rows(preset, point, calls, device, reps_ms, 2.0 * b * n * hkv * d * 2, "TB/s")
+            w.plan(indptr, indices, last, hq, hkv, d, page, q_data_type=dtype, kv_data_type=kv_dtype)
+            calls[name] = lambda w=w: w.run(q, kv, **scales)
+    return _rows(preset, point, calls, device, reps_ms, 2.0 * b * n * hkv * d * kv[0].element_size(), "TB/s")
 
 
 def _prefill(point: Point, preset: str, device: torch.device, reps_ms: float) -> list[Row]:
@@ -164,12 +171,13 @@ def _prefill(point: Point, preset: str, device: torch.device, reps_ms: float) ->
     if point.op == "flashinfer.ragged_prefill":
         k = torch.randn(b * n, hkv, d, dtype=dtype, device=device)
         v = torch.randn(b * n, hkv, d, dtype=dtype, device=device)
+        cap = {"logits_soft_cap": point.params["soft_cap"]} if point.params.get("soft_cap") else {}
         ours = compat.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD")
-        ours.plan(qo, qo, hq, hkv, d, causal=True, q_data_type=dtype)
+        ours.plan(qo, qo, hq, hkv, d, causal=True, q_data_type=dtype, **cap)
         calls[_compat_name(ours)] = lambda: ours.run(q, k, v)
         if fi is not None:
             theirs = fi.BatchPrefillWithRaggedKVCacheWrapper(torch.zeros_like(ws), "NHD")
-            theirs.plan(qo, qo, hq, hkv, d, causal=True, q_data_type=dtype)
+            theirs.plan(qo, qo, hq, hkv, d, causal=True, q_data_type=dtype, **cap)
             calls["flashinfer (default)"] = lambda: theirs.run(q, k, v)
     else:
         page = 16
