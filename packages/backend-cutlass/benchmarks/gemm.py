@@ -18,6 +18,7 @@ timed; a failure becomes a row with ``error``, never an exception. Rows:
 - fp8 block scales at 64-256 rows (``SKINNY``): torch._scaled_mm, the automatic choice, CUTLASS's default tile and
   each tile of ``SKINNY_TILES``, each replayed from a CUDA graph (the GPU's time alone), and each call's eager host
   time (50 calls, then one sync); every call gets the scales in the layout its kernel reads (no transposes);
+- fp8 per-tensor scales at 128-1024 rows (``SKINNY_TENSOR``): the same rows beside torch._scaled_mm per-tensor;
 - grouped mm, DeepSeek-V3 experts (256 x 7168 -> 2048, 4096 tokens top-8 routed uniformly at random):
   CUTLASS, Triton, torch._grouped_mm when this torch has it;
 - on a GPU, the time nvcc took to build every kernel above (in parallel), and the first call after a process
@@ -49,6 +50,9 @@ SMOKE = {"n": 128, "experts": 4, "hidden": 128, "inter": 64, "tokens": 16, "top_
 SKINNY = ((64, 8192, 8192), (128, 8192, 8192), (256, 8192, 8192), (128, 7168, 2048), (128, 2112, 7168))
 #: fp8 block-scaled tiles forced at the ``SKINNY`` shapes: the defaults up to 1024 rows, ``coop`` and the large-M one
 SKINNY_TILES = ("small_m", "coop", "coop_c1x1", "coop_c2x1_ovl")
+#: fp8 per-tensor problems of 128-1024 rows, and the tiles forced there (``configs.FP8_TENSOR_TILES``)
+SKINNY_TENSOR = ((128, 8192, 8192), (256, 8192, 8192), (1024, 8192, 8192), (256, 2112, 7168))
+SKINNY_TENSOR_TILES = ("small_m", "coop_c1x1", "coop_c2x1", "coop_c2x1_ovl")
 #: fp8 block-scaled tiles forced besides the shape's default (``configs.FP8_BLOCK_TILES``)
 FP8_BLOCK_CANDIDATES = ("coop", "coop_c1x1", "coop_c2x1", "coop_sk2")
 
@@ -236,6 +240,8 @@ def bench_gemm(device: torch.device | str = "cuda", sizes: dict[str, int] | None
 
     for shape in SKINNY if n >= 4096 else ((128, n, n),):
         _skinny_fp8_block(*shape, device)
+    for shape in SKINNY_TENSOR if n >= 4096 else ((128, n, n),):
+        _skinny_fp8_tensor(*shape, device)
 
     w = f"grouped mm {experts}x{hidden}->{inter}, {tokens} tok top-{top_k}"
     gflops = 2.0 * tokens * top_k * hidden * inter
@@ -280,6 +286,16 @@ def _host_us(run: Callable[[], Any], env: dict[str, str] | None, calls: int = 50
     return (time.perf_counter() - t0) / calls * 1e6
 
 
+def _skinny_rows(workload: str, calls: dict[str, tuple[Callable[[], torch.Tensor], dict[str, str] | None]],
+                 chosen: str, want: torch.Tensor, flops: float) -> None:
+    """One row per call, replayed from a CUDA graph, with its eager host time; the automatic choice names its kernel."""
+    for name, (run, env) in calls.items():
+        row = _row(workload, name, chosen if name == "automatic choice" else "", _graphed(run, env), want, flops)
+        if "error" not in row:
+            row["eager_host_us"] = round(_host_us(run, env), 1)
+            print(f"  {name}: eager host time {row['eager_host_us']} us a call", flush=True)
+
+
 def _skinny_fp8_block(m: int, n: int, k: int, device: torch.device) -> None:
     """One ``SKINNY`` problem: torch's block-scaled kernel, the automatic choice, CUTLASS's default and forced tiles."""
     import kernel_switchboard as ksb
@@ -301,14 +317,34 @@ def _skinny_fp8_block(m: int, n: int, k: int, device: torch.device) -> None:
         "automatic choice": (lambda: ksb.gemm.mm_fp8(a, b, sa_col, sb), None),
         "cutlass default tile": (cutlass, None)}
     calls.update({f"cutlass tile={role}": (cutlass, {"KSB_CUTLASS_FP8_BLOCK_TILE": role}) for role in SKINNY_TILES})
-    problem = mm_fp8_call(a, b, sa_col, sb)[0]
-    chosen = {"automatic choice": select_kernel("gemm.mm_fp8", problem).id}  # the kernel the ranking took
-    workload = f"fp8 block {m}x{n}x{k}, CUDA graph replays"
-    for name, (run, env) in calls.items():
-        row = _row(workload, name, chosen.get(name, ""), _graphed(run, env), want, 2.0 * m * n * k)
-        if "error" not in row:
-            row["eager_host_us"] = round(_host_us(run, env), 1)
-            print(f"  {name}: eager host time {row['eager_host_us']} us a call", flush=True)
+    chosen = select_kernel("gemm.mm_fp8", mm_fp8_call(a, b, sa_col, sb)[0]).id  # the kernel the ranking took
+    _skinny_rows(f"fp8 block {m}x{n}x{k}, CUDA graph replays", calls, chosen, want, 2.0 * m * n * k)
+
+
+def _skinny_fp8_tensor(m: int, n: int, k: int, device: torch.device) -> None:
+    """One ``SKINNY_TENSOR`` problem: cuBLAS per-tensor, the automatic choice, CUTLASS's default and forced tiles."""
+    import kernel_switchboard as ksb
+    from kernel_switchboard.dispatch import select_kernel
+    from kernel_switchboard.ops.gemm import mm_fp8_call
+
+    fp8 = torch.float8_e4m3fn
+    a = (torch.randn(m, k, device=device) * 100).clamp(-448, 448).to(fp8)
+    b = (torch.randn(n, k, device=device) * 100).clamp(-448, 448).to(fp8).t()  # K-major, as cuBLAS wants it
+    sa, sb = torch.tensor(2.0**-8, device=device), torch.tensor(2.0**-7, device=device)
+    want = (a.float() @ b.float()) * (sa * sb)
+
+    def cutlass() -> torch.Tensor:
+        return ksb.gemm.mm_fp8(a, b, sa, sb, backend="cutlass")
+
+    calls: dict[str, tuple[Callable[[], torch.Tensor], dict[str, str] | None]] = {
+        "torch._scaled_mm per-tensor": (lambda: torch._scaled_mm(a, b, scale_a=sa, scale_b=sb,
+                                                                  out_dtype=torch.bfloat16), None),
+        "automatic choice": (lambda: ksb.gemm.mm_fp8(a, b, sa, sb), None),
+        "cutlass default tile": (cutlass, None)}
+    calls.update({f"cutlass tile={role}": (cutlass, {"KSB_CUTLASS_FP8_TENSOR_TILE": role})
+                  for role in SKINNY_TENSOR_TILES})
+    chosen = select_kernel("gemm.mm_fp8", mm_fp8_call(a, b, sa, sb)[0]).id
+    _skinny_rows(f"fp8 per-tensor {m}x{n}x{k}, CUDA graph replays", calls, chosen, want, 2.0 * m * n * k)
 
 
 def _first_call(a: torch.Tensor, b: torch.Tensor) -> None:

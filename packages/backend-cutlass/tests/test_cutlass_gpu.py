@@ -101,7 +101,7 @@ def test_mm_fp8(device: torch.device, m: int, n: int, k: int, mode: str) -> None
 
 
 #: fp8 tiles the benchmark forces that no shape takes by default (the conftest compiles them up front), by scale mode
-FORCED_FP8_TILES = {"block": ("coop", "coop_c1x1", "coop_c2x1", "coop_sk2"), "tensor": ("coop_c2x1",)}
+FORCED_FP8_TILES = {"block": ("coop", "coop_c1x1", "coop_c2x1", "coop_sk2"), "tensor": ("coop_c1x1", "coop_c2x1")}
 _FORCING = {"block": "KSB_CUTLASS_FP8_BLOCK_TILE", "tensor": "KSB_CUTLASS_FP8_TENSOR_TILE"}
 
 

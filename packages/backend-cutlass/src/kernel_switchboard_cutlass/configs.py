@@ -169,6 +169,7 @@ def fp8_block_config(out_dtype: str, m: int, role: str | None = None, n: int | N
 #: 8192^3 it is faster than ``coop_c2x1`` and close to torch._scaled_mm, timed in turn.
 FP8_TENSOR_TILES: dict[str, tuple[tuple[int, int, int], tuple[int, int, int], str, bool, int]] = {
     "small_m": ((64, 128, 128), (1, 1, 1), "pingpong", False, 1),
+    "coop_c1x1": ((128, 128, 128), (1, 1, 1), "cooperative", False, 1),
     "coop_c2x1": ((128, 128, 128), (2, 1, 1), "cooperative", False, 1),
     "coop_c2x1_ovl": ((128, 128, 128), (2, 1, 1), "cooperative", True, 1),
 }
