@@ -23,12 +23,17 @@ registers at launch, no spills, 164 KB of shared memory with 4 stages.
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from ._attn_common import sm_count
 
 #: TMA copies: Triton 3.6 (the H200 image) names them async_copy_*; 3.7+ async_load / async_store
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -172,16 +177,20 @@ _GL_DTYPES = {torch.float8_e4m3fn: gl.float8e4nv, torch.bfloat16: gl.bfloat16, t
               torch.float32: gl.float32}
 
 
+@functools.cache
+def _smem_layout(rows: int, cols: int, dtype: torch.dtype) -> Any:
+    """The shared-memory layout of a TMA block (computed in Python, 5-7 us a call: made once per block and dtype)."""
+    return gl.NVMMASharedLayout.get_default_for([rows, cols], _GL_DTYPES[dtype])
+
+
 def _descriptors(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> tuple:
     """TMA descriptors of a (M, K) and b.t() (N, K) e4m3 and c (M, N): whole tiles in, one consumer's half out."""
     block_m, block_n, block_k = BLOCK_M.value, BLOCK_N.value, BLOCK_K.value  # host code takes plain ints
     half = block_m // 2
-    fp8 = gl.float8e4nv
-    return (TensorDescriptor.from_tensor(a, [block_m, block_k], gl.NVMMASharedLayout.get_default_for([block_m, block_k], fp8)),
-            TensorDescriptor.from_tensor(b.t(), [block_n, block_k],
-                                         gl.NVMMASharedLayout.get_default_for([block_n, block_k], fp8)),
-            TensorDescriptor.from_tensor(c, [half, block_n],
-                                         gl.NVMMASharedLayout.get_default_for([half, block_n], _GL_DTYPES[c.dtype])))
+    fp8 = torch.float8_e4m3fn
+    return (TensorDescriptor.from_tensor(a, [block_m, block_k], _smem_layout(block_m, block_k, fp8)),
+            TensorDescriptor.from_tensor(b.t(), [block_n, block_k], _smem_layout(block_n, block_k, fp8)),
+            TensorDescriptor.from_tensor(c, [half, block_n], _smem_layout(half, block_n, c.dtype)))
 
 
 def mm_fp8_block(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, c: torch.Tensor,
@@ -194,7 +203,7 @@ def mm_fp8_block(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_
     a_desc, b_desc, c_desc = _descriptors(a, b, c)
     tiles = triton.cdiv(m, BLOCK_M.value) * triton.cdiv(n, BLOCK_N.value)
     if programs is None:
-        programs = torch.cuda.get_device_properties(a.device).multi_processor_count
+        programs = sm_count(a.device)
     mm_fp8_block_kernel[(min(tiles, programs),)](
         a_desc, b_desc, c_desc, scale_a, scale_b, m, n, k, scale_a.stride(0), scale_a.stride(1), scale_b.stride(0),
         scale_b.stride(1), GROUP_M=group_m, STAGES=stages, num_warps=4, maxnreg=168)
