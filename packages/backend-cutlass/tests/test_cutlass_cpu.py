@@ -184,9 +184,9 @@ def test_tile_choice_by_shape(monkeypatch) -> None:
     assert configs.fp8_block_config("bf16", 64).tile == (64, 128, 128)
     assert configs.fp8_block_config("bf16", 128).tile == (64, 128, 128)  # two tile rows: twice the programs
     # 128-row tiles without a cluster up to 1024 rows, 64-row ones where 128-row tiles would idle half the SMs
-    assert [configs.fp8_block_role(m, 8192) for m in (256, 512, 1024, 2048)] == ["coop_c1x1"] * 3 + ["coop_c2x1_ovl"]
-    assert configs.fp8_block_role(256, 4096) == "small_m"  # 2 x 32 tiles of 128x128 for 132 SMs
-    assert configs.fp8_block_role(1024, 4096) == configs.fp8_block_role(256) == "coop_c1x1"
+    assert [configs.fp8_role(m, 8192) for m in (256, 512, 1024, 2048)] == ["coop_c1x1"] * 3 + ["coop_c2x1_ovl"]
+    assert configs.fp8_role(256, 4096) == "small_m"  # 2 x 32 tiles of 128x128 for 132 SMs
+    assert configs.fp8_role(1024, 4096) == configs.fp8_role(256) == "coop_c1x1"
     assert configs.fp8_block_config("bf16", 256, n=8192).name == configs.fp8_block_config("bf16", 0, "coop_c1x1").name
     assert configs.fp8_block_config("bf16", 8192).cluster == (2, 1, 1)
     assert configs.fp8_block_config("bf16", 8192, "coop_c1x1").cluster == (1, 1, 1)  # a tile named by the caller
@@ -196,6 +196,10 @@ def test_tile_choice_by_shape(monkeypatch) -> None:
     with pytest.raises(ValueError, match="KSB_CUTLASS_FP8_BLOCK_TILE='huge'"):
         configs.fp8_block_config("bf16", 8192)
     assert configs.fp8_tensor_config("bf16", 64).schedule == "pingpong"
+    # per-tensor scales follow the same rule (fp8_role)
+    assert configs.fp8_tensor_config("bf16", 128).tile == (64, 128, 128)
+    assert configs.fp8_tensor_config("bf16", 1024, n=8192).name == configs.fp8_tensor_config("bf16", 0, "coop_c1x1").name
+    assert configs.fp8_tensor_config("bf16", 2048, n=8192).overlap_promotion is True
     assert configs.fp8_tensor_config("bf16", 8192).tile == (128, 128, 128)  # 128x256 spilled
     monkeypatch.setenv("KSB_CUTLASS_FP8_TENSOR_TILE", "coop_c2x1_ovl")
     assert configs.fp8_tensor_config("bf16", 16).overlap_promotion is True
@@ -447,16 +451,18 @@ def test_scheduler_swizzle_per_kind_and_override(monkeypatch) -> None:
     assert (block.args()[-1], tensor.args()[-1], mm.args()[-1]) == (2, 2, 2)
 
 
+@pytest.mark.parametrize("mode", ["block", "tensor"])
 @pytest.mark.parametrize(("n", "tile"), [(2112, (64, 128, 128)), (7168, (128, 128, 128))])
-def test_fp8_block_call_picks_its_tile_by_output_columns(n: int, tile: tuple[int, int, int]) -> None:
-    """A call's configuration sees N: at 256 rows, 2112 columns make too few 128x128 tiles to fill the SMs (64-row
-    tiles), 7168 enough (128-row tiles); ranking and ``switchboard build`` name the same configuration."""
+def test_fp8_call_picks_its_tile_by_output_columns(mode: str, n: int, tile: tuple[int, int, int]) -> None:
+    """A call's configuration sees N, in both scale modes: at 256 rows, 2112 columns make too few 128x128 tiles to
+    fill the SMs (64-row tiles), 7168 enough (128-row tiles); ranking and ``switchboard build`` name the same
+    configuration."""
     from kernel_switchboard.ops.gemm import mm_fp8_call
 
     qa, qb = torch.ones(256, 128, dtype=FP8), torch.ones(n, 128, dtype=FP8).t()
-    sa, sb = torch.ones(256, 1), torch.ones(1, -(-n // 128))
-    job = gemm.prepare_mm_fp8(qa, qb, sa, sb, "block", BF16)
-    assert job.cfg.tile == tile
+    sa, sb = (torch.ones(256, 1), torch.ones(1, -(-n // 128))) if mode == "block" else (torch.tensor(1.0),) * 2
+    job = gemm.prepare_mm_fp8(qa, qb, sa, sb, mode, BF16)
+    assert job.cfg.tile == tile and job.cfg.cluster == (1, 1, 1)
     assert gemm._fp8_config_of_problem(mm_fp8_call(qa, qb, sa, sb)[0]) == job.cfg
 
 

@@ -115,7 +115,7 @@ def mm_config(dtype: str, layout_a: str, layout_b: str, m: int, n: int, sm_count
     return _mm(dtype, layout_a, layout_b, *MM_TILES[role])
 
 
-#: fp8 block-scaled tiles by role (:func:`fp8_block_role` picks the default); ``coop``, ``coop_c2x1`` and
+#: fp8 block-scaled tiles by role (:func:`fp8_role` picks the default); ``coop``, ``coop_c2x1`` and
 #: ``coop_sk2`` are candidates the benchmark measures (``KSB_CUTLASS_FP8_BLOCK_TILE`` forces one). At M = 128 the
 #: 64-row tiles make two tile rows, so N = 8192 gives 128 programs for the 132 SMs where 128-row tiles give 64.
 #: ``coop_c2x1_ovl`` is coop_c2x1 with the promotion overlapped (``overlap_promotion.hpp``): on the H200 at 8192^3
@@ -145,10 +145,11 @@ def _fp8_config(kind: str, tiles: dict[str, Any], variable: str, out_dtype: str,
     return _config(kind, "e4m3", out_dtype, "row", "col", *tiles[role])
 
 
-def fp8_block_role(m: int, n: int | None = None, sm_count: int = 132) -> str:
-    """The default fp8 block-scaled tile for an (m, n) output: 64-row tiles while 128-row ones would leave more than
-    half the SMs idle (up to 128 rows, or an N so small that the 128x128 tiles number under half the SMs); 128-row
-    tiles without a cluster up to 1024 rows; the overlapped 2x1-cluster tile beyond (``n`` None: a wide output)."""
+def fp8_role(m: int, n: int | None = None, sm_count: int = 132) -> str:
+    """The default fp8 tile for an (m, n) output, block-scaled or per-tensor alike: 64-row tiles while 128-row ones
+    would leave more than half the SMs idle (up to 128 rows, or an N so small that the 128x128 tiles number under
+    half the SMs); 128-row tiles without a cluster up to 1024 rows; the overlapped 2x1-cluster tile beyond (``n``
+    None: a wide output). Measured on an H100 for both scale modes (docs/benchmarks.md)."""
     if m <= 128 or (n is not None and -(-m // 128) * -(-n // 128) < sm_count // 2):
         return "small_m"
     return "coop_c1x1" if m <= 1024 else "coop_c2x1_ovl"
@@ -156,10 +157,10 @@ def fp8_block_role(m: int, n: int | None = None, sm_count: int = 132) -> str:
 
 def fp8_block_config(out_dtype: str, m: int, role: str | None = None, n: int | None = None) -> GemmConfig:
     """DeepSeek-style fp8 GEMM with 1x128 (A) and 128x128 (B) float32 scales; ``role`` (else
-    ``KSB_CUTLASS_FP8_BLOCK_TILE``, else :func:`fp8_block_role` of ``m`` and ``n``) names one of
+    ``KSB_CUTLASS_FP8_BLOCK_TILE``, else :func:`fp8_role` of ``m`` and ``n``) names one of
     ``FP8_BLOCK_TILES``."""
     return _fp8_config("mm_fp8_block", FP8_BLOCK_TILES, "KSB_CUTLASS_FP8_BLOCK_TILE", out_dtype, role,
-                       fp8_block_role(m, n))
+                       fp8_role(m, n))
 
 
 #: fp8 per-tensor tiles by role, as ``FP8_BLOCK_TILES`` (``KSB_CUTLASS_FP8_TENSOR_TILE`` forces one). CUTLASS's fp8
@@ -175,11 +176,11 @@ FP8_TENSOR_TILES: dict[str, tuple[tuple[int, int, int], tuple[int, int, int], st
 }
 
 
-def fp8_tensor_config(out_dtype: str, m: int, role: str | None = None) -> GemmConfig:
+def fp8_tensor_config(out_dtype: str, m: int, role: str | None = None, n: int | None = None) -> GemmConfig:
     """fp8 GEMM with one float32 scale per operand (folded into the epilogue's alpha); ``role`` (else
-    ``KSB_CUTLASS_FP8_TENSOR_TILE``, else chosen by ``m``) names one of ``FP8_TENSOR_TILES``."""
+    ``KSB_CUTLASS_FP8_TENSOR_TILE``, else :func:`fp8_role` of ``m`` and ``n``) names one of ``FP8_TENSOR_TILES``."""
     return _fp8_config("mm_fp8_tensor", FP8_TENSOR_TILES, "KSB_CUTLASS_FP8_TENSOR_TILE", out_dtype, role,
-                       "small_m" if m <= 64 else "coop_c2x1_ovl")
+                       fp8_role(m, n))
 
 
 def grouped_config(dtype: str, layout_b: str) -> GemmConfig:

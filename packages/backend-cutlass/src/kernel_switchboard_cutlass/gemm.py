@@ -161,7 +161,7 @@ def fp8_config_for(mode: str, out_dtype: torch.dtype, m: int, n: int) -> configs
     word = WORD[out_dtype]
     if mode == "block":
         return configs.fp8_block_config(word, bucket(m), n=bucket(n))
-    return configs.fp8_tensor_config(word, bucket(m))
+    return configs.fp8_tensor_config(word, bucket(m), n=bucket(n))
 
 
 def prepare_mm_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, scale_mode: str,
