@@ -253,3 +253,21 @@ def test_small_m_fp8_cost_counts_the_sms_its_tiles_leave_idle(mode: str) -> None
     assert catalog._grid_fill("mm_fp8", problem(16)) == pytest.approx(64 / 132)
     assert catalog._grid_fill("mm_fp8", problem(64, n=32768)) == 1.0
     assert catalog._grid_fill("mm_fp8", problem(64, device="cpu")) == 1.0
+
+
+def test_per_tensor_fp8_cost_counts_the_sms_the_tma_kernels_tiles_leave_idle() -> None:
+    """From 65 rows per-tensor fp8 calls with TMA-ready operands take the persistent TMA kernel: 256 rows x 8192
+    columns make 64 tiles of 256x128 for 132 SMs, so its estimate is the roofline's over 64/132 (H100: 68 us there,
+    where CUTLASS took 43); operands TMA cannot take run the pointer kernel's 128x128 tiles (128 of them)."""
+    from kernel_switchboard.ops.gemm import GemmProblem
+    from kernel_switchboard_triton.catalog import gemm as catalog
+
+    def problem(m: int, layout: str = "RC", n: int = 8192) -> GemmProblem:
+        return GemmProblem("cuda", (9, 0), torch.float8_e4m3fn, torch.bfloat16, m, n, 8192, layout, 16, "tensor",
+                           None, frozenset())
+
+    assert catalog._grid_fill("mm_fp8", problem(256)) == pytest.approx(64 / 132)
+    assert catalog._grid_fill("mm_fp8", problem(128)) == pytest.approx(64 / 132)  # 128x128 tiles up to 128 rows
+    assert catalog._grid_fill("mm_fp8", problem(256, "RR")) == pytest.approx(128 / 132)
+    assert catalog._grid_fill("mm_fp8", problem(1024)) == 1.0
+    assert catalog._grid_fill("mm_fp8", problem(256, n=2112)) == pytest.approx(2 * 17 / 132)  # 128x128: m*n < 1M

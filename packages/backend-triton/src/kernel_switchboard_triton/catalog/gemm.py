@@ -12,6 +12,7 @@ from kernel_switchboard import Capability, Kernel
 from kernel_switchboard.availability import triton_interpreting
 
 from .._common import BACKEND, DEVICES, PRIORITY, gluon_findable
+from .._gemm_tiles import fp8_gpu_tiles
 from .._perf import compute_bound, on_gpu
 from . import launcher
 
@@ -50,30 +51,37 @@ def _rate(name: str, problem: Any) -> float | None:
 
 #: SMs of the H100 SXM and the H200, where the rates were measured
 SMS = 132
-#: rows from which block-scaled fp8 takes the Gluon kernel (``gemm.TMA_MIN_M`` on a GPU); below it every fp8 call takes
-#: the pointer kernel with 64x128 tiles (``gemm.fp8_tiles``)
-GLUON_MIN_M = 65
-SMALL_M_TILE = (64, 128)
+#: rows from which fp8 calls with TMA-ready operands take the persistent TMA kernels (``gemm.TMA_MIN_M`` on a GPU;
+#: block scales: the Gluon kernel); below it every fp8 call takes the pointer kernel with 64x128 tiles
+TMA_MIN_M = 65
+#: the Gluon block-fp8 kernel's output tile (``_gemm_gluon.BLOCK_M`` x ``BLOCK_N``)
 GLUON_TILE = (128, 128)
+
+
+def _tma_operands(problem: Any) -> bool:
+    """Whether a call of this problem can take the TMA kernels: a row-major, b K-major, 16-byte aligned, sm_90+."""
+    cc = getattr(problem, "cc", None)
+    return problem.layout == "RC" and problem.align_bytes >= 16 and cc is not None and cc[0] >= 9
 
 
 def _grid_fill(name: str, problem: Any) -> float:
     """The share of the SMs that an fp8 kernel's output tiles keep busy (at most 1). Each program runs a tile's whole
-    K, so with fewer tiles than SMs the idle SMs neither compute nor stream B. Two kernels fall short on decode-sized
-    problems: the pointer kernel below ``GLUON_MIN_M`` rows (one program per 64x128 tile: 64 of them at 64x8192) and
-    the Gluon block-fp8 kernel's persistent grid (one program per 128x128 tile up to one per SM: 64 at 128x8192).
-    Without this share the roofline ranked both above CUTLASS's persistent kernels there, which ran faster
-    (docs/benchmarks.md, "fp8 block GEMM")."""
+    K, so with fewer tiles than SMs the idle SMs neither compute nor stream B. Every fp8 kernel here falls short on
+    decode-sized and skinny problems: the pointer kernel below ``TMA_MIN_M`` rows (one program per 64x128 tile: 64 of
+    them at 64x8192), the Gluon block-fp8 kernel's persistent grid (one program per 128x128 tile up to one per SM: 64
+    at 128x8192) and the TMA kernel's per-tensor tiles (128x128, or 256x128 above 128 rows: 64 at 256x8192). Without
+    this share the roofline ranked them above CUTLASS's persistent kernels there, which ran faster
+    (docs/benchmarks.md, "fp8 block GEMM" and "per-tensor fp8 tiles")."""
     if name != "mm_fp8" or not on_gpu(problem):
         return 1.0
-    if problem.m < GLUON_MIN_M:
-        block_m, block_n = SMALL_M_TILE
-    elif _gluon_block_fp8(problem):
+    if problem.m >= TMA_MIN_M and _gluon_block_fp8(problem):
         block_m, block_n = GLUON_TILE
     else:
-        return 1.0
-    tiles = -(-problem.m // block_m) * -(-problem.n // block_n)
-    return min(1.0, tiles / SMS)
+        tiles = fp8_gpu_tiles(problem.m, problem.n, problem.k, problem.scale_mode,
+                              tma=problem.m >= TMA_MIN_M and _tma_operands(problem))
+        block_m, block_n = tiles.block_m, tiles.block_n
+    count = -(-problem.m // block_m) * -(-problem.n // block_n)
+    return min(1.0, count / SMS)
 
 
 def _cost(name: str) -> Callable[[Any], float]:
