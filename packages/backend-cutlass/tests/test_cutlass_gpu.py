@@ -21,12 +21,12 @@ BF16, F16 = torch.bfloat16, torch.float16
 #: (M, N, K, layout): odd extents take the zero-padding path, aligned ones run in place
 MM_SHAPES = [(1, 4096, 4096, "RC"), (33, 40, 24, "RR"), (127, 33, 24, "RC"), (1000, 1000, 1000, "CR"),
              (2048, 2048, 512, "CC"), (8192, 8192, 8192, "RR")]
-# each scale mode's default tiles (configs.fp8_role): the overlapped 2x1-cluster tile (1100 rows cut a cluster),
-# 128-row tiles without a cluster (333 and 700 rows: partial tiles), 64-row tiles (128 and 64 rows; 333 x 2112 per
-# tensor, too few 128x128 tiles)
+# each scale mode's default tiles (configs.fp8_role): the overlapped 2x1-cluster tile (4096 rows; 1100 cut a
+# cluster), 128-row tiles without a cluster (333 rows: a partial tile), 64-row tiles (128 rows: two tile rows; 64 and
+# 7: one)
 FP8_SHAPES = [(4096, 4096, 4096, "block"), (1100, 2112, 7168, "block"), (333, 2112, 7168, "block"),
               (128, 2048, 1024, "block"), (64, 7168, 2048, "block"),
-              (4096, 4096, 4096, "tensor"), (700, 2112, 1024, "tensor"), (333, 2112, 7168, "tensor"),
+              (4096, 4096, 4096, "tensor"), (333, 2112, 7168, "tensor"), (128, 2048, 1024, "tensor"),
               (7, 136, 256, "tensor")]
 GROUPS = [(0, 512, 3, 0, 1024, 77), (128,) * 8]
 

@@ -70,8 +70,8 @@ def test_the_table_prints_ratio_rows_without_a_time_or_a_ceiling(capsys: pytest.
     ("flashinfer.ragged_prefill", {"batch": 2, "q_len": 24, "soft_cap": 30.0}),
 ], ids=["decode-bf16", "decode-fp8", "ragged-prefill-soft-cap"])
 def test_attention_points_of_the_compat_preset_run_on_cpu(op: str, params: dict[str, object]) -> None:
-    """The GPU preset's attention points (fp8 pages, soft cap) at CPU sizes: the compat layer's row is timed and names
-    the kernel its plan chose; the point's variant is in the preset."""
+    """The GPU preset's attention points (fp8 pages, soft cap) at CPU sizes: the compat layer's row is timed, names
+    the kernel its plan chose and has a rate."""
     rows = bench.run_point("flashinfer-compat", bench_flashinfer._point(op, params, "small"), torch.device("cpu"), 1.0)
     assert [r.error for r in rows if r.error] == []
     ours = [r for r in rows if r.kernel.startswith("kernel_switchboard")]

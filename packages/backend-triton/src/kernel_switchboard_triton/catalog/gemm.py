@@ -71,7 +71,7 @@ def _grid_fill(name: str, problem: Any) -> float:
     them at 64x8192), the Gluon block-fp8 kernel's persistent grid (one program per 128x128 tile up to one per SM: 64
     at 128x8192) and the TMA kernel's per-tensor tiles (128x128, or 256x128 above 128 rows: 64 at 256x8192). Without
     this share the roofline ranked them above CUTLASS's persistent kernels there, which ran faster
-    (docs/benchmarks.md, "fp8 block GEMM" and "per-tensor fp8 tiles")."""
+    (docs/benchmarks.md, "fp8 block GEMM" and "fp8 per-tensor GEMM tiles")."""
     if name != "mm_fp8" or not on_gpu(problem):
         return 1.0
     if problem.m >= TMA_MIN_M and _gluon_block_fp8(problem):

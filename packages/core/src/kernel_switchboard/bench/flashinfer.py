@@ -4,10 +4,9 @@ on identical inputs, in one process, called the same way (a wrapper planned once
 Points (GPU): decode B in {16, 128} x L in {2048, 8192} (Llama-3-8B heads, page 16, bf16) and B=128 L=8192 on fp8
 e4m3 pages, ragged and paged causal prefill 1x8192 and 8x2048, ragged with logits soft cap 30 too, MLA decode
 B in {16, 128} (128 heads, 512 + 64, page 64), top-p and top-k + top-p sampling 128 x 128256 from probabilities,
-RMSNorm 8192 x 8192. Each point gives a row per implementation (FlashInfer's
-default and, for decode, its tensor-core wrapper) and a ``ratio vs FlashInfer`` row: the best FlashInfer time over
-the compat layer's (>= 1: the compat layer is at least as fast). Calls are timed in alternating rounds
-(:func:`~kernel_switchboard.bench.timing.fastest_of_rounds`).
+RMSNorm 8192 x 8192. Each point gives a row per implementation (FlashInfer's default and, for decode, its tensor-core
+wrapper) and a ``ratio vs FlashInfer`` row: the best FlashInfer time over the compat layer's (>= 1: the compat layer
+is at least as fast). Calls are timed in alternating rounds (:func:`~kernel_switchboard.bench.timing.fastest_of_rounds`).
 
 The ops beside attention (:func:`op_points`): fused add + RMSNorm (8192 x 8192 and a decode step of 128 x 4096,
 bf16), RoPE (8192 tokens of Llama-3-8B heads, by position ids and from a cos/sin table in place), KV append through
