@@ -238,10 +238,9 @@ def bench_gemm(device: torch.device | str = "cuda", sizes: dict[str, int] | None
     # the mainloop without the overlapped promotion (overlap_promotion.hpp), against the same anchor
     _in_turn(w, "cutlass block tile=coop_c2x1", block, anchor, scaled_mm, env={"KSB_CUTLASS_FP8_BLOCK_TILE": "coop_c2x1"})
 
-    for shape in SKINNY if n >= 4096 else ((128, n, n),):
-        _skinny_fp8_block(*shape, device)
-    for shape in SKINNY_TENSOR if n >= 4096 else ((128, n, n),):
-        _skinny_fp8_tensor(*shape, device)
+    for mode, shapes in (("block", SKINNY), ("tensor", SKINNY_TENSOR)):
+        for shape in shapes if n >= 4096 else ((128, n, n),):
+            _skinny_fp8(*shape, mode, device)
 
     w = f"grouped mm {experts}x{hidden}->{inter}, {tokens} tok top-{top_k}"
     gflops = 2.0 * tokens * top_k * hidden * inter
@@ -286,65 +285,52 @@ def _host_us(run: Callable[[], Any], env: dict[str, str] | None, calls: int = 50
     return (time.perf_counter() - t0) / calls * 1e6
 
 
-def _skinny_rows(workload: str, calls: dict[str, tuple[Callable[[], torch.Tensor], dict[str, str] | None]],
-                 chosen: str, want: torch.Tensor, flops: float) -> None:
-    """One row per call, replayed from a CUDA graph, with its eager host time; the automatic choice names its kernel."""
-    for name, (run, env) in calls.items():
-        row = _row(workload, name, chosen if name == "automatic choice" else "", _graphed(run, env), want, flops)
-        if "error" not in row:
-            row["eager_host_us"] = round(_host_us(run, env), 1)
-            print(f"  {name}: eager host time {row['eager_host_us']} us a call", flush=True)
+def _skinny_operands(m: int, n: int, k: int, mode: str, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """(a, b, scale_a, scale_b, the float32 product) of one skinny fp8 problem, the scales as torch and CUTLASS read
+    them, so no call pays a transpose. Block: sa M-major (cuBLAS: outer-dimension major), sb the transposed view of
+    the weight's (N/128, K/128) scales. Per-tensor: 0-d powers of two; b K-major, as cuBLAS wants it."""
+    if mode == "block":
+        from kernel_switchboard.bench.flashinfer import _block_scaled
 
-
-def _skinny_fp8_block(m: int, n: int, k: int, device: torch.device) -> None:
-    """One ``SKINNY`` problem: torch's block-scaled kernel, the automatic choice, CUTLASS's default and forced tiles."""
-    import kernel_switchboard as ksb
-    from kernel_switchboard.bench.flashinfer import _block_scaled
-    from kernel_switchboard.dispatch import select_kernel
-    from kernel_switchboard.ops.gemm import mm_fp8_call
-
-    a, w, sa, sw, want = _block_scaled(m, n, k, device)
-    # the scales as torch and CUTLASS read them, so no call pays a transpose: sa M-major (cuBLAS: outer-dimension
-    # major), sb the transposed view of the weight's (N/128, K/128) scales
-    b, sa_col, sb = w.t(), sa.t().contiguous().t(), sw.t()
-
-    def cutlass() -> torch.Tensor:
-        return ksb.gemm.mm_fp8(a, b, sa_col, sb, backend="cutlass")
-
-    calls: dict[str, tuple[Callable[[], torch.Tensor], dict[str, str] | None]] = {
-        "torch._scaled_mm block": (lambda: torch._scaled_mm(a, b, scale_a=sa_col, scale_b=sb,
-                                                             out_dtype=torch.bfloat16), None),
-        "automatic choice": (lambda: ksb.gemm.mm_fp8(a, b, sa_col, sb), None),
-        "cutlass default tile": (cutlass, None)}
-    calls.update({f"cutlass tile={role}": (cutlass, {"KSB_CUTLASS_FP8_BLOCK_TILE": role}) for role in SKINNY_TILES})
-    chosen = select_kernel("gemm.mm_fp8", mm_fp8_call(a, b, sa_col, sb)[0]).id  # the kernel the ranking took
-    _skinny_rows(f"fp8 block {m}x{n}x{k}, CUDA graph replays", calls, chosen, want, 2.0 * m * n * k)
-
-
-def _skinny_fp8_tensor(m: int, n: int, k: int, device: torch.device) -> None:
-    """One ``SKINNY_TENSOR`` problem: cuBLAS per-tensor, the automatic choice, CUTLASS's default and forced tiles."""
-    import kernel_switchboard as ksb
-    from kernel_switchboard.dispatch import select_kernel
-    from kernel_switchboard.ops.gemm import mm_fp8_call
-
+        a, w, sa, sw, want = _block_scaled(m, n, k, device)
+        return a, w.t(), sa.t().contiguous().t(), sw.t(), want
     fp8 = torch.float8_e4m3fn
     a = (torch.randn(m, k, device=device) * 100).clamp(-448, 448).to(fp8)
-    b = (torch.randn(n, k, device=device) * 100).clamp(-448, 448).to(fp8).t()  # K-major, as cuBLAS wants it
+    b = (torch.randn(n, k, device=device) * 100).clamp(-448, 448).to(fp8).t()
     sa, sb = torch.tensor(2.0**-8, device=device), torch.tensor(2.0**-7, device=device)
-    want = (a.float() @ b.float()) * (sa * sb)
+    return a, b, sa, sb, (a.float() @ b.float()) * (sa * sb)
+
+
+def _skinny_fp8(m: int, n: int, k: int, mode: str, device: torch.device) -> None:
+    """One ``SKINNY`` (block) or ``SKINNY_TENSOR`` problem: torch's kernel for the scale mode, the automatic choice,
+    CUTLASS's default and forced tiles, each replayed from a CUDA graph, with its eager host time; the automatic
+    choice names the kernel the ranking took."""
+    import kernel_switchboard as ksb
+    from kernel_switchboard.dispatch import select_kernel
+    from kernel_switchboard.ops.gemm import mm_fp8_call
+
+    a, b, sa, sb, want = _skinny_operands(m, n, k, mode, device)
 
     def cutlass() -> torch.Tensor:
         return ksb.gemm.mm_fp8(a, b, sa, sb, backend="cutlass")
 
+    forcing, tiles = (("KSB_CUTLASS_FP8_BLOCK_TILE", SKINNY_TILES) if mode == "block"
+                      else ("KSB_CUTLASS_FP8_TENSOR_TILE", SKINNY_TENSOR_TILES))
+    word = "block" if mode == "block" else "per-tensor"
     calls: dict[str, tuple[Callable[[], torch.Tensor], dict[str, str] | None]] = {
-        "torch._scaled_mm per-tensor": (lambda: torch._scaled_mm(a, b, scale_a=sa, scale_b=sb,
-                                                                  out_dtype=torch.bfloat16), None),
+        f"torch._scaled_mm {word}": (lambda: torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16),
+                                     None),
         "automatic choice": (lambda: ksb.gemm.mm_fp8(a, b, sa, sb), None),
         "cutlass default tile": (cutlass, None)}
-    calls.update({f"cutlass tile={role}": (cutlass, {"KSB_CUTLASS_FP8_TENSOR_TILE": role})
-                  for role in SKINNY_TENSOR_TILES})
+    calls.update({f"cutlass tile={role}": (cutlass, {forcing: role}) for role in tiles})
     chosen = select_kernel("gemm.mm_fp8", mm_fp8_call(a, b, sa, sb)[0]).id
-    _skinny_rows(f"fp8 per-tensor {m}x{n}x{k}, CUDA graph replays", calls, chosen, want, 2.0 * m * n * k)
+    workload = f"fp8 {word} {m}x{n}x{k}, CUDA graph replays"
+    for name, (run, env) in calls.items():
+        row = _row(workload, name, chosen if name == "automatic choice" else "", _graphed(run, env), want,
+                   2.0 * m * n * k)
+        if "error" not in row:
+            row["eager_host_us"] = round(_host_us(run, env), 1)
+            print(f"  {name}: eager host time {row['eager_host_us']} us a call", flush=True)
 
 
 def _first_call(a: torch.Tensor, b: torch.Tensor) -> None:
