@@ -150,6 +150,59 @@ def test_decode_plan_run_equals_run_and_sees_table_updates() -> None:
                                             backend="reference"), torch.bfloat16)
 
 
+def _decode_plan(table: PageTable, splits: int, hq: int = 4, hkv: int = 2, d: int = 64):  # type: ignore[no-untyped-def]
+    from kernel_switchboard_triton._decode import DecodePlan
+
+    return DecodePlan(table, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, head_dim_v=d, sm_scale=d ** -0.5,
+                      logits_soft_cap=None, window_left=-1, max_kv_len=int(table.seq_lens.max()), num_splits=splits)
+
+
+def _planned_run(plan, q: torch.Tensor, cache: PagedKVCache, table: PageTable) -> None:  # type: ignore[no-untyped-def]
+    """One run of ``plan`` into fresh NaN outputs, against the reference."""
+    out = torch.full((q.shape[0], q.shape[1], q.shape[2]), float("nan"), dtype=q.dtype, device=DEVICE)
+    lse = torch.full(q.shape[:2], float("nan"), device=DEVICE)
+    plan.run(q, cache, out, lse)
+    want = ksb.attention.decode(q, cache, table, return_lse=True, sm_scale=q.shape[2] ** -0.5, backend="reference")
+    _close((out, lse), want, FP8 if cache.is_fp8 else q.dtype)
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_decode_plan_runs_repeat_the_kept_launches_with_each_runs_tensors(splits: int) -> None:
+    """A plan's later runs launch the kernels of its first with their own queries, pages and outputs (the kept
+    launch is reused, not rebuilt); a run whose tensors the kept arguments cannot describe (other strides, another
+    layout) is launched anew."""
+    lens = [1, 45, 80]
+    cache, table = make_cache(lens, 8, 2, 64, dtype=torch.bfloat16)
+    plan = _decode_plan(table, splits)
+    _planned_run(plan, _randn(3, 4, 64, dtype=torch.bfloat16), cache, table)
+    kept = plan._launch
+    # other pages of the same shapes (other values, the unused slots' NaN where they were)
+    other = PagedKVCache(cache.k_pages.flip(-1).contiguous(), cache.v_pages * -1.5, "NHD")
+    _planned_run(plan, _randn(3, 4, 64, dtype=torch.bfloat16, seed=7), other, table)
+    assert plan._launch is kept
+    wide = _randn(3, 6, 64, dtype=torch.bfloat16, seed=8)[:, 1:5]  # the queries' head stride is unchanged, not the
+    _planned_run(plan, wide, other, table)                          # batch stride: launched anew
+    assert plan._launch is not kept
+    hnd, _ = make_cache(lens, 8, 2, 64, dtype=torch.bfloat16, layout="HND")
+    _planned_run(plan, _randn(3, 4, 64, dtype=torch.bfloat16, seed=9), hnd, table)
+
+
+def test_decode_plan_runs_take_each_runs_fp8_scales() -> None:
+    """fp8 pages: a float scale is folded into the kept launch's arguments, so a run with other float scales is
+    launched anew; tensor scales are read at every run."""
+    lens = [40, 17]
+    cache, table = make_cache(lens, 16, 2, 64, dtype=torch.float16, fp8=True)
+    plan = _decode_plan(table, 2)
+    q = _randn(2, 4, 64)
+    _planned_run(plan, q, cache, table)
+    kept = plan._launch
+    _planned_run(plan, q, PagedKVCache(cache.k_pages, cache.v_pages, "NHD", k_scale=0.25, v_scale=2.0), table)
+    assert plan._launch is not kept
+    for k_scale, v_scale in ((0.5, 0.75), (0.125, 3.0)):
+        scales = (torch.full((2,), k_scale, device=DEVICE), torch.full((2,), v_scale, device=DEVICE))
+        _planned_run(plan, q, PagedKVCache(cache.k_pages, cache.v_pages, "NHD", *scales), table)
+
+
 def test_capability_rejects_what_the_kernels_do_not_do() -> None:
     cache, table = make_cache([10], 16, 1, 112)  # 112 = 64 + 48: prefill's qk split needs power-of-two parts
     with pytest.raises(KernelUnavailableError, match="head_dim=112"):

@@ -42,6 +42,7 @@ from ._attn_common import (
 )
 from ._common import pdl_launch
 from ._gdc import after_prior
+from ._launch import Relaunch
 from ._prefill import variant_finish, variant_launch, variant_scores
 
 
@@ -388,6 +389,8 @@ class DecodePlan:
         self.part_out = torch.empty(batch, num_q_heads, s, head_dim_v, device=device, dtype=torch.float32) if partials \
             else None
         self.part_lse = torch.empty(batch, num_q_heads, s, device=device, dtype=torch.float32) if partials else None
+        #: the last run's launches, which later runs repeat with their own tensors when they can
+        self._launch: DecodeLaunch | None = None
 
     def run(self, q: torch.Tensor, cache: Any, out: torch.Tensor | None = None,
             lse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -395,8 +398,11 @@ class DecodePlan:
         lse = self.lse_scratch if lse is None else lse
         if out is None:
             raise fail("out", None, "an output tensor (B, Hq, Dv), or a plan made with dtype=")
-        launch_decode(q, cache, self.table, out, lse, self.part_out, self.part_lse, self.cfg, self.group,
-                      self.sm_scale, self.soft_cap, self.window_left, self.variant, self.lse_base2)
+        kept = self._launch
+        if kept is None or not kept(q, cache, out, lse):
+            self._launch = launch_decode(q, cache, self.table, out, lse, self.part_out, self.part_lse, self.cfg,
+                                         self.group, self.sm_scale, self.soft_cap, self.window_left, self.variant,
+                                         self.lse_base2)
         return out, lse
 
 
@@ -405,14 +411,63 @@ def round_len(n: int) -> int:
     return max(256, triton.cdiv(n, 256) * 256)
 
 
+#: a cache scale that is a tensor, in a :class:`DecodeLaunch` key (its dtype and strides are the launch's to check)
+_SCALE_TENSOR = object()
+#: where the split kernel takes the tensors a run brings: q, k, v, the output and LSE (or the partials), the scales
+_SPLIT_SLOTS = (0, 1, 2, 5, 6, 24, 25)
+#: where the merge takes the run's output and LSE
+_MERGE_SLOTS = (2, 3)
+
+
+def _scale_key(scale: Any) -> Any:
+    """A cache scale as a launch depends on it: a float's value (folded into the kernel's scale arguments), None,
+    or that it is a tensor."""
+    return _SCALE_TENSOR if isinstance(scale, torch.Tensor) else scale
+
+
+class DecodeLaunch:
+    """A decode run's launches (split kernel, merge), kept so that the plan's later runs launch them directly
+    (:class:`~._launch.Relaunch`). ``__call__(q, cache, out, lse)`` launches them with this run's tensors, or
+    returns False (launching nothing) when the run differs in what the kept arguments fixed: shapes, layout, float
+    scales, or a tensor's dtype, strides or alignment."""
+
+    __slots__ = ("direct", "key", "merge", "parts", "split")
+
+    def __init__(self, key: tuple[Any, ...], direct: bool, parts: tuple[Any, Any], split: Relaunch,
+                 merge: Relaunch | None) -> None:
+        self.key, self.direct, self.parts, self.split, self.merge = key, direct, parts, split, merge
+
+    def __call__(self, q: torch.Tensor, cache: Any, out: torch.Tensor, lse: torch.Tensor) -> bool:
+        if _launch_key(q, cache) != self.key:
+            return False
+        k_scale, v_scale = cache.k_scale, cache.v_scale
+        o, lp = (out, lse) if self.direct else self.parts
+        split = self.split.bind(q, cache.k_pages, cache.v_pages, o, lp,
+                                k_scale if isinstance(k_scale, torch.Tensor) else q,
+                                v_scale if isinstance(v_scale, torch.Tensor) else q)
+        merge = None if self.merge is None else self.merge.bind(out, lse)
+        if split is None or (self.merge is not None and merge is None):
+            return False
+        self.split.launch(split)
+        if self.merge is not None:
+            self.merge.launch(merge)  # type: ignore[arg-type]
+        return True
+
+
+def _launch_key(q: torch.Tensor, cache: Any) -> tuple[Any, ...]:
+    return (q.shape, cache.k_pages.shape[1:], cache.v_pages.shape[1:], cache.layout, _scale_key(cache.k_scale),
+            _scale_key(cache.v_scale))
+
+
 def launch_decode(q: torch.Tensor, cache: Any, table: Any, out: torch.Tensor, lse: torch.Tensor,
                   part_out: torch.Tensor | None, part_lse: torch.Tensor | None, cfg: DecodeConfig, group: int,
                   sm_scale: float, soft_cap: float | None, window_left: int, variant: Any = None,
-                  lse_base2: bool = False) -> None:
+                  lse_base2: bool = False) -> DecodeLaunch | None:
     """Launch the split kernel (writing ``out``/``lse`` directly when there is one split) and the merge; ``lse`` in
-    base 2 with ``lse_base2``, else natural log."""
+    base 2 with ``lse_base2``, else natural log. Returns the launches kept for later runs of the same plan (None for
+    an empty batch, which launches nothing)."""
     if q.shape[0] == 0:
-        return
+        return None
     k, v = cache.k_pages, cache.v_pages
     nhd = cache.layout == "NHD"
     ks, kh = (k.stride(1), k.stride(2)) if nhd else (k.stride(2), k.stride(1))
@@ -436,11 +491,12 @@ def launch_decode(q: torch.Tensor, cache: Any, table: Any, out: torch.Tensor, ls
     vargs, hooks = variant_launch(variant)
     # softmax weights only: a variant's own weights (not SOFTMAX) are not bounded to fp16's range
     f16_math = k.dtype in FP8_KV and q.dtype == torch.bfloat16 and hooks["SOFTMAX"]
-    _decode_split_kernel[(batch, kv_heads, splits)](
+    split = Relaunch(_decode_split_kernel, (batch, kv_heads, splits), (
         q, k, v, bt, table.seq_lens, o, lp,
         q.stride(0), q.stride(1), k.stride(0), ks, kh, v.stride(0), vs, vh, bt.stride(0),
         osb, osh, oss, lsb, lsh,
         qk_scale, cap_log2, v_scale, k_scale_t, v_scale_t, window_left, vargs,
+    ), dict(
         GROUP=group, BLOCK_H=cfg.block_h, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v,
         BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_DV=triton.next_power_of_2(head_dim_v),
         PAGE_SIZE=cache.page_size, BLOCK_N=cfg.block_n, NUM_SPLITS=splits, SPLIT_TOKENS=cfg.split_tokens,
@@ -448,33 +504,35 @@ def launch_decode(q: torch.Tensor, cache: Any, table: Any, out: torch.Tensor, ls
         DOT_FP32=cfg.dot_fp32 and q.dtype == torch.bfloat16 and not f16_math, K_SCALE_STRIDE=k_stride,
         V_SCALE_STRIDE=v_stride, LSE_BASE2=direct and lse_base2, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **hooks,
-    )
-    if cfg.split_tokens:  # batch invariant: always the partials, merged in split order
-        launch_merge_splits(o, lp, out, lse, ordered=True, lse_base2=lse_base2)
-    elif splits > 1:
-        launch_merge_splits(o, lp, out, lse, lse_base2=lse_base2)
+    ), _SPLIT_SLOTS)
+    merge = None
+    if cfg.split_tokens or splits > 1:  # batch invariant: always the partials, merged in split order
+        merge = Relaunch(*_merge_launch(o, lp, out, lse, ordered=bool(cfg.split_tokens), lse_base2=lse_base2),
+                         _MERGE_SLOTS)
+    return DecodeLaunch(_launch_key(q, cache), direct, (o, lp), split, merge)
+
+
+def _merge_launch(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                  ordered: bool, lse_base2: bool) -> tuple[Any, tuple[int, int], tuple[Any, ...], dict[str, Any]]:
+    """(kernel, grid, args, keywords) of :func:`launch_merge_splits`."""
+    batch, heads, splits, dv = part_out.shape
+    po, pl, o, ls = part_out.stride(), part_lse.stride(), out.stride(), lse.stride()
+    args = (part_out, part_lse, out, lse, po[0], po[1], po[2], pl[0], pl[1], o[0], o[1], ls[0], ls[1])
+    block_dv = 1 << (dv - 1).bit_length()
+    options = dict(HEAD_DIM_V=dv, BLOCK_DV=block_dv, NUM_SPLITS=splits, LSE_BASE2=lse_base2,
+                   num_warps=4 if dv >= 256 else 2, **pdl_launch(out.device))
+    if ordered:
+        return _merge_splits_ordered_kernel, (batch, heads), args, options
+    return _merge_splits_kernel, (batch, heads), args, {**options, "BLOCK_S": max(2, 1 << (splits - 1).bit_length())}
 
 
 def launch_merge_splits(part_out: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                         ordered: bool = False, lse_base2: bool = False) -> None:
     """Merge (B, H, S, Dv) float32 partials with their (B, H, S) natural-log LSE into ``out`` (B, H, Dv) and ``lse``
     (B, H), natural log or, with ``lse_base2``, base 2; ``ordered``: add them one by one in split order (the
-    batch-invariant merge). (Runs at every planned decode: its arguments are made with plain integer arithmetic.)"""
-    batch, heads, splits, dv = part_out.shape
-    po, pl, o, ls = part_out.stride(), part_lse.stride(), out.stride(), lse.stride()
-    strides = (po[0], po[1], po[2], pl[0], pl[1], o[0], o[1], ls[0], ls[1])
-    block_dv = 1 << (dv - 1).bit_length()
-    if ordered:
-        _merge_splits_ordered_kernel[(batch, heads)](
-            part_out, part_lse, out, lse, *strides, HEAD_DIM_V=dv, BLOCK_DV=block_dv, NUM_SPLITS=splits,
-            LSE_BASE2=lse_base2, num_warps=4 if dv >= 256 else 2, **pdl_launch(out.device),
-        )
-        return
-    _merge_splits_kernel[(batch, heads)](
-        part_out, part_lse, out, lse, *strides, HEAD_DIM_V=dv, BLOCK_DV=block_dv, NUM_SPLITS=splits,
-        BLOCK_S=max(2, 1 << (splits - 1).bit_length()), LSE_BASE2=lse_base2, num_warps=4 if dv >= 256 else 2,
-        **pdl_launch(out.device),
-    )
+    batch-invariant merge)."""
+    kernel, grid, args, options = _merge_launch(part_out, part_lse, out, lse, ordered, lse_base2)
+    kernel[grid](*args, **options)
 
 
 def decode(q: torch.Tensor, cache: Any, table: Any, p: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
