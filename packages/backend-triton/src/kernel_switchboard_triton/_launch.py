@@ -6,7 +6,7 @@ kernels at every run with the same arguments but a few tensors (the queries, the
 :class:`Relaunch` makes the first launch through ``kernel[grid]`` and keeps the compiled kernel Triton returned with
 the whole argument list; a later launch puts that run's tensors in their places and calls the compiled kernel's
 launcher directly, with the arguments Triton's own launch passes it. On an H100 host (Triton 3.6) the decode split
-kernel's launch (53 arguments) takes 11 us of host time that way against 46 through ``kernel[grid]``
+kernel's launch (28 arguments and 25 keywords) takes 11 us of host time that way against 46 through ``kernel[grid]``
 (docs/benchmarks.md).
 
 The kept arguments include the first tensors' strides, and the compiled kernel assumed their dtypes and alignment,
