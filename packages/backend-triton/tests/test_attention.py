@@ -187,6 +187,23 @@ def test_decode_plan_runs_repeat_the_kept_launches_with_each_runs_tensors(splits
     _planned_run(plan, _randn(3, 4, 64, dtype=torch.bfloat16, seed=9), hnd, table)
 
 
+def test_a_decode_plan_keeps_no_runs_tensors_alive() -> None:
+    """The launches a plan keeps for its later runs hold none of a run's queries, pages or outputs."""
+    import gc
+    import weakref
+
+    cache, table = make_cache([30, 9], 8, 2, 64, dtype=torch.bfloat16)
+    plan = _decode_plan(table, 2)
+    q = _randn(2, 4, 64, dtype=torch.bfloat16)
+    out = torch.empty(2, 4, 64, dtype=torch.bfloat16, device=DEVICE)
+    plan.run(q, cache, out)
+    assert plan._launch is not None
+    refs = [weakref.ref(t) for t in (q, cache.k_pages, cache.v_pages, out)]
+    del q, cache, out
+    gc.collect()
+    assert all(r() is None for r in refs)
+
+
 def test_decode_plan_runs_take_each_runs_fp8_scales() -> None:
     """fp8 pages: a float scale is folded into the kept launch's arguments, so a run with other float scales is
     launched anew; tensor scales are read at every run."""

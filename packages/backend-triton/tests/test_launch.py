@@ -4,6 +4,8 @@ to call (interpreter, launch hook, another device) the launch is Triton's own, w
 
 from __future__ import annotations
 
+import gc
+import weakref
 from types import SimpleNamespace
 from typing import Any
 
@@ -109,3 +111,16 @@ def test_without_a_compiled_kernel_to_call_the_launch_is_tritons_own(why: str, d
     assert grid == (4, 2, 1) and again[0] is y and again[1:] == (kernel.own[0][1][1], 128, 2, 32)
     assert options == {"num_warps": 4}
     assert kernel.compiled is None or kernel.compiled.launches == []
+
+
+def test_a_kept_launch_holds_no_tensor_of_its_slots(device: SimpleNamespace) -> None:
+    """The tensors a launch is given in its slots (a run's queries, an engine's KV pages) are not kept alive by it."""
+    kernel = _FakeKernel()
+    kept, x = _kept(kernel)
+    gone = weakref.ref(x)
+    del x
+    kernel.own.clear()  # the stand-in's record of Triton's own launch holds the arguments too
+    gc.collect()
+    assert gone() is None
+    args = kept.bind(torch.ones(64))
+    assert args is not None and args[0] is not None

@@ -52,7 +52,7 @@ def _spec(t: torch.Tensor) -> tuple[torch.dtype, tuple[int, ...], bool]:
 class Relaunch:
     """``Relaunch(kernel, grid, args, kwargs, slots)`` launches ``kernel[grid](*args, **kwargs)`` and keeps it;
     ``launch(bind(*tensors))`` launches it again with one tensor per position in ``slots`` (indices into ``args``,
-    each a tensor there) in those places."""
+    each a tensor there) in those places. It keeps the other arguments, never the tensors in ``slots``."""
 
     __slots__ = ("_args", "_compiled", "_current_device", "_device", "_fn", "_grid", "_options", "_slots", "_specs",
                  "_stream")
@@ -66,6 +66,8 @@ class Relaunch:
         self._options = {key: value for key, value in kwargs.items() if key not in names}
         self._fn, self._grid, self._slots = kernel, (*grid, 1, 1)[:3], tuple(slots)
         self._specs = tuple(_spec(self._args[i]) for i in self._slots)
+        for i in self._slots:  # every launch fills them: the kept launch holds no run's tensors alive
+            self._args[i] = None
         compiled = kernel[grid](*args, **kwargs)
         self._compiled = compiled if all(hasattr(compiled, f) for f in _LAUNCHER_FIELDS) else None
         if self._compiled is not None:  # the device and stream functions Triton's own launch uses
