@@ -102,3 +102,55 @@ def test_append_mla_matches_reference(dtype: torch.dtype, page_size: int) -> Non
     ksb.kv_cache.append_mla(ckv, kpe, *want, table, pos, bi, backend="reference")
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert not torch.equal(got[0], ckv_pages)
+
+
+def _store_args(op: str, table: PageTable, bi: torch.Tensor, pos: torch.Tensor, ps: int) -> tuple[torch.Tensor, ...]:
+    """The index arguments of ``op`` for tokens going to (request ``bi``, position ``pos``) of ``table``."""
+    bt = table.block_table
+    if op == "append":
+        return table, pos, bi
+    if op == "append_slots":
+        return ((bt[bi.long(), (pos // ps).long()] * ps + pos % ps).to(torch.int64),)
+    indptr = torch.arange(0, (bt.shape[0] + 1) * bt.shape[1], bt.shape[1], dtype=torch.int32, device=DEVICE)
+    return indptr, bt.flatten().contiguous(), pos, bi
+
+
+@pytest.mark.parametrize("op", ["append", "append_slots", "append_csr"])
+def test_store_launches_are_kept_across_a_steps_layers(op: str) -> None:
+    """An engine appends at every layer of a step, each layer's own pages, the same geometry: the launch is kept
+    and repeated with each layer's tensors (each layer's pages get their own tokens, exactly); another token count
+    or other float fp8 scales make their own launch; a kept launch holds no call's tensors."""
+    import gc
+    import weakref
+
+    from kernel_switchboard_triton import _append
+
+    batch, max_pages, num_pages, ps, hkv, d = 3, 4, 15, 8, 2, 64
+    table = _table(batch, max_pages, num_pages)
+    fn = getattr(ksb.kv_cache, op)
+    for tokens, fp8_scales in ((5, None), (5, None), (7, None), (5, (0.5, 0.25)), (5, (2.0, 0.125))):
+        bi, pos = _targets(tokens, batch, max_pages * ps, seed=tokens)
+        args = _store_args(op, table, bi, pos, ps)
+        keys = set(_append._KEPT)
+        for layer in range(3):
+            g = _gen(10 + layer)
+            dtype = torch.float8_e4m3fn if fp8_scales else torch.float16
+            pages = [torch.randn(num_pages, ps, hkv, d, generator=g).to(DEVICE, dtype) for _ in range(2)]
+            scales = dict(zip(("k_scale", "v_scale"), fp8_scales)) if fp8_scales else {}
+            k, v = (torch.randn(tokens, hkv, d, generator=g).to(DEVICE, torch.float16) for _ in range(2))
+            got = PagedKVCache(pages[0].clone(), pages[1].clone(), "NHD", **scales)
+            want = PagedKVCache(pages[0].clone(), pages[1].clone(), "NHD", **scales)
+            fn(k, v, got, *args, backend="triton")
+            fn(k, v, want, *args, backend="reference")
+            for g_pages, w_pages in ((got.k_pages, want.k_pages), (got.v_pages, want.v_pages)):
+                assert torch.equal(g_pages.view(torch.uint8), w_pages.view(torch.uint8))
+            if layer == 0:
+                new = set(_append._KEPT) - keys
+                assert len(new) <= 1  # one launch kept for this geometry (none when it was kept before)
+                kept = _append._KEPT[next(iter(new))] if new else None
+            elif kept is not None:
+                assert _append._KEPT[next(iter(set(_append._KEPT) - keys))] is kept  # repeated, not rebuilt
+        refs = [weakref.ref(t) for t in (k, v, got.k_pages, got.v_pages)]
+        del k, v, got, want, pages, g_pages, w_pages
+        gc.collect()
+        assert all(r() is None for r in refs)

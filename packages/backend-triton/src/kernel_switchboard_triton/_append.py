@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from ._attn_common import interpreting
+from ._launch import Relaunch
 
 #: fp8 page dtypes the append kernel writes: (finite range, smallest normal exponent, mantissa bits)
 FP8 = {torch.float8_e4m3fn: (448.0, -6, 3), torch.float8_e5m2: (57344.0, -14, 2)}
@@ -114,17 +115,49 @@ def _page_strides(cache: Any) -> tuple[int, int, int, int, int, int]:
     return kp.stride(0), kps, kph, vp.stride(0), vps, vph
 
 
+#: store launches kept by the geometry that fixes all their arguments but the tensors (:func:`_store`), at most
+#: :data:`MAX_KEPT` of them
+_KEPT: dict[tuple[Any, ...], Relaunch] = {}
+MAX_KEPT = 64
+
+
+def _store(kernel: Any, k: torch.Tensor, v: torch.Tensor, cache: Any, indexes: tuple[torch.Tensor, ...],
+           counts: tuple[int, ...] = (), index_strides: tuple[int, ...] = ()) -> None:
+    """Launch a store kernel with (k, v, the K and V pages, ``indexes``, ``counts``, the head count, the strides of
+    k, v and the pages, ``index_strides``, the reciprocal scales) and its block sizes.
+
+    An engine appends at every layer of a step with the same geometry, each layer's own pages: with float scales (or
+    none) the launch is kept by that geometry (shapes, layout, scales) and later calls put their tensors in place
+    (:class:`~._launch.Relaunch`: same dtypes, strides and alignment), which skips Triton's per-call work. Tensor
+    scales take their reciprocals on the device at every call, so those launches are not kept."""
+    tensors = (k, v, cache.k_pages, cache.v_pages, *indexes)
+    key = None
+    if not cache.scale_tensors:
+        key = (kernel, k.shape, v.shape, cache.k_pages.shape, cache.v_pages.shape, cache.layout, cache.k_scale,
+               cache.v_scale, *(t.shape for t in indexes))
+        kept = _KEPT.get(key)
+        bound = None if kept is None else kept.bind(*tensors)
+        if kept is not None and bound is not None:
+            kept.launch(bound)
+            return
+    grid, inverses, meta = _store_launch(k, v, cache)
+    args = (*tensors, *counts, k.shape[1], k.stride(0), k.stride(1), v.stride(0), v.stride(1), *_page_strides(cache),
+            *index_strides, *inverses)
+    if key is None:
+        kernel[grid](*args, **meta)
+        return
+    if len(_KEPT) >= MAX_KEPT:
+        _KEPT.clear()
+    _KEPT[key] = Relaunch(kernel, grid, args, meta, range(len(tensors)))
+
+
 def append(k: torch.Tensor, v: torch.Tensor, cache: Any, table: Any, batch_indices: torch.Tensor,
            positions: torch.Tensor) -> None:
     """The ``kv_cache.append`` kernel: write k (T, Hkv, D), v (T, Hkv, Dv) into the pages, in place."""
     if k.shape[0] == 0:
         return
-    grid, inverses, meta = _store_launch(k, v, cache)
     bt = table.block_table
-    _append_kernel[grid](
-        k, v, cache.k_pages, cache.v_pages, bt, batch_indices, positions, k.shape[1],
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1), *_page_strides(cache), bt.stride(0), *inverses, **meta,
-    )
+    _store(_append_kernel, k, v, cache, (bt, batch_indices, positions), (), (bt.stride(0),))
 
 
 def _store_launch(k: torch.Tensor, v: torch.Tensor, cache: Any) -> tuple[tuple[int, int], tuple[Any, Any],
@@ -245,11 +278,7 @@ def append_slots(k: torch.Tensor, v: torch.Tensor, cache: Any, slot_mapping: tor
     """The ``kv_cache.append_slots`` kernel: write k (T, Hkv, D), v (T, Hkv, Dv) at their slots, in place."""
     if k.shape[0] == 0:
         return
-    grid, inverses, meta = _store_launch(k, v, cache)
-    _append_slots_kernel[grid](
-        k, v, cache.k_pages, cache.v_pages, slot_mapping, k.shape[1],
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1), *_page_strides(cache), *inverses, **meta,
-    )
+    _store(_append_slots_kernel, k, v, cache, (slot_mapping,))
 
 
 def append_csr(k: torch.Tensor, v: torch.Tensor, cache: Any, indptr: torch.Tensor, indices: torch.Tensor,
@@ -258,12 +287,8 @@ def append_csr(k: torch.Tensor, v: torch.Tensor, cache: Any, indptr: torch.Tenso
     place, in one launch."""
     if k.shape[0] == 0:
         return
-    grid, inverses, meta = _store_launch(k, v, cache)
-    _append_csr_kernel[grid](
-        k, v, cache.k_pages, cache.v_pages, indptr, indices, batch_indices, positions, indptr.shape[0] - 1,
-        indices.shape[0], cache.num_pages, k.shape[1], k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        *_page_strides(cache), *inverses, **meta,
-    )
+    _store(_append_csr_kernel, k, v, cache, (indptr, indices, batch_indices, positions),
+           (indptr.shape[0] - 1, indices.shape[0], cache.num_pages))
 
 
 def _inverse(scale: Any, limit: float) -> tuple[Any, int]:
