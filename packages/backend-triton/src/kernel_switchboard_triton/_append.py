@@ -127,14 +127,14 @@ def _store(kernel: Any, k: torch.Tensor, v: torch.Tensor, cache: Any, indexes: t
     k, v and the pages, ``index_strides``, the reciprocal scales) and its block sizes.
 
     An engine appends at every layer of a step with the same geometry, each layer's own pages: with float scales (or
-    none) the launch is kept by that geometry (shapes, layout, scales) and later calls put their tensors in place
+    none) the launch is kept by that geometry (device, shapes, layout, scales) and later calls put their tensors in place
     (:class:`~._launch.Relaunch`: same dtypes, strides and alignment), which skips Triton's per-call work. Tensor
     scales take their reciprocals on the device at every call, so those launches are not kept."""
     tensors = (k, v, cache.k_pages, cache.v_pages, *indexes)
     key = None
     if not cache.scale_tensors:
-        key = (kernel, k.shape, v.shape, cache.k_pages.shape, cache.v_pages.shape, cache.layout, cache.k_scale,
-               cache.v_scale, *(t.shape for t in indexes))
+        key = (kernel, k.device, k.shape, v.shape, cache.k_pages.shape, cache.v_pages.shape, cache.layout,
+               cache.k_scale, cache.v_scale, *(t.shape for t in indexes))
         kept = _KEPT.get(key)
         bound = None if kept is None else kept.bind(*tensors)
         if kept is not None and bound is not None:

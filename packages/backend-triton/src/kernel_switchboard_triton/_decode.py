@@ -428,8 +428,8 @@ def _scale_key(scale: Any) -> Any:
 class DecodeLaunch:
     """A decode run's launches (split kernel, merge), kept so that the plan's later runs launch them directly
     (:class:`~._launch.Relaunch`). ``__call__(q, cache, out, lse)`` launches them with this run's tensors, or
-    returns False (launching nothing) when the run differs in what the kept arguments fixed: shapes, layout, float
-    scales, or a tensor's dtype, strides or alignment."""
+    returns False (launching nothing) when the run differs in what the kept arguments fixed: device, shapes, layout,
+    float scales, or a tensor's dtype, strides or alignment."""
 
     __slots__ = ("direct", "key", "merge", "parts", "split")
 
@@ -455,8 +455,8 @@ class DecodeLaunch:
 
 
 def _launch_key(q: torch.Tensor, cache: Any) -> tuple[Any, ...]:
-    return (q.shape, cache.k_pages.shape[1:], cache.v_pages.shape[1:], cache.layout, _scale_key(cache.k_scale),
-            _scale_key(cache.v_scale))
+    return (q.device, q.shape, cache.k_pages.shape[1:], cache.v_pages.shape[1:], cache.layout,
+            _scale_key(cache.k_scale), _scale_key(cache.v_scale))
 
 
 def launch_decode(q: torch.Tensor, cache: Any, table: Any, out: torch.Tensor, lse: torch.Tensor,
