@@ -133,7 +133,7 @@ def _store(kernel: Any, k: torch.Tensor, v: torch.Tensor, cache: Any, indexes: t
     tensors = (k, v, cache.k_pages, cache.v_pages, *indexes)
     key = None
     if not cache.scale_tensors:
-        key = (kernel, k.device, k.shape, v.shape, cache.k_pages.shape, cache.v_pages.shape, cache.layout,
+        key = (id(kernel), k.device, k.shape, v.shape, cache.k_pages.shape, cache.v_pages.shape, cache.layout,
                cache.k_scale, cache.v_scale, *(t.shape for t in indexes))
         kept = _KEPT.get(key)
         bound = None if kept is None else kept.bind(*tensors)
