@@ -127,9 +127,9 @@ def _store(kernel: Any, k: torch.Tensor, v: torch.Tensor, cache: Any, indexes: t
     k, v and the pages, ``index_strides``, the reciprocal scales) and its block sizes.
 
     An engine appends at every layer of a step with the same geometry, each layer's own pages: with float scales (or
-    none) the launch is kept by that geometry (device, shapes, layout, scales) and later calls put their tensors in place
-    (:class:`~._launch.Relaunch`: same dtypes, strides and alignment), which skips Triton's per-call work. Tensor
-    scales take their reciprocals on the device at every call, so those launches are not kept."""
+    none) the launch is kept by that geometry (device, shapes, layout, scales) and later calls put their tensors in
+    place (:class:`~._launch.Relaunch`: same dtypes, strides and alignment), which skips Triton's per-call work.
+    Tensor scales take their reciprocals on the device at every call, so those launches are not kept."""
     tensors = (k, v, cache.k_pages, cache.v_pages, *indexes)
     key = None
     if not cache.scale_tensors:

@@ -2,12 +2,12 @@
 
 ``kernel[grid](*args, **kwargs)`` binds every argument, specialises each (dtype and 16-byte alignment of pointers,
 integers equal to 1 or divisible by 16), looks the compiled kernel up and launches it. A plan launches the same
-kernels at every run with the same arguments but a few tensors (the queries, the cache pages, the outputs). A
-:class:`Relaunch` makes the first launch through ``kernel[grid]`` and keeps the compiled kernel Triton returned with
-the whole argument list; a later launch puts that run's tensors in their places and calls the compiled kernel's
-launcher directly, with the arguments Triton's own launch passes it. On an H100 host (Triton 3.6) the decode split
-kernel's launch (28 arguments and 25 keywords) takes 11 us of host time that way against 46 through ``kernel[grid]``
-(docs/benchmarks.md).
+kernels at every run with the same arguments but a few tensors (the queries, the cache pages, the outputs), and an
+engine's KV-cache append does at every layer of a step. A :class:`Relaunch` makes the first launch through
+``kernel[grid]`` and keeps the compiled kernel Triton returned with the whole argument list; a later launch puts its
+own tensors in their places and calls the compiled kernel's launcher directly, with the arguments Triton's own launch
+passes it. On an H100 host (Triton 3.6) the decode split kernel's launch (28 arguments and 25 keywords) takes 11 us
+of host time that way against 46 through ``kernel[grid]`` (docs/benchmarks.md).
 
 The kept arguments include the first tensors' strides, and the compiled kernel assumed their dtypes and alignment,
 so a later tensor is taken only with the dtype, strides and 16-byte alignment of the one it replaces; otherwise
