@@ -134,16 +134,17 @@ def test_store_launches_are_kept_across_a_steps_layers(op: str) -> None:
         keys = set(_append._KEPT)
         for layer in range(3):
             g = _gen(10 + layer)
-            dtype = torch.float8_e4m3fn if fp8_scales else torch.float16
+            dtype = torch.float8_e4m3fn if fp8_scales else torch.bfloat16
             pages = [torch.randn(num_pages, ps, hkv, d, generator=g).to(DEVICE, dtype) for _ in range(2)]
             scales = dict(zip(("k_scale", "v_scale"), fp8_scales)) if fp8_scales else {}
-            k, v = (torch.randn(tokens, hkv, d, generator=g).to(DEVICE, torch.float16) for _ in range(2))
+            k, v = (torch.randn(tokens, hkv, d, generator=g).to(DEVICE, torch.bfloat16) for _ in range(2))
             got = PagedKVCache(pages[0].clone(), pages[1].clone(), "NHD", **scales)
             want = PagedKVCache(pages[0].clone(), pages[1].clone(), "NHD", **scales)
             fn(k, v, got, *args, backend="triton")
             fn(k, v, want, *args, backend="reference")
             for g_pages, w_pages in ((got.k_pages, want.k_pages), (got.v_pages, want.v_pages)):
-                assert torch.equal(g_pages.view(torch.uint8), w_pages.view(torch.uint8))
+                # exact values (Triton 3.7's interpreter stores a negative value that rounds to zero as +0)
+                assert torch.equal(g_pages.float(), w_pages.float())
             if layer == 0:
                 new = set(_append._KEPT) - keys
                 assert len(new) <= 1  # one launch kept for this geometry (none when it was kept before)
