@@ -4,7 +4,8 @@ Small decode problems (B=1, L=1024) are bound by the host: the time per ``plan.r
 the loop is the host's. Prints microseconds per run for each eligible backend and FlashInfer's wrapper,
 then each eager ``ksb.attention.decode`` call (automatic choice and explicit backends) with a cProfile of
 the automatic one, then a cProfile of the Triton plan's runs, then each GEMM backend's eager call on a small
-problem (16x1024x1024: bf16 mm, fp8 block-scaled mm) beside torch's.
+problem (16x1024x1024: bf16 mm, fp8 block-scaled mm) beside torch's, then a decode step's KV append (B=128, one
+token each, through FlashInfer's CSR pages) per backend, through the compat function and through FlashInfer's.
 
     python3 tools/host_overhead.py
 """
@@ -14,6 +15,8 @@ from __future__ import annotations
 import cProfile
 import pstats
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -57,13 +60,13 @@ def main() -> int:
         print(f"{'flashinfer':8s} run {host_us(lambda: w.run(q, kv)):7.1f} us/run")
     except Exception as exc:  # noqa: BLE001
         print(f"flashinfer: {type(exc).__name__}: {str(exc)[:120]}")
-    for backend in (None, "trtllm", "triton"):  # None: the automatic choice
+    for choice in (None, "trtllm", "triton"):  # None: the automatic choice
         try:
-            us = host_us(lambda b=backend: ksb.attention.decode(q, cache, table, backend=b))
+            us = host_us(lambda b=choice: ksb.attention.decode(q, cache, table, backend=b))
         except Exception as exc:  # noqa: BLE001
-            print(f"eager {backend}: {type(exc).__name__}: {str(exc)[:120]}")
+            print(f"eager {choice}: {type(exc).__name__}: {str(exc)[:120]}")
             continue
-        print(f"eager {backend!s:8s} decode {us:7.1f} us/call", flush=True)
+        print(f"eager {choice!s:8s} decode {us:7.1f} us/call", flush=True)
     print(ksb.explain("attention.decode", q, cache, table))
     prof = cProfile.Profile()
     prof.enable()
@@ -82,7 +85,44 @@ def main() -> int:
         torch.cuda.synchronize()
         pstats.Stats(prof).sort_stats("tottime").print_stats(22)
     gemm_host_times()
+    append_host_times()
     return 0
+
+
+def append_host_times() -> None:
+    """Eager host time of a decode step's KV append (B=128, 8 heads, d128, pages of 16) per backend, through
+    ``kernel_switchboard.flashinfer.append_paged_kv_cache`` and through FlashInfer's (when installed)."""
+    import kernel_switchboard.flashinfer as compat
+    from kernel_switchboard.paged import PagedKVCache
+
+    b, per, page, hkv, d = 128, 4, 16, 8, 128
+    indptr = torch.arange(0, (b + 1) * per, per, dtype=torch.int32, device="cuda")
+    indices = torch.arange(b * per, dtype=torch.int32, device="cuda")
+    last = torch.full((b,), page, dtype=torch.int32, device="cuda")
+    seq_lens = torch.full((b,), per * page, dtype=torch.int32, device="cuda")
+    batch_indices, positions = compat.get_batch_indices_positions(
+        torch.arange(b + 1, dtype=torch.int32, device="cuda"), seq_lens, b)
+    k, v = (torch.randn(b, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    k_pages, v_pages = (torch.zeros(b * per, page, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    pages = (k_pages, v_pages)
+    cache = PagedKVCache(k_pages, v_pages, "NHD")
+    calls: dict[str, Callable[[], Any]] = {f"{backend} append_csr": lambda bk=backend: ksb.kv_cache.append_csr(
+        k, v, cache, indptr, indices, positions, batch_indices, check_indices=False, backend=bk)
+        for backend in ("triton", "reference")}
+    calls["compat append_paged_kv_cache"] = lambda: compat.append_paged_kv_cache(
+        k, v, batch_indices, positions, pages, indices, indptr, last, "NHD")
+    try:
+        import flashinfer
+
+        calls["flashinfer append_paged_kv_cache"] = lambda: flashinfer.append_paged_kv_cache(
+            k, v, batch_indices, positions, pages, indices, indptr, last, "NHD")
+    except ImportError:
+        pass
+    for name, call in calls.items():
+        try:
+            print(f"eager {name:34s} {host_us(call):7.1f} us/call", flush=True)
+        except Exception as exc:  # noqa: BLE001 - a backend not installed here is reported
+            print(f"eager {name}: {type(exc).__name__}: {str(exc)[:120]}")
 
 
 def gemm_host_times() -> None:
