@@ -116,7 +116,7 @@ def _store_args(op: str, table: PageTable, bi: torch.Tensor, pos: torch.Tensor, 
 
 
 @pytest.mark.parametrize("op", ["append", "append_slots", "append_csr"])
-def test_store_launches_are_kept_across_a_steps_layers(op: str) -> None:
+def test_store_launches_are_kept_across_a_steps_layers(op: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """An engine appends at every layer of a step, each layer's own pages, the same geometry: the launch is kept
     and repeated with each layer's tensors (each layer's pages get their own tokens, exactly); another token count
     or other float fp8 scales make their own launch; a kept launch holds no call's tensors."""
@@ -125,13 +125,13 @@ def test_store_launches_are_kept_across_a_steps_layers(op: str) -> None:
 
     from kernel_switchboard_triton import _append
 
+    monkeypatch.setattr(_append, "_KEPT", {})
     batch, max_pages, num_pages, ps, hkv, d = 3, 4, 15, 8, 2, 64
     table = _table(batch, max_pages, num_pages)
     fn = getattr(ksb.kv_cache, op)
     for tokens, fp8_scales in ((5, None), (5, None), (7, None), (5, (0.5, 0.25)), (5, (2.0, 0.125))):
         bi, pos = _targets(tokens, batch, max_pages * ps, seed=tokens)
         args = _store_args(op, table, bi, pos, ps)
-        keys = set(_append._KEPT)
         for layer in range(3):
             g = _gen(10 + layer)
             dtype = torch.float8_e4m3fn if fp8_scales else torch.bfloat16
@@ -146,12 +146,11 @@ def test_store_launches_are_kept_across_a_steps_layers(op: str) -> None:
                 # exact values (Triton 3.7's interpreter stores a negative value that rounds to zero as +0)
                 assert torch.equal(g_pages.float(), w_pages.float())
             if layer == 0:
-                new = set(_append._KEPT) - keys
-                assert len(new) <= 1  # one launch kept for this geometry (none when it was kept before)
-                kept = _append._KEPT[next(iter(new))] if new else None
-            elif kept is not None:
-                assert _append._KEPT[next(iter(set(_append._KEPT) - keys))] is kept  # repeated, not rebuilt
+                kept = dict(_append._KEPT)
+            else:  # the first layer's launch repeated, none rebuilt or added
+                assert _append._KEPT.keys() == kept.keys() and all(_append._KEPT[k] is kept[k] for k in kept)
         refs = [weakref.ref(t) for t in (k, v, got.k_pages, got.v_pages)]
         del k, v, got, want, pages, g_pages, w_pages
         gc.collect()
         assert all(r() is None for r in refs)
+    assert len(_append._KEPT) == 4  # one launch for each geometry: 5 and 7 tokens, and each pair of fp8 scales
