@@ -93,17 +93,17 @@ def append_host_times() -> None:
     """Eager host time of a decode step's KV append (B=128, 8 heads, d128, pages of 16) per backend, through
     ``kernel_switchboard.flashinfer.append_paged_kv_cache`` and through FlashInfer's (when installed)."""
     import kernel_switchboard.flashinfer as compat
+    from kernel_switchboard.bench.flashinfer import _pages
     from kernel_switchboard.paged import PagedKVCache
 
-    b, per, page, hkv, d = 128, 4, 16, 8, 128
-    indptr = torch.arange(0, (b + 1) * per, per, dtype=torch.int32, device="cuda")
-    indices = torch.arange(b * per, dtype=torch.int32, device="cuda")
-    last = torch.full((b,), page, dtype=torch.int32, device="cuda")
-    seq_lens = torch.full((b,), per * page, dtype=torch.int32, device="cuda")
+    b, kv_len, page, hkv, d = 128, 64, 16, 8, 128
+    indptr, indices, last = _pages(b, kv_len, page, torch.device("cuda"))
+    seq_lens = torch.full((b,), kv_len, dtype=torch.int32, device="cuda")
     batch_indices, positions = compat.get_batch_indices_positions(
         torch.arange(b + 1, dtype=torch.int32, device="cuda"), seq_lens, b)
     k, v = (torch.randn(b, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    k_pages, v_pages = (torch.zeros(b * per, page, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    k_pages, v_pages = (torch.zeros(int(indptr[-1]), page, hkv, d, device="cuda", dtype=torch.bfloat16)
+                        for _ in range(2))
     pages = (k_pages, v_pages)
     cache = PagedKVCache(k_pages, v_pages, "NHD")
     calls: dict[str, Callable[[], Any]] = {f"{backend} append_csr": lambda bk=backend: ksb.kv_cache.append_csr(

@@ -440,11 +440,10 @@ class DecodeLaunch:
     def __call__(self, q: torch.Tensor, cache: Any, out: torch.Tensor, lse: torch.Tensor) -> bool:
         if _launch_key(q, cache) != self.key:
             return False
-        k_scale, v_scale = cache.k_scale, cache.v_scale
         o, lp = (out, lse) if self.direct else self.parts
-        split = self.split.bind(q, cache.k_pages, cache.v_pages, o, lp,
-                                k_scale if isinstance(k_scale, torch.Tensor) else q,
-                                v_scale if isinstance(v_scale, torch.Tensor) else q)
+        # the scale slots as launch_decode fills them: a tensor scale, or q as an unused pointer
+        split = self.split.bind(q, cache.k_pages, cache.v_pages, o, lp, scale_args(cache.k_scale, q)[1],
+                                scale_args(cache.v_scale, q)[1])
         merge = None if self.merge is None else self.merge.bind(out, lse)
         if split is None or (self.merge is not None and merge is None):
             return False
